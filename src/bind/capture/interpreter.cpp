@@ -1,0 +1,1073 @@
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "bind/capture/capture.h"
+#include "bind/capture/torch_ops.h"
+#include "bind/capture/variables.h"
+#include "bind/torch/tensor_bridge.h"
+#include "core/ops/registry.h"
+
+namespace kiln::bind {
+namespace {
+
+// A reason to stop capturing, carried to the top of the interpreter loop.
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void unsupported(const std::string& why) { throw Unsupported(why); }
+
+// One decoded instruction. Decoding goes through the running interpreter's `dis`, so opcode
+// numbers, cache entries and jump targets are never hard-coded.
+struct Instr {
+  int op;            // index into the handler table (by opname)
+  int arg;           // raw argument
+  PyObject* argval;  // dis's resolved argument (borrowed from the cached instruction list)
+  int offset;
+  int jump_target;   // absolute offset, for jumps
+  int line;
+};
+
+#define KILN_OPNAMES(X)                                                                                         \
+  X(NOP) X(RESUME) X(CACHE) X(EXTENDED_ARG) X(PRECALL) X(LOAD_FAST) X(LOAD_FAST_CHECK) X(LOAD_FAST_AND_CLEAR)   \
+  X(STORE_FAST) X(DELETE_FAST) X(LOAD_CONST) X(RETURN_VALUE) X(RETURN_CONST) X(LOAD_GLOBAL) X(LOAD_ATTR)        \
+  X(LOAD_METHOD) X(PUSH_NULL) X(KW_NAMES) X(CALL) X(BINARY_OP) X(BINARY_SUBSCR) X(BINARY_SLICE)                \
+  X(BUILD_SLICE) X(UNARY_NEGATIVE) X(UNARY_NOT) X(UNARY_INVERT) X(UNARY_POSITIVE) X(BUILD_TUPLE) X(BUILD_LIST) \
+  X(LIST_EXTEND) X(LIST_APPEND) X(LIST_TO_TUPLE) X(UNPACK_SEQUENCE) X(POP_TOP) X(COPY) X(SWAP) X(COMPARE_OP)  \
+  X(IS_OP) X(CONTAINS_OP) X(POP_JUMP_IF_FALSE) X(POP_JUMP_IF_TRUE) X(POP_JUMP_IF_NONE)                         \
+  X(POP_JUMP_IF_NOT_NONE) X(POP_JUMP_FORWARD_IF_FALSE) X(POP_JUMP_FORWARD_IF_TRUE)                             \
+  X(POP_JUMP_BACKWARD_IF_FALSE) X(POP_JUMP_BACKWARD_IF_TRUE) X(POP_JUMP_FORWARD_IF_NONE)                       \
+  X(POP_JUMP_FORWARD_IF_NOT_NONE) X(POP_JUMP_BACKWARD_IF_NONE) X(POP_JUMP_BACKWARD_IF_NOT_NONE)                \
+  X(JUMP_FORWARD) X(JUMP_BACKWARD) X(JUMP_BACKWARD_NO_INTERRUPT) X(COPY_FREE_VARS) X(MAKE_CELL)                \
+  X(CALL_INTRINSIC_1) X(CALL_FUNCTION_EX) X(BUILD_MAP) X(BUILD_CONST_KEY_MAP)
+
+enum OpName {
+#define KILN_X(n) OP_##n,
+  KILN_OPNAMES(KILN_X)
+#undef KILN_X
+  OP_UNKNOWN
+};
+
+struct CodeInfo {
+  std::vector<Instr> instrs;
+  std::unordered_map<int, size_t> by_offset;
+  PyObject* dis_list = nullptr;  // keeps argvals alive
+  std::vector<std::string> nb_ops;  // BINARY_OP argument names, from dis._nb_ops
+  std::vector<std::string> cmp_ops;
+  std::vector<std::string> opnames;  // OP_UNKNOWN instructions keep their name for messages
+};
+
+PyObject* g_dis = nullptr;
+
+std::vector<std::string> string_list(PyObject* seq, bool second_of_pair) {
+  std::vector<std::string> out;
+  if (!seq) return out;
+  Py_ssize_t n = PySequence_Size(seq);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PySequence_GetItem(seq, i);
+    PyObject* s = second_of_pair && PyTuple_Check(item) ? PyTuple_GetItem(item, 0) : item;
+    out.push_back(s && PyUnicode_Check(s) ? PyUnicode_AsUTF8(s) : "");
+    Py_DECREF(item);
+  }
+  return out;
+}
+
+const CodeInfo& decode(PyObject* code) {
+  static std::unordered_map<PyObject*, CodeInfo*> cache;  // code objects of compiled functions live long
+  auto it = cache.find(code);
+  if (it != cache.end()) return *it->second;
+  if (!g_dis) g_dis = PyImport_ImportModule("dis");
+  static const std::unordered_map<std::string, int> names = {
+#define KILN_X(n) {#n, OP_##n},
+      KILN_OPNAMES(KILN_X)
+#undef KILN_X
+  };
+  auto* info = new CodeInfo();
+  Py_INCREF(code);
+  PyObject* it_obj = PyObject_CallMethod(g_dis, "get_instructions", "O", code);
+  info->dis_list = it_obj ? PySequence_List(it_obj) : nullptr;
+  Py_XDECREF(it_obj);
+  if (!info->dis_list) throw std::runtime_error("dis.get_instructions failed");
+  PyObject* nb = PyObject_GetAttrString(g_dis, "_nb_ops");
+  if (!nb) PyErr_Clear();
+  info->nb_ops = string_list(nb, true);
+  Py_XDECREF(nb);
+  PyObject* cmp = PyObject_GetAttrString(g_dis, "cmp_op");
+  if (!cmp) PyErr_Clear();
+  info->cmp_ops = string_list(cmp, false);
+  Py_XDECREF(cmp);
+  int line = 0;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(info->dis_list); ++i) {
+    PyObject* ins = PyList_GET_ITEM(info->dis_list, i);
+    auto get_int = [&](const char* attr) {
+      PyObject* v = PyObject_GetAttrString(ins, attr);
+      long r = (v && PyLong_Check(v)) ? PyLong_AsLong(v) : -1;
+      Py_XDECREF(v);
+      PyErr_Clear();
+      return static_cast<int>(r);
+    };
+    PyObject* opname = PyObject_GetAttrString(ins, "opname");
+    std::string name = PyUnicode_AsUTF8(opname);
+    Py_DECREF(opname);
+    Instr in;
+    auto f = names.find(name);
+    in.op = f == names.end() ? OP_UNKNOWN : f->second;
+    in.arg = get_int("arg");
+    in.offset = get_int("offset");
+    PyObject* argval = PyObject_GetAttrString(ins, "argval");
+    in.argval = argval;  // borrowed below: the instruction object in dis_list holds it too
+    Py_XDECREF(argval);
+    in.jump_target = PyLong_Check(argval) ? static_cast<int>(PyLong_AsLong(argval)) : -1;
+    PyObject* starts = PyObject_GetAttrString(ins, "starts_line");
+    if (starts && PyLong_Check(starts)) line = static_cast<int>(PyLong_AsLong(starts));
+    Py_XDECREF(starts);
+    PyErr_Clear();
+    in.line = line;
+    info->by_offset[in.offset] = info->instrs.size();
+    info->instrs.push_back(in);
+    info->opnames.push_back(name);
+  }
+  cache[code] = info;
+  return *info;
+}
+
+bool is_python_scalar(PyObject* o) { return PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o); }
+
+class Interpreter {
+ public:
+  Interpreter(PyObject* fn, const BoundArgs& args, CaptureResult& out)
+      : fn_(fn), args_(args), out_(out), code_(PyFunction_GET_CODE(fn)), globals_(PyFunction_GET_GLOBALS(fn)) {
+    builtins_ = PyEval_GetBuiltins();
+    out_.graph = std::make_unique<ir::Graph>();
+    g_ = out_.graph.get();
+    auto* co = reinterpret_cast<PyCodeObject*>(code_);
+    filename_ = PyUnicode_AsUTF8(co->co_filename);
+  }
+
+  void run() {
+    const CodeInfo& ci = decode(code_);
+    auto* co = reinterpret_cast<PyCodeObject*>(code_);
+    locals_.assign(co->co_nlocalsplus, nullptr);
+    out_.guards.add_grad_mode(grad_enabled());
+    for (size_t i = 0; i < args_.locals.size(); ++i) {
+      if (!args_.locals[i]) continue;
+      locals_[i] = wrap(args_.locals[i], Source::local_(static_cast<int>(i), args_.names[i]));
+    }
+    size_t pc = 0;
+    while (pc < ci.instrs.size()) {
+      const Instr& in = ci.instrs[pc];
+      current_line_ = in.line;
+      g_->source_loc = filename_ + ":" + std::to_string(in.line);
+      int next = step(in, ci);
+      if (next == kReturn) return;
+      if (next >= 0) {
+        auto it = ci.by_offset.find(next);
+        if (it == ci.by_offset.end()) unsupported("jump to an unknown offset");
+        pc = it->second;
+      } else {
+        ++pc;
+      }
+      if (++steps_ > 100000) unsupported("capture exceeded 100000 instructions");
+    }
+    unsupported("fell off the end of the bytecode");
+  }
+
+  std::string location() const { return filename_ + ":" + std::to_string(current_line_); }
+
+ private:
+  static constexpr int kReturn = -2;
+
+  // ---- values read from the frame: wrap and guard ----
+  VarPtr wrap(PyObject* v, SourcePtr src) {
+    if (is_tensor(v)) {
+      for (size_t i = 0; i < out_.input_sources.size(); ++i)
+        if (out_.input_sources[i]->str() == src->str()) return Var::tensor(g_->inputs()[i], src);
+      TensorInfo info;
+      std::string why;
+      if (!tensor_info(v, info, why)) unsupported("input " + src->str() + ": " + why);
+      out_.guards.add_tensor(src, info);
+      if (info.requires_grad && grad_enabled())
+        unsupported("input " + src->str() + " requires grad while grad mode is on: kiln does not build backward graphs yet (AOTAutograd is a later stage); run under torch.no_grad() or torch.inference_mode()");
+      ir::TensorMeta m;
+      m.dtype = info.dtype;
+      m.device = info.device;
+      for (int64_t s : info.sizes) m.sizes.push_back(s);
+      for (int64_t s : info.strides) m.strides.push_back(s);
+      std::string name = src->kind == Source::Kind::Local ? src->name : "arg";
+      for (char& c : name)
+        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+      ir::Node* n = g_->placeholder(name, m);
+      out_.input_sources.push_back(src);
+      return Var::tensor(n, src);
+    }
+    if (is_python_scalar(v) || v == Py_None || PyUnicode_CheckExact(v)) {
+      out_.guards.add_equals(src, v);
+      return Var::constant(v, src);
+    }
+    DType dt;
+    if (dtype_from_object(v, dt)) {
+      out_.guards.add_identity(src, v);
+      return Var::constant(v, src);
+    }
+    if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
+      out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
+      Py_ssize_t n = PySequence_Size(v);
+      out_.guards.add_length(src, n);
+      std::vector<VarPtr> items;
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = PySequence_GetItem(v, i);
+        items.push_back(wrap(item, Source::item(src, i)));
+        Py_DECREF(item);
+      }
+      return Var::tuple(std::move(items), PyList_CheckExact(v));
+    }
+    if (is_nn_module(v)) {
+      out_.guards.add_identity(src, v);
+      return Var::module(v, src);
+    }
+    // Modules, functions, classes and other objects: their identity.
+    out_.guards.add_identity(src, v);
+    return Var::constant(v, src);
+  }
+
+  static bool is_nn_module(PyObject* v) {
+    static PyObject* module_type = [] {
+      PyObject* m = PyImport_ImportModule("torch.nn");
+      PyObject* t = m ? PyObject_GetAttrString(m, "Module") : nullptr;
+      Py_XDECREF(m);
+      return t;
+    }();
+    return module_type && PyObject_IsInstance(v, module_type) == 1;
+  }
+
+  // ---- the stack ----
+  VarPtr pop() {
+    if (stack_.empty()) unsupported("stack underflow");
+    VarPtr v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  void push(VarPtr v) { stack_.push_back(std::move(v)); }
+  VarPtr& peek(size_t i) { return stack_[stack_.size() - i]; }
+
+  // ---- graph building ----
+  ir::Node* add_node(const ops::OpDef* op, std::vector<ir::Node*> inputs, ir::Attrs attrs) {
+    std::string err;
+    ir::Node* n = g_->add(op, std::move(inputs), std::move(attrs), err);
+    if (!n) unsupported("shape/dtype check of " + op->name + " failed: " + err);
+    return n;
+  }
+  ir::Node* add_node(const std::string& op, std::vector<ir::Node*> inputs, ir::Attrs attrs = {}) {
+    return add_node(ops::find_op(op), std::move(inputs), std::move(attrs));
+  }
+
+  ir::Node* as_node(const VarPtr& v, const char* what) {
+    if (v->is_tensor()) return v->node;
+    if (v->is_const() && is_python_scalar(v->obj)) {
+      if (PyBool_Check(v->obj)) return g_->scalar(v->obj == Py_True, DType::Bool);
+      if (PyLong_Check(v->obj)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v->obj, &overflow);
+        if (overflow) unsupported("integer too large for a tensor operand");
+        return g_->scalar(static_cast<double>(x), DType::Int64);
+      }
+      return g_->scalar(PyFloat_AsDouble(v->obj), DType::Float64);
+    }
+    unsupported(std::string("expected a tensor for ") + what);
+  }
+
+  // Python value of a constant, or capture stops.
+  PyObject* const_obj(const VarPtr& v, const char* what) {
+    if (v->is_const()) return v->obj;
+    if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List) {
+      // Materialize containers of constants (e.g. a shape tuple).
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(v->items.size()));
+      for (size_t i = 0; i < v->items.size(); ++i) {
+        PyObject* o = const_obj(v->items[i], what);
+        Py_INCREF(o);
+        PyTuple_SET_ITEM(t, i, o);
+      }
+      keep_.push_back(t);
+      if (v->kind == Var::Kind::List) {
+        PyObject* l = PySequence_List(t);
+        keep_.push_back(l);
+        return l;
+      }
+      return t;
+    }
+    unsupported(std::string("expected a Python value for ") + what + ", got a tensor");
+  }
+
+  // Runs a real Python operation on constants: it is what the eager code would compute.
+  VarPtr real(PyObject* r) {
+    if (!r) {
+      std::string msg = "Python operation raised";
+      PyObject *t, *v, *tb;
+      PyErr_Fetch(&t, &v, &tb);
+      if (v) {
+        PyObject* s = PyObject_Str(v);
+        if (s) msg += ": " + std::string(PyUnicode_AsUTF8(s));
+        Py_XDECREF(s);
+      }
+      Py_XDECREF(t);
+      Py_XDECREF(v);
+      Py_XDECREF(tb);
+      PyErr_Clear();
+      unsupported(msg);
+    }
+    return Var::steal_constant(r);
+  }
+
+  // ---- binding Python arguments to an op's schema ----
+  bool to_int_list(PyObject* o, std::vector<int64_t>& out) {
+    if (PyLong_Check(o) && !PyBool_Check(o)) {
+      out.push_back(PyLong_AsLongLong(o));
+      return true;
+    }
+    if (!PySequence_Check(o) || PyUnicode_Check(o)) return false;
+    Py_ssize_t n = PySequence_Size(o);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* it = PySequence_GetItem(o, i);
+      bool ok = PyLong_Check(it) && !PyBool_Check(it);
+      if (ok) out.push_back(PyLong_AsLongLong(it));
+      Py_DECREF(it);
+      if (!ok) return false;
+    }
+    return true;
+  }
+
+  VarPtr call_op(const OpBinding& b, std::vector<VarPtr> args, const std::vector<std::pair<std::string, VarPtr>>& kwargs) {
+    const ops::Schema& s = b.op->schema;
+    std::vector<ir::Node*> inputs;
+    ir::Attrs attrs = b.fixed;
+    size_t pos = 0;
+    std::vector<bool> used_kw(kwargs.size(), false);
+    for (size_t pi = 0; pi < s.params.size(); ++pi) {
+      const ops::Param& p = s.params[pi];
+      if (attrs.has(p.name)) continue;
+      VarPtr v;
+      if (!p.kwarg_only && pos < args.size()) {
+        // int[] takes the rest of the positionals when given as varargs: x.view(2, 3).
+        if (p.type.rfind("int[]", 0) == 0 && args[pos]->is_const() && PyLong_Check(args[pos]->obj) &&
+            pos + 1 < args.size() && pi + 1 == s.params.size()) {
+          std::vector<VarPtr> rest(args.begin() + pos, args.end());
+          v = Var::tuple(rest);
+          pos = args.size();
+        } else {
+          v = args[pos++];
+        }
+      } else {
+        for (size_t k = 0; k < kwargs.size(); ++k) {
+          bool alias = (p.name == "self" && kwargs[k].first == "input");
+          if (kwargs[k].first == p.name || alias) {
+            v = kwargs[k].second;
+            used_kw[k] = true;
+          }
+        }
+      }
+      if (!v) {
+        if (!p.has_default) unsupported(b.op->name + "() missing argument '" + p.name + "'");
+        if (p.is_tensor()) {
+          if (p.type == "Tensor?") inputs.push_back(nullptr);
+          else unsupported("tensor default for " + p.name);
+        }
+        continue;  // attribute defaults stay implicit: every rule reads them with its default
+      }
+      if (p.is_tensor()) {
+        if (p.type == "Tensor?" && v->is_const() && v->obj == Py_None) {
+          inputs.push_back(nullptr);
+          continue;
+        }
+        inputs.push_back(as_node(v, p.name.c_str()));
+        continue;
+      }
+      PyObject* o = const_obj(v, p.name.c_str());
+      if (o == Py_None) {
+        if (p.type.back() != '?' && !(p.has_default && p.dflt == "None")) unsupported(p.name + " must not be None");
+        continue;
+      }
+      if (p.type == "bool") {
+        if (!PyBool_Check(o)) unsupported(p.name + " must be a bool");
+        if (p.name == "inplace" && o == Py_True) unsupported("in-place " + b.op->name + " is not captured yet");
+        attrs.set(p.name, o == Py_True);
+      } else if (p.type.rfind("int[]", 0) == 0) {
+        std::vector<int64_t> l;
+        if (!to_int_list(o, l)) unsupported(p.name + " must be a list of ints");
+        attrs.set(p.name, l);
+      } else if (p.type.rfind("int", 0) == 0) {
+        if (!PyLong_Check(o) || PyBool_Check(o)) unsupported(p.name + " must be an int");
+        attrs.set(p.name, static_cast<int64_t>(PyLong_AsLongLong(o)));
+      } else if (p.type.rfind("float", 0) == 0 || p.type == "Scalar") {
+        if (PyBool_Check(o)) attrs.set(p.name, o == Py_True);
+        else if (PyLong_Check(o)) attrs.set(p.name, static_cast<int64_t>(PyLong_AsLongLong(o)));
+        else if (PyFloat_Check(o)) attrs.set(p.name, PyFloat_AsDouble(o));
+        else unsupported(p.name + " must be a number");
+      } else if (p.type.rfind("ScalarType", 0) == 0) {
+        DType t;
+        if (!dtype_from_object(o, t)) unsupported(p.name + " must be a supported torch.dtype");
+        attrs.set(p.name, t);
+      } else if (p.type.rfind("str", 0) == 0) {
+        if (!PyUnicode_Check(o)) unsupported(p.name + " must be a str");
+        attrs.set(p.name, std::string(PyUnicode_AsUTF8(o)));
+      } else {
+        unsupported("argument type " + p.type);
+      }
+    }
+    if (pos < args.size()) unsupported(b.op->name + "() got too many positional arguments");
+    for (size_t k = 0; k < kwargs.size(); ++k)
+      if (!used_kw[k]) unsupported(b.op->name + "() got an unexpected keyword argument '" + kwargs[k].first + "'");
+    // Python numbers only as operands of ops with other tensor operands (torch.sin(2.0) is eager's).
+    bool any_tensor = false;
+    for (ir::Node* n : inputs) any_tensor |= n && !n->meta.wrapped_number;
+    if (!any_tensor) unsupported(b.op->name + "() called without tensor arguments");
+    return Var::tensor(add_node(b.op, inputs, attrs));
+  }
+
+  // ---- calls ----
+  using KwArgs = std::vector<std::pair<std::string, VarPtr>>;
+
+  VarPtr call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
+    switch (fn->kind) {
+      case Var::Kind::Method: return call_tensor_method(fn->self, fn->name, std::move(args), kwargs);
+      case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
+      case Var::Kind::Const: return call_const(fn, std::move(args), kwargs);
+      default: unsupported("call of a non-callable value");
+    }
+  }
+
+  VarPtr call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
+    PyObject* f = fn->obj;
+    if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
+    std::string name = callable_name(f);
+    bool any_tensor = std::any_of(args.begin(), args.end(), [](auto& a) { return a->is_tensor(); });
+    if (name == "torch.max" || name == "torch.min") {
+      if (args.size() == 1 && kwargs.empty())
+        return call_op(*function_binding(resolve_torch(name == "torch.max" ? "amax" : "amin")), args, {});
+      if (args.size() == 2 && args[1]->is_tensor() && kwargs.empty())
+        return call_op(*function_binding(resolve_torch(name == "torch.max" ? "maximum" : "minimum")), args, {});
+      unsupported(name + " with a dim returns (values, indices): not captured yet");
+    }
+    if (f == builtin("len") && args.size() == 1 && args[0]->is_tensor()) {
+      const ir::TensorMeta& m = args[0]->node->meta;
+      if (m.dim() == 0) unsupported("len() of a 0-d tensor");
+      return size_const(m.sizes[0]);
+    }
+    if (f == builtin("isinstance") && args.size() == 2 && args[0]->is_tensor()) {
+      PyObject* tensor_type = resolve_torch("Tensor");
+      return Var::constant(PyObject_IsSubclass(tensor_type, args[1]->obj) == 1 ? Py_True : Py_False);
+    }
+    if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
+    if (!pure_callable(f)) unsupported("call to " + name);
+    PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+    for (size_t i = 0; i < args.size(); ++i) {
+      PyObject* o = const_obj(args[i], "argument");
+      Py_INCREF(o);
+      PyTuple_SET_ITEM(tuple, i, o);
+    }
+    PyObject* kw = nullptr;
+    if (!kwargs.empty()) {
+      kw = PyDict_New();
+      for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), const_obj(v, "argument"));
+    }
+    PyObject* r = PyObject_Call(f, tuple, kw);
+    Py_DECREF(tuple);
+    Py_XDECREF(kw);
+    return real(r);
+  }
+
+  // Builtins and math functions whose result depends only on their arguments.
+  bool pure_callable(PyObject* f) {
+    static const char* names[] = {"len", "abs", "min", "max", "int", "float", "bool", "range", "tuple", "list",
+                                  "round", "pow", "divmod", "isinstance", "sum", "any", "all", "str", "hasattr", "getattr"};
+    for (const char* n : names)
+      if (f == builtin(n)) return true;
+    PyObject* mod = PyObject_GetAttrString(f, "__module__");
+    if (!mod) PyErr_Clear();
+    bool math = mod && PyUnicode_Check(mod) && std::string(PyUnicode_AsUTF8(mod)) == "math";
+    Py_XDECREF(mod);
+    if (!math) {
+      // Builtin functions of the math module report no __module__ on some versions.
+      PyObject* self = PyCFunction_Check(f) ? PyCFunction_GET_SELF(f) : nullptr;
+      math = self && PyModule_Check(self) && std::string(PyModule_GetName(self)) == "math";
+      if (PyErr_Occurred()) PyErr_Clear();
+    }
+    if (math) return true;
+    DType t;
+    return dtype_from_object(f, t);
+  }
+
+  PyObject* builtin(const char* name) { return PyDict_GetItemString(builtins_, name); }
+
+  PyObject* resolve_torch(const std::string& attr) {
+    static PyObject* torch = PyImport_ImportModule("torch");
+    PyObject* r = PyObject_GetAttrString(torch, attr.c_str());
+    if (!r) PyErr_Clear();
+    if (r) keep_.push_back(r);
+    return r;
+  }
+
+  std::string callable_name(PyObject* f) {
+    PyObject* mod = PyObject_GetAttrString(f, "__module__");
+    PyObject* qn = PyObject_GetAttrString(f, "__qualname__");
+    PyErr_Clear();
+    std::string m = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : "";
+    std::string q = qn && PyUnicode_Check(qn) ? PyUnicode_AsUTF8(qn) : Py_TYPE(f)->tp_name;
+    Py_XDECREF(mod);
+    Py_XDECREF(qn);
+    if (m == "torch" || m.empty()) return m.empty() ? q : "torch." + q;
+    return m + "." + q;
+  }
+
+  VarPtr size_const(const sym::Expr& e) {
+    auto c = e.as_const();
+    if (!c) unsupported("symbolic size");
+    return Var::steal_constant(PyLong_FromLongLong(*c));
+  }
+
+  VarPtr shape_tuple(const ir::TensorMeta& m) {
+    static PyObject* size_type = resolve_torch("Size");
+    PyObject* t = PyTuple_New(m.dim());
+    for (int64_t i = 0; i < m.dim(); ++i) {
+      auto c = m.sizes[i].as_const();
+      if (!c) unsupported("symbolic size");
+      PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(*c));
+    }
+    PyObject* size = PyObject_CallOneArg(size_type, t);
+    Py_DECREF(t);
+    return real(size);
+  }
+
+  VarPtr call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
+    const ir::TensorMeta& m = self->node->meta;
+    if (name == "size") {
+      if (args.empty() && kwargs.empty()) return shape_tuple(m);
+      int64_t d = PyLong_AsLongLong(const_obj(args.empty() ? kwargs[0].second : args[0], "dim"));
+      std::string err;
+      if (!ops::wrap_dim(d, m.dim(), err)) unsupported(err);
+      return size_const(m.sizes[d]);
+    }
+    if (name == "dim" || name == "ndimension") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
+    if (name == "numel" || name == "nelement") return size_const(m.numel());
+    if (name == "is_contiguous") return Var::constant(m.strides == ir::contiguous_strides(m.sizes) ? Py_True : Py_False);
+    if (name == "element_size") return Var::steal_constant(PyLong_FromLong(dtype_size(m.dtype)));
+    if (name == "item" || name == "tolist" || name == "numpy" || name == "__bool__" || name == "nonzero")
+      unsupported("Tensor." + name + "() depends on tensor data");
+    if (name == "to" || name == "type") {
+      // Only dtype conversions: device moves and copies stay eager for now.
+      if (args.size() == 1 && kwargs.empty() && args[0]->is_const()) {
+        DType t;
+        if (dtype_from_object(args[0]->obj, t)) {
+          if (t == m.dtype) return self;
+        }
+      }
+    }
+    if (name == "contiguous" && args.empty() && m.strides == ir::contiguous_strides(m.sizes)) return self;
+    const OpBinding* b = method_binding(name);
+    if (!b) unsupported("Tensor." + name + "() is not captured yet");
+    args.insert(args.begin(), self);
+    return call_op(*b, std::move(args), kwargs);
+  }
+
+  VarPtr module_attr(const VarPtr& mod, const char* name) {
+    PyObject* v = PyObject_GetAttrString(mod->obj, name);
+    if (!v) {
+      PyErr_Clear();
+      unsupported(std::string("module has no attribute ") + name);
+    }
+    VarPtr r = wrap(v, Source::attr(mod->source, name));
+    Py_DECREF(v);
+    return r;
+  }
+
+  VarPtr call_module(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
+    PyObject* m = mod->obj;
+    std::string type = Py_TYPE(m)->tp_name;
+    static const char* hook_dicts[] = {"_forward_hooks", "_forward_pre_hooks"};
+    for (const char* h : hook_dicts) {
+      PyObject* d = PyObject_GetAttrString(m, h);
+      if (!d) PyErr_Clear();
+      bool has = d && PyDict_Check(d) && PyDict_Size(d) > 0;
+      Py_XDECREF(d);
+      if (has) unsupported("module " + type + " has forward hooks: not captured yet");
+    }
+    VarPtr training = module_attr(mod, "training");
+    bool train = training->obj == Py_True;
+    auto op = [&](const char* fn) { return call_op(*function_binding(resolve_torch_path(fn)), args, kwargs); };
+    if (type == "Linear") {
+      if (args.size() != 1 || !kwargs.empty()) unsupported("Linear called with extra arguments");
+      std::vector<VarPtr> a = {args[0], module_attr(mod, "weight"), module_attr(mod, "bias")};
+      return call_op(*function_binding(resolve_torch_path("torch.nn.functional.linear")), a, {});
+    }
+    if (type == "ReLU") return op("torch.relu");
+    if (type == "Sigmoid") return op("torch.sigmoid");
+    if (type == "Tanh") return op("torch.tanh");
+    if (type == "Identity") return args.at(0);
+    if (type == "Dropout") {
+      if (train) unsupported("Dropout in training mode is random: not captured yet");
+      return args.at(0);
+    }
+    if (type == "GELU") {
+      VarPtr approx = module_attr(mod, "approximate");
+      return call_op(*function_binding(resolve_torch_path("torch.nn.functional.gelu")), args, {{"approximate", approx}});
+    }
+    if (type == "Softmax" || type == "LogSoftmax") {
+      VarPtr dim = module_attr(mod, "dim");
+      if (dim->obj == Py_None) unsupported(type + " with dim=None");
+      std::vector<VarPtr> a = {args.at(0), dim};
+      return call_op(*function_binding(resolve_torch_path(type == "Softmax" ? "torch.softmax" : "torch.log_softmax")), a, {});
+    }
+    if (type == "Sequential") {
+      PyObject* children = PyObject_GetAttrString(m, "_modules");
+      if (!children || !PyDict_Check(children)) unsupported("Sequential without _modules");
+      VarPtr x = args.at(0);
+      PyObject *key, *value;
+      Py_ssize_t pos = 0;
+      out_.guards.add_length(Source::attr(mod->source, "_modules"), PyDict_Size(children));
+      while (PyDict_Next(children, &pos, &key, &value)) {
+        VarPtr child = module_attr(mod, PyUnicode_AsUTF8(key));
+        x = call(child, {x}, {});
+      }
+      Py_DECREF(children);
+      return x;
+    }
+    unsupported("call of module " + type + " (inlining user modules comes with the frame hook)");
+  }
+
+  PyObject* resolve_torch_path(const std::string& path) {
+    size_t dot = path.find('.');
+    PyObject* obj = PyImport_ImportModule(path.substr(0, dot).c_str());
+    while (obj && dot != std::string::npos) {
+      size_t next = path.find('.', dot + 1);
+      PyObject* child = PyObject_GetAttrString(obj, path.substr(dot + 1, next - dot - 1).c_str());
+      Py_DECREF(obj);
+      obj = child;
+      dot = next;
+    }
+    if (!obj) {
+      PyErr_Clear();
+      unsupported("cannot resolve " + path);
+    }
+    keep_.push_back(obj);
+    return obj;
+  }
+
+  // ---- attributes ----
+  VarPtr getattr(VarPtr base, const std::string& name) {
+    if (base->is_tensor()) {
+      const ir::TensorMeta& m = base->node->meta;
+      if (name == "shape") return shape_tuple(m);
+      if (name == "dtype") return Var::constant(torch_dtype_object(m.dtype));
+      if (name == "device") return Var::constant(torch_device_object(m.device));
+      if (name == "ndim") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
+      if (name == "is_cuda") return Var::constant(m.device.type == DeviceType::CUDA ? Py_True : Py_False);
+      if (name == "T" || name == "mT") {
+        std::vector<int64_t> perm;
+        if (name == "T") for (int64_t i = m.dim(); i-- > 0;) perm.push_back(i);
+        else {
+          for (int64_t i = 0; i < m.dim(); ++i) perm.push_back(i);
+          if (m.dim() < 2) unsupported("mT of a tensor with fewer than 2 dims");
+          std::swap(perm[m.dim() - 1], perm[m.dim() - 2]);
+        }
+        ir::Attrs a;
+        a.set("dims", perm);
+        return Var::tensor(add_node("permute", {base->node}, a));
+      }
+      if (name == "requires_grad") return Var::constant(Py_False);
+      return Var::method(base, name);
+    }
+    if (base->kind == Var::Kind::Module) return module_attr(base, name.c_str());
+    if (base->is_const()) {
+      PyObject* v = PyObject_GetAttrString(base->obj, name.c_str());
+      if (!v) return real(nullptr);
+      // Attributes of Python modules (torch.sin) are stable; other objects' are guarded.
+      if (base->source && !PyModule_Check(base->obj)) {
+        VarPtr r = wrap(v, Source::attr(base->source, name));
+        Py_DECREF(v);
+        return r;
+      }
+      return Var::steal_constant(v);
+    }
+    unsupported("attribute " + name + " of a " + (base->kind == Var::Kind::Tuple ? "tuple" : "value"));
+  }
+
+  // ---- operators ----
+  VarPtr binary(const std::string& nb, VarPtr a, VarPtr b) {
+    bool inplace = nb.rfind("NB_INPLACE_", 0) == 0;
+    std::string base = inplace ? nb.substr(11) : nb.substr(3);
+    if (a->is_tensor() || b->is_tensor()) {
+      if (inplace && a->is_tensor() && (a->node->op_name() == "placeholder" || a->node->op->kind == ops::OpKind::View))
+        unsupported("in-place " + base + " on an input or a view mutates memory: not captured yet");
+      static const std::unordered_map<std::string, std::string> ops = {
+          {"ADD", "add"}, {"SUBTRACT", "sub"}, {"MULTIPLY", "mul"}, {"TRUE_DIVIDE", "div"},
+          {"FLOOR_DIVIDE", "floor_divide"}, {"REMAINDER", "remainder"}, {"POWER", "pow"}, {"MATRIX_MULTIPLY", "matmul"}};
+      auto it = ops.find(base);
+      if (it == ops.end()) unsupported("operator " + base + " on tensors is not captured yet");
+      if (a->kind == Var::Kind::Tuple || b->kind == Var::Kind::Tuple) unsupported("tensor operator with a tuple");
+      return Var::tensor(add_node(it->second, {as_node(a, "operand"), as_node(b, "operand")}));
+    }
+    static const std::unordered_map<std::string, binaryfunc> py = {
+        {"ADD", PyNumber_Add}, {"SUBTRACT", PyNumber_Subtract}, {"MULTIPLY", PyNumber_Multiply},
+        {"TRUE_DIVIDE", PyNumber_TrueDivide}, {"FLOOR_DIVIDE", PyNumber_FloorDivide}, {"REMAINDER", PyNumber_Remainder},
+        {"AND", PyNumber_And}, {"OR", PyNumber_Or}, {"XOR", PyNumber_Xor}, {"LSHIFT", PyNumber_Lshift},
+        {"RSHIFT", PyNumber_Rshift}, {"MATRIX_MULTIPLY", PyNumber_MatrixMultiply}};
+    PyObject *x = const_obj(a, "operand"), *y = const_obj(b, "operand");
+    if (base == "POWER") return real(PyNumber_Power(x, y, Py_None));
+    auto it = py.find(base);
+    if (it == py.end()) unsupported("operator " + nb);
+    return real(it->second(x, y));
+  }
+
+  VarPtr compare(const std::string& op, VarPtr a, VarPtr b) {
+    if (a->is_tensor() || b->is_tensor()) {
+      static const std::unordered_map<std::string, std::string> ops = {{"<", "lt"}, {"<=", "le"}, {"==", "eq"},
+                                                                       {"!=", "ne"}, {">", "gt"}, {">=", "ge"}};
+      return Var::tensor(add_node(ops.at(op), {as_node(a, "operand"), as_node(b, "operand")}));
+    }
+    static const std::unordered_map<std::string, int> cmp = {{"<", Py_LT}, {"<=", Py_LE}, {"==", Py_EQ},
+                                                            {"!=", Py_NE}, {">", Py_GT}, {">=", Py_GE}};
+    return real(PyObject_RichCompare(const_obj(a, "operand"), const_obj(b, "operand"), cmp.at(op)));
+  }
+
+  bool truth(const VarPtr& v) {
+    if (v->is_tensor()) unsupported("data-dependent branch on a tensor value");
+    if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List) return !v->items.empty();
+    if (v->kind == Var::Kind::Module) return true;
+    int r = PyObject_IsTrue(const_obj(v, "condition"));
+    if (r < 0) real(nullptr);
+    return r == 1;
+  }
+
+  VarPtr subscript(VarPtr base, VarPtr index) {
+    if (base->kind == Var::Kind::Tuple || base->kind == Var::Kind::List) {
+      if (index->is_const() && PyLong_Check(index->obj)) {
+        Py_ssize_t i = PyLong_AsSsize_t(index->obj), n = static_cast<Py_ssize_t>(base->items.size());
+        if (i < 0) i += n;
+        if (i < 0 || i >= n) unsupported("index out of range");
+        return base->items[i];
+      }
+      if (index->is_const() && PySlice_Check(index->obj)) {
+        Py_ssize_t start, stop, step, n = static_cast<Py_ssize_t>(base->items.size());
+        if (PySlice_Unpack(index->obj, &start, &stop, &step) < 0) real(nullptr);
+        Py_ssize_t len = PySlice_AdjustIndices(n, &start, &stop, step);
+        std::vector<VarPtr> items;
+        for (Py_ssize_t k = 0; k < len; ++k) items.push_back(base->items[start + k * step]);
+        return Var::tuple(std::move(items), base->kind == Var::Kind::List);
+      }
+      unsupported("subscript of a container with a non-constant index");
+    }
+    if (base->is_tensor()) unsupported("tensor indexing is not captured yet");
+    return real(PyObject_GetItem(const_obj(base, "container"), const_obj(index, "index")));
+  }
+
+  // ---- output ----
+  OutSpec output_spec(const VarPtr& v) {
+    OutSpec s;
+    switch (v->kind) {
+      case Var::Kind::Tensor: {
+        auto& outs = g_->outputs();
+        auto it = std::find(outs.begin(), outs.end(), v->node);
+        s.kind = OutSpec::Kind::Graph;
+        s.index = static_cast<int>(it - outs.begin());
+        if (it == outs.end()) outs.push_back(v->node);
+        return s;
+      }
+      case Var::Kind::Tuple:
+      case Var::Kind::List:
+        s.kind = v->kind == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
+        for (auto& item : v->items) s.items.push_back(output_spec(item));
+        return s;
+      case Var::Kind::Const:
+        s.kind = OutSpec::Kind::Const;
+        Py_INCREF(v->obj);
+        s.value = v->obj;
+        return s;
+      default: unsupported("returns a value kiln cannot rebuild");
+    }
+  }
+
+  // ---- the dispatch ----
+  int step(const Instr& in, const CodeInfo& ci) {
+    switch (in.op) {
+      case OP_NOP:
+      case OP_RESUME:
+      case OP_CACHE:
+      case OP_EXTENDED_ARG:
+      case OP_PRECALL:
+      case OP_COPY_FREE_VARS:
+      case OP_MAKE_CELL: return -1;
+      case OP_LOAD_FAST:
+      case OP_LOAD_FAST_CHECK:
+      case OP_LOAD_FAST_AND_CLEAR: {
+        VarPtr v = locals_.at(in.arg);
+        if (!v) {
+          if (in.op == OP_LOAD_FAST_AND_CLEAR) v = Var::null();
+          else unsupported("read of an unbound local");
+        }
+        if (in.op == OP_LOAD_FAST_AND_CLEAR) locals_[in.arg] = nullptr;
+        push(v);
+        return -1;
+      }
+      case OP_STORE_FAST: locals_.at(in.arg) = pop(); return -1;
+      case OP_DELETE_FAST: locals_.at(in.arg) = nullptr; return -1;
+      case OP_LOAD_CONST: push(Var::constant(in.argval)); return -1;
+      case OP_RETURN_CONST: out_.output = output_spec(Var::constant(in.argval)); return kReturn;
+      case OP_RETURN_VALUE: out_.output = output_spec(pop()); return kReturn;
+      case OP_PUSH_NULL: push(Var::null()); return -1;
+      case OP_LOAD_GLOBAL: {
+        if (in.arg & 1) push(Var::null());
+        std::string name = PyUnicode_AsUTF8(in.argval);
+        PyObject* v = PyDict_GetItemString(globals_, name.c_str());
+        if (!v) v = PyDict_GetItemString(builtins_, name.c_str());
+        if (!v) unsupported("NameError: name '" + name + "' is not defined");
+        push(wrap(v, Source::global(name)));
+        return -1;
+      }
+      case OP_LOAD_ATTR:
+      case OP_LOAD_METHOD: {
+        std::string name = PyUnicode_AsUTF8(in.argval);
+        bool method = in.op == OP_LOAD_METHOD || (PY_VERSION_HEX >= 0x030C0000 && (in.arg & 1));
+        VarPtr base = pop();
+        VarPtr attr = getattr(base, name);
+        if (method) {
+          push(Var::null());  // kiln resolves methods to bound callables, so the slot is NULL
+        }
+        push(attr);
+        return -1;
+      }
+      case OP_KW_NAMES: {
+        kwnames_.clear();
+        PyObject* t = in.argval;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); ++i) kwnames_.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, i)));
+        return -1;
+      }
+      case OP_CALL: {
+        int argc = in.arg;
+        std::vector<VarPtr> args(argc);
+        for (int i = argc - 1; i >= 0; --i) args[i] = pop();
+        VarPtr second = pop(), first = pop();
+        VarPtr fn;
+        if (first->kind == Var::Kind::Null) fn = second;
+        else {
+          fn = first;
+          args.insert(args.begin(), second);
+        }
+        KwArgs kwargs;
+        size_t nkw = kwnames_.size();
+        if (nkw > args.size()) unsupported("malformed call");
+        for (size_t k = 0; k < nkw; ++k) kwargs.emplace_back(kwnames_[k], args[args.size() - nkw + k]);
+        args.resize(args.size() - nkw);
+        kwnames_.clear();
+        push(call(fn, std::move(args), std::move(kwargs)));
+        return -1;
+      }
+      case OP_BINARY_OP: {
+        VarPtr b = pop(), a = pop();
+        if (in.arg < 0 || static_cast<size_t>(in.arg) >= ci.nb_ops.size()) unsupported("unknown BINARY_OP");
+        push(binary(ci.nb_ops[in.arg], a, b));
+        return -1;
+      }
+      case OP_COMPARE_OP: {
+        VarPtr b = pop(), a = pop();
+        push(compare(PyUnicode_AsUTF8(in.argval), a, b));
+        return -1;
+      }
+      case OP_IS_OP: {
+        VarPtr b = pop(), a = pop();
+        bool same;
+        if (a->is_const() && b->is_const()) same = a->obj == b->obj;
+        else if (a->is_tensor() && b->is_tensor()) same = a->node == b->node;
+        else same = false;  // a tensor is never None, a module never a number
+        push(Var::constant((same != (in.arg == 1)) ? Py_True : Py_False));
+        return -1;
+      }
+      case OP_CONTAINS_OP: {
+        VarPtr b = pop(), a = pop();
+        int r = PySequence_Contains(const_obj(b, "container"), const_obj(a, "item"));
+        if (r < 0) real(nullptr);
+        push(Var::constant(((r == 1) != (in.arg == 1)) ? Py_True : Py_False));
+        return -1;
+      }
+      case OP_UNARY_NEGATIVE: {
+        VarPtr a = pop();
+        if (a->is_tensor()) push(Var::tensor(add_node("neg", {a->node})));
+        else push(real(PyNumber_Negative(const_obj(a, "operand"))));
+        return -1;
+      }
+      case OP_UNARY_POSITIVE: {
+        VarPtr a = pop();
+        if (!a->is_tensor()) a = real(PyNumber_Positive(const_obj(a, "operand")));
+        push(a);
+        return -1;
+      }
+      case OP_UNARY_NOT: push(Var::constant(truth(pop()) ? Py_False : Py_True)); return -1;
+      case OP_UNARY_INVERT: {
+        VarPtr a = pop();
+        if (a->is_tensor()) {
+          if (a->node->meta.dtype != DType::Bool) unsupported("bitwise not of an integer tensor");
+          push(Var::tensor(add_node("logical_not", {a->node})));
+        } else {
+          push(real(PyNumber_Invert(const_obj(a, "operand"))));
+        }
+        return -1;
+      }
+      case OP_CALL_INTRINSIC_1: {
+        PyObject* name = in.argval;
+        std::string n = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "";
+        if (n == "INTRINSIC_UNARY_POSITIVE") {
+          VarPtr a = pop();
+          if (!a->is_tensor()) a = real(PyNumber_Positive(const_obj(a, "operand")));
+          push(a);
+          return -1;
+        }
+        if (n == "INTRINSIC_LIST_TO_TUPLE") {
+          VarPtr a = pop();
+          push(Var::tuple(a->items));
+          return -1;
+        }
+        unsupported("intrinsic " + n);
+      }
+      case OP_BUILD_TUPLE:
+      case OP_BUILD_LIST: {
+        std::vector<VarPtr> items(in.arg);
+        for (int i = in.arg - 1; i >= 0; --i) items[i] = pop();
+        push(Var::tuple(std::move(items), in.op == OP_BUILD_LIST));
+        return -1;
+      }
+      case OP_LIST_EXTEND: {
+        VarPtr seq = pop();
+        VarPtr& list = peek(in.arg);
+        if (seq->kind == Var::Kind::Tuple || seq->kind == Var::Kind::List) {
+          for (auto& x : seq->items) list->items.push_back(x);
+        } else {
+          PyObject* o = const_obj(seq, "sequence");
+          PyObject* fast = PySequence_Fast(o, "not a sequence");
+          if (!fast) real(nullptr);
+          for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i)
+            list->items.push_back(Var::constant(PySequence_Fast_GET_ITEM(fast, i)));
+          Py_DECREF(fast);
+        }
+        return -1;
+      }
+      case OP_LIST_APPEND: {
+        VarPtr v = pop();
+        peek(in.arg)->items.push_back(v);
+        return -1;
+      }
+      case OP_LIST_TO_TUPLE: {
+        VarPtr a = pop();
+        push(Var::tuple(a->items));
+        return -1;
+      }
+      case OP_UNPACK_SEQUENCE: {
+        VarPtr seq = pop();
+        std::vector<VarPtr> items;
+        if (seq->kind == Var::Kind::Tuple || seq->kind == Var::Kind::List) {
+          items = seq->items;
+        } else if (seq->is_const()) {
+          PyObject* fast = PySequence_Fast(seq->obj, "cannot unpack");
+          if (!fast) real(nullptr);
+          for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i)
+            items.push_back(Var::constant(PySequence_Fast_GET_ITEM(fast, i)));
+          Py_DECREF(fast);
+        } else {
+          unsupported("unpacking a tensor is not captured yet");
+        }
+        if (static_cast<int>(items.size()) != in.arg) unsupported("unpack length mismatch");
+        for (auto it = items.rbegin(); it != items.rend(); ++it) push(*it);
+        return -1;
+      }
+      case OP_BINARY_SUBSCR: {
+        VarPtr idx = pop(), base = pop();
+        push(subscript(base, idx));
+        return -1;
+      }
+      case OP_BUILD_SLICE: {
+        std::vector<VarPtr> parts(in.arg);
+        for (int i = in.arg - 1; i >= 0; --i) parts[i] = pop();
+        PyObject* s = PySlice_New(const_obj(parts[0], "slice"), const_obj(parts[1], "slice"),
+                                  in.arg == 3 ? const_obj(parts[2], "slice") : nullptr);
+        push(real(s));
+        return -1;
+      }
+      case OP_BINARY_SLICE: {
+        VarPtr stop = pop(), start = pop(), base = pop();
+        PyObject* s = PySlice_New(const_obj(start, "slice"), const_obj(stop, "slice"), nullptr);
+        push(subscript(base, real(s)));
+        return -1;
+      }
+      case OP_POP_TOP: pop(); return -1;
+      case OP_COPY: push(peek(in.arg)); return -1;
+      case OP_SWAP: std::swap(peek(1), peek(in.arg)); return -1;
+      case OP_POP_JUMP_IF_FALSE:
+      case OP_POP_JUMP_FORWARD_IF_FALSE:
+      case OP_POP_JUMP_BACKWARD_IF_FALSE: return truth(pop()) ? -1 : in.jump_target;
+      case OP_POP_JUMP_IF_TRUE:
+      case OP_POP_JUMP_FORWARD_IF_TRUE:
+      case OP_POP_JUMP_BACKWARD_IF_TRUE: return truth(pop()) ? in.jump_target : -1;
+      case OP_POP_JUMP_IF_NONE:
+      case OP_POP_JUMP_FORWARD_IF_NONE:
+      case OP_POP_JUMP_BACKWARD_IF_NONE: {
+        VarPtr v = pop();
+        return (v->is_const() && v->obj == Py_None) ? in.jump_target : -1;
+      }
+      case OP_POP_JUMP_IF_NOT_NONE:
+      case OP_POP_JUMP_FORWARD_IF_NOT_NONE:
+      case OP_POP_JUMP_BACKWARD_IF_NOT_NONE: {
+        VarPtr v = pop();
+        return (v->is_const() && v->obj == Py_None) ? -1 : in.jump_target;
+      }
+      case OP_JUMP_FORWARD:
+      case OP_JUMP_BACKWARD:
+      case OP_JUMP_BACKWARD_NO_INTERRUPT: return in.jump_target;
+      default: break;
+    }
+    size_t idx = &in - ci.instrs.data();
+    unsupported("bytecode " + ci.opnames[idx] + " is not supported yet");
+  }
+
+  PyObject* fn_;
+  const BoundArgs& args_;
+  CaptureResult& out_;
+  PyObject* code_;
+  PyObject* globals_;
+  PyObject* builtins_;
+  ir::Graph* g_;
+  std::string filename_;
+  std::vector<VarPtr> locals_;
+  std::vector<VarPtr> stack_;
+  std::vector<std::string> kwnames_;
+  std::vector<PyObject*> keep_;
+  int current_line_ = 0;
+  size_t steps_ = 0;
+
+ public:
+  ~Interpreter() {
+    for (PyObject* o : keep_) Py_DECREF(o);
+  }
+};
+
+}  // namespace
+
+CaptureResult capture(PyObject* fn, const BoundArgs& args) {
+  CaptureResult r;
+  Interpreter it(fn, args, r);
+  try {
+    it.run();
+    r.ok = true;
+    r.captured_text = r.graph->str();
+  } catch (const Unsupported& e) {
+    r.ok = false;
+    r.reason = e.what();
+    r.location = it.location();
+  } catch (const std::exception& e) {
+    r.ok = false;
+    r.reason = std::string("internal error during capture: ") + e.what();
+    r.location = it.location();
+  }
+  if (PyErr_Occurred()) PyErr_Clear();
+  return r;
+}
+
+}  // namespace kiln::bind

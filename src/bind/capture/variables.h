@@ -1,0 +1,79 @@
+// Value trackers of the symbolic interpreter: what it knows about each stack slot and local.
+#pragma once
+#include <Python.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bind/guards/source.h"
+#include "core/ir/graph.h"
+
+namespace kiln::bind {
+
+struct Var;
+using VarPtr = std::shared_ptr<Var>;
+
+struct Var {
+  enum class Kind {
+    Const,   // a Python value known at capture time (guarded if it came from the frame)
+    Tensor,  // a tensor in the graph
+    Tuple,
+    List,
+    Null,    // the NULL that CALL's calling convention pushes
+    Method,  // a bound method of a tensor: self + name
+    Module,  // an nn.Module instance
+  } kind;
+  PyObject* obj = nullptr;      // Const / Module (owned)
+  ir::Node* node = nullptr;     // Tensor
+  std::vector<VarPtr> items;    // Tuple / List
+  VarPtr self;                  // Method
+  std::string name;             // Method
+  SourcePtr source;             // where it was read from, when it came from the frame
+
+  ~Var() {
+    if (obj && Py_IsInitialized()) Py_DECREF(obj);
+  }
+
+  static VarPtr constant(PyObject* o, SourcePtr src = nullptr) {  // borrows o
+    auto v = std::make_shared<Var>(Var{Kind::Const});
+    Py_INCREF(o);
+    v->obj = o;
+    v->source = std::move(src);
+    return v;
+  }
+  static VarPtr steal_constant(PyObject* o) {
+    auto v = std::make_shared<Var>(Var{Kind::Const});
+    v->obj = o;
+    return v;
+  }
+  static VarPtr tensor(ir::Node* n, SourcePtr src = nullptr) {
+    auto v = std::make_shared<Var>(Var{Kind::Tensor});
+    v->node = n;
+    v->source = std::move(src);
+    return v;
+  }
+  static VarPtr tuple(std::vector<VarPtr> items, bool list = false) {
+    auto v = std::make_shared<Var>(Var{list ? Kind::List : Kind::Tuple});
+    v->items = std::move(items);
+    return v;
+  }
+  static VarPtr null() { return std::make_shared<Var>(Var{Kind::Null}); }
+  static VarPtr method(VarPtr self, std::string name) {
+    auto v = std::make_shared<Var>(Var{Kind::Method});
+    v->self = std::move(self);
+    v->name = std::move(name);
+    return v;
+  }
+  static VarPtr module(PyObject* m, SourcePtr src) {
+    auto v = std::make_shared<Var>(Var{Kind::Module});
+    Py_INCREF(m);
+    v->obj = m;
+    v->source = std::move(src);
+    return v;
+  }
+  bool is_const() const { return kind == Kind::Const; }
+  bool is_tensor() const { return kind == Kind::Tensor; }
+};
+
+}  // namespace kiln::bind

@@ -1,0 +1,120 @@
+#include "bind/guards/guards.h"
+
+namespace kiln::bind {
+
+std::string Guard::str() const {
+  std::string s = source ? source->str() : "";
+  switch (kind) {
+    case Kind::Tensor: {
+      std::string sizes, strides;
+      for (size_t i = 0; i < tensor.sizes.size(); ++i) {
+        sizes += (i ? ", " : "") + std::to_string(tensor.sizes[i]);
+        strides += (i ? ", " : "") + std::to_string(tensor.strides[i]);
+      }
+      return "TENSOR_MATCH: " + s + " " + dtype_name(tensor.dtype) + " " + tensor.device.str() + " size=[" + sizes +
+             "] stride=[" + strides + "] requires_grad=" + (tensor.requires_grad ? "True" : "False");
+    }
+    case Kind::Type: return "TYPE_MATCH: type(" + s + ") is " + reinterpret_cast<PyTypeObject*>(expected)->tp_name;
+    case Kind::Equals: {
+      PyObject* r = PyObject_Repr(expected);
+      std::string v = r ? PyUnicode_AsUTF8(r) : "?";
+      Py_XDECREF(r);
+      if (!r) PyErr_Clear();
+      return "EQUALS_MATCH: " + s + " == " + v;
+    }
+    case Kind::Identity: return "ID_MATCH: " + s + " is <" + Py_TYPE(expected)->tp_name + " object>";
+    case Kind::Length: return "LENGTH_CHECK: len(" + s + ") == " + std::to_string(length);
+    case Kind::GradMode: return std::string("GRAD_MODE: torch.is_grad_enabled() == ") + (flag ? "True" : "False");
+  }
+  return "?";
+}
+
+GuardSet::~GuardSet() {
+  if (!Py_IsInitialized()) return;
+  for (Guard& g : guards_) Py_XDECREF(g.expected);
+}
+
+void GuardSet::add_tensor(SourcePtr s, const TensorInfo& info) {
+  Guard g{Guard::Kind::Tensor, std::move(s)};
+  g.tensor = info;
+  guards_.push_back(std::move(g));
+}
+void GuardSet::add_type(SourcePtr s, PyObject* type) {
+  Guard g{Guard::Kind::Type, std::move(s)};
+  Py_INCREF(type);
+  g.expected = type;
+  guards_.push_back(std::move(g));
+}
+void GuardSet::add_equals(SourcePtr s, PyObject* value) {
+  Guard g{Guard::Kind::Equals, std::move(s)};
+  Py_INCREF(value);
+  g.expected = value;
+  guards_.push_back(std::move(g));
+}
+void GuardSet::add_identity(SourcePtr s, PyObject* obj) {
+  for (const Guard& g : guards_)
+    if (g.kind == Guard::Kind::Identity && g.source->str() == s->str()) return;
+  Guard g{Guard::Kind::Identity, std::move(s)};
+  Py_INCREF(obj);
+  g.expected = obj;
+  guards_.push_back(std::move(g));
+}
+void GuardSet::add_length(SourcePtr s, Py_ssize_t n) {
+  Guard g{Guard::Kind::Length, std::move(s)};
+  g.length = n;
+  guards_.push_back(std::move(g));
+}
+void GuardSet::add_grad_mode(bool enabled) {
+  Guard g{Guard::Kind::GradMode, nullptr};
+  g.flag = enabled;
+  guards_.push_back(std::move(g));
+}
+
+bool GuardSet::check(const FrameView& f, std::string* why) const {
+  for (const Guard& g : guards_) {
+    if (g.kind == Guard::Kind::GradMode) {
+      if (grad_enabled() != g.flag) {
+        if (why) *why = g.str() + " failed";
+        return false;
+      }
+      continue;
+    }
+    // Locals are read without a reference: the frame holds them for the whole call.
+    bool borrowed = g.source->kind == Source::Kind::Local;
+    PyObject* v = borrowed ? f.locals[g.source->local] : eval_source(*g.source, f);
+    bool ok = v != nullptr;
+    std::string detail;
+    if (ok) {
+      switch (g.kind) {
+        case Guard::Kind::Tensor: ok = tensor_matches(v, g.tensor, why ? &detail : nullptr); break;
+        case Guard::Kind::Type: ok = reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.expected; break;
+        case Guard::Kind::Identity: ok = v == g.expected; break;
+        case Guard::Kind::Length: ok = PySequence_Check(v) && PySequence_Size(v) == g.length; break;
+        case Guard::Kind::Equals: {
+          ok = Py_TYPE(v) == Py_TYPE(g.expected);
+          if (ok && v != g.expected) {
+            int r = PyObject_RichCompareBool(v, g.expected, Py_EQ);
+            if (r < 0) PyErr_Clear();
+            ok = r == 1;
+          }
+          break;
+        }
+        default: break;
+      }
+    }
+    if (!borrowed) Py_XDECREF(v);
+    if (!ok) {
+      if (why) *why = g.str() + " failed" + (detail.empty() ? "" : " (" + detail + ")");
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<std::string> GuardSet::strs() const {
+  std::vector<std::string> out;
+  for (const Guard& g : guards_) out.push_back(g.str());
+  return out;
+}
+
+}  // namespace kiln::bind

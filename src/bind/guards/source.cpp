@@ -1,0 +1,85 @@
+#include "bind/guards/source.h"
+
+namespace kiln::bind {
+
+SourcePtr Source::local_(int slot, const std::string& name) {
+  auto s = std::make_shared<Source>(Source{Kind::Local});
+  s->local = slot;
+  s->name = name;
+  return s;
+}
+
+SourcePtr Source::global(const std::string& name) {
+  auto s = std::make_shared<Source>(Source{Kind::Global});
+  s->name = name;
+  s->key = PyUnicode_InternFromString(name.c_str());
+  return s;
+}
+
+SourcePtr Source::attr(SourcePtr base, const std::string& name) {
+  auto s = std::make_shared<Source>(Source{Kind::Attr});
+  s->name = name;
+  s->key = PyUnicode_InternFromString(name.c_str());
+  s->base = std::move(base);
+  return s;
+}
+
+SourcePtr Source::item(SourcePtr base, Py_ssize_t index) {
+  auto s = std::make_shared<Source>(Source{Kind::Item});
+  s->index = index;
+  s->base = std::move(base);
+  return s;
+}
+
+Source::~Source() {
+  if (key && Py_IsInitialized()) Py_DECREF(key);
+}
+
+std::string Source::str() const {
+  switch (kind) {
+    case Kind::Local: return "L['" + name + "']";
+    case Kind::Global: return "G['" + name + "']";
+    case Kind::Attr: return base->str() + "." + name;
+    case Kind::Item: return base->str() + "[" + std::to_string(index) + "]";
+  }
+  return "?";
+}
+
+PyObject* eval_source(const Source& s, const FrameView& f) {
+  switch (s.kind) {
+    case Source::Kind::Local: {
+      PyObject* v = f.locals[s.local];
+      Py_XINCREF(v);
+      return v;
+    }
+    case Source::Kind::Global: {
+      PyObject* v = PyDict_GetItemWithError(f.globals, s.key);
+      if (!v && !PyErr_Occurred() && f.builtins) v = PyDict_GetItemWithError(f.builtins, s.key);
+      if (!v) {
+        PyErr_Clear();
+        return nullptr;
+      }
+      Py_INCREF(v);
+      return v;
+    }
+    case Source::Kind::Attr: {
+      PyObject* base = eval_source(*s.base, f);
+      if (!base) return nullptr;
+      PyObject* v = PyObject_GetAttr(base, s.key);
+      Py_DECREF(base);
+      if (!v) PyErr_Clear();
+      return v;
+    }
+    case Source::Kind::Item: {
+      PyObject* base = eval_source(*s.base, f);
+      if (!base) return nullptr;
+      PyObject* v = PySequence_GetItem(base, s.index);
+      Py_DECREF(base);
+      if (!v) PyErr_Clear();
+      return v;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace kiln::bind

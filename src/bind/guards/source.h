@@ -1,0 +1,41 @@
+// Sources: where a value the graph depends on comes from, relative to a call's frame.
+// Guards check values at their sources; graph inputs are fetched from theirs at every call.
+#pragma once
+#include <Python.h>
+
+#include <memory>
+#include <string>
+
+namespace kiln::bind {
+
+struct Source;
+using SourcePtr = std::shared_ptr<const Source>;
+
+struct Source {
+  enum class Kind { Local, Global, Attr, Item } kind;
+  int local = -1;            // Local: the slot in the bound arguments
+  std::string name;          // Local/Global/Attr: the name
+  PyObject* key = nullptr;   // Global/Attr: interned name string (owned)
+  Py_ssize_t index = 0;      // Item
+  SourcePtr base;            // Attr/Item
+
+  static SourcePtr local_(int slot, const std::string& name);
+  static SourcePtr global(const std::string& name);
+  static SourcePtr attr(SourcePtr base, const std::string& name);
+  static SourcePtr item(SourcePtr base, Py_ssize_t index);
+  ~Source();
+
+  std::string str() const;  // "L['x']", "G['torch']", "L['self'].fc1.weight", "L['xs'][0]"
+};
+
+// The frame a source is evaluated in.
+struct FrameView {
+  PyObject* const* locals;
+  PyObject* globals;
+  PyObject* builtins;
+};
+
+// New reference, or nullptr with no Python error set when the value is gone.
+PyObject* eval_source(const Source& s, const FrameView& f);
+
+}  // namespace kiln::bind

@@ -1,0 +1,123 @@
+// The one place (with runtime/executor.cpp) where the binding layer sees torch's C++ API.
+#include "bind/torch/tensor_bridge.h"
+
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/tensor_dtypes.h>
+#include <c10/core/GradMode.h>
+
+namespace kiln::bind {
+namespace {
+
+bool to_kiln(c10::ScalarType s, DType& out) {
+  switch (s) {
+    case c10::ScalarType::Bool: out = DType::Bool; return true;
+    case c10::ScalarType::Byte: out = DType::UInt8; return true;
+    case c10::ScalarType::Char: out = DType::Int8; return true;
+    case c10::ScalarType::Short: out = DType::Int16; return true;
+    case c10::ScalarType::Int: out = DType::Int32; return true;
+    case c10::ScalarType::Long: out = DType::Int64; return true;
+    case c10::ScalarType::Half: out = DType::Float16; return true;
+    case c10::ScalarType::BFloat16: out = DType::BFloat16; return true;
+    case c10::ScalarType::Float: out = DType::Float32; return true;
+    case c10::ScalarType::Double: out = DType::Float64; return true;
+    default: return false;
+  }
+}
+
+c10::ScalarType to_torch(DType t) {
+  static const c10::ScalarType map[] = {c10::ScalarType::Bool,  c10::ScalarType::Byte,  c10::ScalarType::Char,
+                                        c10::ScalarType::Short, c10::ScalarType::Int,   c10::ScalarType::Long,
+                                        c10::ScalarType::Half,  c10::ScalarType::BFloat16, c10::ScalarType::Float,
+                                        c10::ScalarType::Double};
+  return map[static_cast<int>(t)];
+}
+
+}  // namespace
+
+bool is_tensor(PyObject* obj) { return THPVariable_Check(obj); }
+
+bool tensor_info(PyObject* obj, TensorInfo& out, std::string& why) {
+  if (!THPVariable_Check(obj)) {
+    why = "not a tensor";
+    return false;
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (!t.defined()) return why = "undefined tensor", false;
+  if (t.layout() != c10::kStrided) return why = "non-strided tensor layout", false;
+  if (t.is_quantized()) return why = "quantized tensor", false;
+  if (t.is_nested()) return why = "nested tensor", false;
+  if (t.is_neg() || t.is_conj()) return why = "tensor with a lazy negation/conjugation bit", false;
+  if (t.device().type() != c10::DeviceType::CPU && t.device().type() != c10::DeviceType::CUDA)
+    return why = "tensor on device " + t.device().str(), false;
+  out.dtype_supported = to_kiln(t.scalar_type(), out.dtype);
+  if (!out.dtype_supported) return why = std::string("dtype ") + c10::toString(t.scalar_type()), false;
+  out.device.type = t.is_cuda() ? DeviceType::CUDA : DeviceType::CPU;
+  out.device.index = t.is_cuda() ? t.device().index() : -1;
+  out.sizes.assign(t.sizes().begin(), t.sizes().end());
+  out.strides.assign(t.strides().begin(), t.strides().end());
+  out.requires_grad = t.requires_grad();
+  out.type = Py_TYPE(obj);
+  return true;
+}
+
+bool tensor_matches(PyObject* obj, const TensorInfo& info, std::string* why) {
+  if (Py_TYPE(obj) != info.type) {
+    if (why) *why = "type changed";
+    return false;
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  DType d;
+  if (!to_kiln(t.scalar_type(), d) || d != info.dtype) {
+    if (why) *why = "dtype changed";
+    return false;
+  }
+  bool cuda = t.is_cuda();
+  if (cuda != (info.device.type == DeviceType::CUDA) || (cuda && t.device().index() != info.device.index)) {
+    if (why) *why = "device changed";
+    return false;
+  }
+  auto sizes = t.sizes();
+  if (sizes.size() != info.sizes.size() || !std::equal(sizes.begin(), sizes.end(), info.sizes.begin())) {
+    if (why) *why = "size changed";
+    return false;
+  }
+  auto strides = t.strides();
+  if (!std::equal(strides.begin(), strides.end(), info.strides.begin())) {
+    if (why) *why = "stride changed";
+    return false;
+  }
+  if (t.requires_grad() != info.requires_grad) {
+    if (why) *why = "requires_grad changed";
+    return false;
+  }
+  if (t.layout() != c10::kStrided || t.is_neg() || t.is_conj()) {
+    if (why) *why = "layout changed";
+    return false;
+  }
+  return true;
+}
+
+PyObject* torch_dtype_object(DType t) { return reinterpret_cast<PyObject*>(torch::getTHPDtype(to_torch(t))); }
+
+PyObject* torch_device_object(const Device& d) {
+  static PyObject* cpu = nullptr;
+  static PyObject* cuda[64] = {};
+  if (d.type == DeviceType::CPU) {
+    if (!cpu) cpu = THPDevice_New(c10::Device(c10::DeviceType::CPU));
+    return cpu;
+  }
+  int i = d.index < 0 ? 0 : d.index;
+  if (!cuda[i]) cuda[i] = THPDevice_New(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(i)));
+  return cuda[i];
+}
+
+bool dtype_from_object(PyObject* obj, DType& out) {
+  if (!THPDtype_Check(obj)) return false;
+  return to_kiln(reinterpret_cast<THPDtype*>(obj)->scalar_type, out);
+}
+
+bool grad_enabled() { return c10::GradMode::is_enabled(); }
+
+}  // namespace kiln::bind

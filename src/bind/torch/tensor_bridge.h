@@ -1,0 +1,41 @@
+// The binding layer's window onto torch tensors, with no torch headers: the capture and guard
+// code includes this; only tensor_bridge.cpp sees torch's C++ API.
+#pragma once
+#include <Python.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/ir/dtype.h"
+
+namespace kiln::bind {
+
+struct TensorInfo {
+  DType dtype = DType::Float32;
+  bool dtype_supported = true;  // false for complex, fp8, ... (kiln leaves those to eager)
+  Device device;
+  std::vector<int64_t> sizes, strides;
+  bool requires_grad = false;
+  PyTypeObject* type = nullptr;
+};
+
+// True for torch.Tensor and its subclasses (Parameter included).
+bool is_tensor(PyObject* obj);
+// Reads metadata of a tensor; false (with a reason) for tensors kiln does not take
+// (sparse, quantized, nested, meta, ...).
+bool tensor_info(PyObject* obj, TensorInfo& out, std::string& why);
+
+// Fast guard check: does `obj` still match `info`? Compares type, dtype, device, sizes,
+// strides and requires_grad. Fills `why` with the first mismatch.
+bool tensor_matches(PyObject* obj, const TensorInfo& info, std::string* why);
+
+// torch.dtype / torch.device objects for a kiln dtype/device (borrowed references).
+PyObject* torch_dtype_object(DType t);
+PyObject* torch_device_object(const Device& d);
+// The kiln dtype of a torch.dtype object, if kiln has one.
+bool dtype_from_object(PyObject* obj, DType& out);
+
+bool grad_enabled();
+
+}  // namespace kiln::bind

@@ -1,0 +1,154 @@
+#include "core/codegen/cpp_codegen.h"
+
+#include <cmath>
+#include <set>
+
+#include "core/codegen/scalar_emitter.h"
+
+namespace kiln::codegen {
+
+extern const char* const kCpuPrelude;
+
+namespace {
+
+using loop::Kernel;
+using loop::Stage;
+using sym::Expr;
+
+// Work below this many scalar evaluations runs on one thread: forking the team costs more.
+constexpr int64_t kParallelThreshold = 32768;
+
+std::string acc_init(ops::ReduceOp op, DType t) {
+  switch (op) {
+    case ops::ReduceOp::Sum: return literal(0, 0, t);
+    case ops::ReduceOp::Prod: return literal(1, 1, t);
+    case ops::ReduceOp::Max: return is_floating(t) ? literal(-INFINITY, 0, t) : literal(0, int_lowest(t), t);
+    case ops::ReduceOp::Min: return is_floating(t) ? literal(INFINITY, 0, t) : literal(0, int_highest(t), t);
+  }
+  return "0";
+}
+
+std::string combine(ops::ReduceOp op, const std::string& acc, const std::string& v, DType t) {
+  switch (op) {
+    case ops::ReduceOp::Sum: return t == DType::Bool ? acc + " || " + v : acc + " + " + v;
+    case ops::ReduceOp::Prod: return t == DType::Bool ? acc + " && " + v : acc + " * " + v;
+    case ops::ReduceOp::Max: return "kiln_max(" + acc + ", " + v + ")";
+    case ops::ReduceOp::Min: return "kiln_min(" + acc + ", " + v + ")";
+  }
+  return v;
+}
+
+int64_t const_product(const std::vector<Expr>& xs) {
+  int64_t p = 1;
+  for (const Expr& e : xs) {
+    auto c = e.as_const();
+    if (!c) return -1;
+    p *= *c;
+  }
+  return p;
+}
+
+class KernelWriter {
+ public:
+  KernelWriter(const loop::Program& p, const Kernel& k, std::string& out) : p_(p), k_(k), out_(out) {}
+
+  void write() {
+    std::set<int> stored;
+    for (const Stage& st : k_.stages)
+      for (const loop::Store& s : st.stores) stored.insert(s.buffer);
+    out_ += "// " + k_.name + ": fuses " + std::to_string(k_.ops.size()) + " op(s)\n";
+    out_ += "extern \"C\" void " + k_.name + "(void* const* kiln_args) {\n";
+    for (size_t i = 0; i < k_.buffers.size(); ++i) {
+      const loop::Buffer& b = p_.buffers[k_.buffers[i]];
+      std::string cv = stored.count(b.id) ? "" : "const ";
+      out_ += "  " + cv + ctype(b.dtype) + "* __restrict__ " + b.name + " = (" + cv + ctype(b.dtype) + "*)kiln_args[" +
+              std::to_string(i) + "];\n";
+    }
+    int64_t outer = const_product(k_.ranges);
+    int64_t inner = 1;
+    for (const Stage& st : k_.stages)
+      if (!st.vars.empty()) inner = std::max<int64_t>(inner, const_product(st.ranges));
+    bool parallel = outer < 0 || inner < 0 || (outer > 1 && outer * inner >= kParallelThreshold);
+    bool pointwise_only = true;
+    for (const Stage& st : k_.stages) pointwise_only &= st.vars.empty();
+
+    ScalarEmitter em(p_, out_, [](int acc) { return "acc" + std::to_string(acc); });
+    std::string indent = "  ";
+    for (size_t d = 0; d < k_.vars.size(); ++d) {
+      bool innermost = d + 1 == k_.vars.size();
+      if (d == 0 && parallel) {
+        out_ += indent + (innermost && pointwise_only ? "#pragma omp parallel for simd schedule(static)\n"
+                                                       : "#pragma omp parallel for schedule(static)\n");
+      } else if (innermost && pointwise_only) {
+        out_ += indent + "#pragma omp simd\n";
+      }
+      const std::string v = k_.vars[d].name();
+      out_ += indent + "for (kiln_i64 " + v + " = 0; " + v + " < " + k_.ranges[d].c_str() + "; ++" + v + ") {\n";
+      indent += "  ";
+    }
+    for (const Stage& st : k_.stages) write_stage(st, em, indent);
+    for (size_t d = k_.vars.size(); d-- > 0;) {
+      indent.resize(indent.size() - 2);
+      out_ += indent + "}\n";
+    }
+    out_ += "}\n\n";
+  }
+
+ private:
+  void open_inner(const Stage& st, std::string& indent, const std::string& pragma) {
+    for (size_t d = 0; d < st.vars.size(); ++d) {
+      if (d + 1 == st.vars.size() && !pragma.empty()) out_ += indent + pragma + "\n";
+      const std::string v = st.vars[d].name();
+      out_ += indent + "for (kiln_i64 " + v + " = 0; " + v + " < " + st.ranges[d].c_str() + "; ++" + v + ") {\n";
+      indent += "  ";
+    }
+  }
+  void close_inner(const Stage& st, std::string& indent) {
+    for (size_t d = 0; d < st.vars.size(); ++d) {
+      indent.resize(indent.size() - 2);
+      out_ += indent + "}\n";
+    }
+  }
+
+  void write_stage(const Stage& st, ScalarEmitter& em, std::string indent) {
+    if (st.kind == Stage::Kind::Reduce) {
+      std::string acc = "acc" + std::to_string(st.acc);
+      DType t = st.acc_dtype;
+      out_ += indent + ctype(t) + " " + acc + " = " + acc_init(st.reduce, t) + ";\n";
+      // Sums may be reassociated (OpenMP's simd reduction) so that they vectorize.
+      std::string pragma = st.reduce == ops::ReduceOp::Sum && t != DType::Bool ? "#pragma omp simd reduction(+:" + acc + ")" : "";
+      em.push_scope();
+      open_inner(st, indent, pragma);
+      std::string v = em.emit(st.value, indent);
+      out_ += indent + acc + " = " + combine(st.reduce, acc, v, t) + ";\n";
+      close_inner(st, indent);
+      em.pop_scope();
+      return;
+    }
+    bool looped = !st.vars.empty();
+    if (looped) em.push_scope();
+    open_inner(st, indent, looped ? "#pragma omp simd" : "");
+    for (const loop::Store& s : st.stores) {
+      std::string v = em.emit(s.value, indent);
+      out_ += indent + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+    }
+    close_inner(st, indent);
+    if (looped) em.pop_scope();
+  }
+
+  const loop::Program& p_;
+  const Kernel& k_;
+  std::string& out_;
+};
+
+}  // namespace
+
+std::string generate_cpp(const loop::Program& p) {
+  std::string out = "// Generated by kiln. Each kernel fuses the graph ops in its name.\n";
+  out += kCpuPrelude;
+  out += "\n";
+  for (const Kernel& k : p.kernels) KernelWriter(p, k, out).write();
+  return out;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,177 @@
+#include "core/codegen/cuda_codegen.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "core/codegen/scalar_emitter.h"
+
+namespace kiln::codegen {
+
+extern const char* const kCudaPrelude;
+
+namespace {
+
+using loop::Kernel;
+using loop::Stage;
+using sym::Expr;
+
+int64_t const_product(const std::vector<Expr>& xs) {
+  int64_t p = 1;
+  for (const Expr& e : xs) p *= e.as_const().value_or(1);
+  return p;
+}
+
+const char* functor(ops::ReduceOp op) {
+  switch (op) {
+    case ops::ReduceOp::Sum: return "KilnSum()";
+    case ops::ReduceOp::Prod: return "KilnProd()";
+    case ops::ReduceOp::Max: return "KilnMax()";
+    case ops::ReduceOp::Min: return "KilnMin()";
+  }
+  return "KilnSum()";
+}
+
+std::string acc_init(ops::ReduceOp op, DType t) {
+  switch (op) {
+    case ops::ReduceOp::Sum: return literal(0, 0, t);
+    case ops::ReduceOp::Prod: return literal(1, 1, t);
+    case ops::ReduceOp::Max: return is_floating(t) ? literal(-INFINITY, 0, t) : literal(0, int_lowest(t), t);
+    case ops::ReduceOp::Min: return is_floating(t) ? literal(INFINITY, 0, t) : literal(0, int_highest(t), t);
+  }
+  return "0";
+}
+
+// Unflattens `lin` into `vars` (row-major over `ranges`).
+void unravel(std::string& out, const std::string& indent, const std::string& lin, const std::vector<Expr>& vars,
+             const std::vector<Expr>& ranges) {
+  std::string rest = lin;
+  for (size_t d = vars.size(); d-- > 0;) {
+    if (d == 0) {
+      out += indent + "const kiln_i64 " + vars[d].name() + " = " + rest + ";\n";
+    } else {
+      out += indent + "const kiln_i64 " + vars[d].name() + " = " + rest + " % " + ranges[d].c_str() + ";\n";
+      std::string next = vars[d].name() + "_rest";
+      out += indent + "const kiln_i64 " + next + " = " + rest + " / " + ranges[d].c_str() + ";\n";
+      rest = next;
+    }
+  }
+}
+
+class CudaKernelWriter {
+ public:
+  CudaKernelWriter(const loop::Program& p, const Kernel& k, std::string& out) : p_(p), k_(k), out_(out) {}
+
+  CudaLaunch write() {
+    std::set<int> stored;
+    for (const Stage& st : k_.stages)
+      for (const loop::Store& s : st.stores) stored.insert(s.buffer);
+    bool rowwise = false;
+    int64_t inner = 1;
+    for (const Stage& st : k_.stages)
+      if (!st.vars.empty()) rowwise = true, inner = std::max(inner, const_product(st.ranges));
+    int64_t outer = const_product(k_.ranges);
+    CudaLaunch l;
+    l.name = k_.name;
+    if (rowwise) {
+      l.block = inner >= 4096 ? 1024 : inner >= 1024 ? 512 : inner >= 256 ? 256 : inner >= 128 ? 128 : inner >= 64 ? 64 : 32;
+      l.grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(outer, 1), 1 << 30));
+    } else {
+      l.block = outer >= 256 ? 256 : 128;
+      int64_t blocks = (outer + l.block - 1) / l.block;
+      l.grid = static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 132 * 64));
+    }
+    out_ += "// " + k_.name + ": fuses " + std::to_string(k_.ops.size()) + " op(s)\n";
+    out_ += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(l.block) + ") " + k_.name + "(";
+    for (size_t i = 0; i < k_.buffers.size(); ++i) {
+      const loop::Buffer& b = p_.buffers[k_.buffers[i]];
+      std::string cv = stored.count(b.id) ? "" : "const ";
+      out_ += (i ? ", " : "") + cv + ctype(b.dtype) + "* __restrict__ " + b.name;
+    }
+    out_ += ") {\n";
+    ScalarEmitter em(p_, out_, [](int acc) { return "acc" + std::to_string(acc); });
+    std::string indent = "  ";
+    if (rowwise) {
+      out_ += indent + "__shared__ double kiln_smem_raw[32];\n";
+      out_ += indent + "for (kiln_i64 kiln_row = blockIdx.x; kiln_row < " + std::to_string(outer) +
+              "LL; kiln_row += gridDim.x) {\n";
+      indent += "  ";
+      unravel(out_, indent, "kiln_row", k_.vars, k_.ranges);
+      for (const Stage& st : k_.stages) write_row_stage(st, em, indent);
+      out_ += "  }\n";
+    } else {
+      out_ += indent + "for (kiln_i64 kiln_lin = (kiln_i64)blockIdx.x * blockDim.x + threadIdx.x; kiln_lin < " +
+              std::to_string(outer) + "LL; kiln_lin += (kiln_i64)gridDim.x * blockDim.x) {\n";
+      indent += "  ";
+      unravel(out_, indent, "kiln_lin", k_.vars, k_.ranges);
+      for (const Stage& st : k_.stages)
+        for (const loop::Store& s : st.stores) {
+          std::string v = em.emit(s.value, indent);
+          out_ += indent + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+        }
+      out_ += "  }\n";
+    }
+    out_ += "}\n\n";
+    return l;
+  }
+
+ private:
+  void write_row_stage(const Stage& st, ScalarEmitter& em, const std::string& indent) {
+    std::string in2 = indent + "  ";
+    if (st.kind == Stage::Kind::Reduce) {
+      std::string acc = "acc" + std::to_string(st.acc);
+      std::string t = ctype(st.acc_dtype);
+      out_ += indent + t + " " + acc + " = " + acc_init(st.reduce, st.acc_dtype) + ";\n";
+      out_ += indent + "for (kiln_i64 kiln_q = threadIdx.x; kiln_q < " + std::to_string(const_product(st.ranges)) +
+              "LL; kiln_q += blockDim.x) {\n";
+      em.push_scope();
+      unravel(out_, in2, "kiln_q", st.vars, st.ranges);
+      std::string v = em.emit(st.value, in2);
+      out_ += in2 + acc + " = " + functor(st.reduce) + "(" + acc + ", " + v + ");\n";
+      em.pop_scope();
+      out_ += indent + "}\n";
+      out_ += indent + acc + " = kiln_block_reduce(" + acc + ", " + functor(st.reduce) + ", reinterpret_cast<" + t +
+              "*>(kiln_smem_raw));\n";
+      return;
+    }
+    if (st.vars.empty()) {
+      // Outer-point stores: every thread holds the values; one writes.
+      out_ += indent + "if (threadIdx.x == 0) {\n";
+      em.push_scope();
+      for (const loop::Store& s : st.stores) {
+        std::string v = em.emit(s.value, in2);
+        out_ += in2 + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+      }
+      em.pop_scope();
+      out_ += indent + "}\n";
+      return;
+    }
+    out_ += indent + "for (kiln_i64 kiln_q = threadIdx.x; kiln_q < " + std::to_string(const_product(st.ranges)) +
+            "LL; kiln_q += blockDim.x) {\n";
+    em.push_scope();
+    unravel(out_, in2, "kiln_q", st.vars, st.ranges);
+    for (const loop::Store& s : st.stores) {
+      std::string v = em.emit(s.value, in2);
+      out_ += in2 + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+    }
+    em.pop_scope();
+    out_ += indent + "}\n";
+  }
+
+  const loop::Program& p_;
+  const Kernel& k_;
+  std::string& out_;
+};
+
+}  // namespace
+
+CudaSource generate_cuda(const loop::Program& p) {
+  CudaSource s;
+  s.source = "// Generated by kiln. Each kernel fuses the graph ops in its name.\n";
+  s.source += kCudaPrelude;
+  s.source += "\n";
+  for (const Kernel& k : p.kernels) s.launches.push_back(CudaKernelWriter(p, k, s.source).write());
+  return s;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,28 @@
+// CUDA C++ code generation (compiled at run time by NVRTC) from the same loop IR as the CPU.
+//
+// Kernels whose stages all run at outer points map one thread to one outer point (grid-stride
+// loop over the flattened outer space). Kernels with inner loops map one block to one outer
+// point: threads stride over the inner space, reductions finish with warp shuffles and a
+// shared-memory pass, and every thread sees the result, so later stages of the same row (the
+// normalisation of a softmax) run in the same launch.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/loop/program.h"
+
+namespace kiln::codegen {
+
+struct CudaLaunch {
+  std::string name;
+  unsigned grid = 1, block = 1;
+};
+
+struct CudaSource {
+  std::string source;
+  std::vector<CudaLaunch> launches;  // one per kernel, in Program::kernels order
+};
+
+CudaSource generate_cuda(const loop::Program& p);
+
+}  // namespace kiln::codegen

@@ -1,0 +1,75 @@
+// kiln CPU kernel prelude: pasted at the top of every generated C++ file.
+// It includes no headers, so a kernel file compiles in a fraction of a second; the math comes
+// from compiler builtins that lower to libm (or to inline instructions).
+typedef long long kiln_i64;
+
+static inline float kiln_inf_f() { return __builtin_inff(); }
+static inline double kiln_inf_d() { return __builtin_inf(); }
+static inline float kiln_nan_f() { return __builtin_nanf(""); }
+static inline double kiln_nan_d() { return __builtin_nan(""); }
+
+#define KILN_UNARY_F(name, fexpr, dexpr) \
+  static inline float name(float x) { return fexpr; } \
+  static inline double name(double x) { return dexpr; }
+KILN_UNARY_F(kiln_exp, __builtin_expf(x), __builtin_exp(x))
+KILN_UNARY_F(kiln_exp2, __builtin_exp2f(x), __builtin_exp2(x))
+KILN_UNARY_F(kiln_expm1, __builtin_expm1f(x), __builtin_expm1(x))
+KILN_UNARY_F(kiln_log, __builtin_logf(x), __builtin_log(x))
+KILN_UNARY_F(kiln_log2, __builtin_log2f(x), __builtin_log2(x))
+KILN_UNARY_F(kiln_log1p, __builtin_log1pf(x), __builtin_log1p(x))
+KILN_UNARY_F(kiln_sin, __builtin_sinf(x), __builtin_sin(x))
+KILN_UNARY_F(kiln_cos, __builtin_cosf(x), __builtin_cos(x))
+KILN_UNARY_F(kiln_tan, __builtin_tanf(x), __builtin_tan(x))
+KILN_UNARY_F(kiln_tanh, __builtin_tanhf(x), __builtin_tanh(x))
+KILN_UNARY_F(kiln_erf, __builtin_erff(x), __builtin_erf(x))
+KILN_UNARY_F(kiln_sqrt, __builtin_sqrtf(x), __builtin_sqrt(x))
+KILN_UNARY_F(kiln_rsqrt, 1.0f / __builtin_sqrtf(x), 1.0 / __builtin_sqrt(x))
+KILN_UNARY_F(kiln_sigmoid, 1.0f / (1.0f + __builtin_expf(-x)), 1.0 / (1.0 + __builtin_exp(-x)))
+KILN_UNARY_F(kiln_floor, __builtin_floorf(x), __builtin_floor(x))
+KILN_UNARY_F(kiln_ceil, __builtin_ceilf(x), __builtin_ceil(x))
+KILN_UNARY_F(kiln_trunc, __builtin_truncf(x), __builtin_trunc(x))
+KILN_UNARY_F(kiln_abs, __builtin_fabsf(x), __builtin_fabs(x))
+KILN_UNARY_F(kiln_reciprocal, 1.0f / x, 1.0 / x)
+#undef KILN_UNARY_F
+
+// Integer forms: rounding is the identity, abs and the rest as torch defines them.
+template <typename T> static inline T kiln_floor(T x) { return x; }
+template <typename T> static inline T kiln_ceil(T x) { return x; }
+template <typename T> static inline T kiln_trunc(T x) { return x; }
+template <typename T> static inline T kiln_abs(T x) { return x < 0 ? (T)-x : x; }
+template <typename T> static inline T kiln_relu(T x) { return x < (T)0 ? (T)0 : x; }
+
+// NaN-propagating max/min, as torch.maximum / amax.
+template <typename T> static inline T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
+template <typename T> static inline T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
+
+// Python semantics: floor division and a remainder with the divisor's sign.
+template <typename T> static inline T kiln_floordiv(T a, T b) {
+  T q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? (T)(q - 1) : q;
+}
+static inline float kiln_floordiv(float a, float b) { return __builtin_floorf(a / b); }
+static inline double kiln_floordiv(double a, double b) { return __builtin_floor(a / b); }
+template <typename T> static inline T kiln_mod(T a, T b) {
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
+}
+static inline float kiln_mod(float a, float b) {
+  float r = __builtin_fmodf(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline double kiln_mod(double a, double b) {
+  double r = __builtin_fmod(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline float kiln_pow(float a, float b) { return __builtin_powf(a, b); }
+static inline double kiln_pow(double a, double b) { return __builtin_pow(a, b); }
+template <typename T> static inline T kiln_pow(T a, T b) {
+  T r = 1;
+  while (b > 0) {
+    if (b & 1) r = (T)(r * a);
+    a = (T)(a * a);
+    b >>= 1;
+  }
+  return r;
+}

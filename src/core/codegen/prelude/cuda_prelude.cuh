@@ -1,0 +1,90 @@
+// kiln CUDA kernel prelude: pasted at the top of every generated .cu source compiled by NVRTC.
+// Self-contained (NVRTC sees no system headers): math comes from CUDA's device builtins.
+typedef long long kiln_i64;
+
+__device__ __forceinline__ float kiln_inf_f() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ double kiln_inf_d() { return __longlong_as_double(0x7ff0000000000000LL); }
+__device__ __forceinline__ float kiln_nan_f() { return __int_as_float(0x7fffffff); }
+__device__ __forceinline__ double kiln_nan_d() { return __longlong_as_double(0x7fffffffffffffffLL); }
+
+#define KILN_UNARY_F(name, fexpr, dexpr) \
+  __device__ __forceinline__ float name(float x) { return fexpr; } \
+  __device__ __forceinline__ double name(double x) { return dexpr; }
+KILN_UNARY_F(kiln_exp, expf(x), exp(x))
+KILN_UNARY_F(kiln_exp2, exp2f(x), exp2(x))
+KILN_UNARY_F(kiln_expm1, expm1f(x), expm1(x))
+KILN_UNARY_F(kiln_log, logf(x), log(x))
+KILN_UNARY_F(kiln_log2, log2f(x), log2(x))
+KILN_UNARY_F(kiln_log1p, log1pf(x), log1p(x))
+KILN_UNARY_F(kiln_sin, sinf(x), sin(x))
+KILN_UNARY_F(kiln_cos, cosf(x), cos(x))
+KILN_UNARY_F(kiln_tan, tanf(x), tan(x))
+KILN_UNARY_F(kiln_tanh, tanhf(x), tanh(x))
+KILN_UNARY_F(kiln_erf, erff(x), erf(x))
+KILN_UNARY_F(kiln_sqrt, sqrtf(x), sqrt(x))
+KILN_UNARY_F(kiln_rsqrt, rsqrtf(x), rsqrt(x))
+KILN_UNARY_F(kiln_sigmoid, 1.0f / (1.0f + expf(-x)), 1.0 / (1.0 + exp(-x)))
+KILN_UNARY_F(kiln_floor, floorf(x), floor(x))
+KILN_UNARY_F(kiln_ceil, ceilf(x), ceil(x))
+KILN_UNARY_F(kiln_trunc, truncf(x), trunc(x))
+KILN_UNARY_F(kiln_abs, fabsf(x), fabs(x))
+KILN_UNARY_F(kiln_reciprocal, 1.0f / x, 1.0 / x)
+#undef KILN_UNARY_F
+
+template <typename T> __device__ __forceinline__ T kiln_floor(T x) { return x; }
+template <typename T> __device__ __forceinline__ T kiln_ceil(T x) { return x; }
+template <typename T> __device__ __forceinline__ T kiln_trunc(T x) { return x; }
+template <typename T> __device__ __forceinline__ T kiln_abs(T x) { return x < 0 ? (T)-x : x; }
+template <typename T> __device__ __forceinline__ T kiln_relu(T x) { return x < (T)0 ? (T)0 : x; }
+template <typename T> __device__ __forceinline__ T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
+template <typename T> __device__ __forceinline__ T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
+template <typename T> __device__ __forceinline__ T kiln_floordiv(T a, T b) {
+  T q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? (T)(q - 1) : q;
+}
+__device__ __forceinline__ float kiln_floordiv(float a, float b) { return floorf(a / b); }
+__device__ __forceinline__ double kiln_floordiv(double a, double b) { return floor(a / b); }
+template <typename T> __device__ __forceinline__ T kiln_mod(T a, T b) {
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
+}
+__device__ __forceinline__ float kiln_mod(float a, float b) {
+  float r = fmodf(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__device__ __forceinline__ double kiln_mod(double a, double b) {
+  double r = fmod(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__device__ __forceinline__ float kiln_pow(float a, float b) { return powf(a, b); }
+__device__ __forceinline__ double kiln_pow(double a, double b) { return pow(a, b); }
+template <typename T> __device__ __forceinline__ T kiln_pow(T a, T b) {
+  T r = 1;
+  while (b > 0) {
+    if (b & 1) r = (T)(r * a);
+    a = (T)(a * a);
+    b >>= 1;
+  }
+  return r;
+}
+
+// Combines of reductions, shared by the thread-local loop and the block-wide tree.
+struct KilnSum { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
+struct KilnProd { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a * b; } };
+struct KilnMax { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return kiln_max(a, b); } };
+struct KilnMin { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return kiln_min(a, b); } };
+
+// Block-wide reduction: warp shuffles, then one value per warp through shared memory. Every
+// thread of the block receives the result (later stages of the kernel read it).
+template <typename T, typename Op>
+__device__ __forceinline__ T kiln_block_reduce(T v, Op op, T* smem) {
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // smem may still be read from the previous reduction
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  const unsigned nwarps = (blockDim.x + 31u) >> 5;
+  v = smem[0];
+  for (unsigned w = 1; w < nwarps; ++w) v = op(v, smem[w]);
+  return v;
+}

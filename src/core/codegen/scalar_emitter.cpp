@@ -1,0 +1,147 @@
+#include "core/codegen/scalar_emitter.h"
+
+#include <cmath>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+
+namespace kiln::codegen {
+
+using loop::SNode;
+using loop::SOp;
+using loop::SRef;
+
+std::string ctype(DType t) { return dtype_ctype(t); }
+
+std::string literal(double fval, int64_t ival, DType t) {
+  if (t == DType::Bool) return ival ? "true" : "false";
+  if (!is_floating(t)) {
+    std::string v = std::to_string(ival) + "LL";
+    if (ival == INT64_MIN) v = "(-9223372036854775807LL - 1)";
+    return t == DType::Int64 ? v : "((" + ctype(t) + ")" + v + ")";
+  }
+  bool f32 = t == DType::Float32;
+  if (std::isnan(fval)) return f32 ? "kiln_nan_f()" : "kiln_nan_d()";
+  if (std::isinf(fval)) return std::string(fval < 0 ? "(-" : "(") + (f32 ? "kiln_inf_f())" : "kiln_inf_d())");
+  char buf[64];
+  // Hexadecimal floating literals are exact: the kernel sees the very constant the graph holds.
+  if (f32) std::snprintf(buf, sizeof buf, "%af", static_cast<double>(static_cast<float>(fval)));
+  else std::snprintf(buf, sizeof buf, "%a", fval);
+  return buf;
+}
+
+int64_t int_lowest(DType t) {
+  switch (t) {
+    case DType::Int8: return -128;
+    case DType::Int16: return -32768;
+    case DType::Int32: return INT32_MIN;
+    case DType::Int64: return INT64_MIN;
+    default: return 0;
+  }
+}
+
+int64_t int_highest(DType t) {
+  switch (t) {
+    case DType::Bool: return 1;
+    case DType::UInt8: return 255;
+    case DType::Int8: return 127;
+    case DType::Int16: return 32767;
+    case DType::Int32: return INT32_MAX;
+    default: return INT64_MAX;
+  }
+}
+
+namespace {
+const char* fn_name(SOp op) {
+  switch (op) {
+    case SOp::Exp: return "kiln_exp";
+    case SOp::Exp2: return "kiln_exp2";
+    case SOp::Expm1: return "kiln_expm1";
+    case SOp::Log: return "kiln_log";
+    case SOp::Log2: return "kiln_log2";
+    case SOp::Log1p: return "kiln_log1p";
+    case SOp::Sin: return "kiln_sin";
+    case SOp::Cos: return "kiln_cos";
+    case SOp::Tan: return "kiln_tan";
+    case SOp::Tanh: return "kiln_tanh";
+    case SOp::Sigmoid: return "kiln_sigmoid";
+    case SOp::Relu: return "kiln_relu";
+    case SOp::Abs: return "kiln_abs";
+    case SOp::Sqrt: return "kiln_sqrt";
+    case SOp::Rsqrt: return "kiln_rsqrt";
+    case SOp::Erf: return "kiln_erf";
+    case SOp::Floor: return "kiln_floor";
+    case SOp::Ceil: return "kiln_ceil";
+    case SOp::Trunc: return "kiln_trunc";
+    case SOp::Reciprocal: return "kiln_reciprocal";
+    case SOp::FloorDiv: return "kiln_floordiv";
+    case SOp::Mod: return "kiln_mod";
+    case SOp::Pow: return "kiln_pow";
+    case SOp::Max: return "kiln_max";
+    case SOp::Min: return "kiln_min";
+    default: return nullptr;
+  }
+}
+const char* infix(SOp op) {
+  switch (op) {
+    case SOp::Add: return "+";
+    case SOp::Sub: return "-";
+    case SOp::Mul: return "*";
+    case SOp::Div: return "/";
+    case SOp::TruncDiv: return "/";
+    case SOp::Eq: return "==";
+    case SOp::Ne: return "!=";
+    case SOp::Lt: return "<";
+    case SOp::Le: return "<=";
+    case SOp::Gt: return ">";
+    case SOp::Ge: return ">=";
+    case SOp::And: return "&&";
+    case SOp::Or: return "||";
+    default: return nullptr;
+  }
+}
+// Narrow integer arithmetic happens in int in C; cast back so results wrap as torch's do.
+bool narrow(DType t) { return t == DType::UInt8 || t == DType::Int8 || t == DType::Int16 || t == DType::Int32; }
+}  // namespace
+
+std::string ScalarEmitter::emit(SRef r, const std::string& indent) { return expr(r, indent); }
+
+std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
+  auto it = names_.find(r);
+  if (it != names_.end()) return it->second;
+  const SNode& n = p_.exprs[r];
+  std::string e;
+  switch (n.op) {
+    case SOp::Const: return literal(n.fval, n.ival, n.dtype);
+    case SOp::Acc: return acc_name_(n.acc);
+    case SOp::Load: e = p_.buffers[n.buffer].name + "[" + n.index.c_str() + "]"; break;
+    case SOp::Cast: {
+      std::string a = expr(n.a, indent);
+      e = n.dtype == DType::Bool ? "(" + a + " != 0)" : "((" + ctype(n.dtype) + ")" + a + ")";
+      break;
+    }
+    case SOp::Where: {
+      std::string c = expr(n.a, indent), a = expr(n.b, indent), b = expr(n.c, indent);
+      e = "(" + c + " ? " + a + " : " + b + ")";
+      break;
+    }
+    case SOp::Neg: e = "(-" + expr(n.a, indent) + ")"; break;
+    case SOp::Not: e = "(!" + expr(n.a, indent) + ")"; break;
+    default: {
+      if (loop::sop_is_unary(n.op)) {
+        e = std::string(fn_name(n.op)) + "(" + expr(n.a, indent) + ")";
+      } else {
+        std::string a = expr(n.a, indent), b = expr(n.b, indent);
+        if (const char* f = fn_name(n.op)) e = std::string(f) + "(" + a + ", " + b + ")";
+        else e = "(" + a + " " + infix(n.op) + " " + b + ")";
+      }
+      if (narrow(n.dtype) && !loop::sop_is_comparison(n.op)) e = "((" + ctype(n.dtype) + ")" + e + ")";
+    }
+  }
+  std::string name = "t" + std::to_string(counter_++);
+  out_ += indent + "const " + ctype(n.dtype) + " " + name + " = " + e + ";\n";
+  names_[r] = name;
+  return name;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,44 @@
+// Emits the scalar expressions of kernel bodies as C++ statements. Shared by the C++ and
+// CUDA generators: both dialects name the same helper functions (kiln_exp, kiln_max, ...),
+// defined for each in its prelude.
+#pragma once
+#include <functional>
+#include <string>
+#include <unordered_map>
+
+#include "core/loop/program.h"
+
+namespace kiln::codegen {
+
+std::string ctype(DType t);
+std::string literal(double fval, int64_t ival, DType t);
+int64_t int_lowest(DType t);
+int64_t int_highest(DType t);
+
+class ScalarEmitter {
+ public:
+  ScalarEmitter(const loop::Program& p, std::string& out, std::function<std::string(int acc)> acc_name)
+      : p_(p), out_(out), acc_name_(std::move(acc_name)) {}
+
+  // Returns an expression for `r`, first emitting `const T tN = ...;` lines (at `indent`) for
+  // every node it needs that is not already named in this scope or an enclosing one.
+  std::string emit(loop::SRef r, const std::string& indent);
+
+  // Scopes: names made inside a loop body are not visible after it.
+  void push_scope() { scopes_.push_back(names_); }
+  void pop_scope() {
+    names_ = scopes_.back();
+    scopes_.pop_back();
+  }
+
+ private:
+  std::string expr(loop::SRef r, const std::string& indent);
+  const loop::Program& p_;
+  std::string& out_;
+  std::function<std::string(int)> acc_name_;
+  std::unordered_map<loop::SRef, std::string> names_;
+  std::vector<std::unordered_map<loop::SRef, std::string>> scopes_;
+  int counter_ = 0;
+};
+
+}  // namespace kiln::codegen

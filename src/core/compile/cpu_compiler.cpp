@@ -1,0 +1,283 @@
+#include "core/compile/cpu_compiler.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/compile/disk_cache.h"
+#include "core/support/hash.h"
+
+extern char** environ;
+
+namespace kiln::compile {
+
+namespace {
+
+const std::vector<std::string>& compile_flags() {
+  static const std::vector<std::string> flags = {
+      "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno",
+      "-fno-trapping-math"};
+  return flags;
+}
+
+const std::string& flags_string() {
+  static const std::string s = [] {
+    std::string out;
+    for (const auto& f : compile_flags()) out += f + " ";
+    return out;
+  }();
+  return s;
+}
+
+// Resolved once, together with cpu_compiler_id(): the compiler that builds an entry must be
+// the one its key names. Taken as a single program path (no word splitting), so a path
+// with spaces works; a wrapper such as "ccache g++" needs a small script instead.
+const std::string& compiler() {
+  static const std::string cxx = [] {
+    for (const char* var : {"KILN_CXX", "CXX"}) {
+      const char* v = std::getenv(var);
+      if (v && *v) return std::string(v);
+    }
+    return std::string("c++");
+  }();
+  return cxx;
+}
+
+struct ProcessResult {
+  bool ok = false;     // ran and exited with status 0
+  std::string status;  // how it ended, for messages
+  std::string output;  // stdout and stderr interleaved, capped
+};
+
+// Runs argv[0] (searched on PATH) without a shell, collecting stdout+stderr through a pipe.
+ProcessResult run_process(const std::vector<std::string>& args) {
+  constexpr size_t kMaxOutput = 1 << 16;  // keep draining past this so the child never blocks
+  ProcessResult res;
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+
+  // O_CLOEXEC: another thread spawning at the same time must not inherit our write end, or
+  // we would wait for EOF until that unrelated child exits too.
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    res.status = std::string("pipe failed: ") + std::strerror(errno);
+    return res;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  pid_t pid = -1;
+  int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    res.status = "cannot run " + args[0] + ": " + std::strerror(rc);
+    return res;
+  }
+
+  char buf[4096];
+  for (;;) {
+    ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (res.output.size() < kMaxOutput) res.output.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+
+  int wstatus = 0;
+  while (waitpid(pid, &wstatus, 0) < 0) {
+    if (errno != EINTR) {
+      res.status = std::string("waitpid failed: ") + std::strerror(errno);
+      return res;
+    }
+  }
+  if (WIFEXITED(wstatus)) {
+    res.ok = WEXITSTATUS(wstatus) == 0;
+    res.status = "exit status " + std::to_string(WEXITSTATUS(wstatus));
+  } else if (WIFSIGNALED(wstatus)) {
+    res.status = "killed by signal " + std::to_string(WTERMSIG(wstatus));
+  } else {
+    res.status = "ended abnormally";
+  }
+  return res;
+}
+
+// -march=native makes the artifact specific to this CPU, yet a cache directory under a
+// shared $HOME can be reached from machines with different CPUs. Keying on the CPU model
+// and feature list keeps one machine from loading another's code (and dying on SIGILL).
+const std::string& host_cpu_id() {
+  static const std::string id = [] {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line, model, features;
+    while (std::getline(in, line)) {
+      auto starts = [&](const char* p) { return line.rfind(p, 0) == 0; };
+      if (model.empty() && (starts("model name") || starts("CPU part"))) model = line;
+      if (features.empty() && (starts("flags") || starts("Features"))) features = line;
+      if (!model.empty() && !features.empty()) break;
+    }
+    return model + " | " + hex64(hash_str(features));
+  }();
+  return id;
+}
+
+std::string cache_key(const std::string& source) {
+  uint64_t h = hash_str("kiln-cpu-v1");
+  h = hash_combine(h, hash_str(source));
+  h = hash_combine(h, hash_str(cpu_compiler_id()));
+  h = hash_combine(h, hash_str(flags_string()));
+  h = hash_combine(h, hash_str(host_cpu_id()));
+  return hex64(h);
+}
+
+// The source is replaced atomically as well: another thread or process may be compiling
+// from this very path while we (re)write it.
+bool write_source(const std::string& path, const std::string& text, std::string& error) {
+  std::string templ = path + ".tmp-XXXXXX";
+  std::vector<char> name(templ.begin(), templ.end());
+  name.push_back('\0');
+  int fd = mkstemp(name.data());
+  if (fd < 0) {
+    error = "kiln: cannot create a file next to " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  fchmod(fd, 0644);
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (done != text.size() || std::rename(name.data(), path.c_str()) != 0) {
+    error = "kiln: cannot write " + path + ": " + std::strerror(errno);
+    unlink(name.data());
+    return false;
+  }
+  return true;
+}
+
+bool run_compiler(const std::string& src, const std::string& out, std::string& error) {
+  std::vector<std::string> args = {compiler()};
+  args.insert(args.end(), compile_flags().begin(), compile_flags().end());
+  args.insert(args.end(), {"-o", out, src});
+  ProcessResult p = run_process(args);
+  if (p.ok) return true;
+  constexpr size_t kMaxError = 4000;
+  error = "kiln: C++ compilation of ";
+  error += src;
+  error += " failed (" + compiler() + ": " + p.status + ")";
+  if (!p.output.empty()) {
+    error += '\n';
+    error.append(p.output, 0, kMaxError);
+    if (p.output.size() > kMaxError) error += "\n[... output truncated]";
+  }
+  return false;
+}
+
+}  // namespace
+
+std::shared_ptr<SharedLibrary> SharedLibrary::open(const std::string& path, std::string& error) {
+  // RTLD_NOW: an unresolved symbol should fail here, not at the first call of a kernel.
+  // RTLD_LOCAL: every generated library exports the same entry-point names.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    const char* msg = dlerror();
+    error = "kiln: cannot load " + path + ": " + (msg ? msg : "unknown dlopen error");
+    return nullptr;
+  }
+  return std::shared_ptr<SharedLibrary>(new SharedLibrary(handle, path));
+}
+
+SharedLibrary::~SharedLibrary() {
+  if (handle_) dlclose(handle_);
+}
+
+void* SharedLibrary::symbol(const std::string& name) const {
+  return dlsym(handle_, name.c_str());
+}
+
+const std::string& cpu_compiler_id() {
+  static const std::string id = [] {
+    ProcessResult p = run_process({compiler(), "--version"});
+    std::string first = p.output.substr(0, p.output.find('\n'));
+    if (!p.ok || first.empty()) first = "(--version failed: " + p.status + ")";
+    return compiler() + " | " + first;
+  }();
+  return id;
+}
+
+// Needs no lock: the shared state is either immutable statics or the cache directory, whose
+// publish protocol already tolerates concurrent builders of the same key.
+CpuCompileResult compile_cpp(const std::string& source) {
+  const auto start = std::chrono::steady_clock::now();
+  CpuCompileResult r;
+  auto finish = [&]() -> CpuCompileResult {
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return std::move(r);
+  };
+
+  const std::string key = cache_key(source);
+  const DiskCache cache(cache_dir() + "/cpu");
+  r.source_path = cache.source_path(key, ".cpp");
+
+  std::string error;
+  if (auto hit = cache.lookup(key, ".so")) {
+    if (auto lib = SharedLibrary::open(*hit, error)) {
+      r.library = std::move(lib);
+      r.so_path = *hit;
+      r.cache_hit = true;
+      return finish();
+    }
+    // Verified but not loadable (e.g. built against a library that has since changed):
+    // rebuild over it.
+  }
+
+  // The source may already be there; rewriting it is cheap and restores a deleted one.
+  std::error_code ec;
+  std::filesystem::create_directories(cache.dir(), ec);
+  if (!write_source(r.source_path, source, error)) {
+    r.error = error;
+    return finish();
+  }
+
+  auto build = [&](const std::string& tmp, std::string& err) {
+    return run_compiler(r.source_path, tmp, err);
+  };
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    error.clear();
+    auto so = cache.publish(key, ".so", build, error);
+    if (!so) break;
+    if (auto lib = SharedLibrary::open(*so, error)) {
+      r.library = std::move(lib);
+      r.so_path = *so;
+      r.error.clear();
+      return finish();
+    }
+    // A concurrent reader may have discarded the fresh entry before we opened it (possible
+    // only when two builders produced different bytes); one more build settles that. Any
+    // other load failure would just repeat, so report it.
+    if (access(so->c_str(), F_OK) == 0) break;
+  }
+  r.error = error;
+  return finish();
+}
+
+}  // namespace kiln::compile

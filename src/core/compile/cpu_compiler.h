@@ -1,0 +1,39 @@
+// Compiles generated C++ into a shared library with the system compiler and loads it.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kiln::compile {
+
+// A loaded shared library; unloaded when the last reference goes.
+class SharedLibrary {
+ public:
+  static std::shared_ptr<SharedLibrary> open(const std::string& path, std::string& error);
+  ~SharedLibrary();
+  void* symbol(const std::string& name) const;  // nullptr if absent
+  const std::string& path() const { return path_; }
+
+ private:
+  SharedLibrary(void* handle, std::string path) : handle_(handle), path_(std::move(path)) {}
+  void* handle_;
+  std::string path_;
+};
+
+struct CpuCompileResult {
+  std::shared_ptr<SharedLibrary> library;  // null on failure
+  std::string error;                       // compiler output on failure
+  bool cache_hit = false;                  // loaded from the disk cache without compiling
+  double seconds = 0;                      // wall time spent (compile or load)
+  std::string so_path, source_path;
+};
+
+// $KILN_CXX, else $CXX, else "c++". Flags: -O3 -march=native -fopenmp -shared -fPIC
+// -fno-math-errno -fno-trapping-math. The cache key covers source, compiler, its version and
+// flags. The source is also written next to the entry so that users can read it.
+CpuCompileResult compile_cpp(const std::string& source);
+
+// Identification of the compiler used (path + first line of --version), computed once.
+const std::string& cpu_compiler_id();
+
+}  // namespace kiln::compile

@@ -1,0 +1,40 @@
+// The slice of the CUDA driver API kiln needs to load and launch its kernels. libcuda is
+// loaded with dlopen on first use; nothing here links against CUDA.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace kiln::compile {
+
+bool cuda_driver_available(std::string* why = nullptr);
+
+// Compute capability of `device`, e.g. 90 for sm_90; 0 if unknown.
+int cuda_compute_capability(int device);
+
+// A module loaded from a CUBIN/PTX image into the current (primary) context of a device.
+class CudaModule {
+ public:
+  static std::shared_ptr<CudaModule> load(const std::string& image, int device, std::string& error);
+  ~CudaModule();
+  // Function handle (CUfunction) or nullptr.
+  void* function(const std::string& name, std::string& error) const;
+
+ private:
+  CudaModule() = default;
+  void* module_ = nullptr;
+  int device_ = 0;
+};
+
+// Launches `fn` on `stream` (a CUstream, 0 for the legacy default stream). `args` is the usual
+// array of pointers to each kernel argument. Returns false and fills `error` on failure.
+bool cuda_launch(void* fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                 unsigned block_y, unsigned block_z, unsigned shared_bytes, void* stream,
+                 void** args, std::string& error);
+
+// End-to-end check of the driver path on device 0: compiles a doubling kernel with NVRTC for
+// the device's own arch, loads it, runs it on a buffer it allocates itself and compares the
+// result. Returns false and fills `error` on any failure. For tests and diagnostics.
+bool cuda_selftest(std::string& error);
+
+}  // namespace kiln::compile

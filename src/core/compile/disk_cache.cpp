@@ -1,0 +1,196 @@
+#include "core/compile/disk_cache.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "core/support/hash.h"
+
+namespace fs = std::filesystem;
+
+namespace kiln::compile {
+
+namespace {
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+// FNV-1a streamed in chunks: artifacts can be tens of MB and need not sit in memory.
+// Chaining works because the FNV state is the hash itself.
+std::optional<uint64_t> hash_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  uint64_t h = hash_str("");
+  std::vector<char> buf(1 << 16);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    h = hash_bytes(buf.data(), static_cast<size_t>(in.gcount()), h);
+  }
+  if (in.bad()) return std::nullopt;
+  return h;
+}
+
+std::optional<std::string> read_small_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return std::nullopt;
+  return s;
+}
+
+std::string sidecar_of(const std::string& artifact) { return artifact + ".sum"; }
+
+// A unique, still-empty file next to `final_path`, so that the later rename stays within one
+// filesystem (and is therefore atomic). The extension is kept at the end because some tools
+// (compilers, linkers) decide what to produce from the output file's suffix.
+std::optional<std::string> make_temp_beside(const std::string& dir, const std::string& stem,
+                                            const std::string& ext, std::string& error) {
+  std::string templ = dir + "/" + stem + ".tmp-XXXXXX" + ext;
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  int fd = mkstemps(buf.data(), static_cast<int>(ext.size()));
+  if (fd < 0) {
+    error = "kiln: cannot create a temporary file in " + dir + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  // mkstemp's 0600 would make a shared cache directory unusable for other users.
+  fchmod(fd, 0644);
+  close(fd);
+  return std::string(buf.data());
+}
+
+// Removes the temporary file unless it has been renamed into place.
+struct TempGuard {
+  std::string path;
+  bool armed = true;
+  ~TempGuard() {
+    if (armed && !path.empty()) unlink(path.c_str());
+  }
+};
+
+bool rename_into_place(const std::string& from, const std::string& to, std::string& error) {
+  if (std::rename(from.c_str(), to.c_str()) != 0) {
+    error = "kiln: cannot rename " + from + " to " + to + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+bool write_file_atomic(const std::string& dir, const std::string& name, const std::string& bytes,
+                       std::string& error) {
+  auto tmp = make_temp_beside(dir, name, "", error);
+  if (!tmp) return false;
+  TempGuard guard{*tmp};
+  {
+    std::ofstream out(*tmp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) {
+      error = "kiln: cannot write " + *tmp;
+      return false;
+    }
+  }
+  if (!rename_into_place(*tmp, dir + "/" + name, error)) return false;
+  guard.armed = false;
+  return true;
+}
+
+void remove_entry(const std::string& artifact) {
+  unlink(artifact.c_str());
+  unlink(sidecar_of(artifact).c_str());
+}
+
+}  // namespace
+
+const std::string& cache_dir() {
+  // Re-read on every call (a few getenv calls and a stat) so that tests and long-running
+  // processes can redirect the cache. thread_local keeps the returned reference stable
+  // against other threads; only a later call on the same thread refreshes it.
+  thread_local std::string dir;
+  std::string d = env_or_empty("KILN_CACHE_DIR");
+  if (d.empty()) {
+    std::string xdg = env_or_empty("XDG_CACHE_HOME");
+    if (!xdg.empty()) {
+      d = xdg + "/kiln";
+    } else {
+      std::string home = env_or_empty("HOME");
+      d = (home.empty() ? std::string("/tmp") : home) + "/.cache/kiln";
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(d, ec);  // a failure surfaces later, when publishing into it
+  dir = std::move(d);
+  return dir;
+}
+
+DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {}
+
+std::string DiskCache::source_path(const std::string& key, const std::string& ext) const {
+  return dir_ + "/" + key + ext;
+}
+
+std::optional<std::string> DiskCache::lookup(const std::string& key,
+                                             const std::string& ext) const {
+  const std::string artifact = dir_ + "/" + key + ext;
+  // No artifact: a miss. A lone sidecar is left alone: it may belong to a publish in flight.
+  if (access(artifact.c_str(), F_OK) != 0) return std::nullopt;
+
+  auto sum = read_small_file(sidecar_of(artifact));
+  auto actual = hash_file(artifact);
+  if (!actual) return std::nullopt;  // vanished or unreadable right now; don't destroy it
+  if (!sum || sum->size() < 16 || sum->compare(0, 16, hex64(*actual)) != 0) {
+    remove_entry(artifact);
+    return std::nullopt;
+  }
+  return artifact;
+}
+
+std::optional<std::string> DiskCache::publish(
+    const std::string& key, const std::string& ext,
+    const std::function<bool(const std::string& tmp_path, std::string& error)>& build,
+    std::string& error) const {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) {
+    error = "kiln: cannot create cache directory " + dir_ + ": " + ec.message();
+    return std::nullopt;
+  }
+
+  auto tmp = make_temp_beside(dir_, key, ext, error);
+  if (!tmp) return std::nullopt;
+  TempGuard guard{*tmp};
+
+  if (!build(*tmp, error)) {
+    if (error.empty()) error = "kiln: building " + key + ext + " failed";
+    return std::nullopt;
+  }
+  // Hash the bytes we are about to rename, not whatever sits at the final path later.
+  auto h = hash_file(*tmp);
+  if (!h) {
+    error = "kiln: cannot read back the built artifact " + *tmp;
+    return std::nullopt;
+  }
+
+  // The sidecar goes in first. Readers treat "artifact without a matching sidecar" as corrupt
+  // and delete it; with the artifact first, a reader arriving between the two renames would
+  // delete a brand-new, valid entry (possibly right before our caller opens it). With the
+  // sidecar first, that reader sees only a sidecar and reports a plain miss. Either way an
+  // entry is used only once both halves agree.
+  const std::string name = key + ext;
+  if (!write_file_atomic(dir_, name + ".sum", hex64(*h) + "\n", error)) return std::nullopt;
+  const std::string final_path = dir_ + "/" + name;
+  if (!rename_into_place(*tmp, final_path, error)) return std::nullopt;
+  guard.armed = false;
+  return final_path;
+}
+
+}  // namespace kiln::compile

@@ -1,0 +1,45 @@
+// The on-disk cache of compiled artifacts (shared libraries, CUDA images).
+//
+// Entries are addressed by a content key (hash of source + compiler + flags). Writes are
+// atomic: an artifact is written under a temporary name in the same directory and renamed
+// into place, with a checksum sidecar `<key><ext>.sum` renamed in just before it. A reader
+// verifies the checksum before trusting an entry, so a half-written or corrupted entry is
+// rebuilt, never loaded. Several processes may share one cache directory.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace kiln::compile {
+
+// $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln; created if missing.
+// The environment is re-read on each call; the reference stays valid until this thread's
+// next call.
+const std::string& cache_dir();
+
+class DiskCache {
+ public:
+  explicit DiskCache(std::string dir);
+
+  // Path of a verified artifact for `key` with extension `ext` (e.g. ".so", ".cubin"), or
+  // nullopt if there is none or it fails its checksum (a bad entry is deleted).
+  std::optional<std::string> lookup(const std::string& key, const std::string& ext) const;
+
+  // Runs `build(tmp_path)` to produce the artifact at a temporary path, then publishes it
+  // atomically and returns its final path. `build` returns false and fills `error` on failure;
+  // nothing is published then.
+  std::optional<std::string> publish(const std::string& key, const std::string& ext,
+                                     const std::function<bool(const std::string& tmp_path,
+                                                              std::string& error)>& build,
+                                     std::string& error) const;
+
+  // Where a source file for `key` may be written for inspection (not part of the entry).
+  std::string source_path(const std::string& key, const std::string& ext) const;
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+}  // namespace kiln::compile

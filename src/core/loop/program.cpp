@@ -1,0 +1,69 @@
+#include "core/loop/program.h"
+
+namespace kiln::loop {
+
+Expr Buffer::bytes() const {
+  // Extent of the layout: 1 + sum((size - 1) * stride), times the element size.
+  Expr span = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) span = span + (sizes[i] - Expr(1)) * strides[i];
+  for (const Expr& s : sizes)
+    if (s.is_const(0)) return Expr(0);
+  return (span + offset) * Expr(dtype_size(dtype));
+}
+
+int Program::add_buffer(Buffer b) {
+  b.id = static_cast<int>(buffers.size());
+  buffers.push_back(std::move(b));
+  return buffers.back().id;
+}
+
+namespace {
+const char* kind_name(BufferKind k) {
+  switch (k) {
+    case BufferKind::Input: return "input";
+    case BufferKind::Output: return "output";
+    case BufferKind::Temp: return "temp";
+  }
+  return "?";
+}
+}  // namespace
+
+std::string Program::str() const {
+  std::string s = "buffers:\n";
+  for (const Buffer& b : buffers) {
+    s += "  " + b.name + ": " + kind_name(b.kind) + " " + dtype_name(b.dtype) + sym::str(b.sizes) + " strides=" +
+         sym::str(b.strides);
+    if (b.slot >= 0) s += " slot=" + std::to_string(b.slot);
+    s += "\n";
+  }
+  for (const Step& st : steps) {
+    if (st.kind == Step::Kind::Extern) {
+      const Extern& e = externs[st.index];
+      s += "extern " + e.aten + "(";
+      for (size_t i = 0; i < e.inputs.size(); ++i) {
+        const BufferView& v = e.inputs[i];
+        s += (i ? ", " : "") + (v.buffer < 0 ? std::string("None") : buffers[v.buffer].name + sym::str(v.sizes) + ":" + sym::str(v.strides));
+      }
+      s += ") -> " + buffers[e.output].name + "\n";
+      continue;
+    }
+    const Kernel& k = kernels[st.index];
+    s += "kernel " + k.name + " over " + sym::str(k.ranges) + " " + sym::str(k.vars) + ":\n";
+    for (const Stage& stage : k.stages) {
+      std::string inner = stage.vars.empty() ? "" : " for " + sym::str(stage.vars) + " in " + sym::str(stage.ranges);
+      if (stage.kind == Stage::Kind::Reduce) {
+        static const char* names[] = {"sum", "max", "min", "prod"};
+        s += "  acc" + std::to_string(stage.acc) + " = " + names[static_cast<int>(stage.reduce)] + inner + ": " +
+             exprs.str(stage.value) + "\n";
+      }
+      for (const Store& st2 : stage.stores)
+        s += "  " + buffers[st2.buffer].name + "[" + st2.index.str() + "] =" + inner + " " + exprs.str(st2.value) + "\n";
+    }
+  }
+  s += "outputs:";
+  for (const Output& o : outputs)
+    s += o.input_alias >= 0 ? " input" + std::to_string(o.input_alias) : " " + buffers[o.view.buffer].name;
+  return s + "\n";
+}
+
+}  // namespace kiln::loop

@@ -1,0 +1,104 @@
+// The loop-level IR: what a compiled graph does at run time, independent of CPU or GPU.
+//
+// A Program is a list of steps over buffers. A step is a Kernel (generated code) or an Extern
+// (a torch operator such as mm). A Kernel iterates over an outer space of index variables; at
+// each outer point it runs its stages in order:
+//   Reduce  an inner loop that folds a value into an accumulator (readable later as Acc)
+//   Loop    an inner loop of stores (empty inner space: stores at the outer point)
+// This is enough for pointwise chains, reductions with fused prologues and epilogues, and
+// row-wise fusions like softmax (two reductions and a pointwise loop in one kernel).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/ir/graph.h"
+#include "core/loop/scalar.h"
+#include "core/ops/registry.h"
+
+namespace kiln::loop {
+
+using sym::Expr;
+
+enum class BufferKind { Input, Output, Temp };
+
+struct Buffer {
+  int id = 0;
+  std::string name;          // in0, out0, buf3
+  DType dtype = DType::Float32;
+  Device device;
+  std::vector<Expr> sizes, strides;
+  Expr offset = 0;
+  BufferKind kind = BufferKind::Temp;
+  int io_index = -1;         // graph input / output position
+  int slot = -1;             // Temp: the allocation slot it shares (buffer reuse)
+  Expr bytes() const;        // bytes spanned by the layout
+};
+
+struct Store {
+  int buffer;
+  Expr index;
+  SRef value;
+};
+
+struct Stage {
+  enum class Kind { Reduce, Loop } kind = Kind::Loop;
+  std::vector<Expr> vars, ranges;  // the inner loop (empty: runs once at the outer point)
+  // Reduce
+  int acc = -1;
+  ops::ReduceOp reduce = ops::ReduceOp::Sum;
+  DType acc_dtype = DType::Float32;
+  SRef value = -1;
+  // Loop
+  std::vector<Store> stores;
+};
+
+struct Kernel {
+  std::string name;
+  std::vector<Expr> vars, ranges;  // outer space
+  std::vector<Stage> stages;
+  std::vector<std::string> ops;    // graph ops fused here, for names and explain
+  std::vector<int> buffers;        // buffers it touches, in argument order
+};
+
+// A view of a buffer handed to an extern op.
+struct BufferView {
+  int buffer = -1;  // -1: an absent optional tensor
+  std::vector<Expr> sizes, strides;
+  Expr offset = 0;
+};
+
+struct Extern {
+  std::string op;     // registry name
+  std::string aten;   // "aten::mm"
+  std::vector<BufferView> inputs;
+  int output = -1;
+  ir::Attrs attrs;
+};
+
+struct Step {
+  enum class Kind { Kernel, Extern } kind;
+  int index;
+};
+
+struct Output {
+  // The value returned: a view of a buffer (usually a whole Output buffer).
+  BufferView view;
+  int input_alias = -1;  // when the output is a graph input returned as is
+};
+
+struct Program {
+  ScalarCtx exprs;
+  std::vector<Buffer> buffers;
+  std::vector<Kernel> kernels;
+  std::vector<Extern> externs;
+  std::vector<Step> steps;
+  std::vector<int> inputs;       // buffer of each graph input
+  std::vector<Output> outputs;
+  int num_slots = 0;             // temp allocation slots after reuse planning
+  Device device;
+
+  int add_buffer(Buffer b);
+  std::string str() const;       // readable dump (KILN_DEBUG)
+};
+
+}  // namespace kiln::loop

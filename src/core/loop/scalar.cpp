@@ -1,0 +1,167 @@
+#include "core/loop/scalar.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <unordered_set>
+
+namespace kiln::loop {
+
+const char* sop_name(SOp op) {
+  switch (op) {
+    case SOp::Const: return "const";
+    case SOp::Load: return "load";
+    case SOp::Acc: return "acc";
+    case SOp::Cast: return "cast";
+    case SOp::Where: return "where";
+#define KILN_X(name, str) \
+  case SOp::name: return str;
+      KILN_SCALAR_UNARY(KILN_X) KILN_SCALAR_BINARY(KILN_X)
+#undef KILN_X
+  }
+  return "?";
+}
+
+bool sop_is_unary(SOp op) {
+  switch (op) {
+#define KILN_X(name, str) case SOp::name:
+    KILN_SCALAR_UNARY(KILN_X)
+#undef KILN_X
+    return true;
+    default: return false;
+  }
+}
+
+bool sop_is_binary(SOp op) {
+  switch (op) {
+#define KILN_X(name, str) case SOp::name:
+    KILN_SCALAR_BINARY(KILN_X)
+#undef KILN_X
+    return true;
+    default: return false;
+  }
+}
+
+bool sop_is_comparison(SOp op) {
+  return op == SOp::Eq || op == SOp::Ne || op == SOp::Lt || op == SOp::Le || op == SOp::Gt || op == SOp::Ge;
+}
+
+SRef ScalarCtx::intern(const SNode& n) {
+  std::string key(reinterpret_cast<const char*>(&n.op), 1);
+  key.push_back(static_cast<char>(n.dtype));
+  key.append(reinterpret_cast<const char*>(&n.a), sizeof(SRef) * 3);
+  key.append(reinterpret_cast<const char*>(&n.fval), sizeof n.fval);
+  key.append(reinterpret_cast<const char*>(&n.ival), sizeof n.ival);
+  key.append(reinterpret_cast<const char*>(&n.buffer), sizeof n.buffer);
+  uint64_t idx = n.index.id();
+  key.append(reinterpret_cast<const char*>(&idx), sizeof idx);
+  key.append(reinterpret_cast<const char*>(&n.acc), sizeof n.acc);
+  auto it = table_.find(key);
+  if (it != table_.end()) return it->second;
+  SRef r = static_cast<SRef>(nodes_.size());
+  nodes_.push_back(n);
+  table_.emplace(std::move(key), r);
+  return r;
+}
+
+SRef ScalarCtx::constant(double v, DType t) {
+  SNode n{SOp::Const, t};
+  if (is_floating(t)) n.fval = v;
+  else n.ival = t == DType::Bool ? (v != 0) : static_cast<int64_t>(v);
+  return intern(n);
+}
+
+SRef ScalarCtx::load(int buffer, sym::Expr index, DType t) {
+  SNode n{SOp::Load, t};
+  n.buffer = buffer;
+  n.index = index;
+  return intern(n);
+}
+
+SRef ScalarCtx::acc(int id, DType t) {
+  SNode n{SOp::Acc, t};
+  n.acc = id;
+  return intern(n);
+}
+
+SRef ScalarCtx::cast(SRef a, DType t) {
+  const SNode& src = nodes_[a];
+  if (src.dtype == t) return a;
+  if (src.op == SOp::Const) {
+    double v = is_floating(src.dtype) ? src.fval : static_cast<double>(src.ival);
+    if (!is_floating(t) && is_floating(src.dtype)) v = static_cast<double>(static_cast<int64_t>(v));
+    if (t == DType::Float32) v = static_cast<double>(static_cast<float>(v));
+    return constant(v, t);
+  }
+  SNode n{SOp::Cast, t};
+  n.a = a;
+  return intern(n);
+}
+
+SRef ScalarCtx::unary(SOp op, SRef a) {
+  SNode n{op, op == SOp::Not ? DType::Bool : nodes_[a].dtype};
+  n.a = a;
+  return intern(n);
+}
+
+SRef ScalarCtx::binary(SOp op, SRef a, SRef b) {
+  if (nodes_[a].dtype != nodes_[b].dtype) throw std::logic_error("kiln: scalar binary op on mixed dtypes");
+  bool to_bool = sop_is_comparison(op) || op == SOp::And || op == SOp::Or;
+  SNode n{op, to_bool ? DType::Bool : nodes_[a].dtype};
+  n.a = a;
+  n.b = b;
+  return intern(n);
+}
+
+SRef ScalarCtx::where(SRef cond, SRef a, SRef b) {
+  SNode n{SOp::Where, nodes_[a].dtype};
+  n.a = cond;
+  n.b = a;
+  n.c = b;
+  return intern(n);
+}
+
+size_t ScalarCtx::count(SRef r) const {
+  std::unordered_set<SRef> seen;
+  std::vector<SRef> stack{r};
+  while (!stack.empty()) {
+    SRef x = stack.back();
+    stack.pop_back();
+    if (x < 0 || !seen.insert(x).second) continue;
+    const SNode& n = nodes_[x];
+    stack.push_back(n.a);
+    stack.push_back(n.b);
+    stack.push_back(n.c);
+  }
+  return seen.size();
+}
+
+SRef ScalarCtx::rewrite(SRef root, const std::function<SRef(ScalarCtx&, const SNode&, SRef)>& f,
+                        std::unordered_map<SRef, SRef>& memo) {
+  if (root < 0) return root;
+  auto it = memo.find(root);
+  if (it != memo.end()) return it->second;
+  SNode n = nodes_[root];
+  n.a = rewrite(n.a, f, memo);
+  n.b = rewrite(n.b, f, memo);
+  n.c = rewrite(n.c, f, memo);
+  SRef self = intern(n);
+  SRef out = f(*this, nodes_[self], self);
+  memo[root] = out;
+  return out;
+}
+
+std::string ScalarCtx::str(SRef r) const {
+  const SNode& n = nodes_[r];
+  switch (n.op) {
+    case SOp::Const: return is_floating(n.dtype) ? std::to_string(n.fval) : std::to_string(n.ival);
+    case SOp::Load: return "buf" + std::to_string(n.buffer) + "[" + n.index.str() + "]";
+    case SOp::Acc: return "acc" + std::to_string(n.acc);
+    case SOp::Cast: return std::string(dtype_name(n.dtype)) + "(" + str(n.a) + ")";
+    case SOp::Where: return "where(" + str(n.a) + ", " + str(n.b) + ", " + str(n.c) + ")";
+    default: break;
+  }
+  if (sop_is_unary(n.op)) return std::string(sop_name(n.op)) + "(" + str(n.a) + ")";
+  return std::string(sop_name(n.op)) + "(" + str(n.a) + ", " + str(n.b) + ")";
+}
+
+}  // namespace kiln::loop

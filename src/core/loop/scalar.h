@@ -1,0 +1,89 @@
+// Scalar expressions: the bodies of kernels in the loop-level IR.
+//
+// A kernel computes, for each point of its iteration space, values built from loads of
+// buffers at index expressions (sym::Expr over the loop variables), constants, arithmetic and
+// references to reduction results. Nodes are hash-consed inside one ScalarCtx, so fusing
+// producers into consumers shares common subexpressions for free, and code generators emit
+// each distinct node once.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/ir/dtype.h"
+#include "core/sym/expr.h"
+
+namespace kiln::loop {
+
+#define KILN_SCALAR_UNARY(X) \
+  X(Neg, "neg") X(Exp, "exp") X(Log, "log") X(Sin, "sin") X(Cos, "cos") X(Tan, "tan") \
+  X(Tanh, "tanh") X(Sigmoid, "sigmoid") X(Relu, "relu") X(Abs, "abs") X(Sqrt, "sqrt") \
+  X(Rsqrt, "rsqrt") X(Erf, "erf") X(Not, "logical_not") X(Floor, "floor") X(Ceil, "ceil") \
+  X(Trunc, "trunc") X(Reciprocal, "reciprocal") X(Exp2, "exp2") X(Log2, "log2") \
+  X(Expm1, "expm1") X(Log1p, "log1p")
+
+#define KILN_SCALAR_BINARY(X) \
+  X(Add, "add") X(Sub, "sub") X(Mul, "mul") X(Div, "div") X(FloorDiv, "floordiv") \
+  X(TruncDiv, "truncdiv") X(Mod, "mod") X(Pow, "pow") X(Max, "maximum") X(Min, "minimum") \
+  X(Eq, "eq") X(Ne, "ne") X(Lt, "lt") X(Le, "le") X(Gt, "gt") X(Ge, "ge") X(And, "logical_and") \
+  X(Or, "logical_or")
+
+enum class SOp : uint8_t {
+  Const,  // literal of `dtype`
+  Load,   // buffer[index]
+  Acc,    // the result of reduction `acc` of the enclosing kernel
+  Cast,   // a -> dtype
+  Where,  // a ? b : c
+#define KILN_X(name, str) name,
+  KILN_SCALAR_UNARY(KILN_X) KILN_SCALAR_BINARY(KILN_X)
+#undef KILN_X
+};
+
+const char* sop_name(SOp op);
+bool sop_is_unary(SOp op);
+bool sop_is_binary(SOp op);
+bool sop_is_comparison(SOp op);
+
+using SRef = int32_t;
+
+struct SNode {
+  SOp op;
+  DType dtype;
+  SRef a = -1, b = -1, c = -1;
+  double fval = 0;      // Const (floating)
+  int64_t ival = 0;     // Const (integral, bool)
+  int buffer = -1;      // Load
+  sym::Expr index;      // Load
+  int acc = -1;         // Acc
+};
+
+class ScalarCtx {
+ public:
+  SRef constant(double v, DType t);
+  SRef load(int buffer, sym::Expr index, DType t);
+  SRef acc(int id, DType t);
+  SRef cast(SRef a, DType t);
+  SRef unary(SOp op, SRef a);
+  SRef binary(SOp op, SRef a, SRef b);  // operands must share a dtype; comparisons give bool
+  SRef where(SRef cond, SRef a, SRef b);
+
+  const SNode& operator[](SRef r) const { return nodes_[r]; }
+  DType dtype(SRef r) const { return nodes_[r].dtype; }
+  size_t size() const { return nodes_.size(); }
+  // Number of distinct nodes reachable from r (a cost estimate for inlining decisions).
+  size_t count(SRef r) const;
+  // Rewrites reachable nodes through f (called on each node with its new operands); used to
+  // replace loads of a fused-away buffer by the value computed in the same kernel.
+  SRef rewrite(SRef root, const std::function<SRef(ScalarCtx&, const SNode&, SRef self)>& f,
+               std::unordered_map<SRef, SRef>& memo);
+  std::string str(SRef r) const;
+
+ private:
+  SRef intern(const SNode& n);
+  std::vector<SNode> nodes_;
+  std::unordered_map<std::string, SRef> table_;
+};
+
+}  // namespace kiln::loop

@@ -1,0 +1,334 @@
+#include "core/lower/lower.h"
+
+#include <functional>
+#include <unordered_map>
+
+#include "core/ops/registry.h"
+
+namespace kiln::lower {
+namespace {
+
+using loop::Buffer;
+using loop::BufferKind;
+using loop::Kernel;
+using loop::SRef;
+using loop::Stage;
+using sym::Expr;
+using Exprs = std::vector<Expr>;
+
+// A value as the lowering sees it: how to read it at an index, and where it lives if realized.
+struct Value {
+  Exprs sizes;
+  DType dtype;
+  std::function<SRef(const Exprs&)> read;
+  int buffer = -1;
+  std::vector<std::string> ops;  // graph ops inlined into this value
+};
+
+constexpr size_t kInlineCostLimit = 40;  // scalar nodes a shared value may cost before it is realized
+
+class Lowering {
+ public:
+  Lowering(const ir::Graph& g, loop::Program& p) : g_(g), p_(p), s_(p.exprs) {}
+
+  bool run(std::string& error) {
+    std::unordered_map<const ir::Node*, int> output_pos;
+    for (size_t i = 0; i < g_.outputs().size(); ++i) output_pos.emplace(g_.outputs()[i], static_cast<int>(i));
+    for (auto& up : g_.nodes()) {
+      const ir::Node* n = up.get();
+      if (n->meta.device != ir::TensorMeta{}.device && !n->meta.wrapped_number) p_.device = n->meta.device;
+      if (!lower_node(n, error)) return false;
+    }
+    for (const ir::Node* o : g_.outputs()) {
+      Value& v = values_.at(o);
+      loop::Output out;
+      if (o->op_name() == "placeholder") {
+        out.input_alias = static_cast<int>(o->attrs.get_int("index"));
+      } else if (auto view = as_view(v); view && o->op->kind == ops::OpKind::View) {
+        out.view = *view;  // eager returns a view here too
+        if (p_.buffers[view->buffer].kind == BufferKind::Temp) p_.buffers[view->buffer].kind = BufferKind::Output;
+      } else {
+        if (v.buffer < 0 || p_.buffers[v.buffer].kind == BufferKind::Input) realize(v, BufferKind::Output, o);
+        out.view = whole(v.buffer);
+        if (p_.buffers[v.buffer].kind == BufferKind::Temp) p_.buffers[v.buffer].kind = BufferKind::Output;
+      }
+      p_.outputs.push_back(out);
+    }
+    for (Buffer& b : p_.buffers)
+      if (b.kind == BufferKind::Output) b.io_index = 0;
+    return true;
+  }
+
+ private:
+  bool lower_node(const ir::Node* n, std::string& error) {
+    const ops::OpDef& op = *n->op;
+    if (op.name == "placeholder") {
+      Buffer b;
+      b.name = "in" + std::to_string(p_.inputs.size());
+      b.dtype = n->meta.dtype;
+      b.device = n->meta.device;
+      b.sizes = n->meta.sizes;
+      b.strides = n->meta.strides;
+      b.offset = n->meta.offset;
+      b.kind = BufferKind::Input;
+      b.io_index = static_cast<int>(n->attrs.get_int("index"));
+      int id = p_.add_buffer(b);
+      p_.inputs.push_back(id);
+      values_[n] = buffer_value(id);
+      return true;
+    }
+    if (op.name == "scalar") {
+      DType t = n->meta.dtype;
+      SRef c = s_.constant(n->attrs.get_float("value"), t);
+      values_[n] = Value{{}, t, [c](const Exprs&) { return c; }, -1, {}};
+      return true;
+    }
+    switch (op.kind) {
+      case ops::OpKind::Pointwise: return lower_pointwise(n);
+      case ops::OpKind::View: return lower_view(n);
+      case ops::OpKind::Reduction: return lower_reduction(n);
+      case ops::OpKind::Extern: return lower_extern(n);
+      default:
+        error = "kiln: op " + op.name + " reached lowering undecomposed";
+        return false;
+    }
+  }
+
+  Value buffer_value(int id) {
+    const Buffer& b = p_.buffers[id];
+    Exprs strides = b.strides;
+    Expr offset = b.offset;
+    DType t = b.dtype;
+    loop::ScalarCtx* s = &s_;
+    Value v{b.sizes, t, nullptr, id, {}};
+    v.read = [s, id, strides, offset, t](const Exprs& idx) {
+      Expr e = offset;
+      for (size_t i = 0; i < idx.size(); ++i) e = e + idx[i] * strides[i];
+      return s->load(id, e, t);
+    };
+    return v;
+  }
+
+  // Index of operand `in` (broadcast to `out_rank` dims) for the output index `idx`.
+  static Exprs broadcast_index(const Exprs& in_sizes, const Exprs& out_sizes, const Exprs& idx) {
+    size_t off = idx.size() - in_sizes.size();
+    Exprs r(in_sizes.size());
+    for (size_t k = 0; k < in_sizes.size(); ++k)
+      r[k] = (in_sizes[k].is_const(1) && !out_sizes[k + off].is_const(1)) ? Expr(0) : idx[k + off];
+    return r;
+  }
+
+  bool lower_pointwise(const ir::Node* n) {
+    std::vector<Value> ins;
+    std::vector<std::string> fused;
+    for (const ir::Node* in : n->inputs) {
+      ins.push_back(values_.at(in));
+      for (auto& o : ins.back().ops) fused.push_back(o);
+    }
+    fused.push_back(n->op_name());
+    Exprs out_sizes = n->meta.sizes;
+    DType t = n->meta.dtype;
+    loop::ScalarCtx* s = &s_;
+    Value v{out_sizes, t, nullptr, -1, dedupe(fused)};
+    v.read = [s, n, ins, out_sizes, t](const Exprs& idx) {
+      std::vector<SRef> args;
+      for (const Value& in : ins) args.push_back(in.read(broadcast_index(in.sizes, out_sizes, idx)));
+      return s->cast(n->op->scalar(*s, args, *n), compute_dtype(t));
+    };
+    values_[n] = v;
+    if (must_realize(n, v)) realize(values_[n], BufferKind::Temp, n);
+    return true;
+  }
+
+  bool must_realize(const ir::Node* n, const Value& v) {
+    bool is_output = false;
+    for (const ir::Node* o : g_.outputs()) is_output |= o == n;
+    if (is_output) return true;
+    size_t users = n->users.size();
+    for (const ir::Node* u : n->users)
+      if (u->op->kind == ops::OpKind::Extern) return true;
+    if (users <= 1) return false;
+    return s_.count(v.read(probe_index(v.sizes))) > kInlineCostLimit;
+  }
+
+  Exprs probe_index(const Exprs& sizes) {
+    Exprs idx;
+    for (size_t i = 0; i < sizes.size(); ++i) idx.push_back(Expr::var("probe" + std::to_string(i)));
+    return idx;
+  }
+
+  bool lower_view(const ir::Node* n) {
+    Value in = values_.at(n->inputs[0]);
+    Value v{n->meta.sizes, n->meta.dtype, nullptr, -1, in.ops};
+    auto view = n->op->view;
+    v.read = [in, view, n](const Exprs& idx) { return in.read(view(idx, *n)); };
+    values_[n] = v;
+    return true;
+  }
+
+  Exprs fresh_vars(const std::string& prefix, const Exprs& ranges) {
+    Exprs vars;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      auto ext = ranges[i].as_const();
+      vars.push_back(Expr::var(prefix + std::to_string(i), ext ? std::optional<int64_t>(*ext) : std::nullopt));
+    }
+    return vars;
+  }
+
+  int new_buffer(const ir::Node* n, BufferKind kind, const Exprs& sizes, DType t) {
+    Buffer b;
+    b.name = "buf" + std::to_string(p_.buffers.size());
+    b.dtype = t;
+    b.device = n->meta.device;
+    b.sizes = sizes;
+    b.strides = ir::contiguous_strides(sizes);
+    b.kind = kind;
+    return p_.add_buffer(b);
+  }
+
+  // Computes `v` into a new contiguous buffer with a kernel of its own.
+  void realize(Value& v, BufferKind kind, const ir::Node* n) {
+    int id = new_buffer(n, kind, v.sizes, v.dtype);
+    Kernel k;
+    k.vars = fresh_vars("n" + std::to_string(n->id) + "_", v.sizes);
+    k.ranges = v.sizes;
+    k.ops = v.ops.empty() ? std::vector<std::string>{"copy"} : v.ops;
+    Stage st;
+    SRef value = s_.cast(v.read(k.vars), v.dtype);
+    st.stores.push_back({id, store_index(id, k.vars), value});
+    k.stages.push_back(st);
+    add_kernel(std::move(k));
+    Value r = buffer_value(id);
+    r.ops = {};
+    v = r;
+  }
+
+  Expr store_index(int buffer, const Exprs& vars) {
+    const Buffer& b = p_.buffers[buffer];
+    Expr e = b.offset;
+    for (size_t i = 0; i < vars.size(); ++i) e = e + vars[i] * b.strides[i];
+    return e;
+  }
+
+  void add_kernel(Kernel k) {
+    p_.kernels.push_back(std::move(k));
+    p_.steps.push_back({loop::Step::Kind::Kernel, static_cast<int>(p_.kernels.size() - 1)});
+  }
+
+  bool lower_reduction(const ir::Node* n) {
+    const ir::Node* x = n->inputs[0];
+    Value in = values_.at(x);
+    const Exprs& xs = x->meta.sizes;
+    std::vector<int64_t> dims = n->attrs.get_ints("dim");
+    std::vector<bool> reduced(xs.size(), dims.empty());
+    for (int64_t d : dims) reduced[(d + static_cast<int64_t>(xs.size())) % std::max<size_t>(xs.size(), 1)] = !xs.empty();
+    bool keepdim = n->attrs.get_bool("keepdim");
+
+    int id = new_buffer(n, BufferKind::Temp, n->meta.sizes, n->meta.dtype);
+    Kernel k;
+    k.vars = fresh_vars("n" + std::to_string(n->id) + "_", n->meta.sizes);
+    k.ranges = n->meta.sizes;
+    Exprs red_ranges;
+    for (size_t i = 0; i < xs.size(); ++i)
+      if (reduced[i]) red_ranges.push_back(xs[i]);
+    Stage r;
+    r.kind = Stage::Kind::Reduce;
+    r.ranges = red_ranges;
+    r.vars = fresh_vars("n" + std::to_string(n->id) + "_r", red_ranges);
+    // The input index: reduced dims walk the inner loop, kept dims follow the outer space.
+    Exprs idx;
+    size_t o = 0, q = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (reduced[i]) {
+        idx.push_back(r.vars[q++]);
+        if (keepdim) ++o;
+      } else {
+        idx.push_back(k.vars[o++]);
+      }
+    }
+    DType acc_t = compute_dtype(n->meta.dtype);
+    r.reduce = n->op->reduce;
+    r.acc_dtype = acc_t;
+    r.acc = next_acc_++;
+    r.value = s_.cast(in.read(idx), acc_t);
+    Stage st;
+    st.stores.push_back({id, store_index(id, k.vars), s_.cast(s_.acc(r.acc, acc_t), n->meta.dtype)});
+    k.stages = {r, st};
+    k.ops = dedupe(concat(in.ops, {n->op_name()}));
+    add_kernel(std::move(k));
+    values_[n] = buffer_value(id);
+    return true;
+  }
+
+  // The value as a strided view of a buffer, if it is one (what extern ops can take).
+  std::optional<loop::BufferView> as_view(const Value& v) {
+    Exprs vars = probe_index(v.sizes);
+    SRef r = v.read(vars);
+    const loop::SNode& node = s_[r];
+    if (node.op != loop::SOp::Load) return std::nullopt;
+    auto aff = sym::affine(node.index, vars);
+    if (!aff || !aff->offset.as_const()) return std::nullopt;
+    loop::BufferView bv;
+    bv.buffer = node.buffer;
+    bv.sizes = v.sizes;
+    for (int64_t c : aff->coeffs) bv.strides.push_back(Expr(c));
+    bv.offset = aff->offset;
+    return bv;
+  }
+
+  loop::BufferView whole(int buffer) {
+    const Buffer& b = p_.buffers[buffer];
+    return loop::BufferView{buffer, b.sizes, b.strides, b.offset};
+  }
+
+  bool lower_extern(const ir::Node* n) {
+    loop::Extern e;
+    e.op = n->op_name();
+    e.aten = n->op->aten;
+    e.attrs = n->attrs;
+    for (const ir::Node* in : n->inputs) {
+      if (!in) {
+        e.inputs.push_back(loop::BufferView{});
+        continue;
+      }
+      Value& v = values_.at(in);
+      auto view = as_view(v);
+      if (!view) {
+        realize(v, BufferKind::Temp, in);
+        view = whole(v.buffer);
+      }
+      e.inputs.push_back(*view);
+    }
+    e.output = new_buffer(n, BufferKind::Temp, n->meta.sizes, n->meta.dtype);
+    p_.externs.push_back(e);
+    p_.steps.push_back({loop::Step::Kind::Extern, static_cast<int>(p_.externs.size() - 1)});
+    values_[n] = buffer_value(e.output);
+    return true;
+  }
+
+  static std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  static std::vector<std::string> dedupe(const std::vector<std::string>& xs) {
+    std::vector<std::string> out;
+    for (auto& x : xs)
+      if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+    return out;
+  }
+
+  const ir::Graph& g_;
+  loop::Program& p_;
+  loop::ScalarCtx& s_;
+  std::unordered_map<const ir::Node*, Value> values_;
+  int next_acc_ = 0;
+};
+
+}  // namespace
+
+bool lower_graph(const ir::Graph& g, loop::Program& p, std::string& error) {
+  Lowering l(g, p);
+  return l.run(error);
+}
+
+}  // namespace kiln::lower

@@ -1,0 +1,227 @@
+// Composite ops: each is rewritten into simpler ops by its decomposition (the PrimTorch step).
+// Their shape rule is the decomposition itself, run on a scratch graph, so the two never
+// disagree.
+#include <stdexcept>
+
+#include "core/ops/registry.h"
+
+namespace kiln::ops {
+namespace {
+
+using Ints = std::vector<int64_t>;
+
+Attrs A(std::initializer_list<std::pair<std::string, ir::AttrValue>> kv) {
+  Attrs a;
+  for (auto& [k, v] : kv) a.set(k, v);
+  return a;
+}
+
+Node* reshape(Graph& g, Node* x, const std::vector<Expr>& sizes) {
+  Ints s;
+  for (const Expr& e : sizes) {
+    auto c = e.as_const();
+    if (!c) throw std::runtime_error("kiln: symbolic reshape in a decomposition is not supported yet");
+    s.push_back(*c);
+  }
+  return g.must_add("reshape", {x}, A({{"shape", s}}));
+}
+
+Node* expand(Graph& g, Node* x, const std::vector<Expr>& sizes) {
+  if (x->meta.sizes == sizes) return x;
+  Ints s;
+  for (const Expr& e : sizes) s.push_back(*e.as_const());
+  return g.must_add("expand", {x}, A({{"size", s}}));
+}
+
+Node* decompose_matmul(Graph& g, Node* n) {
+  Node *a = n->inputs[0], *b = n->inputs[1];
+  int64_t da = a->meta.dim(), db = b->meta.dim();
+  if (da == 0 || db == 0) throw std::runtime_error("RuntimeError: both arguments to matmul need to be at least 1D, but they are " +
+                                                   std::to_string(da) + "D and " + std::to_string(db) + "D");
+  if (da == 1 && db == 1) {
+    if (a->meta.sizes[0] != b->meta.sizes[0])
+      throw std::runtime_error("RuntimeError: inconsistent tensor size, expected tensor [" + a->meta.sizes[0].str() +
+                               "] and src [" + b->meta.sizes[0].str() + "] to have the same number of elements, but got " +
+                               a->meta.sizes[0].str() + " and " + b->meta.sizes[0].str() + " elements respectively");
+    return g.must_add("sum", {g.must_add("mul", {a, b})}, A({}));
+  }
+  if (da == 2 && db == 2) return g.must_add("mm", {a, b});
+  if (da == 1 && db == 2) {
+    Node* r = g.must_add("mm", {g.must_add("unsqueeze", {a}, A({{"dim", int64_t(0)}})), b});
+    return g.must_add("squeeze", {r}, A({{"dim", Ints{0}}}));
+  }
+  if (db == 1 && da == 2) {
+    Node* r = g.must_add("mm", {a, g.must_add("unsqueeze", {b}, A({{"dim", int64_t(1)}}))});
+    return g.must_add("squeeze", {r}, A({{"dim", Ints{1}}}));
+  }
+  if (da >= 3 && db <= 2) {
+    // Fold the batch dims of `a` into its rows: one mm instead of a batched product.
+    Node* bb = db == 1 ? g.must_add("unsqueeze", {b}, A({{"dim", int64_t(1)}})) : b;
+    std::vector<Expr> sa = a->meta.sizes;
+    Expr k = sa.back();
+    Node* a2 = reshape(g, a, {sym::product({sa.begin(), sa.end() - 1}), k});
+    Node* r = g.must_add("mm", {a2, bb});
+    std::vector<Expr> out(sa.begin(), sa.end() - 1);
+    if (db == 2) out.push_back(b->meta.sizes[1]);
+    return reshape(g, r, out);
+  }
+  // General batched case: broadcast batch dims, flatten them, bmm, unflatten.
+  Node* a3 = da == 1 ? g.must_add("unsqueeze", {a}, A({{"dim", int64_t(0)}})) : a;
+  Node* b3 = db == 1 ? g.must_add("unsqueeze", {b}, A({{"dim", int64_t(1)}})) : b;
+  const auto &sa = a3->meta.sizes, &sb = b3->meta.sizes;
+  std::vector<Expr> ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2), batch;
+  std::string err;
+  if (!broadcast_shapes({ba, bb}, batch, err)) throw std::runtime_error(err);
+  Expr n_ = sa[sa.size() - 2], k = sa.back(), k2 = sb[sb.size() - 2], m = sb.back();
+  if (k != k2)
+    throw std::runtime_error("RuntimeError: Expected size for first two dimensions of batch2 tensor to be: [" +
+                             sym::product(batch).str() + ", " + k.str() + "] but got: [" + sym::product(batch).str() +
+                             ", " + k2.str() + "].");
+  std::vector<Expr> ea = batch, eb = batch;
+  ea.insert(ea.end(), {n_, k});
+  eb.insert(eb.end(), {k, m});
+  Expr B = sym::product(batch);
+  Node* x = reshape(g, expand(g, a3, ea), {B, n_, k});
+  Node* y = reshape(g, expand(g, b3, eb), {B, k, m});
+  Node* r = g.must_add("bmm", {x, y});
+  std::vector<Expr> out = batch;
+  if (da > 1) out.push_back(n_);
+  if (db > 1) out.push_back(m);
+  return reshape(g, r, out);
+}
+
+Node* decompose_linear(Graph& g, Node* n) {
+  Node *x = n->inputs[0], *w = n->inputs[1], *b = n->inputs.size() > 2 ? n->inputs[2] : nullptr;
+  Node* wt = g.must_add("transpose", {w}, A({{"dim0", int64_t(0)}, {"dim1", int64_t(1)}}));
+  if (w->meta.dim() != 2) throw std::runtime_error("kiln: linear with a non-matrix weight");
+  if (b && x->meta.dim() >= 2) {
+    std::vector<Expr> sx = x->meta.sizes;
+    Node* x2 = x->meta.dim() == 2 ? x : reshape(g, x, {sym::product({sx.begin(), sx.end() - 1}), sx.back()});
+    Node* r = g.must_add("addmm", {b, x2, wt});
+    if (x->meta.dim() == 2) return r;
+    std::vector<Expr> out(sx.begin(), sx.end() - 1);
+    out.push_back(w->meta.sizes[0]);
+    return reshape(g, r, out);
+  }
+  Node* r = g.must_add("matmul", {x, wt});  // decomposed in turn by the pass
+  return b ? g.must_add("add", {r, b}) : r;
+}
+
+Node* maybe_convert(Graph& g, Node* x, const Node* n) {
+  if (auto t = n->attrs.get_dtype("dtype")) return g.must_add("convert", {x}, A({{"dtype", *t}}));
+  return x;
+}
+
+void require_float(const Node* x, const std::string& op) {
+  if (!is_floating(x->meta.dtype))
+    throw std::runtime_error("RuntimeError: \"" + op + "_lastdim_kernel_impl\" not implemented for '" +
+                             std::string(dtype_name(x->meta.dtype)) + "'");
+}
+
+Node* decompose_softmax(Graph& g, Node* n, bool log) {
+  Node* x = maybe_convert(g, n->inputs[0], n);
+  require_float(x, log ? "log_softmax" : "softmax");
+  Ints dim{n->attrs.get_int("dim")};
+  if (x->meta.dim() == 0) dim = {};
+  Node* m = g.must_add("amax", {x}, A({{"dim", dim}, {"keepdim", true}}));
+  Node* shifted = g.must_add("sub", {x, m});
+  Node* e = g.must_add("exp", {shifted});
+  Node* s = g.must_add("sum", {e}, A({{"dim", dim}, {"keepdim", true}}));
+  if (log) return g.must_add("sub", {shifted, g.must_add("log", {s})});
+  return g.must_add("div", {e, s});
+}
+
+Node* decompose_mean(Graph& g, Node* n) {
+  Node* x = maybe_convert(g, n->inputs[0], n);
+  if (!is_floating(x->meta.dtype))
+    throw std::runtime_error(std::string("RuntimeError: mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: ") +
+                             dtype_name(x->meta.dtype));
+  Attrs a;
+  if (n->attrs.has("dim")) a.set("dim", n->attrs.get_ints("dim"));
+  a.set("keepdim", n->attrs.get_bool("keepdim"));
+  Node* s = g.must_add("sum", {x}, a);
+  Expr count = sym::floordiv(x->meta.numel(), sym::max(s->meta.numel(), Expr(1)));
+  auto c = count.as_const();
+  if (!c) throw std::runtime_error("kiln: mean over symbolic sizes is not supported yet");
+  return g.must_add("div", {s, g.scalar(static_cast<double>(*c), DType::Int64)});
+}
+
+OpDef composite(const std::string& name, const std::string& schema, DecomposeFn fn, std::vector<std::string> py) {
+  OpDef d;
+  d.name = name;
+  d.schema = Schema::parse(schema);
+  d.kind = OpKind::Composite;
+  d.promotion = Promotion::None;
+  d.decompose = std::move(fn);
+  d.python = std::move(py);
+  return d;
+}
+
+}  // namespace
+
+std::vector<OpDef> composite_ops() {
+  std::vector<OpDef> ops;
+  ops.push_back(composite("matmul", "matmul(Tensor self, Tensor other)", decompose_matmul,
+                          {"torch.matmul", "Tensor.matmul", "Tensor.__matmul__"}));
+  ops.push_back(composite("linear", "linear(Tensor input, Tensor weight, Tensor? bias=None)", decompose_linear,
+                          {"torch.nn.functional.linear"}));
+  ops.push_back(composite("softmax", "softmax(Tensor self, int dim, *, ScalarType? dtype=None)",
+                          [](Graph& g, Node* n) { return decompose_softmax(g, n, false); },
+                          {"torch.softmax", "torch.nn.functional.softmax", "Tensor.softmax", "torch.special.softmax"}));
+  ops.push_back(composite("log_softmax", "log_softmax(Tensor self, int dim, *, ScalarType? dtype=None)",
+                          [](Graph& g, Node* n) { return decompose_softmax(g, n, true); },
+                          {"torch.log_softmax", "torch.nn.functional.log_softmax", "Tensor.log_softmax"}));
+  ops.push_back(composite("mean", "mean(Tensor self, int[]? dim=None, bool keepdim=False, *, ScalarType? dtype=None)",
+                          decompose_mean, {"torch.mean", "Tensor.mean"}));
+  ops.push_back(composite(
+      "t", "t(Tensor self)",
+      [](Graph& g, Node* n) -> Node* {
+        Node* x = n->inputs[0];
+        if (x->meta.dim() > 2)
+          throw std::runtime_error("RuntimeError: t() expects a tensor with <= 2 dimensions, but self is " +
+                                   std::to_string(x->meta.dim()) + "D");
+        if (x->meta.dim() < 2) return x;
+        return g.must_add("transpose", {x}, A({{"dim0", int64_t(0)}, {"dim1", int64_t(1)}}));
+      },
+      {"torch.t", "Tensor.t"}));
+  ops.push_back(composite(
+      "flatten", "flatten(Tensor self, int start_dim=0, int end_dim=-1)",
+      [](Graph& g, Node* n) -> Node* {
+        Node* x = n->inputs[0];
+        int64_t s = n->attrs.get_int("start_dim", 0), e = n->attrs.get_int("end_dim", -1);
+        std::string err;
+        if (!wrap_dim(s, x->meta.dim(), err) || !wrap_dim(e, x->meta.dim(), err)) throw std::runtime_error(err);
+        if (s > e) throw std::runtime_error("RuntimeError: flatten() has invalid args: start_dim cannot come after end_dim");
+        if (x->meta.dim() == 0) return reshape(g, x, {Expr(1)});
+        if (s == e) return x;
+        std::vector<Expr> out(x->meta.sizes.begin(), x->meta.sizes.begin() + s);
+        out.push_back(sym::product({x->meta.sizes.begin() + s, x->meta.sizes.begin() + e + 1}));
+        out.insert(out.end(), x->meta.sizes.begin() + e + 1, x->meta.sizes.end());
+        return reshape(g, x, out);
+      },
+      {"torch.flatten", "Tensor.flatten"}));
+  // Composite shape rules run the decomposition on a scratch graph.
+  for (OpDef& d : ops) {
+    DecomposeFn fn = d.decompose;
+    std::string name = d.name;
+    d.infer = [fn, name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      Graph scratch;
+      Node fake;
+      fake.op = find_op(name);
+      fake.attrs = a;
+      for (Node* x : in) fake.inputs.push_back(x ? scratch.placeholder("x", x->meta) : nullptr);
+      try {
+        Node* r = fn(scratch, &fake);
+        out = r->meta;
+        out.wrapped_number = false;
+        return true;
+      } catch (const std::exception& e) {
+        err = e.what();
+        return false;
+      }
+    };
+  }
+  return ops;
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,100 @@
+// Matrix products run as extern calls of torch's own kernels (BLAS/cuBLAS); kiln fuses around them.
+#include "core/ops/registry.h"
+
+namespace kiln::ops {
+namespace {
+
+std::string dims_str(const TensorMeta& m) {
+  std::string s;
+  for (size_t i = 0; i < m.sizes.size(); ++i) s += (i ? "x" : "") + m.sizes[i].str();
+  return s;
+}
+
+bool same_dtype(const TensorMeta& a, const TensorMeta& b, std::string& err) {
+  if (a.dtype == b.dtype) return true;
+  err = std::string("RuntimeError: expected m1 and m2 to have the same dtype, but got: ") + dtype_name(a.dtype) + " != " +
+        dtype_name(b.dtype);
+  return false;
+}
+
+bool same_device(const TensorMeta& a, const TensorMeta& b, std::string& err) {
+  if (a.device == b.device) return true;
+  err = "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, " + a.device.str() +
+        " and " + b.device.str() + "!";
+  return false;
+}
+
+OpDef extern_op(const std::string& name, const std::string& schema, const std::string& aten, InferFn infer,
+                std::vector<std::string> py) {
+  OpDef d;
+  d.name = name;
+  d.schema = Schema::parse(schema);
+  d.kind = OpKind::Extern;
+  d.promotion = Promotion::None;
+  d.infer = std::move(infer);
+  d.aten = aten;
+  d.python = std::move(py);
+  return d;
+}
+
+}  // namespace
+
+std::vector<OpDef> linalg_ops() {
+  std::vector<OpDef> ops;
+  ops.push_back(extern_op(
+      "mm", "mm(Tensor self, Tensor mat2)", "aten::mm",
+      [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string& err) {
+        const TensorMeta &a = in[0]->meta, &b = in[1]->meta;
+        if (a.dim() != 2) return err = "RuntimeError: self must be a matrix", false;
+        if (b.dim() != 2) return err = "RuntimeError: mat2 must be a matrix", false;
+        if (!same_device(a, b, err)) return false;
+        if (a.sizes[1] != b.sizes[0]) {
+          err = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (" + dims_str(a) + " and " + dims_str(b) + ")";
+          return false;
+        }
+        if (!same_dtype(a, b, err)) return false;
+        out = TensorMeta{a.dtype, a.device, {a.sizes[0], b.sizes[1]}, {}, 0, false};
+        out.strides = ir::contiguous_strides(out.sizes);
+        return true;
+      },
+      {"torch.mm", "Tensor.mm"}));
+  ops.push_back(extern_op(
+      "bmm", "bmm(Tensor self, Tensor mat2)", "aten::bmm",
+      [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string& err) {
+        const TensorMeta &a = in[0]->meta, &b = in[1]->meta;
+        if (a.dim() != 3) return err = "RuntimeError: batch1 must be a 3D tensor", false;
+        if (b.dim() != 3) return err = "RuntimeError: batch2 must be a 3D tensor", false;
+        if (!same_device(a, b, err)) return false;
+        if (a.sizes[0] != b.sizes[0] || a.sizes[2] != b.sizes[1]) {
+          err = "RuntimeError: Expected size for first two dimensions of batch2 tensor to be: [" + a.sizes[0].str() + ", " +
+                a.sizes[2].str() + "] but got: [" + b.sizes[0].str() + ", " + b.sizes[1].str() + "].";
+          return false;
+        }
+        if (!same_dtype(a, b, err)) return false;
+        out = TensorMeta{a.dtype, a.device, {a.sizes[0], a.sizes[1], b.sizes[2]}, {}, 0, false};
+        out.strides = ir::contiguous_strides(out.sizes);
+        return true;
+      },
+      {"torch.bmm", "Tensor.bmm"}));
+  ops.push_back(extern_op(
+      "addmm", "addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1)", "aten::addmm",
+      [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string& err) {
+        const TensorMeta &c = in[0]->meta, &a = in[1]->meta, &b = in[2]->meta;
+        if (a.dim() != 2 || b.dim() != 2) return err = "RuntimeError: mat1 and mat2 must be matrices", false;
+        if (!same_device(a, b, err) || !same_device(a, c, err)) return false;
+        if (a.sizes[1] != b.sizes[0]) {
+          err = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (" + dims_str(a) + " and " + dims_str(b) + ")";
+          return false;
+        }
+        if (!same_dtype(a, b, err) || !same_dtype(a, c, err)) return false;
+        std::vector<Expr> bs;
+        if (!broadcast_shapes({c.sizes, {a.sizes[0], b.sizes[1]}}, bs, err) || bs.size() != 2) return false;
+        out = TensorMeta{a.dtype, a.device, {a.sizes[0], b.sizes[1]}, {}, 0, false};
+        out.strides = ir::contiguous_strides(out.sizes);
+        return true;
+      },
+      {"torch.addmm", "Tensor.addmm"}));
+  return ops;
+}
+
+}  // namespace kiln::ops

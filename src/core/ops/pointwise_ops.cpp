@@ -1,0 +1,278 @@
+// Elementwise ops. Each entry: schema, type promotion, scalar body, torch callables.
+#include <cmath>
+
+#include "core/ops/registry.h"
+
+namespace kiln::ops {
+namespace {
+
+using loop::ScalarCtx;
+using loop::SOp;
+using loop::SRef;
+
+std::vector<SRef> cast_all(ScalarCtx& s, const std::vector<SRef>& args, DType t) {
+  std::vector<SRef> out;
+  for (SRef a : args) out.push_back(s.cast(a, t));
+  return out;
+}
+
+// The dtype the arithmetic of a pointwise node runs in.
+DType arith_dtype(const Node& n) {
+  DType t = n.op->promotion == Promotion::AlwaysBool ? pointwise_common_dtype(n.inputs) : n.meta.dtype;
+  return compute_dtype(t);
+}
+
+OpDef unary(const std::string& name, SOp op, Promotion p, std::vector<std::string> py) {
+  OpDef d;
+  d.name = name;
+  d.schema = Schema::parse(name + "(Tensor self)");
+  d.kind = OpKind::Pointwise;
+  d.promotion = p;
+  d.scalar = [op](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+    return s.unary(op, s.cast(a[0], arith_dtype(n)));
+  };
+  d.python = std::move(py);
+  return d;
+}
+
+OpDef binary(const std::string& name, SOp op, Promotion p, std::vector<std::string> py, const char* schema = nullptr) {
+  OpDef d;
+  d.name = name;
+  d.schema = Schema::parse(schema ? schema : name + "(Tensor self, Tensor other)");
+  d.kind = OpKind::Pointwise;
+  d.promotion = p;
+  d.scalar = [op](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+    auto x = cast_all(s, a, arith_dtype(n));
+    return s.binary(op, x[0], x[1]);
+  };
+  d.python = std::move(py);
+  return d;
+}
+
+// alpha-scaled add/sub: self + alpha * other, as torch computes it.
+OpDef add_like(const std::string& name, SOp op, std::vector<std::string> py) {
+  OpDef d = binary(name, op, Promotion::Default, std::move(py),
+                   (name + "(Tensor self, Tensor other, *, Scalar alpha=1)").c_str());
+  d.infer = [name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+    if (!infer_pointwise(*find_op(name), in, a, out, err)) return false;
+    if (name == "sub" && in[0]->meta.dtype == DType::Bool && in[1]->meta.dtype == DType::Bool) {
+      err = "RuntimeError: Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.";
+      return false;
+    }
+    return true;
+  };
+  d.scalar = [op](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+    DType t = arith_dtype(n);
+    auto x = cast_all(s, a, t);
+    SRef other = x[1];
+    if (n.attrs.has("alpha") && n.attrs.get_float("alpha", 1) != 1.0)
+      other = s.binary(SOp::Mul, other, s.constant(n.attrs.get_float("alpha"), t));
+    if (t == DType::Bool) return s.binary(SOp::Or, x[0], other);
+    return s.binary(op, x[0], other);
+  };
+  return d;
+}
+
+// x ** c for a constant exponent takes torch's own shortcuts, so results match eager exactly.
+SRef pow_scalar(ScalarCtx& s, SRef x, SRef e, DType t) {
+  const auto& en = s[e];
+  if (en.op == SOp::Const && is_floating(t)) {
+    double c = is_floating(en.dtype) ? en.fval : static_cast<double>(en.ival);
+    if (c == 1.0) return x;
+    if (c == 2.0) return s.binary(SOp::Mul, x, x);
+    if (c == 3.0) return s.binary(SOp::Mul, s.binary(SOp::Mul, x, x), x);
+    if (c == 0.5) return s.unary(SOp::Sqrt, x);
+    if (c == -0.5) return s.unary(SOp::Rsqrt, x);
+    if (c == -1.0) return s.unary(SOp::Reciprocal, x);
+    if (c == -2.0) return s.unary(SOp::Reciprocal, s.binary(SOp::Mul, x, x));
+  }
+  return s.binary(SOp::Pow, x, s.cast(e, t));
+}
+
+SRef gelu_body(ScalarCtx& s, SRef x, DType t, bool tanh_approx) {
+  auto c = [&](double v) { return s.constant(v, t); };
+  if (tanh_approx) {
+    // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))
+    SRef x3 = s.binary(SOp::Mul, s.binary(SOp::Mul, x, x), x);
+    SRef inner = s.binary(SOp::Mul, c(0.7978845608028654), s.binary(SOp::Add, x, s.binary(SOp::Mul, c(0.044715), x3)));
+    return s.binary(SOp::Mul, s.binary(SOp::Mul, c(0.5), x), s.binary(SOp::Add, c(1.0), s.unary(SOp::Tanh, inner)));
+  }
+  // 0.5 * x * (1 + erf(x / sqrt(2)))
+  SRef e = s.unary(SOp::Erf, s.binary(SOp::Mul, x, c(0.70710678118654752440)));
+  return s.binary(SOp::Mul, s.binary(SOp::Mul, x, c(0.5)), s.binary(SOp::Add, c(1.0), e));
+}
+
+}  // namespace
+
+std::vector<OpDef> pointwise_ops() {
+  std::vector<OpDef> ops;
+  auto U = [&](const char* n, SOp op, Promotion p, std::vector<std::string> py) { ops.push_back(unary(n, op, p, std::move(py))); };
+  const Promotion F = Promotion::IntToFloat, D = Promotion::Default;
+
+  U("exp", SOp::Exp, F, {"torch.exp", "Tensor.exp"});
+  U("exp2", SOp::Exp2, F, {"torch.exp2", "Tensor.exp2"});
+  U("expm1", SOp::Expm1, F, {"torch.expm1", "Tensor.expm1"});
+  U("log", SOp::Log, F, {"torch.log", "Tensor.log"});
+  U("log2", SOp::Log2, F, {"torch.log2", "Tensor.log2"});
+  U("log1p", SOp::Log1p, F, {"torch.log1p", "Tensor.log1p"});
+  U("sin", SOp::Sin, F, {"torch.sin", "Tensor.sin"});
+  U("cos", SOp::Cos, F, {"torch.cos", "Tensor.cos"});
+  U("tan", SOp::Tan, F, {"torch.tan", "Tensor.tan"});
+  U("tanh", SOp::Tanh, F, {"torch.tanh", "Tensor.tanh", "torch.nn.functional.tanh"});
+  U("sigmoid", SOp::Sigmoid, F, {"torch.sigmoid", "Tensor.sigmoid", "torch.nn.functional.sigmoid"});
+  U("sqrt", SOp::Sqrt, F, {"torch.sqrt", "Tensor.sqrt"});
+  U("rsqrt", SOp::Rsqrt, F, {"torch.rsqrt", "Tensor.rsqrt"});
+  U("erf", SOp::Erf, F, {"torch.erf", "Tensor.erf", "torch.special.erf"});
+  U("reciprocal", SOp::Reciprocal, F, {"torch.reciprocal", "Tensor.reciprocal"});
+  U("abs", SOp::Abs, D, {"torch.abs", "Tensor.abs", "Tensor.__abs__"});
+  U("floor", SOp::Floor, D, {"torch.floor", "Tensor.floor"});
+  U("ceil", SOp::Ceil, D, {"torch.ceil", "Tensor.ceil"});
+  U("trunc", SOp::Trunc, D, {"torch.trunc", "Tensor.trunc"});
+  U("logical_not", SOp::Not, Promotion::AlwaysBool, {"torch.logical_not", "Tensor.logical_not"});
+  {
+    OpDef neg = unary("neg", SOp::Neg, D, {"torch.neg", "Tensor.neg", "torch.negative", "Tensor.__neg__"});
+    neg.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      if (in[0]->meta.dtype == DType::Bool) {
+        err = "RuntimeError: Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.";
+        return false;
+      }
+      return infer_pointwise(*find_op("neg"), in, a, out, err);
+    };
+    ops.push_back(neg);
+  }
+  {
+    OpDef relu = unary("relu", SOp::Relu, D, {"torch.relu", "Tensor.relu", "torch.nn.functional.relu"});
+    relu.schema = Schema::parse("relu(Tensor self, bool inplace=False)");
+    ops.push_back(relu);
+  }
+  {
+    OpDef g;
+    g.name = "gelu";
+    g.schema = Schema::parse("gelu(Tensor self, *, str approximate='none')");
+    g.kind = OpKind::Pointwise;
+    g.promotion = D;
+    g.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+      DType t = arith_dtype(n);
+      return gelu_body(s, s.cast(a[0], t), t, n.attrs.get_str("approximate", "none") == "tanh");
+    };
+    g.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      std::string ap = a.get_str("approximate", "none");
+      if (ap != "none" && ap != "tanh") {
+        err = "RuntimeError: approximate argument must be either none or tanh.";
+        return false;
+      }
+      return infer_pointwise(*find_op("gelu"), in, a, out, err);
+    };
+    g.python = {"torch.nn.functional.gelu", "Tensor.gelu"};
+    ops.push_back(g);
+  }
+
+  ops.push_back(add_like("add", SOp::Add, {"torch.add", "Tensor.add", "Tensor.__add__", "Tensor.__radd__"}));
+  ops.push_back(add_like("sub", SOp::Sub, {"torch.sub", "torch.subtract", "Tensor.sub", "Tensor.__sub__"}));
+  {
+    OpDef mul = binary("mul", SOp::Mul, D, {"torch.mul", "torch.multiply", "Tensor.mul", "Tensor.__mul__", "Tensor.__rmul__"});
+    mul.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+      auto x = cast_all(s, a, arith_dtype(n));
+      return s.binary(n.meta.dtype == DType::Bool ? SOp::And : SOp::Mul, x[0], x[1]);
+    };
+    ops.push_back(mul);
+  }
+  {
+    OpDef div = binary("div", SOp::Div, Promotion::None, {"torch.div", "torch.divide", "torch.true_divide", "Tensor.div", "Tensor.__truediv__"},
+                       "div(Tensor self, Tensor other, *, str? rounding_mode=None)");
+    div.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      if (!infer_pointwise(*find_op("div"), in, a, out, err)) return false;
+      std::string mode = a.get_str("rounding_mode", "");
+      if (mode.empty() && !is_floating(out.dtype)) out.dtype = default_float();
+      if (!mode.empty() && mode != "trunc" && mode != "floor") {
+        err = "ValueError: div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '" + mode + "'";
+        return false;
+      }
+      return true;
+    };
+    div.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+      DType t = arith_dtype(n);
+      auto x = cast_all(s, a, t);
+      std::string mode = n.attrs.get_str("rounding_mode", "");
+      if (mode.empty()) return s.binary(SOp::Div, x[0], x[1]);
+      if (!is_floating(t)) return s.binary(mode == "floor" ? SOp::FloorDiv : SOp::TruncDiv, x[0], x[1]);
+      SRef q = s.binary(SOp::Div, x[0], x[1]);
+      return s.unary(mode == "floor" ? SOp::Floor : SOp::Trunc, q);
+    };
+    ops.push_back(div);
+  }
+  ops.push_back(binary("floor_divide", SOp::FloorDiv, D, {"torch.floor_divide", "Tensor.floor_divide", "Tensor.__floordiv__"}));
+  ops.push_back(binary("remainder", SOp::Mod, D, {"torch.remainder", "Tensor.remainder", "Tensor.__mod__"}));
+  {
+    OpDef pow = binary("pow", SOp::Pow, D, {"torch.pow", "Tensor.pow", "Tensor.__pow__"}, "pow(Tensor self, Tensor exponent)");
+    pow.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+      DType t = arith_dtype(n);
+      return pow_scalar(s, s.cast(a[0], t), a[1], t);
+    };
+    ops.push_back(pow);
+  }
+  ops.push_back(binary("maximum", SOp::Max, D, {"torch.maximum", "Tensor.maximum"}));
+  ops.push_back(binary("minimum", SOp::Min, D, {"torch.minimum", "Tensor.minimum"}));
+  ops.push_back(binary("eq", SOp::Eq, Promotion::AlwaysBool, {"torch.eq", "Tensor.eq", "Tensor.__eq__"}));
+  ops.push_back(binary("ne", SOp::Ne, Promotion::AlwaysBool, {"torch.ne", "Tensor.ne", "Tensor.__ne__"}));
+  ops.push_back(binary("lt", SOp::Lt, Promotion::AlwaysBool, {"torch.lt", "torch.less", "Tensor.lt", "Tensor.__lt__"}));
+  ops.push_back(binary("le", SOp::Le, Promotion::AlwaysBool, {"torch.le", "Tensor.le", "Tensor.__le__"}));
+  ops.push_back(binary("gt", SOp::Gt, Promotion::AlwaysBool, {"torch.gt", "torch.greater", "Tensor.gt", "Tensor.__gt__"}));
+  ops.push_back(binary("ge", SOp::Ge, Promotion::AlwaysBool, {"torch.ge", "Tensor.ge", "Tensor.__ge__"}));
+  ops.push_back(binary("logical_and", SOp::And, Promotion::AlwaysBool, {"torch.logical_and", "Tensor.logical_and"}));
+  ops.push_back(binary("logical_or", SOp::Or, Promotion::AlwaysBool, {"torch.logical_or", "Tensor.logical_or"}));
+  {
+    OpDef w;
+    w.name = "where";
+    w.schema = Schema::parse("where(Tensor condition, Tensor self, Tensor other)");
+    w.kind = OpKind::Pointwise;
+    w.promotion = Promotion::None;
+    w.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      if (in[0]->meta.dtype != DType::Bool) {
+        err = "RuntimeError: where expected condition to be a boolean tensor, but got a tensor with dtype " +
+              std::string(dtype_name(in[0]->meta.dtype));
+        return false;
+      }
+      if (!infer_pointwise(*find_op("where"), in, a, out, err)) return false;
+      out.dtype = pointwise_common_dtype({in[1], in[2]});
+      return true;
+    };
+    w.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+      DType t = compute_dtype(n.meta.dtype);
+      return s.where(a[0], s.cast(a[1], t), s.cast(a[2], t));
+    };
+    w.python = {"torch.where", "Tensor.where"};
+    ops.push_back(w);
+  }
+  {
+    // Dtype conversion (Tensor.to(dtype), .float(), ...): a cast, and a copy.
+    OpDef c;
+    c.name = "convert";
+    c.schema = Schema::parse("convert(Tensor self, ScalarType dtype)");
+    c.kind = OpKind::Pointwise;
+    c.promotion = Promotion::None;
+    c.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      if (!infer_pointwise(*find_op("convert"), in, a, out, err)) return false;
+      out.dtype = *a.get_dtype("dtype");
+      return true;
+    };
+    c.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) { return s.cast(a[0], compute_dtype(n.meta.dtype)); };
+    c.python = {"Tensor.to", "Tensor.type", "Tensor.float{dtype=float32}", "Tensor.double{dtype=float64}",
+                "Tensor.half{dtype=float16}", "Tensor.bfloat16{dtype=bfloat16}", "Tensor.int{dtype=int32}",
+                "Tensor.long{dtype=int64}", "Tensor.bool{dtype=bool}", "Tensor.short{dtype=int16}",
+                "Tensor.char{dtype=int8}", "Tensor.byte{dtype=uint8}"};
+    ops.push_back(c);
+  }
+  {
+    OpDef c;
+    c.name = "clone";
+    c.schema = Schema::parse("clone(Tensor self)");
+    c.kind = OpKind::Pointwise;
+    c.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) { return a[0]; };
+    c.python = {"torch.clone", "Tensor.clone", "Tensor.contiguous"};
+    ops.push_back(c);
+  }
+  return ops;
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,222 @@
+#include "core/ops/registry.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace kiln::ops {
+
+Schema Schema::parse(const std::string& text) {
+  Schema s;
+  auto open = text.find('(');
+  auto close = text.rfind(')');
+  s.name = text.substr(0, open);
+  std::string body = text.substr(open + 1, close - open - 1);
+  bool kwonly = false;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    // The next comma outside brackets: defaults like [0, 1] contain commas.
+    size_t comma = pos;
+    for (int depth = 0; comma < body.size(); ++comma) {
+      if (body[comma] == '[') ++depth;
+      else if (body[comma] == ']') --depth;
+      else if (body[comma] == ',' && depth == 0) break;
+    }
+    if (comma >= body.size()) comma = std::string::npos;
+    std::string item = body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? body.size() : comma + 1;
+    auto trim = [](std::string x) {
+      while (!x.empty() && std::isspace(static_cast<unsigned char>(x.front()))) x.erase(0, 1);
+      while (!x.empty() && std::isspace(static_cast<unsigned char>(x.back()))) x.pop_back();
+      return x;
+    };
+    item = trim(item);
+    if (item.empty()) continue;
+    if (item == "*") {
+      kwonly = true;
+      continue;
+    }
+    Param p;
+    auto eq = item.find('=');
+    if (eq != std::string::npos) {
+      p.dflt = trim(item.substr(eq + 1));
+      p.has_default = true;
+      item = trim(item.substr(0, eq));
+    }
+    auto sp = item.rfind(' ');
+    p.type = trim(item.substr(0, sp));
+    p.name = trim(item.substr(sp + 1));
+    p.kwarg_only = kwonly;
+    s.params.push_back(p);
+  }
+  return s;
+}
+
+std::string Schema::str() const {
+  std::string out = name + "(";
+  bool kw = false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
+    if (i) out += ", ";
+    if (p.kwarg_only && !kw) {
+      out += "*, ";
+      kw = true;
+    }
+    out += p.type + " " + p.name;
+    if (p.has_default) out += "=" + p.dflt;
+  }
+  return out + ")";
+}
+
+namespace {
+struct Registry {
+  std::map<std::string, OpDef> ops;
+};
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry();
+    for (auto table : {pointwise_ops, reduction_ops, view_ops, linalg_ops, composite_ops, source_ops}) {
+      for (OpDef& d : table()) {
+        std::string name = d.name;
+        if (reg->ops.count(name)) throw std::logic_error("kiln: op registered twice: " + name);
+        reg->ops.emplace(name, std::move(d));
+      }
+    }
+    return reg;
+  }();
+  return *r;
+}
+}  // namespace
+
+const OpDef* find_op(const std::string& name) {
+  auto& ops = registry().ops;
+  auto it = ops.find(name);
+  return it == ops.end() ? nullptr : &it->second;
+}
+
+std::vector<const OpDef*> all_ops() {
+  std::vector<const OpDef*> out;
+  for (auto& [_, d] : registry().ops) out.push_back(&d);
+  return out;
+}
+
+DType default_float() { return DType::Float32; }
+
+bool wrap_dim(int64_t& dim, int64_t rank, std::string& error) {
+  int64_t r = std::max<int64_t>(rank, 1);  // scalars accept dims -1 and 0
+  if (dim < -r || dim >= r) {
+    error = "IndexError: Dimension out of range (expected to be in range of [" + std::to_string(-r) + ", " +
+            std::to_string(r - 1) + "], but got " + std::to_string(dim) + ")";
+    return false;
+  }
+  if (dim < 0) dim += r;
+  return true;
+}
+
+bool broadcast_shapes(const std::vector<std::vector<Expr>>& shapes, std::vector<Expr>& out, std::string& error) {
+  size_t rank = 0;
+  for (auto& s : shapes) rank = std::max(rank, s.size());
+  out.assign(rank, Expr(1));
+  for (auto& s : shapes) {
+    size_t off = rank - s.size();
+    for (size_t i = 0; i < s.size(); ++i) {
+      Expr& o = out[off + i];
+      const Expr& d = s[i];
+      if (d.is_const(1) || d == o) continue;
+      if (o.is_const(1)) {
+        o = d;
+        continue;
+      }
+      error = "RuntimeError: The size of tensor a (" + o.str() + ") must match the size of tensor b (" + d.str() +
+              ") at non-singleton dimension " + std::to_string(i + off);
+      return false;
+    }
+  }
+  return true;
+}
+
+DType pointwise_common_dtype(const std::vector<Node*>& in) {
+  std::vector<PromotionOperand> ops;
+  for (Node* n : in)
+    if (n) ops.push_back({n->meta.dtype, n->meta.dim(), n->meta.wrapped_number});
+  return result_type(ops, default_float());
+}
+
+bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error) {
+  std::vector<std::vector<Expr>> shapes;
+  const Node* first_tensor = nullptr;
+  for (Node* n : in) {
+    if (!n) continue;
+    shapes.push_back(n->meta.sizes);
+    if (!n->meta.wrapped_number) {
+      if (first_tensor && first_tensor->meta.device != n->meta.device && n->meta.dim() > 0 && first_tensor->meta.dim() > 0) {
+        error = "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, " +
+                first_tensor->meta.device.str() + " and " + n->meta.device.str() + "!";
+        return false;
+      }
+      if (!first_tensor || (first_tensor->meta.dim() == 0 && n->meta.dim() > 0)) first_tensor = n;
+    }
+  }
+  if (!broadcast_shapes(shapes, out.sizes, error)) return false;
+  DType common = pointwise_common_dtype(in);
+  switch (op.promotion) {
+    case Promotion::Default: out.dtype = common; break;
+    case Promotion::IntToFloat: out.dtype = is_floating(common) ? common : default_float(); break;
+    case Promotion::AlwaysBool: out.dtype = DType::Bool; break;
+    case Promotion::BoolToLong: out.dtype = common == DType::Bool ? DType::Int64 : common; break;
+    case Promotion::None: out.dtype = common; break;
+  }
+  out.device = first_tensor ? first_tensor->meta.device : Device{};
+  out.strides = ir::contiguous_strides(out.sizes);
+  out.wrapped_number = false;
+  return true;
+}
+
+bool infer_reduction(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error) {
+  const TensorMeta& x = in[0]->meta;
+  std::vector<int64_t> dims = a.get_ints("dim");
+  bool keepdim = a.get_bool("keepdim");
+  std::vector<bool> reduced(x.dim(), dims.empty());
+  for (int64_t d : dims) {
+    if (!wrap_dim(d, x.dim(), error)) return false;
+    if (x.dim() > 0) {
+      if (reduced[d] && !dims.empty()) {
+        error = "RuntimeError: dim " + std::to_string(d) + " appears multiple times in the list of dims";
+        return false;
+      }
+      reduced[d] = true;
+    }
+  }
+  out.sizes.clear();
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    if (!reduced[i]) out.sizes.push_back(x.sizes[i]);
+    else if (keepdim) out.sizes.push_back(Expr(1));
+  }
+  out.device = x.device;
+  out.strides = ir::contiguous_strides(out.sizes);
+  DType t = x.dtype;
+  if (auto forced = a.get_dtype("dtype")) t = *forced;
+  else if (op.promotion == Promotion::BoolToLong && !is_floating(t)) t = DType::Int64;
+  else if (op.promotion == Promotion::IntToFloat && !is_floating(t)) {
+    error = "RuntimeError: " + op.name + "(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: " +
+            std::string(dtype_name(t));
+    error[0] = 'R';
+    return false;
+  }
+  if ((op.reduce == ReduceOp::Max || op.reduce == ReduceOp::Min)) {
+    for (int64_t i = 0; i < x.dim(); ++i) {
+      if (reduced[i] && x.sizes[i].is_const(0)) {
+        error = "IndexError: " + op.name + "(): Expected reduction dim " + std::to_string(i) +
+                " to have non-zero size.";
+        return false;
+      }
+    }
+  }
+  out.dtype = t;
+  return true;
+}
+
+}  // namespace kiln::ops

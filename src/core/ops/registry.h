@@ -1,0 +1,103 @@
+// The op registry: one entry per op holds everything kiln knows about it.
+//
+//   schema       the torch-style signature that capture binds Python arguments against
+//   kind         how the backend treats it (pointwise, reduction, view, extern, composite)
+//   infer        the shape/dtype rule (symbolic sizes); pointwise/reduction ops share one
+//   decompose    for composite ops: the rewrite into other ops (the PrimTorch step)
+//   scalar       for pointwise ops: the scalar computation, as loop-IR scalar nodes
+//   reduce/view  for reductions and views: the combine op / the index remapping
+//   aten         for extern ops: the torch operator called at run time
+//   python       the torch callables that capture maps onto this op
+//
+// Adding an op is adding one entry to one of the tables in ops/*_ops.cpp.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/ir/graph.h"
+#include "core/loop/scalar.h"
+
+namespace kiln::ops {
+
+using ir::Attrs;
+using ir::Graph;
+using ir::Node;
+using ir::TensorMeta;
+using sym::Expr;
+
+enum class OpKind { Source, Pointwise, Reduction, View, Extern, Composite };
+
+// torch's elementwise type promotion kinds.
+enum class Promotion {
+  Default,     // result is the promoted type of the inputs
+  IntToFloat,  // integral results become the default float type (sin, exp, true division)
+  AlwaysBool,  // computed in the promoted type, result is bool (comparisons)
+  BoolToLong,  // bool results become int64 (sum)
+  None,        // the op's own rule decides
+};
+
+enum class ReduceOp { Sum, Max, Min, Prod };
+
+struct Param {
+  std::string name;
+  std::string type;      // Tensor, Tensor?, Scalar, int, int?, int[], int[]?, float, float?, bool, str, ScalarType?
+  std::string dflt;      // textual default, empty when required
+  bool has_default = false;
+  bool kwarg_only = false;
+  bool is_tensor() const { return type == "Tensor" || type == "Tensor?"; }
+};
+
+struct Schema {
+  std::string name;
+  std::vector<Param> params;
+  static Schema parse(const std::string& text);  // "add(Tensor self, Tensor other, *, Scalar alpha=1)"
+  std::string str() const;
+};
+
+using InferFn = std::function<bool(const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string& error)>;
+using DecomposeFn = std::function<Node*(Graph& g, Node* n)>;
+// Builds the scalar body of a pointwise op from its operands (already cast to the computation
+// dtype). `out` is the node's dtype.
+using ScalarFn = std::function<loop::SRef(loop::ScalarCtx& s, const std::vector<loop::SRef>& args, const Node& n)>;
+// Index remapping of a view: output index -> index into the input.
+using ViewFn = std::function<std::vector<Expr>(const std::vector<Expr>& out_index, const Node& n)>;
+
+struct OpDef {
+  std::string name;
+  Schema schema;
+  OpKind kind = OpKind::Pointwise;
+  Promotion promotion = Promotion::Default;
+  InferFn infer;
+  DecomposeFn decompose;
+  ScalarFn scalar;
+  ReduceOp reduce = ReduceOp::Sum;
+  ViewFn view;
+  std::string aten;
+  std::vector<std::string> python;
+  std::string doc;
+};
+
+const OpDef* find_op(const std::string& name);
+std::vector<const OpDef*> all_ops();
+
+// Shared shape rules the tables build on.
+bool broadcast_shapes(const std::vector<std::vector<Expr>>& shapes, std::vector<Expr>& out, std::string& error);
+bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error);
+bool infer_reduction(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error);
+// Normalises a possibly negative dim against rank; false (with torch's message) if out of range.
+bool wrap_dim(int64_t& dim, int64_t rank, std::string& error);
+// The dtype a pointwise op computes in, from its inputs' promotion.
+DType pointwise_common_dtype(const std::vector<Node*>& in);
+DType default_float();
+
+// The tables, one per family of ops (ops/*_ops.cpp); the registry fills itself from them on
+// first use, so no table can be dropped by the linker.
+std::vector<OpDef> pointwise_ops();
+std::vector<OpDef> reduction_ops();
+std::vector<OpDef> view_ops();
+std::vector<OpDef> linalg_ops();
+std::vector<OpDef> composite_ops();
+std::vector<OpDef> source_ops();
+
+}  // namespace kiln::ops

@@ -1,0 +1,315 @@
+// Views: no data moves. Each entry has a shape/stride rule and an index remapping that the
+// lowering composes into the reads of its consumers, so a transpose or broadcast costs nothing.
+#include <algorithm>
+#include <numeric>
+
+#include "core/ops/registry.h"
+
+namespace kiln::ops {
+namespace {
+
+using Exprs = std::vector<Expr>;
+
+bool all_const(const Exprs& xs) {
+  return std::all_of(xs.begin(), xs.end(), [](const Expr& e) { return e.as_const().has_value(); });
+}
+
+// Strides that let `new_sizes` view memory laid out by (sizes, strides), or nullopt when the
+// reshape needs a copy. Walks dims from the innermost, matching chunks of contiguous memory.
+std::optional<Exprs> view_strides(const Exprs& sizes, const Exprs& strides, const Exprs& new_sizes) {
+  if (!all_const(sizes) || !all_const(strides) || !all_const(new_sizes)) {
+    if (strides == ir::contiguous_strides(sizes)) return ir::contiguous_strides(new_sizes);
+    return std::nullopt;
+  }
+  auto v = [](const Expr& e) { return *e.as_const(); };
+  int64_t numel = 1;
+  for (auto& s : sizes) numel *= v(s);
+  Exprs out(new_sizes.size());
+  if (numel == 0) return ir::contiguous_strides(new_sizes);
+  if (sizes.empty()) {
+    for (auto& o : out) o = 1;
+    return out;
+  }
+  int64_t view_d = static_cast<int64_t>(new_sizes.size()) - 1;
+  int64_t chunk_base = v(strides.back());
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    tensor_numel *= v(sizes[d]);
+    if (d == 0 || (v(sizes[d - 1]) != 1 && v(strides[d - 1]) != tensor_numel * chunk_base)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || v(new_sizes[view_d]) == 1)) {
+        out[view_d] = view_numel * chunk_base;
+        view_numel *= v(new_sizes[view_d]);
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (d > 0) {
+        chunk_base = v(strides[d - 1]);
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+bool infer_shape_arg(const TensorMeta& x, std::vector<int64_t> shape, Exprs& out, std::string& err) {
+  int64_t infer_at = -1;
+  Expr known = 1;
+  out.clear();
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      if (infer_at >= 0) {
+        err = "RuntimeError: only one dimension can be inferred";
+        return false;
+      }
+      infer_at = static_cast<int64_t>(i);
+      out.push_back(Expr(1));
+    } else if (shape[i] < 0) {
+      err = "RuntimeError: invalid shape dimension " + std::to_string(shape[i]);
+      return false;
+    } else {
+      out.push_back(Expr(shape[i]));
+      known = known * Expr(shape[i]);
+    }
+  }
+  Expr numel = x.numel();
+  if (infer_at >= 0) {
+    auto k = known.as_const(), n = numel.as_const();
+    if (k && n && (*k == 0 || *n % *k != 0)) {
+      err = "RuntimeError: shape '" + ir::attr_str(shape) + "' is invalid for input of size " + std::to_string(*n);
+      return false;
+    }
+    out[infer_at] = sym::floordiv(numel, known);
+    return true;
+  }
+  if (numel != known) {
+    err = "RuntimeError: shape '" + ir::attr_str(shape) + "' is invalid for input of size " + numel.str();
+    return false;
+  }
+  return true;
+}
+
+OpDef reshape_like(const std::string& name, bool must_view, std::vector<std::string> py) {
+  OpDef d;
+  d.name = name;
+  d.schema = Schema::parse(name + "(Tensor self, int[] shape)");
+  d.kind = OpKind::View;
+  d.infer = [must_view, name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+    const TensorMeta& x = in[0]->meta;
+    out = x;
+    if (!infer_shape_arg(x, a.get_ints("shape"), out.sizes, err)) return false;
+    auto st = view_strides(x.sizes, x.strides, out.sizes);
+    if (!st) {
+      if (must_view) {
+        err = "RuntimeError: view size is not compatible with input tensor's size and stride (at least one dimension spans across two contiguous subspaces). Use .reshape(...) instead.";
+        return false;
+      }
+      out.strides = ir::contiguous_strides(out.sizes);
+      out.offset = 0;
+    } else {
+      out.strides = *st;
+    }
+    return true;
+  };
+  d.view = [](const Exprs& idx, const Node& n) {
+    const Exprs& in_sizes = n.inputs[0]->meta.sizes;
+    Exprs out_cs = ir::contiguous_strides(n.meta.sizes), in_cs = ir::contiguous_strides(in_sizes);
+    Expr lin = 0;
+    for (size_t i = 0; i < idx.size(); ++i) lin = lin + idx[i] * out_cs[i];
+    Exprs r(in_sizes.size());
+    for (size_t j = 0; j < in_sizes.size(); ++j)
+      r[j] = j == 0 ? sym::floordiv(lin, in_cs[j]) : sym::mod(sym::floordiv(lin, in_cs[j]), in_sizes[j]);
+    return r;
+  };
+  d.python = std::move(py);
+  return d;
+}
+
+// Which dims squeeze drops: the size-1 dims among those named (all dims when none are).
+std::vector<bool> squeeze_mask(const TensorMeta& x, const Attrs& a) {
+  std::vector<bool> drop(x.dim(), false);
+  if (!a.has("dim")) {
+    for (int64_t i = 0; i < x.dim(); ++i) drop[i] = x.sizes[i].is_const(1);
+    return drop;
+  }
+  for (int64_t d : a.get_ints("dim")) {
+    if (d < 0) d += x.dim();
+    if (d >= 0 && d < x.dim()) drop[d] = x.sizes[d].is_const(1);
+  }
+  return drop;
+}
+
+}  // namespace
+
+std::vector<OpDef> view_ops() {
+  std::vector<OpDef> ops;
+  ops.push_back(reshape_like("reshape", false, {"torch.reshape", "Tensor.reshape"}));
+  ops.push_back(reshape_like("view", true, {"Tensor.view"}));
+
+  OpDef permute;
+  permute.name = "permute";
+  permute.schema = Schema::parse("permute(Tensor self, int[] dims)");
+  permute.kind = OpKind::View;
+  permute.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+    const TensorMeta& x = in[0]->meta;
+    std::vector<int64_t> dims = a.get_ints("dims");
+    if (static_cast<int64_t>(dims.size()) != x.dim()) {
+      err = "RuntimeError: permute: number of dims don't match";
+      return false;
+    }
+    std::vector<bool> seen(x.dim());
+    out = x;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      int64_t d = dims[i];
+      if (!wrap_dim(d, x.dim(), err)) return false;
+      if (seen[d]) {
+        err = "RuntimeError: permute(): duplicate dims are not allowed.";
+        return false;
+      }
+      seen[d] = true;
+      out.sizes[i] = x.sizes[d];
+      out.strides[i] = x.strides[d];
+    }
+    return true;
+  };
+  permute.view = [](const Exprs& idx, const Node& n) {
+    std::vector<int64_t> dims = n.attrs.get_ints("dims");
+    Exprs r(idx.size());
+    int64_t rank = static_cast<int64_t>(idx.size());
+    for (size_t i = 0; i < dims.size(); ++i) r[(dims[i] + rank) % rank] = idx[i];
+    return r;
+  };
+  permute.python = {"torch.permute", "Tensor.permute"};
+  ops.push_back(permute);
+
+  OpDef transpose;
+  transpose.name = "transpose";
+  transpose.schema = Schema::parse("transpose(Tensor self, int dim0, int dim1)");
+  transpose.kind = OpKind::View;
+  transpose.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+    const TensorMeta& x = in[0]->meta;
+    int64_t d0 = a.get_int("dim0"), d1 = a.get_int("dim1");
+    if (!wrap_dim(d0, x.dim(), err) || !wrap_dim(d1, x.dim(), err)) return false;
+    out = x;
+    if (x.dim() == 0) return true;
+    std::swap(out.sizes[d0], out.sizes[d1]);
+    std::swap(out.strides[d0], out.strides[d1]);
+    return true;
+  };
+  transpose.view = [](const Exprs& idx, const Node& n) {
+    Exprs r = idx;
+    if (r.empty()) return r;
+    int64_t rank = static_cast<int64_t>(idx.size());
+    std::swap(r[(n.attrs.get_int("dim0") + rank) % rank], r[(n.attrs.get_int("dim1") + rank) % rank]);
+    return r;
+  };
+  transpose.python = {"torch.transpose", "Tensor.transpose", "torch.swapaxes", "Tensor.swapaxes"};
+  ops.push_back(transpose);
+
+  OpDef expand;
+  expand.name = "expand";
+  expand.schema = Schema::parse("expand(Tensor self, int[] size)");
+  expand.kind = OpKind::View;
+  expand.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+    const TensorMeta& x = in[0]->meta;
+    std::vector<int64_t> size = a.get_ints("size");
+    if (static_cast<int64_t>(size.size()) < x.dim()) {
+      err = "RuntimeError: expand(torch.FloatTensor{" + sym::str(x.sizes) + "}, size=" + ir::attr_str(size) +
+            "): the number of sizes provided (" + std::to_string(size.size()) +
+            ") must be greater or equal to the number of dimensions in the tensor (" + std::to_string(x.dim()) + ")";
+      return false;
+    }
+    size_t off = size.size() - x.dim();
+    out = x;
+    out.sizes.assign(size.size(), Expr(1));
+    out.strides.assign(size.size(), Expr(0));
+    for (size_t i = 0; i < size.size(); ++i) {
+      if (i < off) {
+        if (size[i] < 0) {
+          err = "RuntimeError: The expanded size of the tensor (-1) isn't allowed in a leading, non-existing dimension " + std::to_string(i);
+          return false;
+        }
+        out.sizes[i] = size[i];
+        continue;
+      }
+      const Expr& have = x.sizes[i - off];
+      if (size[i] == -1 || have == Expr(size[i])) {
+        out.sizes[i] = have;
+        out.strides[i] = x.strides[i - off];
+      } else if (have.is_const(1)) {
+        out.sizes[i] = size[i];
+      } else {
+        err = "RuntimeError: The expanded size of the tensor (" + std::to_string(size[i]) +
+              ") must match the existing size (" + have.str() + ") at non-singleton dimension " + std::to_string(i) +
+              ".  Target sizes: " + ir::attr_str(size) + ".  Tensor sizes: " + sym::str(x.sizes);
+        return false;
+      }
+    }
+    return true;
+  };
+  expand.view = [](const Exprs& idx, const Node& n) {
+    const Exprs& in_sizes = n.inputs[0]->meta.sizes;
+    size_t off = idx.size() - in_sizes.size();
+    Exprs r(in_sizes.size());
+    for (size_t k = 0; k < in_sizes.size(); ++k)
+      r[k] = (in_sizes[k].is_const(1) && !n.meta.sizes[k + off].is_const(1)) ? Expr(0) : idx[k + off];
+    return r;
+  };
+  expand.python = {"Tensor.expand"};
+  ops.push_back(expand);
+
+  OpDef unsq;
+  unsq.name = "unsqueeze";
+  unsq.schema = Schema::parse("unsqueeze(Tensor self, int dim)");
+  unsq.kind = OpKind::View;
+  unsq.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+    const TensorMeta& x = in[0]->meta;
+    int64_t d = a.get_int("dim");
+    if (!wrap_dim(d, x.dim() + 1, err)) return false;
+    out = x;
+    Expr st = d < x.dim() ? x.strides[d] * x.sizes[d] : Expr(1);
+    out.sizes.insert(out.sizes.begin() + d, Expr(1));
+    out.strides.insert(out.strides.begin() + d, st);
+    return true;
+  };
+  unsq.view = [](const Exprs& idx, const Node& n) {
+    int64_t d = n.attrs.get_int("dim");
+    if (d < 0) d += static_cast<int64_t>(idx.size());
+    Exprs r = idx;
+    r.erase(r.begin() + d);
+    return r;
+  };
+  unsq.python = {"torch.unsqueeze", "Tensor.unsqueeze"};
+  ops.push_back(unsq);
+
+  OpDef sq;
+  sq.name = "squeeze";
+  sq.schema = Schema::parse("squeeze(Tensor self, int[]? dim=None)");
+  sq.kind = OpKind::View;
+  sq.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+    const TensorMeta& x = in[0]->meta;
+    for (int64_t d : a.get_ints("dim"))
+      if (!wrap_dim(d, x.dim(), err)) return false;
+    std::vector<bool> drop = squeeze_mask(x, a);
+    out = x;
+    out.sizes.clear();
+    out.strides.clear();
+    for (int64_t i = 0; i < x.dim(); ++i)
+      if (!drop[i]) out.sizes.push_back(x.sizes[i]), out.strides.push_back(x.strides[i]);
+    return true;
+  };
+  sq.view = [](const Exprs& idx, const Node& n) {
+    const TensorMeta& x = n.inputs[0]->meta;
+    std::vector<bool> drop = squeeze_mask(x, n.attrs);
+    Exprs r;
+    size_t j = 0;
+    for (int64_t i = 0; i < x.dim(); ++i) r.push_back(drop[i] ? Expr(0) : idx[j++]);
+    return r;
+  };
+  sq.python = {"torch.squeeze", "Tensor.squeeze"};
+  ops.push_back(sq);
+  return ops;
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,28 @@
+#include "core/ops/registry.h"
+#include "core/passes/passes.h"
+
+namespace kiln::passes {
+
+void decompose(ir::Graph& g) {
+  // Decompositions may produce composites (linear -> matmul): sweep until a fixpoint.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      ir::Node* n = g.nodes()[i].get();
+      if (n->op->kind != ops::OpKind::Composite) continue;
+      size_t tail = g.nodes().size();
+      std::string saved = g.source_loc;
+      g.source_loc = n->source_loc;
+      ir::Node* r = n->op->decompose(g, n);
+      g.source_loc = saved;
+      size_t added = g.nodes().size() - tail;
+      g.move_tail_before(tail, n);
+      g.replace_all_uses(n, r);
+      i += added;  // step past the expansion and the (now dead) composite itself
+      changed = true;
+    }
+    if (changed) dead_code_elimination(g);
+  }
+}
+
+}  // namespace kiln::passes

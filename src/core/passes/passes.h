@@ -1,0 +1,15 @@
+// Graph passes. Each is one function over the graph; pipeline.cpp runs them in order and can
+// dump the graph after each (KILN_DEBUG).
+#pragma once
+#include "core/ir/graph.h"
+
+namespace kiln::passes {
+
+// Rewrites composite ops into primitives (pointwise, reduction, view, extern) until none remain.
+void decompose(ir::Graph& g);
+// Removes nodes whose values are never used.
+void dead_code_elimination(ir::Graph& g);
+// Merges nodes that compute the same op on the same inputs with the same attributes.
+void common_subexpression_elimination(ir::Graph& g);
+
+}  // namespace kiln::passes

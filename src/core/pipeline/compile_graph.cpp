@@ -1,0 +1,136 @@
+#include "core/pipeline/compile_graph.h"
+
+#include <chrono>
+#include <stdexcept>
+
+#include "core/codegen/cpp_codegen.h"
+#include "core/codegen/cuda_codegen.h"
+#include "core/compile/nvrtc.h"
+#include "core/lower/lower.h"
+#include "core/passes/passes.h"
+#include "core/schedule/schedule.h"
+#include "core/support/log.h"
+
+namespace kiln::pipeline {
+
+void run_graph_passes(ir::Graph& g, const std::string& dump_name) {
+  auto step = [&](const char* name, void (*pass)(ir::Graph&)) {
+    pass(g);
+    if (!dump_name.empty()) debug_dump(dump_name + ".after_" + name + ".txt", g.str());
+  };
+  if (!dump_name.empty()) debug_dump(dump_name + ".captured.txt", g.str());
+  step("decompose", passes::decompose);
+  step("dce", passes::dead_code_elimination);
+  step("cse", passes::common_subexpression_elimination);
+}
+
+namespace {
+
+bool supported_dtypes(const loop::Program& p, std::string& error) {
+  for (const loop::Buffer& b : p.buffers) {
+    if (b.dtype == DType::Float16 || b.dtype == DType::BFloat16) {
+      bool used_by_kernel = false;
+      for (const loop::Kernel& k : p.kernels)
+        for (int id : k.buffers) used_by_kernel |= id == b.id;
+      if (used_by_kernel) {
+        error = std::string("kiln: kernels over ") + dtype_name(b.dtype) + " are not generated yet";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The source of one kernel inside the translation unit, for explain.
+std::string kernel_source(const std::string& tu, const std::string& name) {
+  auto start = tu.find("// " + name + ":");
+  if (start == std::string::npos) return "";
+  auto end = tu.find("\n}\n", start);
+  return tu.substr(start, end == std::string::npos ? std::string::npos : end + 3 - start);
+}
+
+}  // namespace
+
+bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& out, std::string& error) {
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_graph_passes(g, debug_dir().empty() ? "" : options.name);
+  } catch (const std::exception& e) {
+    error = std::string("graph passes failed: ") + e.what();
+    return false;
+  }
+  out.graph_text = g.str();
+  out.op_count = g.op_count();
+  log("graph", "\n" + out.graph_text);
+
+  loop::Program& p = out.program;
+  if (!lower::lower_graph(g, p, error)) return false;
+  debug_dump(options.name + ".loop_lowered.txt", p.str());
+  schedule::schedule(p);
+  out.loop_text = p.str();
+  debug_dump(options.name + ".loop_scheduled.txt", out.loop_text);
+  if (!supported_dtypes(p, error)) return false;
+
+  if (p.kernels.empty()) {
+    out.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return true;
+  }
+
+  if (p.device.type == DeviceType::CPU) {
+    out.source = codegen::generate_cpp(p);
+    debug_dump(options.name + ".kernels.cpp", out.source);
+    compile::CpuCompileResult r = compile::compile_cpp(out.source);
+    if (!r.library) {
+      error = "C++ compiler failed: " + r.error;
+      return false;
+    }
+    out.library = r.library;
+    out.disk_cache_hit = r.cache_hit;
+    out.source_path = r.source_path;
+    for (const loop::Kernel& k : p.kernels) {
+      CompiledKernel ck;
+      ck.name = k.name;
+      ck.source = kernel_source(out.source, k.name);
+      ck.cpu_fn = reinterpret_cast<void (*)(void* const*)>(r.library->symbol(k.name));
+      if (!ck.cpu_fn) {
+        error = "kernel symbol missing from compiled library: " + k.name;
+        return false;
+      }
+      out.kernels.push_back(ck);
+    }
+  } else {
+    codegen::CudaSource cs = codegen::generate_cuda(p);
+    out.source = cs.source;
+    debug_dump(options.name + ".kernels.cu", out.source);
+    std::string why;
+    if (!compile::cuda_driver_available(&why)) {
+      error = "CUDA driver unavailable: " + why;
+      return false;
+    }
+    int cc = compile::cuda_compute_capability(p.device.index < 0 ? 0 : p.device.index);
+    std::string arch = cc > 0 ? "sm_" + std::to_string(cc) : "compute_75";
+    compile::NvrtcResult nr = compile::nvrtc_compile(out.source, arch, options.name);
+    if (!nr.ok) {
+      error = "NVRTC failed: " + nr.log;
+      return false;
+    }
+    out.disk_cache_hit = nr.cache_hit;
+    out.cuda_module = compile::CudaModule::load(nr.image, p.device.index < 0 ? 0 : p.device.index, error);
+    if (!out.cuda_module) return false;
+    for (size_t i = 0; i < p.kernels.size(); ++i) {
+      CompiledKernel ck;
+      ck.name = p.kernels[i].name;
+      ck.source = kernel_source(out.source, ck.name);
+      ck.cuda_fn = out.cuda_module->function(ck.name, error);
+      if (!ck.cuda_fn) return false;
+      ck.grid = cs.launches[i].grid;
+      ck.block = cs.launches[i].block;
+      out.kernels.push_back(ck);
+    }
+  }
+  out.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (log_enabled("kernels")) log("kernels", out.source);
+  return true;
+}
+
+}  // namespace kiln::pipeline

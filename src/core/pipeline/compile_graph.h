@@ -1,0 +1,49 @@
+// The backend pipeline, as a straight line: graph passes -> lowering -> scheduling ->
+// code generation -> native compilation. Each step can be dumped (KILN_DEBUG).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/compile/cpu_compiler.h"
+#include "core/compile/cuda_driver.h"
+#include "core/ir/graph.h"
+#include "core/loop/program.h"
+
+namespace kiln::pipeline {
+
+struct CompileOptions {
+  std::string mode = "default";
+  std::string name = "graph";   // prefix of debug dump files
+};
+
+struct CompiledKernel {
+  std::string name;
+  std::string source;            // this kernel's code, for explain
+  void (*cpu_fn)(void* const*) = nullptr;
+  void* cuda_fn = nullptr;       // CUfunction
+  unsigned grid = 1, block = 1;
+};
+
+struct CompiledGraph {
+  loop::Program program;
+  std::string graph_text;        // the graph after decomposition and cleanup
+  std::string loop_text;         // the loop IR after scheduling
+  std::string source;            // the whole generated translation unit
+  std::string source_path;       // where it lies on disk
+  std::vector<CompiledKernel> kernels;
+  std::shared_ptr<compile::SharedLibrary> library;
+  std::shared_ptr<compile::CudaModule> cuda_module;
+  bool disk_cache_hit = false;
+  double compile_seconds = 0;
+  size_t op_count = 0;
+};
+
+// Compiles `g` (which it rewrites in place). On failure returns false with a reason; the
+// caller runs the code eagerly.
+bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& out, std::string& error);
+
+// Graph passes only (decompose, DCE, CSE): used by compile_graph and by tests.
+void run_graph_passes(ir::Graph& g, const std::string& dump_name = "");
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,25 @@
+// Scheduling: turns the one-kernel-per-realized-value program of the lowering into few,
+// fused kernels, then plans memory.
+//
+//   fuse_kernels      merges consecutive kernels over compatible iteration spaces: pointwise
+//                     with pointwise (same space), reductions with their epilogues and with
+//                     each other over the same rows (softmax: max, sum and the normalisation in
+//                     one kernel); a read of a value computed earlier in the same kernel at the
+//                     same point becomes a register use, and buffers nobody reads disappear.
+//   collapse_dims     merges adjacent loop dims that every access walks contiguously, so a
+//                     pointwise kernel over contiguous tensors is one flat, vectorizable loop.
+//   plan_buffers      assigns temporaries to shared allocation slots by liveness.
+#pragma once
+#include "core/loop/program.h"
+
+namespace kiln::schedule {
+
+void fuse_kernels(loop::Program& p);
+void collapse_dims(loop::Program& p);
+void plan_buffers(loop::Program& p);
+void name_kernels(loop::Program& p);
+
+// All of the above, in order.
+void schedule(loop::Program& p);
+
+}  // namespace kiln::schedule

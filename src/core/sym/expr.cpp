@@ -1,0 +1,441 @@
+#include "core/sym/expr.h"
+
+#include <algorithm>
+#include <mutex>
+#include <numeric>
+#include <unordered_map>
+
+namespace kiln::sym {
+namespace {
+
+// The interner owns every node for the life of the process: expressions are small and
+// shared by every graph, and pointer equality depends on nodes never moving.
+struct Interner {
+  std::mutex mu;
+  std::unordered_map<std::string, const ExprNode*> table;
+  uint64_t next_id = 0;
+};
+Interner& interner() {
+  static auto* in = new Interner();
+  return *in;
+}
+
+const ExprNode* intern(ExprKind kind, int64_t value, const std::string& name, std::vector<Expr> args) {
+  std::string key;
+  key.reserve(16 + name.size() + args.size() * 9);
+  key.push_back(static_cast<char>(kind));
+  key.append(reinterpret_cast<const char*>(&value), sizeof value);
+  key.append(name);
+  key.push_back('\0');
+  for (const Expr& a : args) {
+    uint64_t id = a.id();
+    key.append(reinterpret_cast<const char*>(&id), sizeof id);
+  }
+  Interner& in = interner();
+  std::lock_guard<std::mutex> lock(in.mu);
+  auto it = in.table.find(key);
+  if (it != in.table.end()) return it->second;
+  auto* n = new ExprNode{kind, value, name, std::move(args), in.next_id++, std::hash<std::string>()(key)};
+  in.table.emplace(std::move(key), n);
+  return n;
+}
+
+Expr make(ExprKind k, std::vector<Expr> args) { return Expr(intern(k, 0, "", std::move(args))); }
+
+// Floor division and Python modulo on plain integers.
+int64_t fdiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+int64_t fmod(int64_t a, int64_t b) {
+  int64_t r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
+}
+
+// A sum as coefficient * term pairs plus a constant.
+struct Linear {
+  std::map<Expr, int64_t> terms;  // ordered by creation id: canonical
+  int64_t constant = 0;
+};
+
+void split_term(const Expr& e, int64_t scale, Linear& out) {
+  if (auto c = e.as_const()) {
+    out.constant += scale * *c;
+    return;
+  }
+  if (e.kind() == ExprKind::Add) {
+    for (const Expr& a : e.args()) split_term(a, scale, out);
+    return;
+  }
+  if (e.kind() == ExprKind::Mul && e.args()[0].as_const()) {
+    int64_t k = *e.args()[0].as_const();
+    std::vector<Expr> rest(e.args().begin() + 1, e.args().end());
+    Expr t = rest.size() == 1 ? rest[0] : make(ExprKind::Mul, rest);
+    out.terms[t] += scale * k;
+    return;
+  }
+  out.terms[e] += scale;
+}
+
+Linear linearize(const Expr& e) {
+  Linear l;
+  split_term(e, 1, l);
+  return l;
+}
+
+Expr scaled(const Expr& t, int64_t k) {
+  if (k == 1) return t;
+  std::vector<Expr> args{Expr(k)};
+  if (t.kind() == ExprKind::Mul) {
+    args.insert(args.end(), t.args().begin(), t.args().end());
+  } else {
+    args.push_back(t);
+  }
+  return make(ExprKind::Mul, args);
+}
+
+Expr build(const Linear& l) {
+  std::vector<Expr> args;
+  for (auto& [t, k] : l.terms)
+    if (k != 0) args.push_back(scaled(t, k));
+  if (args.empty()) return Expr(l.constant);
+  if (l.constant != 0) args.push_back(Expr(l.constant));
+  if (args.size() == 1) return args[0];
+  return make(ExprKind::Add, args);
+}
+
+}  // namespace
+
+Expr::Expr(int64_t v) : node_(intern(ExprKind::Const, v, "", {})) {}
+
+Expr Expr::var(const std::string& name, std::optional<int64_t> extent) {
+  return Expr(intern(ExprKind::Var, extent ? *extent : -1, name, {}));
+}
+
+ExprKind Expr::kind() const { return node_->kind; }
+std::optional<int64_t> Expr::as_const() const {
+  if (node_ && node_->kind == ExprKind::Const) return node_->value;
+  return std::nullopt;
+}
+const std::vector<Expr>& Expr::args() const { return node_->args; }
+const std::string& Expr::name() const { return node_->name; }
+std::optional<int64_t> Expr::extent() const {
+  if (node_->kind == ExprKind::Var && node_->value >= 0) return node_->value;
+  return std::nullopt;
+}
+int64_t Expr::value() const { return node_->value; }
+bool Expr::operator<(const Expr& o) const { return node_->id < o.node_->id; }
+uint64_t Expr::id() const { return node_ ? node_->id : ~0ull; }
+
+Expr operator+(Expr a, Expr b) {
+  auto ca = a.as_const(), cb = b.as_const();
+  if (ca && cb) return Expr(*ca + *cb);
+  if (ca == 0) return b;
+  if (cb == 0) return a;
+  Linear l;
+  split_term(a, 1, l);
+  split_term(b, 1, l);
+  return build(l);
+}
+
+Expr operator-(Expr a) { return Expr(-1) * a; }
+Expr operator-(Expr a, Expr b) { return a + (-b); }
+
+Expr operator*(Expr a, Expr b) {
+  auto ca = a.as_const(), cb = b.as_const();
+  if (ca && cb) return Expr(*ca * *cb);
+  if (cb) std::swap(a, b), std::swap(ca, cb);
+  if (ca) {
+    if (*ca == 0) return Expr(0);
+    if (*ca == 1) return b;
+    // Distribute constants over sums so that index expressions stay affine and collectable.
+    Linear l;
+    split_term(b, *ca, l);
+    return build(l);
+  }
+  std::vector<Expr> factors;
+  int64_t k = 1;
+  for (const Expr& x : {a, b}) {
+    if (x.kind() == ExprKind::Mul) {
+      for (const Expr& f : x.args()) {
+        if (auto c = f.as_const()) k *= *c;
+        else factors.push_back(f);
+      }
+    } else {
+      factors.push_back(x);
+    }
+  }
+  std::sort(factors.begin(), factors.end());
+  Expr prod = factors.size() == 1 ? factors[0] : make(ExprKind::Mul, factors);
+  return k == 1 ? prod : Expr(k) * prod;
+}
+
+Expr floordiv(Expr a, Expr b) {
+  auto ca = a.as_const(), cb = b.as_const();
+  if (cb && *cb == 1) return a;
+  if (ca && cb && *cb != 0) return Expr(fdiv(*ca, *cb));
+  if (ca == 0) return Expr(0);
+  if (cb && *cb > 0) {
+    const int64_t c = *cb;
+    Linear l = linearize(a);
+    // (c*x + y) // c == x + y // c for integer x: pull out terms that c divides.
+    Linear pulled, rest;
+    for (auto& [t, k] : l.terms) {
+      if (k % c == 0) pulled.terms[t] = k / c;
+      else rest.terms[t] = k;
+    }
+    pulled.constant = fdiv(l.constant, c);
+    rest.constant = fmod(l.constant, c);
+    Expr r = build(rest);
+    Bounds br = bounds(r);
+    if (br.lo && br.hi && *br.lo >= 0 && *br.hi < c) return build(pulled);
+    // (g*x + y) // (g*m) == x // m when 0 <= y < g: the rule that undoes a reshape split.
+    if (!rest.terms.empty()) {
+      for (auto& [t, k] : rest.terms) {
+        int64_t g = std::gcd(k, c);
+        if (g <= 1) continue;
+        Linear div, small;
+        for (auto& [t2, k2] : rest.terms) (k2 % g == 0 ? div.terms[t2] = k2 / g : small.terms[t2] = k2);
+        div.constant = fdiv(rest.constant, g);
+        small.constant = fmod(rest.constant, g);
+        Bounds bs = bounds(build(small));
+        if (bs.lo && bs.hi && *bs.lo >= 0 && *bs.hi < g) {
+          return build(pulled) + floordiv(build(div), Expr(c / g));
+        }
+      }
+    }
+    Expr q = make(ExprKind::FloorDiv, {r, b});
+    return build(pulled) + q;
+  }
+  return make(ExprKind::FloorDiv, {a, b});
+}
+
+Expr mod(Expr a, Expr b) {
+  auto ca = a.as_const(), cb = b.as_const();
+  if (cb && *cb == 1) return Expr(0);
+  if (ca && cb && *cb != 0) return Expr(fmod(*ca, *cb));
+  if (cb && *cb > 0) {
+    const int64_t c = *cb;
+    Linear l = linearize(a), rest;
+    for (auto& [t, k] : l.terms)
+      if (k % c != 0) rest.terms[t] = k;
+    rest.constant = fmod(l.constant, c);
+    Expr r = build(rest);
+    Bounds br = bounds(r);
+    if (br.lo && br.hi && *br.lo >= 0 && *br.hi < c) return r;
+    for (auto& [t, k] : rest.terms) {
+      int64_t g = std::gcd(k, c);
+      if (g <= 1) continue;
+      Linear div, small;
+      for (auto& [t2, k2] : rest.terms) (k2 % g == 0 ? div.terms[t2] = k2 / g : small.terms[t2] = k2);
+      div.constant = fdiv(rest.constant, g);
+      small.constant = fmod(rest.constant, g);
+      Expr s = build(small);
+      Bounds bs = bounds(s);
+      if (bs.lo && bs.hi && *bs.lo >= 0 && *bs.hi < g) {
+        return mod(build(div), Expr(c / g)) * Expr(g) + s;
+      }
+    }
+    return make(ExprKind::Mod, {r, b});
+  }
+  return make(ExprKind::Mod, {a, b});
+}
+
+Expr min(Expr a, Expr b) {
+  auto ca = a.as_const(), cb = b.as_const();
+  if (ca && cb) return Expr(std::min(*ca, *cb));
+  if (a == b) return a;
+  Bounds ba = bounds(a), bb = bounds(b);
+  if (ba.hi && bb.lo && *ba.hi <= *bb.lo) return a;
+  if (bb.hi && ba.lo && *bb.hi <= *ba.lo) return b;
+  if (b < a) std::swap(a, b);
+  return make(ExprKind::Min, {a, b});
+}
+
+Expr max(Expr a, Expr b) {
+  auto ca = a.as_const(), cb = b.as_const();
+  if (ca && cb) return Expr(std::max(*ca, *cb));
+  if (a == b) return a;
+  Bounds ba = bounds(a), bb = bounds(b);
+  if (ba.hi && bb.lo && *ba.hi <= *bb.lo) return b;
+  if (bb.hi && ba.lo && *bb.hi <= *ba.lo) return a;
+  if (b < a) std::swap(a, b);
+  return make(ExprKind::Max, {a, b});
+}
+
+Bounds bounds(const Expr& e) {
+  using O = std::optional<int64_t>;
+  switch (e.kind()) {
+    case ExprKind::Const: return {e.value(), e.value()};
+    case ExprKind::Var: {
+      // Size symbols are at least 0 (sizes) and index variables lie in [0, extent).
+      if (auto x = e.extent()) return {0, *x - 1};
+      return {0, std::nullopt};
+    }
+    case ExprKind::Add: {
+      O lo = 0, hi = 0;
+      for (const Expr& a : e.args()) {
+        Bounds b = bounds(a);
+        lo = (lo && b.lo) ? O(*lo + *b.lo) : std::nullopt;
+        hi = (hi && b.hi) ? O(*hi + *b.hi) : std::nullopt;
+      }
+      return {lo, hi};
+    }
+    case ExprKind::Mul: {
+      // Products of non-negative factors with a constant scale.
+      int64_t k = 1;
+      O lo = 1, hi = 1;
+      for (const Expr& a : e.args()) {
+        if (auto c = a.as_const()) { k *= *c; continue; }
+        Bounds b = bounds(a);
+        if (!b.lo || *b.lo < 0) return {};
+        lo = *lo * *b.lo;
+        hi = (hi && b.hi) ? O(*hi * *b.hi) : std::nullopt;
+      }
+      if (k >= 0) return {*lo * k, hi ? O(*hi * k) : std::nullopt};
+      return {hi ? O(*hi * k) : std::nullopt, *lo * k};
+    }
+    case ExprKind::FloorDiv: {
+      Bounds a = bounds(e.args()[0]);
+      auto c = e.args()[1].as_const();
+      if (!c || *c <= 0) return {};
+      return {a.lo ? O(fdiv(*a.lo, *c)) : std::nullopt, a.hi ? O(fdiv(*a.hi, *c)) : std::nullopt};
+    }
+    case ExprKind::Mod: {
+      auto c = e.args()[1].as_const();
+      if (!c || *c <= 0) return {};
+      Bounds a = bounds(e.args()[0]);
+      if (a.lo && *a.lo >= 0 && a.hi && *a.hi < *c) return a;
+      return {0, *c - 1};
+    }
+    case ExprKind::Min:
+    case ExprKind::Max: {
+      Bounds a = bounds(e.args()[0]), b = bounds(e.args()[1]);
+      // min(a, b) lies in [min(lo), min(hi)]; max(a, b) in [max(lo), max(hi)].
+      auto both = [](O x, O y, bool take_min) -> O {
+        if (!x || !y) return std::nullopt;
+        return take_min ? std::min(*x, *y) : std::max(*x, *y);
+      };
+      bool is_min = e.kind() == ExprKind::Min;
+      return {both(a.lo, b.lo, is_min), both(a.hi, b.hi, is_min)};
+    }
+  }
+  return {};
+}
+
+Expr substitute(const Expr& e, const std::map<Expr, Expr>& repl) {
+  switch (e.kind()) {
+    case ExprKind::Const: return e;
+    case ExprKind::Var: {
+      auto it = repl.find(e);
+      return it == repl.end() ? e : it->second;
+    }
+    default: break;
+  }
+  std::vector<Expr> a;
+  for (const Expr& x : e.args()) a.push_back(substitute(x, repl));
+  switch (e.kind()) {
+    case ExprKind::Add: { Expr s = 0; for (auto& x : a) s = s + x; return s; }
+    case ExprKind::Mul: { Expr s = 1; for (auto& x : a) s = s * x; return s; }
+    case ExprKind::FloorDiv: return floordiv(a[0], a[1]);
+    case ExprKind::Mod: return mod(a[0], a[1]);
+    case ExprKind::Min: return min(a[0], a[1]);
+    case ExprKind::Max: return max(a[0], a[1]);
+    default: return e;
+  }
+}
+
+bool depends_on(const Expr& e, const Expr& var) {
+  if (e == var) return true;
+  if (e.kind() == ExprKind::Const || e.kind() == ExprKind::Var) return false;
+  for (const Expr& a : e.args())
+    if (depends_on(a, var)) return true;
+  return false;
+}
+
+std::optional<Affine> affine(const Expr& e, const std::vector<Expr>& vars) {
+  Linear l = linearize(e);
+  Affine out;
+  out.coeffs.assign(vars.size(), 0);
+  Linear rest;
+  rest.constant = l.constant;
+  for (auto& [t, k] : l.terms) {
+    auto it = std::find(vars.begin(), vars.end(), t);
+    if (it != vars.end()) {
+      out.coeffs[it - vars.begin()] += k;
+      continue;
+    }
+    for (const Expr& v : vars)
+      if (depends_on(t, v)) return std::nullopt;
+    rest.terms[t] = k;
+  }
+  out.offset = build(rest);
+  return out;
+}
+
+Expr product(const std::vector<Expr>& xs) {
+  Expr p = 1;
+  for (const Expr& x : xs) p = p * x;
+  return p;
+}
+
+namespace {
+std::string print(const Expr& e, bool c);
+// A divisor that is a product must keep its grouping: x // (n*m), not (x // n)*m.
+std::string operand(const Expr& e, bool c) {
+  std::string s = print(e, c);
+  return e.kind() == ExprKind::Mul ? "(" + s + ")" : s;
+}
+std::string print(const Expr& e, bool c) {
+  switch (e.kind()) {
+    case ExprKind::Const: {
+      std::string s = std::to_string(e.value());
+      return (c && (e.value() > 2147483647LL || e.value() < -2147483647LL)) ? s + "LL" : s;
+    }
+    case ExprKind::Var: return e.name();
+    case ExprKind::Add: {
+      std::string s;
+      for (size_t i = 0; i < e.args().size(); ++i) {
+        std::string t = print(e.args()[i], c);
+        if (i && !t.empty() && t[0] == '-') s += " - " + t.substr(1);
+        else s += (i ? " + " : "") + t;
+      }
+      return "(" + s + ")";
+    }
+    case ExprKind::Mul: {
+      std::string s;
+      for (size_t i = 0; i < e.args().size(); ++i) s += (i ? "*" : "") + print(e.args()[i], c);
+      return s;
+    }
+    case ExprKind::FloorDiv: return "(" + print(e.args()[0], c) + (c ? " / " : " // ") + operand(e.args()[1], c) + ")";
+    case ExprKind::Mod: return "(" + print(e.args()[0], c) + " % " + operand(e.args()[1], c) + ")";
+    case ExprKind::Min: return std::string(c ? "kiln_min(" : "min(") + print(e.args()[0], c) + ", " + print(e.args()[1], c) + ")";
+    case ExprKind::Max: return std::string(c ? "kiln_max(" : "max(") + print(e.args()[0], c) + ", " + print(e.args()[1], c) + ")";
+  }
+  return "?";
+}
+std::string strip(std::string s) {
+  if (s.size() > 1 && s.front() == '(' && s.back() == ')') {
+    int depth = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      depth += s[i] == '(' ? 1 : s[i] == ')' ? -1 : 0;
+      if (depth == 0 && i + 1 < s.size()) return s;
+    }
+    return s.substr(1, s.size() - 2);
+  }
+  return s;
+}
+}  // namespace
+
+std::string Expr::str() const { return node_ ? strip(print(*this, false)) : "<null>"; }
+std::string Expr::c_str() const { return print(*this, true); }
+
+std::string str(const std::vector<Expr>& xs) {
+  std::string s = "[";
+  for (size_t i = 0; i < xs.size(); ++i) s += (i ? ", " : "") + xs[i].str();
+  return s + "]";
+}
+
+}  // namespace kiln::sym
