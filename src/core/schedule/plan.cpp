@@ -110,10 +110,17 @@ void collapse_dims(loop::Program& p) {
 }
 
 void plan_buffers(loop::Program& p) {
+  // Temporaries that extern ops read or write are torch tensors of their own (torch allocates
+  // an extern's result); the others share slots of raw memory by liveness.
+  std::set<int> extern_owned;
+  for (const loop::Extern& e : p.externs) {
+    extern_owned.insert(e.output);
+    for (const auto& v : e.inputs) extern_owned.insert(v.buffer);
+  }
   // Liveness of temporaries in step order: [first write, last read].
   std::map<int, std::pair<size_t, size_t>> live;
   auto touch = [&](int b, size_t step) {
-    if (b < 0 || p.buffers[b].kind != loop::BufferKind::Temp) return;
+    if (b < 0 || p.buffers[b].kind != loop::BufferKind::Temp || extern_owned.count(b)) return;
     auto it = live.find(b);
     if (it == live.end()) live[b] = {step, step};
     else it->second.second = step;

@@ -1,0 +1,11 @@
+"""kiln: a compiler for PyTorch programs with its engine in C++.
+
+    model = kiln.compile(model)
+
+The package is a thin shell: capture, guards, graph passes, lowering, scheduling, code
+generation and the kernel cache all live in the C++ extension ``kiln._C``.
+"""
+from ._api import compile, explain, reset, stats, cache_dir, ExplainOutput, CompiledModule
+
+__all__ = ["compile", "explain", "reset", "stats", "cache_dir", "ExplainOutput", "CompiledModule"]
+__version__ = "0.1.0"

@@ -1,0 +1,176 @@
+"""The user-facing API. Argument checking and result shaping only; no compiler logic."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+_NVRTC_DIRS_SET = False
+
+
+def _find_nvrtc_dirs() -> None:
+    # NVRTC ships inside the nvidia-* wheels that CUDA builds of torch depend on; tell the C++
+    # loader where they are (it also tries the system's libnvrtc).
+    global _NVRTC_DIRS_SET
+    if _NVRTC_DIRS_SET or os.environ.get("KILN_NVRTC_DIRS"):
+        return
+    _NVRTC_DIRS_SET = True
+    dirs = []
+    for entry in sys.path:
+        for sub in ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"):
+            d = os.path.join(entry, sub)
+            if os.path.isdir(d):
+                dirs.append(d)
+    if dirs:
+        os.environ["KILN_NVRTC_DIRS"] = ":".join(dirs)
+
+
+_find_nvrtc_dirs()
+from . import _C  # noqa: E402  (after the environment the loader reads is set)
+
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+class CompiledModule(torch.nn.Module):
+    """An nn.Module whose forward runs through kiln. Parameters and buffers stay those of the
+    wrapped module, read at every call (never baked into the compiled code)."""
+
+    def __init__(self, module: torch.nn.Module, compiled_forward):
+        super().__init__()
+        self._orig_mod = module
+        self._kiln_forward = compiled_forward
+
+    def forward(self, *args, **kwargs):
+        return self._kiln_forward(self._orig_mod, *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name in ("_orig_mod", "_kiln_forward"):
+            return super().__getattr__(name)
+        return getattr(self._orig_mod, name)
+
+
+def compile(
+    model: Callable | None = None,
+    *,
+    mode: str | None = "default",
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    backend: str | Callable = "inductor",
+    options: dict[str, Any] | None = None,
+    disable: bool = False,
+):
+    """Compile a function or nn.Module. Same keywords as torch.compile.
+
+    Usable as ``kiln.compile(f)``, ``@kiln.compile`` and ``@kiln.compile(mode=...)``.
+    """
+    if model is None:
+        def decorator(fn):
+            return compile(fn, mode=mode, fullgraph=fullgraph, dynamic=dynamic, backend=backend,
+                           options=options, disable=disable)
+        return decorator
+    if not callable(model):
+        raise RuntimeError("compile() requires a callable, got " + type(model).__name__)
+    mode = mode or "default"
+    if mode not in _MODES:
+        raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(_MODES)}")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError("options must be a dict")
+    if backend != "inductor":
+        raise RuntimeError(f"kiln has one backend ('inductor'); got backend={backend!r}")
+    limit = int((options or {}).get("cache_limit", 8))
+    if isinstance(model, torch.nn.Module):
+        forward = type(model).forward
+        compiled = _C.compile(forward, mode, fullgraph, disable, limit)
+        return CompiledModule(model, compiled)
+    return _C.compile(model, mode, fullgraph, disable, limit)
+
+
+@dataclass
+class ExplainOutput:
+    """What kiln made of one call: graphs, ops, guards, kernels and why anything fell back."""
+    graph_count: int
+    graph_break_count: int
+    op_count: int
+    break_reasons: list = field(default_factory=list)
+    graphs: list = field(default_factory=list)
+    guards: list = field(default_factory=list)
+    kernels: list = field(default_factory=list)
+    loop_ir: str = ""
+    source_path: str = ""
+    compile_seconds: float = 0.0
+
+    def __str__(self) -> str:
+        lines = [f"Graph Count: {self.graph_count}", f"Graph Break Count: {self.graph_break_count}",
+                 f"Op Count: {self.op_count}"]
+        if self.break_reasons:
+            lines.append("Break Reasons:")
+            for r in self.break_reasons:
+                lines.append(f"  {r['reason']} (at {r['location']})")
+        for i, g in enumerate(self.graphs):
+            lines.append(f"Graph {i}:")
+            lines.append(g.rstrip())
+        lines.append(f"Guards ({len(self.guards)}):")
+        lines.extend("  " + g for g in self.guards)
+        lines.append(f"Kernels ({len(self.kernels)}):")
+        for k in self.kernels:
+            lines.append(f"  {k['name']}")
+        if self.source_path:
+            lines.append(f"Generated code: {self.source_path}")
+        return "\n".join(lines)
+
+
+def explain(fn: Callable, *extra_args, **extra_kwargs):
+    """``kiln.explain(fn)(*args, **kwargs)`` captures and compiles one call afresh and returns
+    an ExplainOutput."""
+    if isinstance(fn, CompiledModule):
+        module, target = fn._orig_mod, type(fn._orig_mod).forward
+    elif isinstance(fn, torch.nn.Module):
+        module, target = fn, type(fn).forward
+    else:
+        module, target = None, fn
+        if _C.is_compiled(target):
+            target = _C.target(target)
+
+    def run(*args, **kwargs):
+        call_args = (module,) + args if module is not None else args
+        d = _C.explain(target, tuple(call_args), dict(kwargs))
+        return ExplainOutput(
+            graph_count=d["graph_count"], graph_break_count=d["graph_break_count"], op_count=d["op_count"],
+            break_reasons=list(d["break_reasons"]), graphs=list(d["graphs"]), guards=list(d["guards"]),
+            kernels=[_Kernel(k["name"], k["source"]) for k in d["kernels"]], loop_ir=d.get("loop_ir", ""),
+            source_path=d.get("source_path", ""), compile_seconds=d.get("compile_seconds", 0.0))
+
+    if extra_args or extra_kwargs:
+        return run(*extra_args, **extra_kwargs)
+    return run
+
+
+class _Kernel(dict):
+    """A generated kernel: ``k.name``, ``k.source`` (also readable as a dict)."""
+
+    def __init__(self, name: str, source: str):
+        super().__init__(name=name, source=source)
+        self.name = name
+        self.source = source
+
+    def __str__(self) -> str:
+        return self.source
+
+
+def reset() -> None:
+    """Clear every in-memory cache of compiled code and the counters (the disk cache stays)."""
+    _C.reset()
+
+
+def stats() -> dict:
+    """Counters: frames captured, graphs compiled, recompiles, cache hits in memory and on
+    disk, eager fallbacks with their reasons, kernels generated."""
+    return dict(_C.stats())
+
+
+def cache_dir() -> str:
+    """Where compiled kernels are cached on disk (KILN_CACHE_DIR overrides)."""
+    return _C.cache_dir()

@@ -1,0 +1,325 @@
+#include "bind/runtime/compiled_function.h"
+
+#include <chrono>
+#include <set>
+
+#include "bind/runtime/executor.h"
+#include "bind/runtime/stats.h"
+#include "core/support/log.h"
+
+namespace kiln::bind {
+
+Stats& stats() {
+  static Stats s;
+  return s;
+}
+
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void record_fallback(const std::string& reason) {
+  Stats& s = stats();
+  ++s.eager_fallbacks;
+  ++s.fallback_reasons[reason];
+}
+
+// Shape and dtype errors found while capturing are the user's errors: eager raises them.
+bool is_user_error(const std::string& reason) { return reason.rfind("shape/dtype check", 0) == 0; }
+
+}  // namespace
+
+std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name) {
+  auto e = std::make_unique<Entry>();
+  auto t0 = std::chrono::steady_clock::now();
+  e->capture = capture(fn, args);
+  Stats& s = stats();
+  ++s.frames_captured;
+  s.capture_seconds += since(t0);
+  if (!e->capture.ok) {
+    e->eager = true;
+    e->reason = e->capture.reason;
+    e->location = e->capture.location;
+    record_fallback(e->reason);
+    log("fallback", name + ": runs eagerly: " + e->reason + " at " + e->location);
+    return e;
+  }
+  log("guards", name + ":\n  " + [&] {
+    std::string g;
+    for (const std::string& x : e->capture.guards.strs()) g += x + "\n  ";
+    return g;
+  }());
+  auto t1 = std::chrono::steady_clock::now();
+  e->compiled = std::make_unique<pipeline::CompiledGraph>();
+  std::string error;
+  pipeline::CompileOptions opts;
+  opts.mode = cfg.mode;
+  opts.name = name + "_" + std::to_string(s.graphs_compiled);
+  bool ok = pipeline::compile_graph(*e->capture.graph, opts, *e->compiled, error);
+  if (ok) e->prepared = prepare_program(*e->compiled, error);
+  s.compile_seconds += since(t1);
+  if (!ok || !e->prepared) {
+    e->eager = true;
+    e->reason = "compilation failed: " + error;
+    e->location = e->capture.location;
+    record_fallback(e->reason);
+    log("fallback", name + ": runs eagerly: " + e->reason);
+    e->compiled.reset();
+    return e;
+  }
+  ++s.graphs_compiled;
+  s.kernels_generated += static_cast<long>(e->compiled->kernels.size());
+  if (e->compiled->disk_cache_hit) ++s.cache_hits_disk;
+  return e;
+}
+
+PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs) {
+  switch (spec.kind) {
+    case OutSpec::Kind::Graph: {
+      PyObject* o = outs[spec.index];
+      Py_INCREF(o);
+      return o;
+    }
+    case OutSpec::Kind::Const: Py_INCREF(spec.value); return spec.value;
+    case OutSpec::Kind::Tuple:
+    case OutSpec::Kind::List: {
+      bool tuple = spec.kind == OutSpec::Kind::Tuple;
+      PyObject* r = tuple ? PyTuple_New(spec.items.size()) : PyList_New(spec.items.size());
+      for (size_t i = 0; i < spec.items.size(); ++i) {
+        PyObject* item = build_output(spec.items[i], outs);
+        if (tuple) PyTuple_SET_ITEM(r, i, item);
+        else PyList_SET_ITEM(r, i, item);
+      }
+      return r;
+    }
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* run_entry(Entry& e, PyObject* fn, PyObject* const* args, size_t nargsf, PyObject* kwnames,
+                    const BoundArgs& bound) {
+  if (e.eager) return PyObject_Vectorcall(fn, args, nargsf, kwnames);
+  const auto& sources = e.capture.input_sources;
+  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins()};
+  PyObject* stack_inputs[16];
+  std::vector<PyObject*> heap_inputs;
+  PyObject** inputs = stack_inputs;
+  if (sources.size() > 16) {
+    heap_inputs.resize(sources.size());
+    inputs = heap_inputs.data();
+  }
+  size_t fetched = 0;
+  bool ok = true;
+  for (; fetched < sources.size(); ++fetched) {
+    inputs[fetched] = eval_source(*sources[fetched], fv);
+    if (!inputs[fetched]) {
+      ok = false;
+      break;
+    }
+  }
+  PyObject* result = nullptr;
+  if (ok) {
+    std::vector<PyObject*> outs;
+    if (run_program(*e.compiled, *e.prepared, inputs, outs)) {
+      result = build_output(e.capture.output, outs);
+      for (PyObject* o : outs) Py_DECREF(o);
+    }
+  } else {
+    PyErr_SetString(PyExc_RuntimeError, "kiln: an input of a compiled graph vanished between guard and use");
+  }
+  for (size_t i = 0; i < fetched; ++i) Py_XDECREF(inputs[i]);
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CompiledFunction type.
+
+namespace {
+
+struct State {
+  PyObject* fn = nullptr;
+  CompileConfig cfg;
+  std::vector<std::unique_ptr<Entry>> entries;
+  bool eager_forever = false;
+  std::string name;
+  Py_ssize_t argcount = 0;
+  bool simple = false;  // positional parameters only: calls with exactly those bind for free
+  std::vector<std::string> names;
+};
+
+struct CompiledFunctionObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  State* state;
+  PyObject* dict;
+};
+
+std::set<CompiledFunctionObject*>& live() {
+  static std::set<CompiledFunctionObject*> s;
+  return s;
+}
+
+PyObject* eager(State* st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  return PyObject_Vectorcall(st->fn, args, nargsf, kwnames);
+}
+
+PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  State* st = reinterpret_cast<CompiledFunctionObject*>(self)->state;
+  if (st->cfg.disable || !PyFunction_Check(st->fn)) return eager(st, args, nargsf, kwnames);
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  BoundArgs bound;
+  std::vector<PyObject*> owned;
+  if (st->simple && !kwnames && nargs == st->argcount) {
+    bound.locals.assign(args, args + nargs);
+  } else if (!bind_arguments(st->fn, args, nargs, kwnames, bound, owned)) {
+    PyErr_Clear();  // the real call raises the same TypeError, from the right frame
+    return eager(st, args, nargsf, kwnames);
+  }
+  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(st->fn), PyEval_GetBuiltins()};
+  Entry* hit = nullptr;
+  for (auto& e : st->entries)
+    if (e->capture.guards.check(fv, nullptr)) {
+      hit = e.get();
+      break;
+    }
+  PyObject* result = nullptr;
+  if (hit) {
+    ++stats().cache_hits_memory;
+  } else if (st->eager_forever) {
+    result = eager(st, args, nargsf, kwnames);
+  } else if (static_cast<int>(st->entries.size()) >= st->cfg.cache_limit) {
+    st->eager_forever = true;
+    record_fallback("cache limit reached");
+    std::string msg = "kiln: " + st->name + " was recompiled " + std::to_string(st->cfg.cache_limit) +
+                      " times (cache_limit); it now runs eagerly";
+    log("recompiles", msg);
+    if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) {
+      for (PyObject* o : owned) Py_DECREF(o);
+      return nullptr;
+    }
+    result = eager(st, args, nargsf, kwnames);
+  } else {
+    if (!st->entries.empty()) {
+      std::string why;
+      st->entries.back()->capture.guards.check(fv, &why);
+      ++stats().recompiles;
+      log("recompiles", st->name + ": recompiling: " + why);
+    }
+    if (bound.names.empty()) bound.names = st->names;
+    st->entries.push_back(build_entry(st->fn, bound, st->cfg, st->name));
+    hit = st->entries.back().get();
+    if (hit->eager && st->cfg.fullgraph && !is_user_error(hit->reason)) {
+      PyErr_Format(PyExc_RuntimeError, "kiln.compile(fullgraph=True): cannot capture %s: %s (at %s)",
+                   st->name.c_str(), hit->reason.c_str(), hit->location.c_str());
+      st->entries.pop_back();
+      for (PyObject* o : owned) Py_DECREF(o);
+      return nullptr;
+    }
+  }
+  if (!result) {
+    if (hit) result = run_entry(*hit, st->fn, args, nargsf, kwnames, bound);
+  }
+  for (PyObject* o : owned) Py_DECREF(o);
+  return result;
+}
+
+PyObject* cf_call(PyObject* self, PyObject* args, PyObject* kwargs) { return PyVectorcall_Call(self, args, kwargs); }
+
+void cf_dealloc(PyObject* self) {
+  auto* o = reinterpret_cast<CompiledFunctionObject*>(self);
+  live().erase(o);
+  if (o->state) {
+    Py_XDECREF(o->state->fn);
+    delete o->state;
+  }
+  Py_XDECREF(o->dict);
+  Py_TYPE(self)->tp_free(self);
+}
+
+// A compiled function stored on a class binds like a plain function.
+PyObject* cf_descr_get(PyObject* self, PyObject* obj, PyObject*) {
+  if (!obj || obj == Py_None) {
+    Py_INCREF(self);
+    return self;
+  }
+  return PyMethod_New(self, obj);
+}
+
+PyObject* cf_get_fn(PyObject* self, void*) {
+  PyObject* fn = reinterpret_cast<CompiledFunctionObject*>(self)->state->fn;
+  Py_INCREF(fn);
+  return fn;
+}
+
+PyGetSetDef cf_getset[] = {
+    {"__wrapped__", cf_get_fn, nullptr, "the original function", nullptr},
+    {"_torchdynamo_orig_callable", cf_get_fn, nullptr, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyTypeObject* make_type() {
+  static PyTypeObject t = {PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "kiln._C.CompiledFunction";
+  t.tp_basicsize = sizeof(CompiledFunctionObject);
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR;
+  t.tp_vectorcall_offset = offsetof(CompiledFunctionObject, vectorcall);
+  t.tp_call = cf_call;
+  t.tp_dealloc = cf_dealloc;
+  t.tp_descr_get = cf_descr_get;
+  t.tp_getset = cf_getset;
+  t.tp_dictoffset = offsetof(CompiledFunctionObject, dict);
+  t.tp_doc = "A function compiled by kiln: guards, a per-call cache and compiled graphs.";
+  if (PyType_Ready(&t) < 0) return nullptr;
+  return &t;
+}
+
+}  // namespace
+
+PyTypeObject* compiled_function_type() {
+  static PyTypeObject* t = make_type();
+  return t;
+}
+
+PyObject* make_compiled_function(PyObject* fn, const CompileConfig& cfg) {
+  PyTypeObject* type = compiled_function_type();
+  auto* o = PyObject_New(CompiledFunctionObject, type);
+  if (!o) return nullptr;
+  o->vectorcall = cf_vectorcall;
+  o->dict = nullptr;
+  o->state = new State();
+  Py_INCREF(fn);
+  o->state->fn = fn;
+  o->state->cfg = cfg;
+  if (PyFunction_Check(fn)) {
+    auto* code = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(fn));
+    o->state->name = PyUnicode_AsUTF8(code->co_qualname);
+    o->state->argcount = code->co_argcount;
+    o->state->simple = code->co_kwonlyargcount == 0 && !(code->co_flags & (CO_VARARGS | CO_VARKEYWORDS));
+    PyObject* names = PyCode_GetVarnames(code);
+    for (Py_ssize_t i = 0; names && i < code->co_argcount; ++i)
+      o->state->names.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i)));
+    Py_XDECREF(names);
+  } else {
+    o->state->name = Py_TYPE(fn)->tp_name;
+  }
+  live().insert(o);
+  return reinterpret_cast<PyObject*>(o);
+}
+
+bool is_compiled_function(PyObject* obj) { return Py_TYPE(obj) == compiled_function_type(); }
+
+PyObject* compiled_function_target(PyObject* obj) {
+  return reinterpret_cast<CompiledFunctionObject*>(obj)->state->fn;
+}
+
+void reset_all() {
+  for (CompiledFunctionObject* o : live()) {
+    o->state->entries.clear();
+    o->state->eager_forever = false;
+  }
+  stats() = Stats{};
+}
+
+}  // namespace kiln::bind

@@ -1,0 +1,24 @@
+// Runs a compiled graph: allocates outputs and temporaries through torch's allocators, calls
+// the generated kernels with raw pointers and extern ops through torch's dispatcher.
+#pragma once
+#include <Python.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/pipeline/compile_graph.h"
+
+namespace kiln::bind {
+
+struct PreparedProgram;
+
+// Resolves what the run needs once: extern operator handles, slot sizes.
+std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& cg, std::string& error);
+
+// `inputs` are the graph inputs (tensors, borrowed). Fills `outputs` with new references.
+// Returns false with a Python error set on failure.
+bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
+                 std::vector<PyObject*>& outputs);
+
+}  // namespace kiln::bind
