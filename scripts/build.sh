@@ -11,5 +11,9 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$python")" >/dev/null
 fi
 cmake --build "$build" -j "${KILN_JOBS:-2}"
-cp -f "$build"/_C*.so "$root/kiln/"
+# Atomic replace: Python processes that have the old module mapped keep working.
+for so in "$build"/_C*.so; do
+  cp -f "$so" "$root/kiln/.$(basename "$so").tmp"
+  mv -f "$root/kiln/.$(basename "$so").tmp" "$root/kiln/$(basename "$so")"
+done
 echo "$build"

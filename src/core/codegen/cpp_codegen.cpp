@@ -115,14 +115,36 @@ class KernelWriter {
       std::string acc = "acc" + std::to_string(st.acc);
       DType t = st.acc_dtype;
       out_ += indent + ctype(t) + " " + acc + " = " + acc_init(st.reduce, t) + ";\n";
-      // Sums may be reassociated (OpenMP's simd reduction) so that they vectorize.
-      std::string pragma = st.reduce == ops::ReduceOp::Sum && t != DType::Bool ? "#pragma omp simd reduction(+:" + acc + ")" : "";
+      // Reductions vectorize through OpenMP's simd reductions (sums may be reassociated, as
+      // torch's own vectorized sums are). Max/min of floats track NaN apart, since the simd
+      // max reduction would drop it and torch propagates it.
+      bool minmax = st.reduce == ops::ReduceOp::Max || st.reduce == ops::ReduceOp::Min;
+      bool track_nan = minmax && is_floating(t);
+      std::string nan = acc + "_nan";
+      std::string pragma;
+      if (t != DType::Bool) {
+        if (st.reduce == ops::ReduceOp::Sum) pragma = "#pragma omp simd reduction(+:" + acc + ")";
+        if (st.reduce == ops::ReduceOp::Prod) pragma = "#pragma omp simd reduction(*:" + acc + ")";
+        if (minmax) {
+          pragma = std::string("#pragma omp simd reduction(") + (st.reduce == ops::ReduceOp::Max ? "max:" : "min:") + acc + ")";
+          if (track_nan) pragma += " reduction(|:" + nan + ")";
+        }
+      }
+      // An int flag: bool lanes do not vectorize.
+      if (track_nan) out_ += indent + "int " + nan + " = 0;\n";
       em.push_scope();
       open_inner(st, indent, pragma);
       std::string v = em.emit(st.value, indent);
-      out_ += indent + acc + " = " + combine(st.reduce, acc, v, t) + ";\n";
+      if (minmax && t != DType::Bool) {
+        const char* cmp = st.reduce == ops::ReduceOp::Max ? " > " : " < ";
+        out_ += indent + acc + " = " + v + cmp + acc + " ? " + v + " : " + acc + ";\n";
+        if (track_nan) out_ += indent + nan + " |= (" + v + " != " + v + ");\n";
+      } else {
+        out_ += indent + acc + " = " + combine(st.reduce, acc, v, t) + ";\n";
+      }
       close_inner(st, indent);
       em.pop_scope();
+      if (track_nan) out_ += indent + "if (" + nan + ") " + acc + " = " + (t == DType::Float32 ? "kiln_nan_f()" : "kiln_nan_d()") + ";\n";
       return;
     }
     bool looped = !st.vars.empty();

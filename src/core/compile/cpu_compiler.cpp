@@ -26,10 +26,35 @@ namespace kiln::compile {
 
 namespace {
 
+// glibc's libmvec has SIMD versions of exp, tanh, sin... The kernel prelude declares them
+// `omp declare simd` when it is there, so loops over transcendental functions vectorize.
+bool have_libmvec() {
+  static const bool have = [] {
+    void* h = dlopen("libmvec.so.1", RTLD_NOW | RTLD_LOCAL);
+    bool ok = h && dlsym(h, "_ZGVdN8v_tanhf") && dlsym(h, "_ZGVdN4v_exp") && dlsym(h, "_ZGVbN4v_erff");
+    if (h) dlclose(h);
+    return ok;
+  }();
+  return have;
+}
+
 const std::vector<std::string>& compile_flags() {
-  static const std::vector<std::string> flags = {
-      "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno",
-      "-fno-trapping-math"};
+  static const std::vector<std::string> flags = [] {
+    std::vector<std::string> f = {"-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno",
+                                  "-fno-trapping-math"};
+    if (have_libmvec()) f.push_back("-DKILN_HAVE_MVEC");
+    return f;
+  }();
+  return flags;
+}
+
+// Libraries go after the source on the command line.
+const std::vector<std::string>& link_flags() {
+  static const std::vector<std::string> flags = [] {
+    std::vector<std::string> f;
+    if (have_libmvec()) f.push_back("-lmvec");
+    return f;
+  }();
   return flags;
 }
 
@@ -37,6 +62,7 @@ const std::string& flags_string() {
   static const std::string s = [] {
     std::string out;
     for (const auto& f : compile_flags()) out += f + " ";
+    for (const auto& f : link_flags()) out += f + " ";
     return out;
   }();
   return s;
@@ -178,6 +204,7 @@ bool run_compiler(const std::string& src, const std::string& out, std::string& e
   std::vector<std::string> args = {compiler()};
   args.insert(args.end(), compile_flags().begin(), compile_flags().end());
   args.insert(args.end(), {"-o", out, src});
+  args.insert(args.end(), link_flags().begin(), link_flags().end());
   ProcessResult p = run_process(args);
   if (p.ok) return true;
   constexpr size_t kMaxError = 4000;

@@ -8,23 +8,37 @@ static inline double kiln_inf_d() { return __builtin_inf(); }
 static inline float kiln_nan_f() { return __builtin_nanf(""); }
 static inline double kiln_nan_d() { return __builtin_nan(""); }
 
+// libm, declared here rather than through <cmath> (headers cost compile time). With glibc's
+// libmvec, `omp declare simd` lets the vectorizer call its SIMD versions.
+#ifdef KILN_HAVE_MVEC
+#define KILN_SIMD _Pragma("omp declare simd notinbranch")
+#else
+#define KILN_SIMD
+#endif
+#define KILN_LIBM(fn) KILN_SIMD float fn##f(float); KILN_SIMD double fn(double);
+extern "C" {
+KILN_LIBM(exp) KILN_LIBM(exp2) KILN_LIBM(expm1) KILN_LIBM(log) KILN_LIBM(log2) KILN_LIBM(log1p)
+KILN_LIBM(sin) KILN_LIBM(cos) KILN_LIBM(tan) KILN_LIBM(tanh) KILN_LIBM(erf)
+}
+#undef KILN_LIBM
+
 #define KILN_UNARY_F(name, fexpr, dexpr) \
   static inline float name(float x) { return fexpr; } \
   static inline double name(double x) { return dexpr; }
-KILN_UNARY_F(kiln_exp, __builtin_expf(x), __builtin_exp(x))
-KILN_UNARY_F(kiln_exp2, __builtin_exp2f(x), __builtin_exp2(x))
-KILN_UNARY_F(kiln_expm1, __builtin_expm1f(x), __builtin_expm1(x))
-KILN_UNARY_F(kiln_log, __builtin_logf(x), __builtin_log(x))
-KILN_UNARY_F(kiln_log2, __builtin_log2f(x), __builtin_log2(x))
-KILN_UNARY_F(kiln_log1p, __builtin_log1pf(x), __builtin_log1p(x))
-KILN_UNARY_F(kiln_sin, __builtin_sinf(x), __builtin_sin(x))
-KILN_UNARY_F(kiln_cos, __builtin_cosf(x), __builtin_cos(x))
-KILN_UNARY_F(kiln_tan, __builtin_tanf(x), __builtin_tan(x))
-KILN_UNARY_F(kiln_tanh, __builtin_tanhf(x), __builtin_tanh(x))
-KILN_UNARY_F(kiln_erf, __builtin_erff(x), __builtin_erf(x))
+KILN_UNARY_F(kiln_exp, expf(x), exp(x))
+KILN_UNARY_F(kiln_exp2, exp2f(x), exp2(x))
+KILN_UNARY_F(kiln_expm1, expm1f(x), expm1(x))
+KILN_UNARY_F(kiln_log, logf(x), log(x))
+KILN_UNARY_F(kiln_log2, log2f(x), log2(x))
+KILN_UNARY_F(kiln_log1p, log1pf(x), log1p(x))
+KILN_UNARY_F(kiln_sin, sinf(x), sin(x))
+KILN_UNARY_F(kiln_cos, cosf(x), cos(x))
+KILN_UNARY_F(kiln_tan, tanf(x), tan(x))
+KILN_UNARY_F(kiln_tanh, tanhf(x), tanh(x))
+KILN_UNARY_F(kiln_erf, erff(x), erf(x))
 KILN_UNARY_F(kiln_sqrt, __builtin_sqrtf(x), __builtin_sqrt(x))
 KILN_UNARY_F(kiln_rsqrt, 1.0f / __builtin_sqrtf(x), 1.0 / __builtin_sqrt(x))
-KILN_UNARY_F(kiln_sigmoid, 1.0f / (1.0f + __builtin_expf(-x)), 1.0 / (1.0 + __builtin_exp(-x)))
+KILN_UNARY_F(kiln_sigmoid, 1.0f / (1.0f + expf(-x)), 1.0 / (1.0 + exp(-x)))
 KILN_UNARY_F(kiln_floor, __builtin_floorf(x), __builtin_floor(x))
 KILN_UNARY_F(kiln_ceil, __builtin_ceilf(x), __builtin_ceil(x))
 KILN_UNARY_F(kiln_trunc, __builtin_truncf(x), __builtin_trunc(x))
