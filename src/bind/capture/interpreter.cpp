@@ -41,7 +41,7 @@ struct Instr {
   X(POP_JUMP_BACKWARD_IF_FALSE) X(POP_JUMP_BACKWARD_IF_TRUE) X(POP_JUMP_FORWARD_IF_NONE)                       \
   X(POP_JUMP_FORWARD_IF_NOT_NONE) X(POP_JUMP_BACKWARD_IF_NONE) X(POP_JUMP_BACKWARD_IF_NOT_NONE)                \
   X(JUMP_FORWARD) X(JUMP_BACKWARD) X(JUMP_BACKWARD_NO_INTERRUPT) X(COPY_FREE_VARS) X(MAKE_CELL)                \
-  X(CALL_INTRINSIC_1) X(CALL_FUNCTION_EX) X(BUILD_MAP) X(BUILD_CONST_KEY_MAP)
+  X(CALL_INTRINSIC_1) X(CALL_FUNCTION_EX) X(BUILD_MAP) X(BUILD_CONST_KEY_MAP) X(LOAD_DEREF) X(STORE_DEREF)
 
 enum OpName {
 #define KILN_X(n) OP_##n,
@@ -810,6 +810,27 @@ class Interpreter {
         return -1;
       }
       case OP_STORE_FAST: locals_.at(in.arg) = pop(); return -1;
+      case OP_LOAD_DEREF: {
+        // Cell variables live in their local slot; free variables are read from the closure.
+        auto* co = reinterpret_cast<PyCodeObject*>(code_);
+        int first_free = co->co_nlocalsplus - co->co_nfreevars;
+        if (!locals_.at(in.arg) && in.arg >= first_free) {
+          PyObject* closure = PyFunction_GET_CLOSURE(fn_);
+          Py_ssize_t k = in.arg - first_free;
+          PyObject* v = closure ? PyCell_GET(PyTuple_GET_ITEM(closure, k)) : nullptr;
+          if (!v) unsupported("read of an empty closure cell");
+          locals_[in.arg] = wrap(v, Source::closure(k, PyUnicode_AsUTF8(in.argval)));
+        }
+        if (!locals_.at(in.arg)) unsupported("read of an unbound cell variable");
+        push(locals_[in.arg]);
+        return -1;
+      }
+      case OP_STORE_DEREF: {
+        auto* co = reinterpret_cast<PyCodeObject*>(code_);
+        if (in.arg >= co->co_nlocalsplus - co->co_nfreevars) unsupported("assignment to a closure variable (nonlocal)");
+        locals_.at(in.arg) = pop();
+        return -1;
+      }
       case OP_DELETE_FAST: locals_.at(in.arg) = nullptr; return -1;
       case OP_LOAD_CONST: push(Var::constant(in.argval)); return -1;
       case OP_RETURN_CONST: out_.output = output_spec(Var::constant(in.argval)); return kReturn;

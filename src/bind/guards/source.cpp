@@ -35,12 +35,20 @@ Source::~Source() {
   if (key && Py_IsInitialized()) Py_DECREF(key);
 }
 
+SourcePtr Source::closure(Py_ssize_t index, const std::string& name) {
+  auto s = std::make_shared<Source>(Source{Kind::Closure});
+  s->index = index;
+  s->name = name;
+  return s;
+}
+
 std::string Source::str() const {
   switch (kind) {
     case Kind::Local: return "L['" + name + "']";
     case Kind::Global: return "G['" + name + "']";
     case Kind::Attr: return base->str() + "." + name;
     case Kind::Item: return base->str() + "[" + std::to_string(index) + "]";
+    case Kind::Closure: return "C['" + name + "']";
   }
   return "?";
 }
@@ -76,6 +84,12 @@ PyObject* eval_source(const Source& s, const FrameView& f) {
       PyObject* v = PySequence_GetItem(base, s.index);
       Py_DECREF(base);
       if (!v) PyErr_Clear();
+      return v;
+    }
+    case Source::Kind::Closure: {
+      if (!f.closure || s.index >= PyTuple_GET_SIZE(f.closure)) return nullptr;
+      PyObject* v = PyCell_GET(PyTuple_GET_ITEM(f.closure, s.index));
+      Py_XINCREF(v);
       return v;
     }
   }

@@ -12,17 +12,18 @@ struct Source;
 using SourcePtr = std::shared_ptr<const Source>;
 
 struct Source {
-  enum class Kind { Local, Global, Attr, Item } kind;
+  enum class Kind { Local, Global, Attr, Item, Closure } kind;
   int local = -1;            // Local: the slot in the bound arguments
   std::string name;          // Local/Global/Attr: the name
   PyObject* key = nullptr;   // Global/Attr: interned name string (owned)
-  Py_ssize_t index = 0;      // Item
+  Py_ssize_t index = 0;      // Item; Closure: the cell's position in fn.__closure__
   SourcePtr base;            // Attr/Item
 
   static SourcePtr local_(int slot, const std::string& name);
   static SourcePtr global(const std::string& name);
   static SourcePtr attr(SourcePtr base, const std::string& name);
   static SourcePtr item(SourcePtr base, Py_ssize_t index);
+  static SourcePtr closure(Py_ssize_t index, const std::string& name);
   ~Source();
 
   std::string str() const;  // "L['x']", "G['torch']", "L['self'].fc1.weight", "L['xs'][0]"
@@ -33,6 +34,7 @@ struct FrameView {
   PyObject* const* locals;
   PyObject* globals;
   PyObject* builtins;
+  PyObject* closure = nullptr;  // the function's tuple of cells, if any
 };
 
 // New reference, or nullptr with no Python error set when the value is gone.

@@ -102,7 +102,7 @@ PyObject* run_entry(Entry& e, PyObject* fn, PyObject* const* args, size_t nargsf
                     const BoundArgs& bound) {
   if (e.eager) return PyObject_Vectorcall(fn, args, nargsf, kwnames);
   const auto& sources = e.capture.input_sources;
-  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins()};
+  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn)};
   PyObject* stack_inputs[16];
   std::vector<PyObject*> heap_inputs;
   PyObject** inputs = stack_inputs;
@@ -177,7 +177,7 @@ PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
     PyErr_Clear();  // the real call raises the same TypeError, from the right frame
     return eager(st, args, nargsf, kwnames);
   }
-  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(st->fn), PyEval_GetBuiltins()};
+  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(st->fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(st->fn)};
   Entry* hit = nullptr;
   for (auto& e : st->entries)
     if (e->capture.guards.check(fv, nullptr)) {

@@ -1,0 +1,95 @@
+"""GPU end-to-end: the seeds' functions on CUDA, compiled by NVRTC and launched on torch's
+current stream. Marked `gpu`: skipped where there is no CUDA device, run on the GPU machine."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _check(fn, *args, kernels=None, **tol):
+    compiled = kiln.compile(fn)
+    out = compiled(*args)
+    torch.testing.assert_close(out, fn(*args), **tol)
+    fresh = [torch.randn_like(a) if a.is_floating_point() else a for a in args]
+    torch.testing.assert_close(compiled(*fresh), fn(*fresh), **tol)
+    e = kiln.explain(fn)(*args)
+    assert e.graph_count == 1 and not e.break_reasons, e
+    if kernels is not None:
+        assert len(e.kernels) == kernels, [k.name for k in e.kernels]
+    return e
+
+
+def test_sin_cos_one_kernel():
+    _check(lambda x: torch.sin(x) + torch.cos(x), torch.randn(1000, device="cuda"), kernels=1)
+
+
+def test_gelu_one_kernel():
+    def gelu(x):
+        return x * 0.5 * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+    e = _check(gelu, torch.randn(1 << 20, device="cuda"), kernels=1)
+    assert "__global__" in e.kernels[0].source
+
+
+@pytest.mark.parametrize("shape,dim", [((64, 1000), -1), ((4096, 4096), -1), ((33, 7), 0), ((2, 3, 129), 1)])
+def test_softmax(shape, dim):
+    x = torch.randn(*shape, device="cuda")
+    e = _check(lambda x: torch.softmax(x, dim=dim), x)
+    if dim == -1:
+        assert len(e.kernels) == 1
+
+
+def test_log_softmax_and_reductions():
+    x = torch.randn(16, 300, device="cuda", dtype=torch.float64)
+    _check(lambda x: F.log_softmax(x, dim=-1), x)
+    _check(lambda x: (x.sum(dim=1), x.amax(dim=0), x.mean(), x.amin(dim=(0, 1))), x)
+    i = torch.randint(-50, 50, (8, 33), device="cuda")
+    _check(lambda i: (i.sum(dim=1), i.amax(dim=0), i + 3, i * 2.5), i)
+
+
+def test_attention():
+    def attention(q, k, v):
+        scores = torch.matmul(q, k.transpose(-2, -1)) / (q.size(-1) ** 0.5)
+        weights = torch.softmax(scores, dim=-1)
+        return torch.matmul(weights, v)
+    q, k, v = (torch.randn(4, 8, 128, 64, device="cuda") for _ in range(3))
+    _check(attention, q, k, v, rtol=1e-4, atol=1e-4)
+
+
+def test_broadcast_promotion_and_transposed_inputs():
+    a = torch.randn(64, 32, device="cuda")
+    b = torch.randn(32, 64, device="cuda").t()
+    i = torch.randint(0, 10, (32,), device="cuda", dtype=torch.int32)
+    _check(lambda a, b, i: torch.where(a > b, a * i, b - 2) / (i + 1), a, b, i)
+
+
+def test_mlp_module_follows_parameter_updates():
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(64, 128)
+            self.fc2 = torch.nn.Linear(128, 10)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    m = MLP().cuda()
+    cm = kiln.compile(m)
+    x = torch.randn(32, 64, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+        m.fc1.weight.add_(0.5)
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_runs_on_a_side_stream():
+    f = kiln.compile(lambda x: torch.exp(x) * 2)
+    x = torch.randn(1 << 16, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = f(x)
+    s.synchronize()
+    torch.testing.assert_close(y, torch.exp(x) * 2)
