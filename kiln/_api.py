@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -85,6 +86,9 @@ def compile(
         forward = type(model).forward
         compiled = _C.compile(forward, mode, fullgraph, disable, limit)
         return CompiledModule(model, compiled)
+    if isinstance(model, types.MethodType):
+        # A bound method: compile the function, bind the same receiver.
+        return types.MethodType(_C.compile(model.__func__, mode, fullgraph, disable, limit), model.__self__)
     return _C.compile(model, mode, fullgraph, disable, limit)
 
 
@@ -129,10 +133,12 @@ def explain(fn: Callable, *extra_args, **extra_kwargs):
         module, target = fn._orig_mod, type(fn._orig_mod).forward
     elif isinstance(fn, torch.nn.Module):
         module, target = fn, type(fn).forward
+    elif isinstance(fn, types.MethodType):
+        module, target = fn.__self__, fn.__func__
     else:
         module, target = None, fn
-        if _C.is_compiled(target):
-            target = _C.target(target)
+    if _C.is_compiled(target):
+        target = _C.target(target)
 
     def run(*args, **kwargs):
         call_args = (module,) + args if module is not None else args

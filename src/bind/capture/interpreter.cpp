@@ -41,7 +41,7 @@ struct Instr {
   X(POP_JUMP_BACKWARD_IF_FALSE) X(POP_JUMP_BACKWARD_IF_TRUE) X(POP_JUMP_FORWARD_IF_NONE)                       \
   X(POP_JUMP_FORWARD_IF_NOT_NONE) X(POP_JUMP_BACKWARD_IF_NONE) X(POP_JUMP_BACKWARD_IF_NOT_NONE)                \
   X(JUMP_FORWARD) X(JUMP_BACKWARD) X(JUMP_BACKWARD_NO_INTERRUPT) X(COPY_FREE_VARS) X(MAKE_CELL)                \
-  X(CALL_INTRINSIC_1) X(CALL_FUNCTION_EX) X(BUILD_MAP) X(BUILD_CONST_KEY_MAP) X(LOAD_DEREF) X(STORE_DEREF)
+  X(CALL_INTRINSIC_1) X(CALL_FUNCTION_EX) X(BUILD_MAP) X(BUILD_CONST_KEY_MAP) X(LOAD_DEREF) X(STORE_DEREF) X(GET_ITER) X(FOR_ITER) X(END_FOR)
 
 enum OpName {
 #define KILN_X(n) OP_##n,
@@ -195,9 +195,15 @@ class Interpreter {
       m.device = info.device;
       for (int64_t s : info.sizes) m.sizes.push_back(s);
       for (int64_t s : info.strides) m.strides.push_back(s);
-      std::string name = src->kind == Source::Kind::Local ? src->name : "arg";
-      for (char& c : name)
-        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+      // A readable placeholder name from the source: L['self'].fc1.weight -> self_fc1_weight.
+      std::string name;
+      for (char c : src->str().substr(src->kind == Source::Kind::Global ? 1 : 0)) {
+        if (isalnum(static_cast<unsigned char>(c))) name += c;
+        else if (!name.empty() && name.back() != '_') name += '_';
+      }
+      while (!name.empty() && name.back() == '_') name.pop_back();
+      if (name.size() > 1 && (name[0] == 'L' || name[0] == 'G' || name[0] == 'C') && name[1] == '_') name = name.substr(2);
+      if (name.empty() || isdigit(static_cast<unsigned char>(name[0]))) name = "arg" + name;
       ir::Node* n = g_->placeholder(name, m);
       out_.input_sources.push_back(src);
       return Var::tensor(n, src);
@@ -858,8 +864,10 @@ class Interpreter {
         return -1;
       }
       case OP_KW_NAMES: {
+        // The names tuple is co_consts[arg] (dis leaves argval unresolved on 3.11).
         kwnames_.clear();
-        PyObject* t = in.argval;
+        PyObject* t = PyTuple_GetItem(reinterpret_cast<PyCodeObject*>(code_)->co_consts, in.arg);
+        if (!t || !PyTuple_Check(t)) unsupported("malformed KW_NAMES");
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); ++i) kwnames_.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, i)));
         return -1;
       }
@@ -1039,6 +1047,53 @@ class Interpreter {
         VarPtr v = pop();
         return (v->is_const() && v->obj == Py_None) ? -1 : in.jump_target;
       }
+      case OP_GET_ITER: {
+        // Loops over values known at capture time unroll: the iterator is a list of trackers.
+        VarPtr seq = pop();
+        std::vector<VarPtr> items;
+        if (seq->kind == Var::Kind::Tuple || seq->kind == Var::Kind::List) {
+          items = seq->items;
+        } else if (seq->kind == Var::Kind::Module) {
+          PyObject* children = PyObject_GetAttrString(seq->obj, "_modules");
+          if (!children || !PyDict_Check(children)) unsupported("iteration over a module without children");
+          std::string type = Py_TYPE(seq->obj)->tp_name;
+          if (type != "Sequential" && type != "ModuleList") unsupported("iteration over module " + type);
+          out_.guards.add_length(Source::attr(seq->source, "_modules"), PyDict_Size(children));
+          PyObject *key, *value;
+          Py_ssize_t pos = 0;
+          while (PyDict_Next(children, &pos, &key, &value)) items.push_back(module_attr(seq, PyUnicode_AsUTF8(key)));
+          Py_DECREF(children);
+        } else if (seq->is_const()) {
+          PyObject* o = seq->obj;
+          if (!(PyRange_Check(o) || PyTuple_Check(o) || PyList_Check(o))) unsupported("iteration over a " + std::string(Py_TYPE(o)->tp_name));
+          Py_ssize_t n = PySequence_Size(o);
+          if (n > 10000) unsupported("loop of more than 10000 iterations");
+          for (Py_ssize_t i = 0; i < n; ++i) {
+            PyObject* item = PySequence_GetItem(o, i);
+            items.push_back(Var::steal_constant(item));
+          }
+        } else {
+          unsupported("iteration over a tensor is not captured yet");
+        }
+        auto it = Var::tuple(std::move(items));
+        it->kind = Var::Kind::Iterator;
+        push(it);
+        return -1;
+      }
+      case OP_FOR_ITER: {
+        VarPtr& it = peek(1);
+        if (it->kind != Var::Kind::Iterator) unsupported("FOR_ITER over an unknown iterator");
+        if (it->items.empty()) {
+          pop();
+          // 3.12 jumps to END_FOR and skips it; 3.11 jumps past the loop directly.
+          return PY_VERSION_HEX >= 0x030C0000 ? in.jump_target + 2 : in.jump_target;
+        }
+        VarPtr next = it->items.front();
+        it->items.erase(it->items.begin());
+        push(next);
+        return -1;
+      }
+      case OP_END_FOR: pop(); pop(); return -1;
       case OP_JUMP_FORWARD:
       case OP_JUMP_BACKWARD:
       case OP_JUMP_BACKWARD_NO_INTERRUPT: return in.jump_target;

@@ -23,6 +23,7 @@ struct Var {
     Null,    // the NULL that CALL's calling convention pushes
     Method,  // a bound method of a tensor: self + name
     Module,  // an nn.Module instance
+    Iterator,  // a loop over values known at capture time: the items left
   } kind;
   PyObject* obj = nullptr;      // Const / Module (owned)
   ir::Node* node = nullptr;     // Tensor

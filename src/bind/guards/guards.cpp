@@ -89,7 +89,12 @@ bool GuardSet::check(const FrameView& f, std::string* why) const {
         case Guard::Kind::Tensor: ok = tensor_matches(v, g.tensor, why ? &detail : nullptr); break;
         case Guard::Kind::Type: ok = reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.expected; break;
         case Guard::Kind::Identity: ok = v == g.expected; break;
-        case Guard::Kind::Length: ok = PySequence_Check(v) && PySequence_Size(v) == g.length; break;
+        case Guard::Kind::Length: {
+          Py_ssize_t n = PyObject_Size(v);
+          if (n < 0) PyErr_Clear();
+          ok = n == g.length;
+          break;
+        }
         case Guard::Kind::Equals: {
           ok = Py_TYPE(v) == Py_TYPE(g.expected);
           if (ok && v != g.expected) {

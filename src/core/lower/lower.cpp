@@ -153,7 +153,11 @@ class Lowering {
 
   Exprs probe_index(const Exprs& sizes) {
     Exprs idx;
-    for (size_t i = 0; i < sizes.size(); ++i) idx.push_back(Expr::var("probe" + std::to_string(i)));
+    // Extents let the simplifier undo the div/mod of reshapes over the probe.
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      auto c = sizes[i].as_const();
+      idx.push_back(Expr::var("probe" + std::to_string(i), c ? std::optional<int64_t>(*c) : std::nullopt));
+    }
     return idx;
   }
 

@@ -106,6 +106,25 @@ Expr build(const Linear& l) {
   return make(ExprKind::Add, args);
 }
 
+// (x // a)*a*k + (x % a)*k == x*k: re-joins a split index (a reshape read back whole).
+void fold_divmod(Linear& l) {
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (auto& [t, k] : l.terms) {
+      if (k == 0 || t.kind() != ExprKind::Mod || !t.args()[1].as_const()) continue;
+      const Expr x = t.args()[0], a = t.args()[1];
+      auto it = l.terms.find(make(ExprKind::FloorDiv, {x, a}));
+      if (it == l.terms.end() || it->second != k * *a.as_const()) continue;
+      int64_t coef = k;
+      it->second = 0;
+      k = 0;
+      split_term(x, coef, l);
+      changed = true;
+      break;
+    }
+  }
+}
+
 }  // namespace
 
 Expr::Expr(int64_t v) : node_(intern(ExprKind::Const, v, "", {})) {}
@@ -137,6 +156,7 @@ Expr operator+(Expr a, Expr b) {
   Linear l;
   split_term(a, 1, l);
   split_term(b, 1, l);
+  fold_divmod(l);
   return build(l);
 }
 
