@@ -93,3 +93,34 @@ def test_runs_on_a_side_stream():
         y = f(x)
     s.synchronize()
     torch.testing.assert_close(y, torch.exp(x) * 2)
+
+
+def test_mixed_devices_raise_like_eager():
+    a = torch.randn(4, device="cuda")
+    b = torch.randn(4)
+    f = lambda a, b: a + b  # noqa: E731
+    with pytest.raises(RuntimeError) as eager:
+        f(a, b)
+    with pytest.raises(RuntimeError) as compiled:
+        kiln.compile(f)(a, b)
+    assert str(compiled.value) == str(eager.value)
+
+
+def test_nvrtc_failure_falls_back_with_the_message(monkeypatch, tmp_path):
+    # A bogus NVRTC: kiln must run eagerly and say why.
+    import subprocess, sys, json, textwrap
+    code = textwrap.dedent("""
+        import json, torch, kiln
+        f = lambda x: torch.exp(x) + 1
+        x = torch.randn(8, device="cuda")
+        torch.testing.assert_close(kiln.compile(f)(x), f(x))
+        e = kiln.explain(f)(x)
+        print(json.dumps({"reasons": [r["reason"] for r in e.break_reasons]}))
+    """)
+    env = dict(__import__("os").environ, KILN_NVRTC_PATH="/nonexistent/libnvrtc.so", KILN_NVRTC_DIRS="/nonexistent",
+               KILN_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        pytest.skip("this machine's NVRTC is on the default search path: " + r.stderr[-300:])
+    reasons = json.loads(r.stdout.strip().splitlines()[-1])["reasons"]
+    assert reasons and "NVRTC" in reasons[0]
