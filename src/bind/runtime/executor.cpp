@@ -122,7 +122,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
     const auto options = at::TensorOptions().device(device_of(p.device));
     for (const loop::Buffer& b : p.buffers) {
       // Outputs, and temporaries that extern ops read (slot -1), are tensors of their own.
-      bool own = b.kind == loop::BufferKind::Output || (b.kind == loop::BufferKind::Temp && b.slot < 0);
+      bool own = b.live && (b.kind == loop::BufferKind::Output || (b.kind == loop::BufferKind::Temp && b.slot < 0));
       if (!own || prep.extern_output[b.id]) continue;
       at::Tensor t = at::empty_strided(ints(b.sizes), ints(b.strides), options.dtype(scalar_type(b.dtype)));
       ptrs[b.id] = t.data_ptr();

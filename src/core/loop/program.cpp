@@ -31,6 +31,7 @@ const char* kind_name(BufferKind k) {
 std::string Program::str() const {
   std::string s = "buffers:\n";
   for (const Buffer& b : buffers) {
+    if (!b.live) continue;
     s += "  " + b.name + ": " + kind_name(b.kind) + " " + dtype_name(b.dtype) + sym::str(b.sizes) + " strides=" +
          sym::str(b.strides);
     if (b.slot >= 0) s += " slot=" + std::to_string(b.slot);

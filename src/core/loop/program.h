@@ -31,6 +31,7 @@ struct Buffer {
   BufferKind kind = BufferKind::Temp;
   int io_index = -1;         // graph input / output position
   int slot = -1;             // Temp: the allocation slot it shares (buffer reuse)
+  bool live = true;          // false once fusion removed every access
   Expr bytes() const;        // bytes spanned by the layout
 };
 

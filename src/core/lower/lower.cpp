@@ -295,11 +295,25 @@ class Lowering {
         e.inputs.push_back(loop::BufferView{});
         continue;
       }
-      Value& v = values_.at(in);
-      auto view = as_view(v);
+      auto view = as_view(values_.at(in));
       if (!view) {
-        realize(v, BufferKind::Temp, in);
-        view = whole(v.buffer);
+        // Realize the value under any chain of views, in its own iteration space (so it can
+        // fuse with its producers), and hand the extern op a strided view of that buffer.
+        std::vector<const ir::Node*> chain;
+        const ir::Node* base = in;
+        while (base->op->kind == ops::OpKind::View) {
+          chain.push_back(base);
+          base = base->inputs[0];
+        }
+        Value& bv = values_.at(base);
+        if (bv.buffer < 0) realize(bv, BufferKind::Temp, base);
+        for (auto it = chain.rbegin(); it != chain.rend(); ++it) lower_view(*it);
+        view = as_view(values_.at(in));
+        if (!view) {
+          Value& v = values_.at(in);
+          realize(v, BufferKind::Temp, in);
+          view = whole(v.buffer);
+        }
       }
       e.inputs.push_back(*view);
     }

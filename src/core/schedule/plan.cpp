@@ -147,6 +147,16 @@ void plan_buffers(loop::Program& p) {
     k.buffers.assign(used.begin(), used.end());
     for (int b : used) touch(b, i);
   }
+  // Temporaries nothing touches any more (fused away) need no memory.
+  std::set<int> touched;
+  for (const Kernel& k : p.kernels) touched.insert(k.buffers.begin(), k.buffers.end());
+  for (const loop::Extern& e : p.externs) {
+    touched.insert(e.output);
+    for (const auto& v : e.inputs) touched.insert(v.buffer);
+  }
+  for (const loop::Output& o : p.outputs) touched.insert(o.view.buffer);
+  for (loop::Buffer& b : p.buffers)
+    if (b.kind == loop::BufferKind::Temp && !touched.count(b.id)) b.live = false;
   // Greedy slot assignment: a slot is free again after the last read of its previous tenant.
   struct Slot { size_t free_after; Device device; };
   std::vector<Slot> slots;
