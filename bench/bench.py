@@ -298,13 +298,20 @@ def worker_cold_process(which, device, cache_root) -> None:
         compiled = kiln.compile(fn)
     emit(event="start", row="process")
     t, _ = first_call(compiled, args, sync)
-    emit(event="result", row="process", **{which + "_process_s": t})
+    res = {which + "_process_s": t}
+    if which == "kiln":
+        res["kiln_process_disk_hits"] = kiln.stats().get("cache_hits_disk", 0)
+    emit(event="result", row="process", **res)
 
 
 def run_worker(args) -> None:
     global torch
     sys.path.insert(0, REPO)
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # torch's and kiln's OpenMP alike
     import torch  # noqa: F811 - module global used by the workloads
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     rows = [r for r in args.worker_rows.split(",") if r]
     if args.worker == "torch":
@@ -335,6 +342,8 @@ def spawn(kind: str, rows: list, opts, cache_root: str, results: dict, env_info:
     while pending:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--worker-rows", ",".join(pending),
                "--device", opts.device, "--repeat", str(opts.repeat), "--cache-root", cache_root]
+        if opts.threads:
+            cmd += ["--threads", str(opts.threads)]
         with tempfile.TemporaryFile(mode="w+") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
             current = None
@@ -443,8 +452,10 @@ def render(opts, rows, results, errors, env_info, started: str, load: str, elaps
     out.append(f"- torch {env_info.get('torch', '?')}, kiln {kiln_version()}, Python {env_info.get('python', '?')}")
     out.append(f"- device `{device}`; torch intra-op threads: {env_info.get('threads', '?')}; "
                f"load average at start: {load}")
-    out.append(f"- `python bench/bench.py --device {device} --rows {','.join(rows)} --repeat {opts.repeat}`"
-               f" ({elapsed:.0f} s in all)")
+    cmd = f"python bench/bench.py --device {device} --rows {','.join(rows)} --repeat {opts.repeat}"
+    if opts.threads:
+        cmd += f" --threads {opts.threads}"
+    out.append(f"- `{cmd}` ({elapsed:.0f} s in all)")
     out.append("")
     out.append("| workload | eager | torch.compile | kiln | kiln vs eager | kiln vs torch.compile "
                "| torch.compile 1st call | torch.compile 1st call, warm cache | kiln 1st call "
@@ -520,7 +531,10 @@ def render(opts, rows, results, errors, env_info, started: str, load: str, elaps
             if errors.get((kind, "process")):
                 notes.append(f"**first call in a fresh process, {kind}: {errors[(kind, 'process')]}**")
                 return "error"
-            return fmt_time(pr.get(key))
+            cell = fmt_time(pr.get(key))
+            if key == "kiln_process_s" and pr.get("kiln_process_disk_hits"):
+                cell += " (disk cache hit)"
+            return cell
         out += ["", "First compiled call in a new process (sin+cos on 1 element; nothing compiled before in "
                 "that process, empty disk caches; `import torch` / `import kiln` not counted):", "",
                 "| | torch.compile | kiln |", "|---|---:|---:|",
@@ -538,6 +552,8 @@ def main() -> int:
     ap.add_argument("--rows", default=",".join(ROW_NAMES),
                     help="comma-separated subset of: " + ", ".join(ROW_NAMES))
     ap.add_argument("--repeat", type=int, default=10, help="timed samples per measurement (default 10)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="CPU threads for torch and kiln (OMP_NUM_THREADS); default: torch's default")
     ap.add_argument("--out", help="append the results as a markdown section to this file")
     ap.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead section")
     ap.add_argument("--no-process-cold", action="store_true",
@@ -584,9 +600,8 @@ def main() -> int:
     if opts.out:
         new = not os.path.exists(opts.out) or os.path.getsize(opts.out) == 0
         with open(opts.out, "a") as f:
-            if new:
-                f.write("# kiln benchmarks\n\n")
-            f.write("\n" + section)
+            f.write("# kiln benchmarks\n\n" if new else "\n")
+            f.write(section)
         log(f"appended to {opts.out}")
     return 0
 

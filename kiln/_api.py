@@ -32,7 +32,7 @@ def _find_nvrtc_dirs() -> None:
 _find_nvrtc_dirs()
 from . import _C  # noqa: E402  (after the environment the loader reads is set)
 
-_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_MODES = ("default", "lite", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class CompiledModule(torch.nn.Module):
@@ -73,7 +73,8 @@ def compile(
                            options=options, disable=disable)
         return decorator
     if not callable(model):
-        raise RuntimeError("compile() requires a callable, got " + type(model).__name__)
+        # torch.compile's own check and message
+        raise AssertionError(f"A callable function is expected, but {type(model)} is provided.")
     mode = mode or "default"
     if mode not in _MODES:
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(_MODES)}")

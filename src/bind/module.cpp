@@ -75,7 +75,8 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs) {
   d["captured"] = e->capture.captured_text;
   d["graphs"] = graphs;
   d["graph_count"] = e->compiled ? 1 : 0;
-  d["graph_break_count"] = 0;
+  // A frame kiln cannot capture runs eagerly as a whole: one break, no graph.
+  d["graph_break_count"] = e->eager ? 1 : 0;
   d["op_count"] = op_count;
   d["break_reasons"] = reasons;
   d["guards"] = guards;

@@ -14,7 +14,13 @@
 """
 from __future__ import annotations
 
+import faulthandler
 import math
+import os
+import select
+import signal
+import time
+import traceback
 
 import torch
 
@@ -88,19 +94,22 @@ def assert_same(actual, expected, *, rtol=None, atol=None, path="out"):
         assert type(actual) is type(expected) and actual == expected, f"{path}: {actual!r} != eager {expected!r}"
 
 
-def _describe(explained) -> str:
-    return str(explained)
-
-
-def check(fn, *args, rtol=None, atol=None):
+def check(fn, *args, rtol=None, atol=None, isolate=False):
     """Compile fn with kiln, require one graph with no fallback, and compare two calls (the
-    first compiles, the second reuses the code on new values) with eager PyTorch."""
+    first compiles, the second reuses the code on new values) with eager PyTorch.
+
+    isolate=True runs all of it in a forked child process, so that a crash inside kiln (a
+    segfault in generated code) fails this one test instead of killing the whole session. CUDA
+    does not survive fork(), so checks with CUDA tensors always run in-process."""
+    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    if isolate and not on_cuda:
+        return run_forked(check, fn, *args, rtol=rtol, atol=atol)
     # 1. kiln must capture the whole function as one graph.
     explained = kiln.explain(fn)(*_copy_args(args))
     assert not explained.break_reasons, (
         "kiln fell back to eager: "
         + "; ".join(f"{r['reason']} (at {r['location']})" for r in explained.break_reasons))
-    assert explained.graph_count == 1, f"expected one graph, got {explained.graph_count}\n{_describe(explained)}"
+    assert explained.graph_count == 1, f"expected one graph, got {explained.graph_count}\n{explained}"
 
     compiled = kiln.compile(fn)
     before = kiln.stats()
@@ -131,3 +140,49 @@ def check(fn, *args, rtol=None, atol=None):
     assert after["recompiles"] == middle["recompiles"], "second call with the same layout recompiled"
     assert after["graphs_compiled"] == middle["graphs_compiled"], "second call with the same layout compiled a new graph"
     return actual
+
+
+def run_forked(func, *args, timeout=120.0, **kwargs):
+    """Run func(*args, **kwargs) in a forked child; raise AssertionError in the parent if it
+    raised, died of a signal or ran past timeout seconds. Returns None (results stay in the
+    child). The child runs single-threaded: OpenMP's thread pool does not survive fork()."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(r)
+        code, msg = 0, b""
+        try:
+            faulthandler.disable()  # the parent reports the crash; no second traceback
+            torch.set_num_threads(1)
+            func(*args, **kwargs)
+        except BaseException:  # noqa: BLE001  (everything goes back to the parent)
+            code, msg = 1, traceback.format_exc().encode()
+        try:
+            view = memoryview(msg)
+            while view:
+                view = view[os.write(w, view):]
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError(f"forked check ran past {timeout} s (hang?) and was killed")
+            ready, _, _ = select.select([r], [], [], min(left, 1.0))
+            if ready:
+                data = os.read(r, 65536)
+                if not data:
+                    break
+                chunks.append(data)
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = signal.Signals(os.WTERMSIG(status)).name
+        raise AssertionError(f"kiln crashed the process with {sig}")
+    if os.WEXITSTATUS(status) != 0:
+        raise AssertionError("in the forked child:\n" + b"".join(chunks).decode(errors="replace"))

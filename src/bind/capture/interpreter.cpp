@@ -455,6 +455,8 @@ class Interpreter {
         return call_op(*function_binding(resolve_torch(name == "torch.max" ? "maximum" : "minimum")), args, {});
       unsupported(name + " with a dim returns (values, indices): not captured yet");
     }
+    if (f == builtin("abs") && args.size() == 1 && args[0]->is_tensor())
+      return Var::tensor(add_node("abs", {args[0]->node}));
     if (f == builtin("len") && args.size() == 1 && args[0]->is_tensor()) {
       const ir::TensorMeta& m = args[0]->node->meta;
       if (m.dim() == 0) unsupported("len() of a 0-d tensor");
@@ -570,6 +572,11 @@ class Interpreter {
       }
     }
     if (name == "contiguous" && args.empty() && m.strides == ir::contiguous_strides(m.sizes)) return self;
+    if (name == "where") {
+      // x.where(condition, y) == torch.where(condition, x, y)
+      if (args.size() != 2 || !kwargs.empty()) unsupported("Tensor.where() takes (condition, other)");
+      return call_op(*function_binding(resolve_torch_path("torch.where")), {args[0], self, args[1]}, {});
+    }
     const OpBinding* b = method_binding(name);
     if (!b) unsupported("Tensor." + name + "() is not captured yet");
     args.insert(args.begin(), self);

@@ -191,6 +191,10 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       tensors[e.output] = std::move(r);
     }
 
+    if (cg.take_error && cg.take_error()) {
+      PyErr_SetString(PyExc_RuntimeError, "ZeroDivisionError");
+      return false;
+    }
     outputs.clear();
     for (const loop::Output& o : p.outputs) {
       if (o.input_alias >= 0) {

@@ -76,6 +76,7 @@ const char* fn_name(SOp op) {
     case SOp::Reciprocal: return "kiln_reciprocal";
     case SOp::FloorDiv: return "kiln_floordiv";
     case SOp::Mod: return "kiln_mod";
+    case SOp::TruncDiv: return "kiln_truncdiv";
     case SOp::Pow: return "kiln_pow";
     case SOp::Max: return "kiln_max";
     case SOp::Min: return "kiln_min";
@@ -88,7 +89,7 @@ const char* infix(SOp op) {
     case SOp::Sub: return "-";
     case SOp::Mul: return "*";
     case SOp::Div: return "/";
-    case SOp::TruncDiv: return "/";
+
     case SOp::Eq: return "==";
     case SOp::Ne: return "!=";
     case SOp::Lt: return "<";

@@ -44,9 +44,9 @@ class Lowering {
       loop::Output out;
       if (o->op_name() == "placeholder") {
         out.input_alias = static_cast<int>(o->attrs.get_int("index"));
-      } else if (auto view = as_view(v); view && o->op->kind == ops::OpKind::View) {
-        out.view = *view;  // eager returns a view here too
-        if (p_.buffers[view->buffer].kind == BufferKind::Temp) p_.buffers[view->buffer].kind = BufferKind::Output;
+      } else if (o->op->kind == ops::OpKind::View) {
+        out.view = strided_view(o);  // eager returns a view here too, with the view's strides
+        if (p_.buffers[out.view.buffer].kind == BufferKind::Temp) p_.buffers[out.view.buffer].kind = BufferKind::Output;
       } else {
         if (v.buffer < 0 || p_.buffers[v.buffer].kind == BufferKind::Input) realize(v, BufferKind::Output, o);
         out.view = whole(v.buffer);
@@ -285,6 +285,26 @@ class Lowering {
     return loop::BufferView{buffer, b.sizes, b.strides, b.offset};
   }
 
+  // The value of `n` as a strided view of a buffer. When it is not one yet, the value under
+  // its chain of views is realized (in its own iteration space, so it fuses with its
+  // producers) and `n` becomes a view of that buffer, as in eager.
+  loop::BufferView strided_view(const ir::Node* n) {
+    if (auto v = as_view(values_.at(n))) return *v;
+    std::vector<const ir::Node*> chain;
+    const ir::Node* base = n;
+    while (base->op->kind == ops::OpKind::View) {
+      chain.push_back(base);
+      base = base->inputs[0];
+    }
+    Value& bv = values_.at(base);
+    if (bv.buffer < 0) realize(bv, BufferKind::Temp, base);
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) lower_view(*it);
+    if (auto v = as_view(values_.at(n))) return *v;
+    Value& v = values_.at(n);
+    realize(v, BufferKind::Temp, n);
+    return whole(v.buffer);
+  }
+
   bool lower_extern(const ir::Node* n) {
     loop::Extern e;
     e.op = n->op_name();
@@ -295,27 +315,8 @@ class Lowering {
         e.inputs.push_back(loop::BufferView{});
         continue;
       }
-      auto view = as_view(values_.at(in));
-      if (!view) {
-        // Realize the value under any chain of views, in its own iteration space (so it can
-        // fuse with its producers), and hand the extern op a strided view of that buffer.
-        std::vector<const ir::Node*> chain;
-        const ir::Node* base = in;
-        while (base->op->kind == ops::OpKind::View) {
-          chain.push_back(base);
-          base = base->inputs[0];
-        }
-        Value& bv = values_.at(base);
-        if (bv.buffer < 0) realize(bv, BufferKind::Temp, base);
-        for (auto it = chain.rbegin(); it != chain.rend(); ++it) lower_view(*it);
-        view = as_view(values_.at(in));
-        if (!view) {
-          Value& v = values_.at(in);
-          realize(v, BufferKind::Temp, in);
-          view = whole(v.buffer);
-        }
-      }
-      e.inputs.push_back(*view);
+      loop::BufferView view = strided_view(in);
+      e.inputs.push_back(view);
     }
     e.output = new_buffer(n, BufferKind::Temp, n->meta.sizes, n->meta.dtype);
     p_.externs.push_back(e);

@@ -195,9 +195,9 @@ std::vector<OpDef> pointwise_ops() {
       auto x = cast_all(s, a, t);
       std::string mode = n.attrs.get_str("rounding_mode", "");
       if (mode.empty()) return s.binary(SOp::Div, x[0], x[1]);
-      if (!is_floating(t)) return s.binary(mode == "floor" ? SOp::FloorDiv : SOp::TruncDiv, x[0], x[1]);
-      SRef q = s.binary(SOp::Div, x[0], x[1]);
-      return s.unary(mode == "floor" ? SOp::Floor : SOp::Trunc, q);
+      if (mode == "floor") return s.binary(SOp::FloorDiv, x[0], x[1]);  // torch's fmod-based rule for floats
+      if (!is_floating(t)) return s.binary(SOp::TruncDiv, x[0], x[1]);
+      return s.unary(SOp::Trunc, s.binary(SOp::Div, x[0], x[1]));
     };
     ops.push_back(div);
   }
@@ -205,6 +205,15 @@ std::vector<OpDef> pointwise_ops() {
   ops.push_back(binary("remainder", SOp::Mod, D, {"torch.remainder", "Tensor.remainder", "Tensor.__mod__"}));
   {
     OpDef pow = binary("pow", SOp::Pow, D, {"torch.pow", "Tensor.pow", "Tensor.__pow__"}, "pow(Tensor self, Tensor exponent)");
+    pow.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      if (!infer_pointwise(*find_op("pow"), in, a, out, err)) return false;
+      const Node* e = in[1];
+      if (!is_floating(out.dtype) && e->op->name == "scalar" && e->attrs.get_float("value") < 0) {
+        err = "RuntimeError: Integers to negative integer powers are not allowed.";
+        return false;
+      }
+      return true;
+    };
     pow.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
       DType t = arith_dtype(n);
       return pow_scalar(s, s.cast(a[0], t), a[1], t);
@@ -241,7 +250,7 @@ std::vector<OpDef> pointwise_ops() {
       DType t = compute_dtype(n.meta.dtype);
       return s.where(a[0], s.cast(a[1], t), s.cast(a[2], t));
     };
-    w.python = {"torch.where", "Tensor.where"};
+    w.python = {"torch.where"};  // Tensor.where(cond, other) puts self second: capture reorders it
     ops.push_back(w);
   }
   {

@@ -32,6 +32,7 @@ struct CompiledGraph {
   std::string source;            // the whole generated translation unit
   std::string source_path;       // where it lies on disk
   std::vector<CompiledKernel> kernels;
+  int (*take_error)() = nullptr;  // CPU: reports (and clears) an integer division by zero
   std::shared_ptr<compile::SharedLibrary> library;
   std::shared_ptr<compile::CudaModule> cuda_module;
   bool disk_cache_hit = false;

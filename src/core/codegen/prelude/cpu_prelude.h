@@ -57,14 +57,42 @@ template <typename T> static inline T kiln_relu(T x) { return x < (T)0 ? (T)0 : 
 template <typename T> static inline T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
 template <typename T> static inline T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
 
+// Integer division by zero must not trap: the kernel records it and the executor raises
+// torch's ZeroDivisionError after the call.
+static int kiln_error_flag = 0;
+extern "C" int kiln_take_error() {
+  int e = __atomic_exchange_n(&kiln_error_flag, 0, __ATOMIC_RELAXED);
+  return e;
+}
+static inline void kiln_raise_div_by_zero() { __atomic_store_n(&kiln_error_flag, 1, __ATOMIC_RELAXED); }
+
 // Python semantics: floor division and a remainder with the divisor's sign.
 template <typename T> static inline T kiln_floordiv(T a, T b) {
+  if (b == 0) return kiln_raise_div_by_zero(), (T)0;
   T q = a / b;
   return (q * b != a && ((a < 0) != (b < 0))) ? (T)(q - 1) : q;
 }
-static inline float kiln_floordiv(float a, float b) { return __builtin_floorf(a / b); }
-static inline double kiln_floordiv(double a, double b) { return __builtin_floor(a / b); }
+template <typename T> static inline T kiln_truncdiv(T a, T b) {
+  if (b == 0) return kiln_raise_div_by_zero(), (T)0;
+  return (T)(a / b);
+}
+// Floating floor division as torch computes it: from fmod, so that 1.0 // 0.1 is 9, not 10.
+#define KILN_FLOORDIV_F(T, FMOD, FLOOR, COPYSIGN)                         \
+  static inline T kiln_floordiv(T a, T b) {                              \
+    if (b == 0) return a / b;                                            \
+    T mod = FMOD(a, b);                                                  \
+    T div = (a - mod) / b;                                               \
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;                    \
+    if (div == 0) return COPYSIGN((T)0, a / b);                          \
+    T fl = FLOOR(div);                                                   \
+    if (div - fl > (T)0.5) fl += 1;                                      \
+    return fl;                                                           \
+  }
+KILN_FLOORDIV_F(float, __builtin_fmodf, __builtin_floorf, __builtin_copysignf)
+KILN_FLOORDIV_F(double, __builtin_fmod, __builtin_floor, __builtin_copysign)
+#undef KILN_FLOORDIV_F
 template <typename T> static inline T kiln_mod(T a, T b) {
+  if (b == 0) return kiln_raise_div_by_zero(), (T)0;
   T r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
 }

@@ -38,13 +38,31 @@ template <typename T> __device__ __forceinline__ T kiln_abs(T x) { return x < 0 
 template <typename T> __device__ __forceinline__ T kiln_relu(T x) { return x < (T)0 ? (T)0 : x; }
 template <typename T> __device__ __forceinline__ T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
 template <typename T> __device__ __forceinline__ T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
+// Integer division by zero does not trap on the GPU; like torch's CUDA kernels, kiln's give
+// an unspecified value there.
 template <typename T> __device__ __forceinline__ T kiln_floordiv(T a, T b) {
+  if (b == 0) return (T)-1;
   T q = a / b;
   return (q * b != a && ((a < 0) != (b < 0))) ? (T)(q - 1) : q;
 }
-__device__ __forceinline__ float kiln_floordiv(float a, float b) { return floorf(a / b); }
-__device__ __forceinline__ double kiln_floordiv(double a, double b) { return floor(a / b); }
+template <typename T> __device__ __forceinline__ T kiln_truncdiv(T a, T b) { return b == 0 ? (T)-1 : (T)(a / b); }
+// Floating floor division as torch computes it: from fmod, so that 1.0 // 0.1 is 9, not 10.
+#define KILN_FLOORDIV_F(T, FMOD, FLOOR, COPYSIGN)                         \
+  __device__ __forceinline__ T kiln_floordiv(T a, T b) {                 \
+    if (b == 0) return a / b;                                            \
+    T mod = FMOD(a, b);                                                  \
+    T div = (a - mod) / b;                                               \
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;                    \
+    if (div == 0) return COPYSIGN((T)0, a / b);                          \
+    T fl = FLOOR(div);                                                   \
+    if (div - fl > (T)0.5) fl += 1;                                      \
+    return fl;                                                           \
+  }
+KILN_FLOORDIV_F(float, fmodf, floorf, copysignf)
+KILN_FLOORDIV_F(double, fmod, floor, copysign)
+#undef KILN_FLOORDIV_F
 template <typename T> __device__ __forceinline__ T kiln_mod(T a, T b) {
+  if (b == 0) return (T)-1;
   T r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
 }
