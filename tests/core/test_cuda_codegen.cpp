@@ -96,3 +96,16 @@ TEST(CudaCodegen, PointwiseOverEveryDtypeCompiles) {
     expect_compiles(g, 1);
   }
 }
+
+TEST(CudaCodegen, BoolAndNarrowReductionsAndSizeOneReductionsCompile) {
+  for (DType t : {DType::Bool, DType::Int8, DType::UInt8, DType::Int16}) {
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(t, {8, 300}));
+    g.outputs().push_back(g.must_add("amax", {x}, attrs({{"dim", std::vector<int64_t>{1}}})));
+    expect_compiles(g, 1);
+  }
+  ir::Graph g;
+  ir::Node* x = g.placeholder("x", cuda_meta(DType::Float32, {4, 1}));
+  g.outputs().push_back(g.must_add("sum", {x}, attrs({{"dim", std::vector<int64_t>{1}}})));
+  expect_compiles(g, 1);
+}

@@ -74,7 +74,10 @@ class CudaKernelWriter {
     CudaLaunch l;
     l.name = k_.name;
     if (rowwise) {
-      l.block = inner >= 4096 ? 1024 : inner >= 1024 ? 512 : inner >= 256 ? 256 : inner >= 128 ? 128 : inner >= 64 ? 64 : 32;
+      // About 8 elements a thread, at most 256 threads: enough work per thread to hide load
+      // latency, few warps for the block-wide reductions to combine.
+      l.block = 32;
+      while (l.block < 256 && int64_t(l.block) * 8 < inner) l.block *= 2;
       l.grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(outer, 1), 1 << 30));
     } else {
       l.block = outer >= 256 ? 256 : 128;
@@ -106,11 +109,19 @@ class CudaKernelWriter {
               std::to_string(l.block) + ") {\n";
       indent += "  ";
       unravel(out_, indent, "kiln_lin", k_.vars, k_.ranges);
-      for (const Stage& st : k_.stages)
+      for (const Stage& st : k_.stages) {
+        if (st.kind == Stage::Kind::Reduce) {
+          // A reduction over an empty inner space (size-1 dims): one combine with the init.
+          std::string acc = "acc" + std::to_string(st.acc);
+          std::string v = em.emit(st.value, indent);
+          out_ += indent + ctype(st.acc_dtype) + " " + acc + " = " + functor(st.reduce) + "(" +
+                  acc_init(st.reduce, st.acc_dtype) + ", " + v + ");\n";
+        }
         for (const loop::Store& s : st.stores) {
           std::string v = em.emit(s.value, indent);
           out_ += indent + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
         }
+      }
       out_ += "  }\n";
     }
     out_ += "}\n\n";
@@ -124,6 +135,7 @@ class CudaKernelWriter {
       std::string acc = "acc" + std::to_string(st.acc);
       std::string t = ctype(st.acc_dtype);
       out_ += indent + t + " " + acc + " = " + acc_init(st.reduce, st.acc_dtype) + ";\n";
+      out_ += indent + "#pragma unroll 4\n";
       out_ += indent + "for (kiln_idx kiln_q = threadIdx.x; kiln_q < " + std::to_string(const_product(st.ranges)) +
               "; kiln_q += " + std::to_string(block_) + ") {\n";
       em.push_scope();
@@ -148,6 +160,7 @@ class CudaKernelWriter {
       out_ += indent + "}\n";
       return;
     }
+    out_ += indent + "#pragma unroll 4\n";
     out_ += indent + "for (kiln_idx kiln_q = threadIdx.x; kiln_q < " + std::to_string(const_product(st.ranges)) +
             "; kiln_q += " + std::to_string(block_) + ") {\n";
     em.push_scope();

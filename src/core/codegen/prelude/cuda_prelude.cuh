@@ -92,12 +92,19 @@ struct KilnProd { template <typename T> __device__ __forceinline__ T operator()(
 struct KilnMax { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return kiln_max(a, b); } };
 struct KilnMin { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return kiln_min(a, b); } };
 
+// Warp shuffles move 32- and 64-bit words: narrower types travel as int.
+template <typename T> __device__ __forceinline__ T kiln_shfl_xor(T v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ bool kiln_shfl_xor(bool v, int o) { return __shfl_xor_sync(0xffffffffu, (int)v, o) != 0; }
+__device__ __forceinline__ signed char kiln_shfl_xor(signed char v, int o) { return (signed char)__shfl_xor_sync(0xffffffffu, (int)v, o); }
+__device__ __forceinline__ unsigned char kiln_shfl_xor(unsigned char v, int o) { return (unsigned char)__shfl_xor_sync(0xffffffffu, (int)v, o); }
+__device__ __forceinline__ short kiln_shfl_xor(short v, int o) { return (short)__shfl_xor_sync(0xffffffffu, (int)v, o); }
+
 // Block-wide reduction: warp shuffles, then one value per warp through shared memory. Every
 // thread of the block receives the result (later stages of the kernel read it).
 template <typename T, typename Op>
 __device__ __forceinline__ T kiln_block_reduce(T v, Op op, T* smem) {
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = op(v, kiln_shfl_xor(v, o));
   __syncthreads();  // smem may still be read from the previous reduction
   if (lane == 0) smem[warp] = v;
   __syncthreads();
