@@ -137,31 +137,40 @@ bool is_python_scalar(PyObject* o) { return PyBool_Check(o) || PyLong_CheckExact
 
 class Interpreter {
  public:
-  Interpreter(PyObject* fn, const BoundArgs& args, CaptureResult& out)
-      : fn_(fn), args_(args), out_(out), code_(PyFunction_GET_CODE(fn)), globals_(PyFunction_GET_GLOBALS(fn)) {
+  // The root interpreter of a capture, or (with `parent`) one that inlines a call: it shares
+  // the graph, the guards and the graph inputs of the root.
+  Interpreter(PyObject* fn, CaptureResult& out, Interpreter* parent = nullptr, SourcePtr fn_source = nullptr)
+      : fn_(fn), out_(out), code_(PyFunction_GET_CODE(fn)), globals_(PyFunction_GET_GLOBALS(fn)),
+        parent_(parent), fn_source_(std::move(fn_source)) {
     builtins_ = PyEval_GetBuiltins();
-    out_.graph = std::make_unique<ir::Graph>();
+    if (!parent) out_.graph = std::make_unique<ir::Graph>();
     g_ = out_.graph.get();
+    depth_ = parent ? parent->depth_ + 1 : 0;
     auto* co = reinterpret_cast<PyCodeObject*>(code_);
     filename_ = PyUnicode_AsUTF8(co->co_filename);
+    locals_.assign(co->co_nlocalsplus, nullptr);
   }
 
-  void run() {
-    const CodeInfo& ci = decode(code_);
-    auto* co = reinterpret_cast<PyCodeObject*>(code_);
-    locals_.assign(co->co_nlocalsplus, nullptr);
+  // Captures a call of the root function with these arguments.
+  void run(const BoundArgs& args) {
     out_.guards.add_grad_mode(grad_enabled());
-    for (size_t i = 0; i < args_.locals.size(); ++i) {
-      if (!args_.locals[i]) continue;
-      locals_[i] = wrap(args_.locals[i], Source::local_(static_cast<int>(i), args_.names[i]));
+    for (size_t i = 0; i < args.locals.size(); ++i) {
+      if (!args.locals[i]) continue;
+      locals_[i] = wrap(args.locals[i], Source::local_(static_cast<int>(i), args.names[i]));
     }
+    out_.output = output_spec(run_frame());
+  }
+
+  // Interprets the frame until it returns; the value it returns.
+  VarPtr run_frame() {
+    const CodeInfo& ci = decode(code_);
     size_t pc = 0;
     while (pc < ci.instrs.size()) {
       const Instr& in = ci.instrs[pc];
       current_line_ = in.line;
       g_->source_loc = filename_ + ":" + std::to_string(in.line);
       int next = step(in, ci);
-      if (next == kReturn) return;
+      if (next == kReturn) return return_value_;
       if (next >= 0) {
         auto it = ci.by_offset.find(next);
         if (it == ci.by_offset.end()) unsupported("jump to an unknown offset");
@@ -169,12 +178,15 @@ class Interpreter {
       } else {
         ++pc;
       }
-      if (++steps_ > 100000) unsupported("capture exceeded 100000 instructions");
+      if (++root()->steps_ > 100000) unsupported("capture exceeded 100000 instructions");
     }
     unsupported("fell off the end of the bytecode");
   }
 
-  std::string location() const { return filename_ + ":" + std::to_string(current_line_); }
+  Interpreter* root() { return parent_ ? parent_->root() : this; }
+
+  // Where capture is: the innermost instruction, inlined calls included.
+  std::string location() const { return g_ && !g_->source_loc.empty() ? g_->source_loc : filename_; }
 
  private:
   static constexpr int kReturn = -2;
@@ -436,16 +448,82 @@ class Interpreter {
 
   VarPtr call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
     switch (fn->kind) {
-      case Var::Kind::Method: return call_tensor_method(fn->self, fn->name, std::move(args), kwargs);
+      case Var::Kind::Method:
+        if (fn->self->kind == Var::Kind::Module) return call_module_method(fn->self, fn->name, std::move(args), kwargs);
+        return call_tensor_method(fn->self, fn->name, std::move(args), kwargs);
       case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
       case Var::Kind::Const: return call_const(fn, std::move(args), kwargs);
       default: unsupported("call of a non-callable value");
     }
   }
 
+  // Inlines a call of a Python function: its frame is interpreted into the same graph.
+  VarPtr inline_call(PyObject* f, SourcePtr f_source, std::vector<VarPtr> args, const KwArgs& kwargs) {
+    auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(f));
+    std::string name = PyUnicode_AsUTF8(co->co_qualname);
+    if (depth_ >= 32) unsupported("inlining deeper than 32 calls (recursion?) at " + name);
+    if (co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE))
+      unsupported(name + " is a generator or coroutine");
+    Interpreter child(f, out_, this, std::move(f_source));
+    const int npos = co->co_argcount, nkwonly = co->co_kwonlyargcount;
+    const bool varargs = co->co_flags & CO_VARARGS, varkw = co->co_flags & CO_VARKEYWORDS;
+    PyObject* varnames = PyCode_GetVarnames(co);
+    keep_.push_back(varnames);
+    auto slot_name = [&](int i) { return std::string(PyUnicode_AsUTF8(PyTuple_GET_ITEM(varnames, i))); };
+    std::vector<VarPtr>& L = child.locals_;
+    for (size_t i = 0; i < args.size() && i < static_cast<size_t>(npos); ++i) L[i] = args[i];
+    if (args.size() > static_cast<size_t>(npos)) {
+      if (!varargs) unsupported(name + "() takes " + std::to_string(npos) + " positional arguments");
+      L[npos + nkwonly] = Var::tuple(std::vector<VarPtr>(args.begin() + npos, args.end()));
+    } else if (varargs) {
+      L[npos + nkwonly] = Var::tuple({});
+    }
+    for (const auto& [k, v] : kwargs) {
+      int slot = -1;
+      for (int i = 0; i < npos + nkwonly; ++i)
+        if (slot_name(i) == k) slot = i;
+      if (slot < 0) unsupported(name + "() got keyword '" + k + "' that only **kwargs would take: not captured yet");
+      if (L[slot]) unsupported(name + "() got multiple values for argument '" + k + "'");
+      L[slot] = v;
+    }
+    if (varkw) L[npos + nkwonly + varargs] = Var::steal_constant(PyDict_New());
+    PyObject* defaults = PyFunction_GET_DEFAULTS(f);
+    Py_ssize_t ndef = defaults ? PyTuple_GET_SIZE(defaults) : 0;
+    for (int i = 0; i < npos; ++i) {
+      if (L[i]) continue;
+      Py_ssize_t d = i - (npos - ndef);
+      if (d < 0) unsupported(name + "() missing argument '" + slot_name(i) + "'");
+      L[i] = Var::constant(PyTuple_GET_ITEM(defaults, d));
+    }
+    PyObject* kwdefaults = PyFunction_GET_KW_DEFAULTS(f);
+    for (int i = npos; i < npos + nkwonly; ++i) {
+      if (L[i]) continue;
+      PyObject* v = kwdefaults ? PyDict_GetItemString(kwdefaults, slot_name(i).c_str()) : nullptr;
+      if (!v) unsupported(name + "() missing keyword argument '" + slot_name(i) + "'");
+      L[i] = Var::constant(v);
+    }
+    return child.run_frame();
+  }
+
+  static bool is_torch_internal(PyObject* f) {
+    PyObject* mod = PyObject_GetAttrString(f, "__module__");
+    if (!mod) PyErr_Clear();
+    bool torch = mod && PyUnicode_Check(mod) && std::string(PyUnicode_AsUTF8(mod)).rfind("torch", 0) == 0;
+    Py_XDECREF(mod);
+    return torch;
+  }
+
   VarPtr call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
     PyObject* f = fn->obj;
     if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
+    if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
+    if (PyMethod_Check(f) && PyFunction_Check(PyMethod_GET_FUNCTION(f)) && !is_torch_internal(PyMethod_GET_FUNCTION(f))) {
+      // A bound method of a user object: inline its function with the receiver first.
+      if (!fn->source) unsupported("bound method with no known source");
+      VarPtr self = wrap(PyMethod_GET_SELF(f), Source::attr(fn->source, "__self__"));
+      args.insert(args.begin(), self);
+      return inline_call(PyMethod_GET_FUNCTION(f), Source::attr(fn->source, "__func__"), std::move(args), kwargs);
+    }
     std::string name = callable_name(f);
     bool any_tensor = std::any_of(args.begin(), args.end(), [](auto& a) { return a->is_tensor(); });
     if (name == "torch.max" || name == "torch.min") {
@@ -583,11 +661,27 @@ class Interpreter {
     return call_op(*b, std::move(args), kwargs);
   }
 
+  // self.helper(x) on a module: the class's function, inlined with the module as self.
+  VarPtr call_module_method(VarPtr mod, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
+    PyObject* key = PyUnicode_FromString(name.c_str());
+    PyObject* f = _PyType_Lookup(Py_TYPE(mod->obj), key);  // borrowed
+    Py_DECREF(key);
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (!f || !PyFunction_Check(f)) unsupported("method " + name + " of module " + Py_TYPE(mod->obj)->tp_name);
+    args.insert(args.begin(), mod);
+    return inline_call(f, nullptr, std::move(args), kwargs);
+  }
+
   VarPtr module_attr(const VarPtr& mod, const char* name) {
     PyObject* v = PyObject_GetAttrString(mod->obj, name);
     if (!v) {
       PyErr_Clear();
       unsupported(std::string("module has no attribute ") + name);
+    }
+    if (PyMethod_Check(v) && PyMethod_GET_SELF(v) == mod->obj) {
+      // Bound methods are made afresh at each access: track the method, not the object.
+      Py_DECREF(v);
+      return Var::method(mod, name);
     }
     VarPtr r = wrap(v, Source::attr(mod->source, name));
     Py_DECREF(v);
@@ -645,7 +739,17 @@ class Interpreter {
       Py_DECREF(children);
       return x;
     }
-    unsupported("call of module " + type + " (inlining user modules comes with the frame hook)");
+    // Any other module: inline its forward, with the module as self.
+    PyObject* forward = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(m)), "forward");
+    if (!forward) PyErr_Clear();
+    keep_.push_back(forward);
+    if (!forward || !PyFunction_Check(forward)) unsupported("module " + type + " has no Python forward");
+    if (is_torch_internal(forward) && type != "Module") {
+      // torch.nn's own modules kiln has no rule for: say which, rather than inline torch internals.
+      unsupported("torch.nn." + type + " is not supported by kiln yet");
+    }
+    args.insert(args.begin(), mod);
+    return inline_call(forward, nullptr, std::move(args), kwargs);
   }
 
   PyObject* resolve_torch_path(const std::string& path) {
@@ -832,7 +936,11 @@ class Interpreter {
           Py_ssize_t k = in.arg - first_free;
           PyObject* v = closure ? PyCell_GET(PyTuple_GET_ITEM(closure, k)) : nullptr;
           if (!v) unsupported("read of an empty closure cell");
-          locals_[in.arg] = wrap(v, Source::closure(k, PyUnicode_AsUTF8(in.argval)));
+          SourcePtr src;
+          if (!parent_) src = Source::closure(k, PyUnicode_AsUTF8(in.argval));
+          else if (fn_source_) src = Source::attr(Source::item(Source::attr(fn_source_, "__closure__"), k), "cell_contents");
+          else unsupported("closure variable of an inlined function with no known source");
+          locals_[in.arg] = wrap(v, src);
         }
         if (!locals_.at(in.arg)) unsupported("read of an unbound cell variable");
         push(locals_[in.arg]);
@@ -846,8 +954,8 @@ class Interpreter {
       }
       case OP_DELETE_FAST: locals_.at(in.arg) = nullptr; return -1;
       case OP_LOAD_CONST: push(Var::constant(in.argval)); return -1;
-      case OP_RETURN_CONST: out_.output = output_spec(Var::constant(in.argval)); return kReturn;
-      case OP_RETURN_VALUE: out_.output = output_spec(pop()); return kReturn;
+      case OP_RETURN_CONST: return_value_ = Var::constant(in.argval); return kReturn;
+      case OP_RETURN_VALUE: return_value_ = pop(); return kReturn;
       case OP_PUSH_NULL: push(Var::null()); return -1;
       case OP_LOAD_GLOBAL: {
         if (in.arg & 1) push(Var::null());
@@ -855,7 +963,7 @@ class Interpreter {
         PyObject* v = PyDict_GetItemString(globals_, name.c_str());
         if (!v) v = PyDict_GetItemString(builtins_, name.c_str());
         if (!v) unsupported("NameError: name '" + name + "' is not defined");
-        push(wrap(v, Source::global(name)));
+        push(wrap(v, Source::global(name, parent_ ? globals_ : nullptr)));
         return -1;
       }
       case OP_LOAD_ATTR:
@@ -1111,7 +1219,6 @@ class Interpreter {
   }
 
   PyObject* fn_;
-  const BoundArgs& args_;
   CaptureResult& out_;
   PyObject* code_;
   PyObject* globals_;
@@ -1124,6 +1231,10 @@ class Interpreter {
   std::vector<PyObject*> keep_;
   int current_line_ = 0;
   size_t steps_ = 0;
+  Interpreter* parent_ = nullptr;
+  SourcePtr fn_source_;   // where the inlined function came from (closure cells are read through it)
+  int depth_ = 0;
+  VarPtr return_value_;
 
  public:
   ~Interpreter() {
@@ -1135,9 +1246,9 @@ class Interpreter {
 
 CaptureResult capture(PyObject* fn, const BoundArgs& args) {
   CaptureResult r;
-  Interpreter it(fn, args, r);
+  Interpreter it(fn, r);
   try {
-    it.run();
+    it.run(args);
     r.ok = true;
     r.captured_text = r.graph->str();
   } catch (const Unsupported& e) {

@@ -9,10 +9,14 @@ SourcePtr Source::local_(int slot, const std::string& name) {
   return s;
 }
 
-SourcePtr Source::global(const std::string& name) {
+SourcePtr Source::global(const std::string& name, PyObject* globals) {
   auto s = std::make_shared<Source>(Source{Kind::Global});
   s->name = name;
   s->key = PyUnicode_InternFromString(name.c_str());
+  if (globals) {
+    Py_INCREF(globals);
+    s->globals = globals;
+  }
   return s;
 }
 
@@ -32,7 +36,9 @@ SourcePtr Source::item(SourcePtr base, Py_ssize_t index) {
 }
 
 Source::~Source() {
-  if (key && Py_IsInitialized()) Py_DECREF(key);
+  if (!Py_IsInitialized()) return;
+  Py_XDECREF(key);
+  Py_XDECREF(globals);
 }
 
 SourcePtr Source::closure(Py_ssize_t index, const std::string& name) {
@@ -42,10 +48,15 @@ SourcePtr Source::closure(Py_ssize_t index, const std::string& name) {
   return s;
 }
 
+std::string Source::module_name() const {
+  PyObject* n = globals ? PyDict_GetItemString(globals, "__name__") : nullptr;
+  return n && PyUnicode_Check(n) ? std::string("'") + PyUnicode_AsUTF8(n) + "'" : "?";
+}
+
 std::string Source::str() const {
   switch (kind) {
     case Kind::Local: return "L['" + name + "']";
-    case Kind::Global: return "G['" + name + "']";
+    case Kind::Global: return globals ? "G[" + module_name() + "]['" + name + "']" : "G['" + name + "']";
     case Kind::Attr: return base->str() + "." + name;
     case Kind::Item: return base->str() + "[" + std::to_string(index) + "]";
     case Kind::Closure: return "C['" + name + "']";
@@ -61,7 +72,7 @@ PyObject* eval_source(const Source& s, const FrameView& f) {
       return v;
     }
     case Source::Kind::Global: {
-      PyObject* v = PyDict_GetItemWithError(f.globals, s.key);
+      PyObject* v = PyDict_GetItemWithError(s.globals ? s.globals : f.globals, s.key);
       if (!v && !PyErr_Occurred() && f.builtins) v = PyDict_GetItemWithError(f.builtins, s.key);
       if (!v) {
         PyErr_Clear();

@@ -18,14 +18,17 @@ struct Source {
   PyObject* key = nullptr;   // Global/Attr: interned name string (owned)
   Py_ssize_t index = 0;      // Item; Closure: the cell's position in fn.__closure__
   SourcePtr base;            // Attr/Item
+  PyObject* globals = nullptr;  // Global: the dict it is read from, when not the frame's (owned)
 
   static SourcePtr local_(int slot, const std::string& name);
-  static SourcePtr global(const std::string& name);
+  // `globals`: the module dict of an inlined function from another module (else the frame's).
+  static SourcePtr global(const std::string& name, PyObject* globals = nullptr);
   static SourcePtr attr(SourcePtr base, const std::string& name);
   static SourcePtr item(SourcePtr base, Py_ssize_t index);
   static SourcePtr closure(Py_ssize_t index, const std::string& name);
   ~Source();
 
+  std::string module_name() const;
   std::string str() const;  // "L['x']", "G['torch']", "L['self'].fc1.weight", "L['xs'][0]"
 };
 
