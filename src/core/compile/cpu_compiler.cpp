@@ -41,7 +41,7 @@ bool have_libmvec() {
 const std::vector<std::string>& compile_flags() {
   static const std::vector<std::string> flags = [] {
     std::vector<std::string> f = {"-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno",
-                                  "-fno-trapping-math"};
+                                  "-fno-trapping-math", "-ffp-contract=off"};
     if (have_libmvec()) f.push_back("-DKILN_HAVE_MVEC");
     return f;
   }();

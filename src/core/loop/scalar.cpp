@@ -1,5 +1,6 @@
 #include "core/loop/scalar.h"
 
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <unordered_set>
@@ -105,6 +106,12 @@ SRef ScalarCtx::unary(SOp op, SRef a) {
 
 SRef ScalarCtx::binary(SOp op, SRef a, SRef b) {
   if (nodes_[a].dtype != nodes_[b].dtype) throw std::logic_error("kiln: scalar binary op on mixed dtypes");
+  // x / 2^k == x * 2^-k exactly (both round the same real number): a multiply is far cheaper.
+  if (op == SOp::Div && nodes_[b].op == SOp::Const && is_floating(nodes_[b].dtype)) {
+    int exp = 0;
+    double m = std::frexp(nodes_[b].fval, &exp);
+    if ((m == 0.5 || m == -0.5) && exp > -120 && exp < 120) return binary(SOp::Mul, a, constant(1.0 / nodes_[b].fval, nodes_[b].dtype));
+  }
   bool to_bool = sop_is_comparison(op) || op == SOp::And || op == SOp::Or;
   SNode n{op, to_bool ? DType::Bool : nodes_[a].dtype};
   n.a = a;
