@@ -390,8 +390,10 @@ class Interpreter {
         if (p.is_tensor()) {
           if (p.type == "Tensor?") inputs.push_back(nullptr);
           else unsupported("tensor default for " + p.name);
+        } else if (auto d = p.default_value()) {
+          attrs.set(p.name, *d);  // explicit, as FX prints defaults: shape rules see every argument
         }
-        continue;  // attribute defaults stay implicit: every rule reads them with its default
+        continue;
       }
       if (p.is_tensor()) {
         if (p.type == "Tensor?" && v->is_const() && v->obj == Py_None) {
@@ -410,9 +412,10 @@ class Interpreter {
         if (!PyBool_Check(o)) unsupported(p.name + " must be a bool");
         if (p.name == "inplace" && o == Py_True) unsupported("in-place " + b.op->name + " is not captured yet");
         attrs.set(p.name, o == Py_True);
-      } else if (p.type.rfind("int[]", 0) == 0) {
+      } else if (p.is_int_list()) {
         std::vector<int64_t> l;
         if (!to_int_list(o, l)) unsupported(p.name + " must be a list of ints");
+        if (p.list_size() > 1 && l.size() == 1) l.assign(p.list_size(), l[0]);  // stride=2 -> [2, 2]
         attrs.set(p.name, l);
       } else if (p.type.rfind("int", 0) == 0) {
         if (!PyLong_Check(o) || PyBool_Check(o)) unsupported(p.name + " must be an int");
@@ -508,7 +511,8 @@ class Interpreter {
   static bool is_torch_internal(PyObject* f) {
     PyObject* mod = PyObject_GetAttrString(f, "__module__");
     if (!mod) PyErr_Clear();
-    bool torch = mod && PyUnicode_Check(mod) && std::string(PyUnicode_AsUTF8(mod)).rfind("torch", 0) == 0;
+    std::string m = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : "";
+    bool torch = m == "torch" || m.rfind("torch.", 0) == 0;  // torchvision and others are user code here
     Py_XDECREF(mod);
     return torch;
   }
@@ -724,6 +728,41 @@ class Interpreter {
       if (dim->obj == Py_None) unsupported(type + " with dim=None");
       std::vector<VarPtr> a = {args.at(0), dim};
       return call_op(*function_binding(resolve_torch_path(type == "Softmax" ? "torch.softmax" : "torch.log_softmax")), a, {});
+    }
+    if (type == "Conv2d") {
+      if (args.size() != 1 || !kwargs.empty()) unsupported("Conv2d called with extra arguments");
+      VarPtr mode = module_attr(mod, "padding_mode");
+      if (!PyUnicode_Check(mode->obj) || std::string(PyUnicode_AsUTF8(mode->obj)) != "zeros")
+        unsupported("Conv2d with padding_mode other than 'zeros'");
+      VarPtr padding = module_attr(mod, "padding");
+      if (padding->is_const() && PyUnicode_Check(padding->obj)) unsupported("Conv2d with string padding");
+      std::vector<VarPtr> a = {args[0], module_attr(mod, "weight"), module_attr(mod, "bias"), module_attr(mod, "stride"),
+                               padding, module_attr(mod, "dilation"), module_attr(mod, "groups")};
+      return call_op(*function_binding(resolve_torch_path("torch.nn.functional.conv2d")), a, {});
+    }
+    if (type == "BatchNorm2d" || type == "BatchNorm1d") {
+      VarPtr mean = module_attr(mod, "running_mean"), var = module_attr(mod, "running_var");
+      bool no_stats = mean->is_const() && mean->obj == Py_None;
+      if (train || no_stats) unsupported(type + " in training mode (batch statistics) is not compiled yet");
+      std::vector<VarPtr> a = {args.at(0), mean, var, module_attr(mod, "weight"), module_attr(mod, "bias")};
+      return call_op(*function_binding(resolve_torch_path("torch.nn.functional.batch_norm")), a,
+                     {{"eps", module_attr(mod, "eps")}});
+    }
+    if (type == "MaxPool2d") {
+      if (module_attr(mod, "return_indices")->obj == Py_True) unsupported("MaxPool2d with return_indices");
+      VarPtr stride = module_attr(mod, "stride");
+      std::vector<VarPtr> a = {args.at(0), module_attr(mod, "kernel_size"), stride, module_attr(mod, "padding"),
+                               module_attr(mod, "dilation"), module_attr(mod, "ceil_mode")};
+      if (stride->is_const() && stride->obj == Py_None) a[2] = Var::tuple({});
+      return call_op(*function_binding(resolve_torch_path("torch.nn.functional.max_pool2d")), a, {});
+    }
+    if (type == "AdaptiveAvgPool2d") {
+      std::vector<VarPtr> a = {args.at(0), module_attr(mod, "output_size")};
+      return call_op(*function_binding(resolve_torch_path("torch.nn.functional.adaptive_avg_pool2d")), a, {});
+    }
+    if (type == "Flatten") {
+      std::vector<VarPtr> a = {args.at(0), module_attr(mod, "start_dim"), module_attr(mod, "end_dim")};
+      return call_op(*function_binding(resolve_torch_path("torch.flatten")), a, {});
     }
     if (type == "Sequential") {
       PyObject* children = PyObject_GetAttrString(m, "_modules");

@@ -35,14 +35,6 @@ c10::Device device_of(const Device& d) {
   return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(d.index < 0 ? 0 : d.index));
 }
 
-c10::IValue default_ivalue(const ops::Param& p) {
-  const std::string& d = p.dflt;
-  if (d == "None") return c10::IValue();
-  if (d == "True" || d == "False") return c10::IValue(d == "True");
-  if (d.find_first_of(".e") != std::string::npos) return c10::IValue(std::stod(d));
-  return c10::IValue(static_cast<int64_t>(std::stoll(d)));
-}
-
 c10::IValue attr_ivalue(const ir::AttrValue& v) {
   struct V {
     c10::IValue operator()(int64_t i) const { return c10::IValue(i); }
@@ -179,8 +171,10 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
           stack.emplace_back(whole ? base : base.as_strided(ints(v.sizes), ints(v.strides), base.storage_offset() + *v.offset.as_const()));
         } else if (const ir::AttrValue* a = e.attrs.find(param.name)) {
           stack.push_back(attr_ivalue(*a));
+        } else if (auto d = param.default_value()) {
+          stack.push_back(attr_ivalue(*d));
         } else {
-          stack.push_back(default_ivalue(param));
+          stack.emplace_back();  // None
         }
       }
       plan.op.callBoxed(&stack);

@@ -159,6 +159,27 @@ OpDef composite(const std::string& name, const std::string& schema, DecomposeFn 
 
 }  // namespace
 
+void infer_by_decomposition(OpDef& d) {
+  DecomposeFn fn = d.decompose;
+  std::string name = d.name;
+  d.infer = [fn, name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+    Graph scratch;
+    Node fake;
+    fake.op = find_op(name);
+    fake.attrs = a;
+    for (Node* x : in) fake.inputs.push_back(x ? scratch.placeholder("x", x->meta) : nullptr);
+    try {
+      Node* r = fn(scratch, &fake);
+      out = r->meta;
+      out.wrapped_number = false;
+      return true;
+    } catch (const std::exception& e) {
+      err = e.what();
+      return false;
+    }
+  };
+}
+
 std::vector<OpDef> composite_ops() {
   std::vector<OpDef> ops;
   ops.push_back(composite("matmul", "matmul(Tensor self, Tensor other)", decompose_matmul,
@@ -200,27 +221,7 @@ std::vector<OpDef> composite_ops() {
         return reshape(g, x, out);
       },
       {"torch.flatten", "Tensor.flatten"}));
-  // Composite shape rules run the decomposition on a scratch graph.
-  for (OpDef& d : ops) {
-    DecomposeFn fn = d.decompose;
-    std::string name = d.name;
-    d.infer = [fn, name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
-      Graph scratch;
-      Node fake;
-      fake.op = find_op(name);
-      fake.attrs = a;
-      for (Node* x : in) fake.inputs.push_back(x ? scratch.placeholder("x", x->meta) : nullptr);
-      try {
-        Node* r = fn(scratch, &fake);
-        out = r->meta;
-        out.wrapped_number = false;
-        return true;
-      } catch (const std::exception& e) {
-        err = e.what();
-        return false;
-      }
-    };
-  }
+  for (OpDef& d : ops) infer_by_decomposition(d);
   return ops;
 }
 

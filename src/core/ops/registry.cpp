@@ -54,6 +54,35 @@ Schema Schema::parse(const std::string& text) {
   return s;
 }
 
+size_t Param::list_size() const {
+  if (!is_int_list()) return 0;
+  size_t close = type.find(']');
+  return close > 4 ? std::stoul(type.substr(4, close - 4)) : 0;
+}
+
+std::optional<ir::AttrValue> Param::default_value() const {
+  if (!has_default || dflt == "None") return std::nullopt;
+  if (dflt == "True" || dflt == "False") return ir::AttrValue(dflt == "True");
+  if (dflt.front() == '\'') return ir::AttrValue(dflt.substr(1, dflt.size() - 2));
+  if (is_int_list()) {
+    std::vector<int64_t> v;
+    if (dflt.front() == '[') {
+      std::string body = dflt.substr(1, dflt.size() - 2);
+      for (size_t pos = 0; pos < body.size();) {
+        size_t comma = body.find(',', pos);
+        std::string item = body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        if (item.find_first_not_of(' ') != std::string::npos) v.push_back(std::stoll(item));
+        pos = comma == std::string::npos ? body.size() : comma + 1;
+      }
+    } else {
+      v.assign(std::max<size_t>(list_size(), 1), std::stoll(dflt));
+    }
+    return ir::AttrValue(v);
+  }
+  if (dflt.find_first_of(".e") != std::string::npos) return ir::AttrValue(std::stod(dflt));
+  return ir::AttrValue(static_cast<int64_t>(std::stoll(dflt)));
+}
+
 std::string Schema::str() const {
   std::string out = name + "(";
   bool kw = false;
@@ -78,7 +107,7 @@ struct Registry {
 Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry();
-    for (auto table : {pointwise_ops, reduction_ops, view_ops, linalg_ops, composite_ops, source_ops}) {
+    for (auto table : {pointwise_ops, reduction_ops, view_ops, linalg_ops, composite_ops, nn_ops, source_ops}) {
       for (OpDef& d : table()) {
         std::string name = d.name;
         if (reg->ops.count(name)) throw std::logic_error("kiln: op registered twice: " + name);

@@ -12,6 +12,7 @@
 // Adding an op is adding one entry to one of the tables in ops/*_ops.cpp.
 #pragma once
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,11 @@ struct Param {
   bool has_default = false;
   bool kwarg_only = false;
   bool is_tensor() const { return type == "Tensor" || type == "Tensor?"; }
+  bool is_int_list() const { return type.rfind("int[", 0) == 0; }
+  // N for "int[N]" (a single int given for it is repeated N times), 0 for "int[]".
+  size_t list_size() const;
+  // The default as an attribute value; nullopt for None or no default.
+  std::optional<ir::AttrValue> default_value() const;
 };
 
 struct Schema {
@@ -98,6 +104,10 @@ std::vector<OpDef> reduction_ops();
 std::vector<OpDef> view_ops();
 std::vector<OpDef> linalg_ops();
 std::vector<OpDef> composite_ops();
+std::vector<OpDef> nn_ops();
+
+// Gives a composite op the shape rule of its decomposition (run on a scratch graph).
+void infer_by_decomposition(OpDef& d);
 std::vector<OpDef> source_ops();
 
 }  // namespace kiln::ops

@@ -1,0 +1,158 @@
+// Neural-network ops: convolution and pooling run as extern calls of torch's kernels (oneDNN,
+// cuDNN); batch norm in inference decomposes into a per-channel scale and shift that fuses
+// with what surrounds it.
+#include <stdexcept>
+
+#include "core/ops/registry.h"
+
+namespace kiln::ops {
+namespace {
+
+using Ints = std::vector<int64_t>;
+
+// Output size of a sliding window: (in + 2p - d(k-1) - 1) / s + 1, rounded down (or up).
+bool window_out(const Expr& in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode, Expr& out, std::string& err) {
+  auto n = in.as_const();
+  if (!n) return err = "kiln: symbolic spatial size", false;
+  int64_t span = *n + 2 * p - d * (k - 1) - 1;
+  if (span < 0 || s <= 0) {
+    err = "RuntimeError: Calculated output size is too small";
+    return false;
+  }
+  int64_t o = (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+  // With ceil_mode the last window must start inside the input or its left padding.
+  if (ceil_mode && (o - 1) * s >= *n + p) --o;
+  out = Expr(o);
+  return true;
+}
+
+bool spatial_arg(const Attrs& a, const char* key, size_t i, int64_t dflt, int64_t& out) {
+  Ints v = a.get_ints(key);
+  if (v.empty()) return out = dflt, true;
+  out = v.size() == 1 ? v[0] : v.at(i);
+  return true;
+}
+
+OpDef extern_op(const std::string& name, const std::string& schema, const std::string& aten, InferFn infer,
+                std::vector<std::string> py) {
+  OpDef d;
+  d.name = name;
+  d.schema = Schema::parse(schema);
+  d.kind = OpKind::Extern;
+  d.promotion = Promotion::None;
+  d.infer = std::move(infer);
+  d.aten = aten;
+  d.python = std::move(py);
+  return d;
+}
+
+Attrs A(std::initializer_list<std::pair<std::string, ir::AttrValue>> kv) {
+  Attrs a;
+  for (auto& [k, v] : kv) a.set(k, v);
+  return a;
+}
+
+// Eval-mode batch norm as torch's CPU kernel computes it: alpha = w / sqrt(var + eps),
+// beta = b - mean * alpha, y = x * alpha + beta, per channel (dim 1).
+Node* decompose_batch_norm(Graph& g, Node* n) {
+  Node *x = n->inputs[0], *mean = n->inputs[1], *var = n->inputs[2];
+  Node *w = n->inputs.size() > 3 ? n->inputs[3] : nullptr, *b = n->inputs.size() > 4 ? n->inputs[4] : nullptr;
+  if (n->attrs.get_bool("training")) throw std::runtime_error("kiln: batch_norm in training mode is not compiled yet");
+  if (!mean || !var) throw std::runtime_error("kiln: batch_norm without running statistics is not compiled yet");
+  if (x->meta.dim() < 2) throw std::runtime_error("RuntimeError: batch_norm expects an input of at least 2 dims");
+  Ints shape(x->meta.dim(), 1);
+  shape[1] = -1;
+  auto per_channel = [&](Node* v) { return g.must_add("reshape", {v}, A({{"shape", shape}})); };
+  Node* invstd = g.must_add("rsqrt", {g.must_add("add", {var, g.scalar(n->attrs.get_float("eps", 1e-5), DType::Float64)})});
+  Node* alpha = w ? g.must_add("mul", {w, invstd}) : invstd;
+  Node* shift = g.must_add("mul", {mean, alpha});
+  Node* beta = b ? g.must_add("sub", {b, shift}) : g.must_add("neg", {shift});
+  Node* y = g.must_add("add", {g.must_add("mul", {x, per_channel(alpha)}), per_channel(beta)});
+  if (y->meta.dtype != x->meta.dtype) y = g.must_add("convert", {y}, A({{"dtype", x->meta.dtype}}));
+  return y;
+}
+
+}  // namespace
+
+std::vector<OpDef> nn_ops() {
+  std::vector<OpDef> ops;
+  ops.push_back(extern_op(
+      "conv2d", "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[2] padding=0, int[2] dilation=1, int groups=1)",
+      "aten::conv2d",
+      [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+        const TensorMeta &x = in[0]->meta, &w = in[1]->meta;
+        if (x.dim() != 4 || w.dim() != 4) return err = "kiln: conv2d on unbatched or non-4D input", false;
+        int64_t groups = a.get_int("groups", 1);
+        auto cin = x.sizes[1].as_const(), wc = w.sizes[1].as_const();
+        if (!cin || !wc || *wc * groups != *cin) {
+          err = "RuntimeError: Given groups=" + std::to_string(groups) + ", weight of size " + sym::str(w.sizes) +
+                ", expected input" + sym::str(x.sizes) + " to have " + (wc ? std::to_string(*wc * groups) : "?") +
+                " channels, but got " + x.sizes[1].str() + " channels instead";
+          return false;
+        }
+        if (x.dtype != w.dtype || x.device != w.device) return err = "RuntimeError: conv2d input and weight differ in dtype or device", false;
+        out = TensorMeta{x.dtype, x.device, {x.sizes[0], w.sizes[0], 0, 0}, {}, 0, false};
+        for (size_t i = 0; i < 2; ++i) {
+          int64_t s, p, d;
+          spatial_arg(a, "stride", i, 1, s);
+          spatial_arg(a, "padding", i, 0, p);
+          spatial_arg(a, "dilation", i, 1, d);
+          if (!window_out(x.sizes[2 + i], *w.sizes[2 + i].as_const(), s, p, d, false, out.sizes[2 + i], err)) return false;
+        }
+        out.strides = ir::contiguous_strides(out.sizes);
+        return true;
+      },
+      {"torch.nn.functional.conv2d", "torch.conv2d"}));
+  ops.push_back(extern_op(
+      "max_pool2d",
+      "max_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False)",
+      "aten::max_pool2d",
+      [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+        const TensorMeta& x = in[0]->meta;
+        if (x.dim() != 4 && x.dim() != 3) return err = "RuntimeError: max_pool2d expects a 3D or 4D input", false;
+        out = x;
+        size_t h = x.dim() - 2;
+        for (size_t i = 0; i < 2; ++i) {
+          int64_t k, s, p, d;
+          spatial_arg(a, "kernel_size", i, 1, k);
+          spatial_arg(a, "stride", i, k, s);
+          spatial_arg(a, "padding", i, 0, p);
+          spatial_arg(a, "dilation", i, 1, d);
+          if (p * 2 > k) return err = "RuntimeError: pad should be at most half of effective kernel size", false;
+          if (!window_out(x.sizes[h + i], k, s, p, d, a.get_bool("ceil_mode"), out.sizes[h + i], err)) return false;
+        }
+        out.strides = ir::contiguous_strides(out.sizes);
+        out.offset = 0;
+        return true;
+      },
+      {"torch.nn.functional.max_pool2d", "torch.max_pool2d"}));
+  ops.push_back(extern_op(
+      "adaptive_avg_pool2d", "adaptive_avg_pool2d(Tensor self, int[2] output_size)", "aten::adaptive_avg_pool2d",
+      [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+        const TensorMeta& x = in[0]->meta;
+        if (x.dim() != 4 && x.dim() != 3) return err = "RuntimeError: adaptive_avg_pool2d expects a 3D or 4D input", false;
+        Ints o = a.get_ints("output_size");
+        if (o.size() == 1) o.push_back(o[0]);
+        if (o.size() != 2) return err = "RuntimeError: adaptive_avg_pool2d: output_size must be 2", false;
+        out = x;
+        out.sizes[x.dim() - 2] = o[0];
+        out.sizes[x.dim() - 1] = o[1];
+        out.strides = ir::contiguous_strides(out.sizes);
+        out.offset = 0;
+        return true;
+      },
+      {"torch.nn.functional.adaptive_avg_pool2d", "torch.adaptive_avg_pool2d"}));
+  OpDef bn;
+  bn.name = "batch_norm";
+  bn.schema = Schema::parse(
+      "batch_norm(Tensor input, Tensor? running_mean, Tensor? running_var, Tensor? weight=None, Tensor? bias=None, bool training=False, float momentum=0.1, float eps=1e-05)");
+  bn.kind = OpKind::Composite;
+  bn.promotion = Promotion::None;
+  bn.decompose = decompose_batch_norm;
+  bn.python = {"torch.nn.functional.batch_norm"};
+  infer_by_decomposition(bn);
+  ops.push_back(bn);
+  return ops;
+}
+
+}  // namespace kiln::ops

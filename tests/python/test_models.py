@@ -1,0 +1,68 @@
+"""Whole models in one graph: convolution, batch norm, pooling, residual blocks."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])]
+
+
+def _one_graph(fn, *args):
+    e = kiln.explain(fn)(*args)
+    assert e.graph_count == 1 and not e.break_reasons, e
+    return e
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_bn_relu_sequential_is_one_graph(device):
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()).to(device).eval()
+    with torch.no_grad():
+        m[1].running_mean.uniform_(-1, 1)
+        m[1].running_var.uniform_(0.5, 2)
+        x = torch.randn(2, 3, 16, 16, device=device)
+        e = _one_graph(m, x)
+        assert len(e.kernels) == 1  # batch norm and relu fuse into one kernel after the conv
+        torch.testing.assert_close(kiln.compile(m)(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_functional_conv_pool(device):
+    def f(x, w, b):
+        y = F.conv2d(x, w, b, stride=2, padding=1)
+        return F.adaptive_avg_pool2d(F.max_pool2d(torch.relu(y), 3, stride=2, padding=1), 1).flatten(1)
+    x = torch.randn(2, 4, 32, 32, device=device)
+    w, b = torch.randn(6, 4, 3, 3, device=device), torch.randn(6, device=device)
+    _one_graph(f, x, w, b)
+    torch.testing.assert_close(kiln.compile(f)(x, w, b), f(x, w, b), rtol=1e-4, atol=1e-4)
+
+
+def test_batchnorm_training_mode_runs_eagerly_with_a_reason():
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        ref = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+        ref.load_state_dict(m.state_dict())
+        out = kiln.compile(m)(x)
+        torch.testing.assert_close(out, ref(x))
+        e = kiln.explain(m)(x)
+        assert e.graph_count == 0 and "training" in e.break_reasons[0]["reason"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_resnet18(device):
+    torchvision = pytest.importorskip("torchvision")
+    m = torchvision.models.resnet18().to(device).eval()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.1, 0.1)
+                mod.running_var.uniform_(0.5, 1.5)
+        x = torch.randn(2, 3, 64, 64, device=device)
+        _one_graph(m, x)
+        cm = kiln.compile(m)
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-3, atol=1e-3)
+        x2 = torch.randn(2, 3, 64, 64, device=device)
+        torch.testing.assert_close(cm(x2), m(x2), rtol=1e-3, atol=1e-3)
