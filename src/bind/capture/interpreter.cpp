@@ -245,6 +245,12 @@ class Interpreter {
       out_.guards.add_identity(src, v);
       return Var::module(v, src);
     }
+    if (PyMethod_Check(v)) {
+      // Bound methods are made afresh at each attribute access: guard what they bind.
+      out_.guards.add_identity(Source::attr(src, "__func__"), PyMethod_GET_FUNCTION(v));
+      out_.guards.add_identity(Source::attr(src, "__self__"), PyMethod_GET_SELF(v));
+      return Var::constant(v, src);
+    }
     // Modules, functions, classes and other objects: their identity.
     out_.guards.add_identity(src, v);
     return Var::constant(v, src);
@@ -496,13 +502,17 @@ class Interpreter {
       if (L[i]) continue;
       Py_ssize_t d = i - (npos - ndef);
       if (d < 0) unsupported(name + "() missing argument '" + slot_name(i) + "'");
-      L[i] = Var::constant(PyTuple_GET_ITEM(defaults, d));
+      PyObject* dv = PyTuple_GET_ITEM(defaults, d);
+      // Defaults can be reassigned (f.__defaults__ = ...): guarded like any other value read.
+      L[i] = child.fn_source_ ? wrap(dv, Source::item(Source::attr(child.fn_source_, "__defaults__"), d)) : Var::constant(dv);
     }
     PyObject* kwdefaults = PyFunction_GET_KW_DEFAULTS(f);
     for (int i = npos; i < npos + nkwonly; ++i) {
       if (L[i]) continue;
       PyObject* v = kwdefaults ? PyDict_GetItemString(kwdefaults, slot_name(i).c_str()) : nullptr;
       if (!v) unsupported(name + "() missing keyword argument '" + slot_name(i) + "'");
+      // Keyword-only defaults: the dict is guarded by identity (reassigning it recompiles).
+      if (child.fn_source_) out_.guards.add_identity(Source::attr(child.fn_source_, "__kwdefaults__"), kwdefaults);
       L[i] = Var::constant(v);
     }
     return child.run_frame();
@@ -530,7 +540,10 @@ class Interpreter {
     }
     std::string name = callable_name(f);
     bool any_tensor = std::any_of(args.begin(), args.end(), [](auto& a) { return a->is_tensor(); });
-    if (name == "torch.max" || name == "torch.min") {
+    static PyObject* torch_max = resolve_torch("max");
+    static PyObject* torch_min = resolve_torch("min");
+    if (f == torch_max || f == torch_min) {
+      name = f == torch_max ? "torch.max" : "torch.min";
       if (args.size() == 1 && kwargs.empty())
         return call_op(*function_binding(resolve_torch(name == "torch.max" ? "amax" : "amin")), args, {});
       if (args.size() == 2 && args[1]->is_tensor() && kwargs.empty())
@@ -539,6 +552,8 @@ class Interpreter {
     }
     if (f == builtin("abs") && args.size() == 1 && args[0]->is_tensor())
       return Var::tensor(add_node("abs", {args[0]->node}));
+    if (f == builtin("len") && args.size() == 1 && args[0]->kind == Var::Kind::Module)
+      return Var::steal_constant(PyLong_FromSsize_t(module_children(args[0])));
     if (f == builtin("len") && args.size() == 1 && args[0]->is_tensor()) {
       const ir::TensorMeta& m = args[0]->node->meta;
       if (m.dim() == 0) unsupported("len() of a 0-d tensor");
@@ -661,8 +676,22 @@ class Interpreter {
     }
     const OpBinding* b = method_binding(name);
     if (!b) unsupported("Tensor." + name + "() is not captured yet");
+    // x.float() on a float32 x is x itself in eager (an alias, not a copy).
+    if (b->op->name == "convert" && args.empty() && b->fixed.get_dtype("dtype") == m.dtype) return self;
     args.insert(args.begin(), self);
     return call_op(*b, std::move(args), kwargs);
+  }
+
+  // Number of children of a container module, guarded.
+  Py_ssize_t module_children(const VarPtr& mod) {
+    std::string type = Py_TYPE(mod->obj)->tp_name;
+    if (type != "ModuleList" && type != "Sequential") unsupported("len() or indexing of module " + type);
+    PyObject* children = PyObject_GetAttrString(mod->obj, "_modules");
+    if (!children || !PyDict_Check(children)) unsupported("container module without _modules");
+    Py_ssize_t n = PyDict_Size(children);
+    Py_DECREF(children);
+    out_.guards.add_length(Source::attr(mod->source, "_modules"), n);
+    return n;
   }
 
   // self.helper(x) on a module: the class's function, inlined with the module as self.
@@ -711,7 +740,13 @@ class Interpreter {
       std::vector<VarPtr> a = {args[0], module_attr(mod, "weight"), module_attr(mod, "bias")};
       return call_op(*function_binding(resolve_torch_path("torch.nn.functional.linear")), a, {});
     }
-    if (type == "ReLU") return op("torch.relu");
+    if (type == "ReLU") {
+      bool inplace = module_attr(mod, "inplace")->obj == Py_True;
+      if (!inplace) return op("torch.relu");
+      if (args.size() != 1 || !args[0]->is_tensor()) unsupported("ReLU(inplace=True) on a non-tensor");
+      check_inplace_target(args[0], "relu");
+      return mutate(args[0], add_node("relu", {args[0]->node}));
+    }
     if (type == "Sigmoid") return op("torch.sigmoid");
     if (type == "Tanh") return op("torch.tanh");
     if (type == "Identity") return args.at(0);
@@ -848,20 +883,50 @@ class Interpreter {
     unsupported("attribute " + name + " of a " + (base->kind == Var::Kind::Tuple ? "tuple" : "value"));
   }
 
+  // ---- in-place updates ----
+  // An in-place op on a tensor only the graph can see is the out-of-place op whose result
+  // every name of that tensor now holds: the tracker is shared by all its aliases (locals,
+  // containers), so rebinding it updates them all. Memory others can observe (inputs,
+  // parameters, views and tensors with views) is not captured yet.
+  void check_inplace_target(const VarPtr& a, const std::string& what) {
+    const ir::Node* n = a->node;
+    if (n->op_name() == "placeholder") unsupported("in-place " + what + " on an input mutates the caller's tensor: not captured yet");
+    if (aliases(n)) unsupported("in-place " + what + " on a view: not captured yet");
+    for (const ir::Node* u : n->users)
+      if (aliases(u)) unsupported("in-place " + what + " on a tensor that has views: not captured yet");
+  }
+
+  // Ops whose result may share memory with their input in eager: views, and composites that
+  // decompose into views (t, flatten).
+  static bool aliases(const ir::Node* n) {
+    return n->op->kind == ops::OpKind::View || n->op->name == "t" || n->op->name == "flatten";
+  }
+
+  VarPtr mutate(const VarPtr& a, ir::Node* result) {
+    if (result->meta.dtype != a->node->meta.dtype || result->meta.sizes != a->node->meta.sizes) {
+      // torch keeps the tensor's dtype and shape in place: a result that changes either is an error
+      // there (or a cast), which eager reports.
+      unsupported("in-place result of another dtype or shape");
+    }
+    a->node = result;
+    return a;
+  }
+
   // ---- operators ----
   VarPtr binary(const std::string& nb, VarPtr a, VarPtr b) {
     bool inplace = nb.rfind("NB_INPLACE_", 0) == 0;
     std::string base = inplace ? nb.substr(11) : nb.substr(3);
     if (a->is_tensor() || b->is_tensor()) {
-      if (inplace && a->is_tensor() && (a->node->op_name() == "placeholder" || a->node->op->kind == ops::OpKind::View))
-        unsupported("in-place " + base + " on an input or a view mutates memory: not captured yet");
+      if (inplace && a->is_tensor()) check_inplace_target(a, base);
       static const std::unordered_map<std::string, std::string> ops = {
           {"ADD", "add"}, {"SUBTRACT", "sub"}, {"MULTIPLY", "mul"}, {"TRUE_DIVIDE", "div"},
           {"FLOOR_DIVIDE", "floor_divide"}, {"REMAINDER", "remainder"}, {"POWER", "pow"}, {"MATRIX_MULTIPLY", "matmul"}};
       auto it = ops.find(base);
       if (it == ops.end()) unsupported("operator " + base + " on tensors is not captured yet");
       if (a->kind == Var::Kind::Tuple || b->kind == Var::Kind::Tuple) unsupported("tensor operator with a tuple");
-      return Var::tensor(add_node(it->second, {as_node(a, "operand"), as_node(b, "operand")}));
+      ir::Node* r = add_node(it->second, {as_node(a, "operand"), as_node(b, "operand")});
+      if (inplace && a->is_tensor()) return mutate(a, r);
+      return Var::tensor(r);
     }
     static const std::unordered_map<std::string, binaryfunc> py = {
         {"ADD", PyNumber_Add}, {"SUBTRACT", PyNumber_Subtract}, {"MULTIPLY", PyNumber_Multiply},
@@ -914,7 +979,25 @@ class Interpreter {
       unsupported("subscript of a container with a non-constant index");
     }
     if (base->is_tensor()) unsupported("tensor indexing is not captured yet");
-    return real(PyObject_GetItem(const_obj(base, "container"), const_obj(index, "index")));
+    if (base->kind == Var::Kind::Module) {
+      // self.layers[i] on a ModuleList/Sequential: the child module, guarded like any other.
+      if (!index->is_const() || !PyLong_Check(index->obj)) unsupported("module indexed by a non-integer");
+      Py_ssize_t n = module_children(base), i = PyLong_AsSsize_t(index->obj);
+      if (i < 0) i += n;
+      if (i < 0 || i >= n) unsupported("module index out of range");
+      return module_attr(base, std::to_string(i).c_str());
+    }
+    PyObject* container = const_obj(base, "container");
+    PyObject* key = const_obj(index, "index");
+    PyObject* v = PyObject_GetItem(container, key);
+    if (!v) return real(nullptr);
+    // An item of a container read from the frame (a config dict, a list) is guarded itself.
+    if (base->source && (PyDict_Check(container) || PyList_Check(container)) && !PySlice_Check(key)) {
+      VarPtr r = wrap(v, Source::key_of(base->source, key));
+      Py_DECREF(v);
+      return r;
+    }
+    return Var::steal_constant(v);
   }
 
   // ---- output ----
@@ -1042,6 +1125,33 @@ class Interpreter {
         for (size_t k = 0; k < nkw; ++k) kwargs.emplace_back(kwnames_[k], args[args.size() - nkw + k]);
         args.resize(args.size() - nkw);
         kwnames_.clear();
+        push(call(fn, std::move(args), std::move(kwargs)));
+        return -1;
+      }
+      case OP_CALL_FUNCTION_EX: {
+        // f(*args) and f(*args, **kwargs): the sequence and the dict must be known here.
+        KwArgs kwargs;
+        if (in.arg & 1) {
+          VarPtr kw = pop();
+          PyObject* d = const_obj(kw, "**kwargs");
+          if (!PyDict_Check(d)) unsupported("** of a non-dict");
+          PyObject *k, *v;
+          Py_ssize_t pos = 0;
+          while (PyDict_Next(d, &pos, &k, &v)) kwargs.emplace_back(PyUnicode_AsUTF8(k), Var::constant(v));
+        }
+        VarPtr seq = pop();
+        std::vector<VarPtr> args;
+        if (seq->kind == Var::Kind::Tuple || seq->kind == Var::Kind::List) {
+          args = seq->items;
+        } else {
+          PyObject* fast = PySequence_Fast(const_obj(seq, "*args"), "not a sequence");
+          if (!fast) real(nullptr);
+          for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i)
+            args.push_back(Var::constant(PySequence_Fast_GET_ITEM(fast, i)));
+          Py_DECREF(fast);
+        }
+        VarPtr fn = pop();
+        if (!stack_.empty() && stack_.back()->kind == Var::Kind::Null) pop();
         push(call(fn, std::move(args), std::move(kwargs)));
         return -1;
       }

@@ -41,6 +41,18 @@ Source::~Source() {
   Py_XDECREF(globals);
 }
 
+SourcePtr Source::key_of(SourcePtr base, PyObject* key) {
+  auto s = std::make_shared<Source>(Source{Kind::Key});
+  Py_INCREF(key);
+  s->key = key;
+  s->base = std::move(base);
+  PyObject* r = PyObject_Repr(key);
+  s->name = r ? PyUnicode_AsUTF8(r) : "?";
+  Py_XDECREF(r);
+  PyErr_Clear();
+  return s;
+}
+
 SourcePtr Source::closure(Py_ssize_t index, const std::string& name) {
   auto s = std::make_shared<Source>(Source{Kind::Closure});
   s->index = index;
@@ -60,6 +72,7 @@ std::string Source::str() const {
     case Kind::Attr: return base->str() + "." + name;
     case Kind::Item: return base->str() + "[" + std::to_string(index) + "]";
     case Kind::Closure: return "C['" + name + "']";
+    case Kind::Key: return base->str() + "[" + name + "]";
   }
   return "?";
 }
@@ -93,6 +106,14 @@ PyObject* eval_source(const Source& s, const FrameView& f) {
       PyObject* base = eval_source(*s.base, f);
       if (!base) return nullptr;
       PyObject* v = PySequence_GetItem(base, s.index);
+      Py_DECREF(base);
+      if (!v) PyErr_Clear();
+      return v;
+    }
+    case Source::Kind::Key: {
+      PyObject* base = eval_source(*s.base, f);
+      if (!base) return nullptr;
+      PyObject* v = PyObject_GetItem(base, s.key);
       Py_DECREF(base);
       if (!v) PyErr_Clear();
       return v;

@@ -12,10 +12,10 @@ struct Source;
 using SourcePtr = std::shared_ptr<const Source>;
 
 struct Source {
-  enum class Kind { Local, Global, Attr, Item, Closure } kind;
+  enum class Kind { Local, Global, Attr, Item, Closure, Key } kind;
   int local = -1;            // Local: the slot in the bound arguments
   std::string name;          // Local/Global/Attr: the name
-  PyObject* key = nullptr;   // Global/Attr: interned name string (owned)
+  PyObject* key = nullptr;   // Global/Attr: interned name string; Key: the key (owned)
   Py_ssize_t index = 0;      // Item; Closure: the cell's position in fn.__closure__
   SourcePtr base;            // Attr/Item
   PyObject* globals = nullptr;  // Global: the dict it is read from, when not the frame's (owned)
@@ -26,6 +26,7 @@ struct Source {
   static SourcePtr attr(SourcePtr base, const std::string& name);
   static SourcePtr item(SourcePtr base, Py_ssize_t index);
   static SourcePtr closure(Py_ssize_t index, const std::string& name);
+  static SourcePtr key_of(SourcePtr base, PyObject* key);  // base[key] for any hashable key (dicts)
   ~Source();
 
   std::string module_name() const;
