@@ -24,18 +24,6 @@ bool same_device(const TensorMeta& a, const TensorMeta& b, std::string& err) {
   return false;
 }
 
-OpDef extern_op(const std::string& name, const std::string& schema, const std::string& aten, InferFn infer,
-                std::vector<std::string> py) {
-  OpDef d;
-  d.name = name;
-  d.schema = Schema::parse(schema);
-  d.kind = OpKind::Extern;
-  d.promotion = Promotion::None;
-  d.infer = std::move(infer);
-  d.aten = aten;
-  d.python = std::move(py);
-  return d;
-}
 
 }  // namespace
 

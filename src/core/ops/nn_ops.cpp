@@ -33,18 +33,6 @@ bool spatial_arg(const Attrs& a, const char* key, size_t i, int64_t dflt, int64_
   return true;
 }
 
-OpDef extern_op(const std::string& name, const std::string& schema, const std::string& aten, InferFn infer,
-                std::vector<std::string> py) {
-  OpDef d;
-  d.name = name;
-  d.schema = Schema::parse(schema);
-  d.kind = OpKind::Extern;
-  d.promotion = Promotion::None;
-  d.infer = std::move(infer);
-  d.aten = aten;
-  d.python = std::move(py);
-  return d;
-}
 
 Attrs A(std::initializer_list<std::pair<std::string, ir::AttrValue>> kv) {
   Attrs a;

@@ -134,6 +134,19 @@ std::vector<const OpDef*> all_ops() {
 
 DType default_float() { return DType::Float32; }
 
+OpDef extern_op(const std::string& name, const std::string& schema, const std::string& aten, InferFn infer,
+                std::vector<std::string> python) {
+  OpDef d;
+  d.name = name;
+  d.schema = Schema::parse(schema);
+  d.kind = OpKind::Extern;
+  d.promotion = Promotion::None;
+  d.infer = std::move(infer);
+  d.aten = aten;
+  d.python = std::move(python);
+  return d;
+}
+
 bool wrap_dim(int64_t& dim, int64_t rank, std::string& error) {
   int64_t r = std::max<int64_t>(rank, 1);  // scalars accept dims -1 and 0
   if (dim < -r || dim >= r) {

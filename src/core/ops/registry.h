@@ -106,6 +106,10 @@ std::vector<OpDef> linalg_ops();
 std::vector<OpDef> composite_ops();
 std::vector<OpDef> nn_ops();
 
+// An op that runs as a call of the torch operator `aten` (shape rule `infer`).
+OpDef extern_op(const std::string& name, const std::string& schema, const std::string& aten, InferFn infer,
+                std::vector<std::string> python);
+
 // Gives a composite op the shape rule of its decomposition (run on a scratch graph).
 void infer_by_decomposition(OpDef& d);
 std::vector<OpDef> source_ops();
