@@ -41,7 +41,7 @@ struct Instr {
   X(POP_JUMP_BACKWARD_IF_FALSE) X(POP_JUMP_BACKWARD_IF_TRUE) X(POP_JUMP_FORWARD_IF_NONE)                       \
   X(POP_JUMP_FORWARD_IF_NOT_NONE) X(POP_JUMP_BACKWARD_IF_NONE) X(POP_JUMP_BACKWARD_IF_NOT_NONE)                \
   X(JUMP_FORWARD) X(JUMP_BACKWARD) X(JUMP_BACKWARD_NO_INTERRUPT) X(COPY_FREE_VARS) X(MAKE_CELL)                \
-  X(CALL_INTRINSIC_1) X(CALL_FUNCTION_EX) X(BUILD_MAP) X(BUILD_CONST_KEY_MAP) X(LOAD_DEREF) X(STORE_DEREF) X(GET_ITER) X(FOR_ITER) X(END_FOR)
+  X(CALL_INTRINSIC_1) X(CALL_FUNCTION_EX) X(BUILD_MAP) X(BUILD_CONST_KEY_MAP) X(LOAD_DEREF) X(STORE_DEREF) X(GET_ITER) X(FOR_ITER) X(END_FOR) X(DICT_MERGE) X(DICT_UPDATE)
 
 enum OpName {
 #define KILN_X(n) OP_##n,
@@ -304,7 +304,7 @@ class Interpreter {
 
   // Python value of a constant, or capture stops.
   PyObject* const_obj(const VarPtr& v, const char* what) {
-    if (v->is_const()) return v->obj;
+    if (v->is_const() || v->kind == Var::Kind::Module) return v->obj;  // modules are guarded by identity
     if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List) {
       // Materialize containers of constants (e.g. a shape tuple).
       PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(v->items.size()));
@@ -702,7 +702,9 @@ class Interpreter {
     if (PyErr_Occurred()) PyErr_Clear();
     if (!f || !PyFunction_Check(f)) unsupported("method " + name + " of module " + Py_TYPE(mod->obj)->tp_name);
     args.insert(args.begin(), mod);
-    return inline_call(f, nullptr, std::move(args), kwargs);
+    // type(self).<name>: the function itself, so its defaults and closure are guarded.
+    SourcePtr src = mod->source ? Source::attr(Source::attr(mod->source, "__class__"), name) : nullptr;
+    return inline_call(f, src, std::move(args), kwargs);
   }
 
   VarPtr module_attr(const VarPtr& mod, const char* name) {
@@ -1126,6 +1128,41 @@ class Interpreter {
         args.resize(args.size() - nkw);
         kwnames_.clear();
         push(call(fn, std::move(args), std::move(kwargs)));
+        return -1;
+      }
+      case OP_BUILD_MAP: {
+        // Dicts of values known at capture time (keyword forwarding: f(**kwargs)).
+        PyObject* d = PyDict_New();
+        std::vector<VarPtr> kv(2 * in.arg);
+        for (int i = 2 * in.arg - 1; i >= 0; --i) kv[i] = pop();
+        for (int i = 0; i < in.arg; ++i) {
+          if (PyDict_SetItem(d, const_obj(kv[2 * i], "dict key"), const_obj(kv[2 * i + 1], "dict value")) < 0) {
+            Py_DECREF(d);
+            real(nullptr);
+          }
+        }
+        push(Var::steal_constant(d));
+        return -1;
+      }
+      case OP_DICT_MERGE:
+      case OP_DICT_UPDATE: {
+        VarPtr update = pop();
+        VarPtr& target = peek(in.arg);
+        PyObject* src = const_obj(update, "dict");
+        if (!target->is_const() || !PyDict_Check(target->obj) || !PyDict_Check(src)) unsupported("dict merge of non-constant dicts");
+        // Copy, so that a dict shared with the frame is never changed by capture.
+        PyObject* merged = PyDict_Copy(target->obj);
+        if (in.op == OP_DICT_MERGE) {
+          PyObject *k, *v;
+          Py_ssize_t pos = 0;
+          while (PyDict_Next(src, &pos, &k, &v))
+            if (PyDict_Contains(merged, k)) {
+              Py_DECREF(merged);
+              unsupported("got multiple values for a keyword argument");
+            }
+        }
+        PyDict_Update(merged, src);
+        target = Var::steal_constant(merged);
         return -1;
       }
       case OP_CALL_FUNCTION_EX: {
