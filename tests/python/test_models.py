@@ -63,6 +63,8 @@ def test_resnet18(device):
         x = torch.randn(2, 3, 64, 64, device=device)
         _one_graph(m, x)
         cm = kiln.compile(m)
-        torch.testing.assert_close(cm(x), m(x), rtol=1e-3, atol=1e-3)
+        # cuDNN may pick different (TF32) convolution algorithms from call to call.
+        tol = 1e-3 if device == "cpu" else 1e-2
+        torch.testing.assert_close(cm(x), m(x), rtol=tol, atol=tol)
         x2 = torch.randn(2, 3, 64, 64, device=device)
-        torch.testing.assert_close(cm(x2), m(x2), rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(cm(x2), m(x2), rtol=tol, atol=tol)

@@ -28,6 +28,7 @@ struct Instr {
   int offset;
   int jump_target;   // absolute offset, for jumps
   int line;
+  std::string argrepr;  // dis's rendering of the argument (names of intrinsics, ...)
 };
 
 #define KILN_OPNAMES(X)                                                                                         \
@@ -41,7 +42,7 @@ struct Instr {
   X(POP_JUMP_BACKWARD_IF_FALSE) X(POP_JUMP_BACKWARD_IF_TRUE) X(POP_JUMP_FORWARD_IF_NONE)                       \
   X(POP_JUMP_FORWARD_IF_NOT_NONE) X(POP_JUMP_BACKWARD_IF_NONE) X(POP_JUMP_BACKWARD_IF_NOT_NONE)                \
   X(JUMP_FORWARD) X(JUMP_BACKWARD) X(JUMP_BACKWARD_NO_INTERRUPT) X(COPY_FREE_VARS) X(MAKE_CELL)                \
-  X(CALL_INTRINSIC_1) X(CALL_FUNCTION_EX) X(BUILD_MAP) X(BUILD_CONST_KEY_MAP) X(LOAD_DEREF) X(STORE_DEREF) X(GET_ITER) X(FOR_ITER) X(END_FOR) X(DICT_MERGE) X(DICT_UPDATE)
+  X(CALL_INTRINSIC_1) X(CALL_FUNCTION_EX) X(BUILD_MAP) X(BUILD_CONST_KEY_MAP) X(LOAD_DEREF) X(STORE_DEREF) X(GET_ITER) X(FOR_ITER) X(END_FOR) X(DICT_MERGE) X(DICT_UPDATE) X(LOAD_SUPER_ATTR)
 
 enum OpName {
 #define KILN_X(n) OP_##n,
@@ -120,6 +121,9 @@ const CodeInfo& decode(PyObject* code) {
     in.argval = argval;  // borrowed below: the instruction object in dis_list holds it too
     Py_XDECREF(argval);
     in.jump_target = PyLong_Check(argval) ? static_cast<int>(PyLong_AsLong(argval)) : -1;
+    PyObject* repr = PyObject_GetAttrString(ins, "argrepr");
+    if (repr && PyUnicode_Check(repr)) in.argrepr = PyUnicode_AsUTF8(repr);
+    Py_XDECREF(repr);
     PyObject* starts = PyObject_GetAttrString(ins, "starts_line");
     if (starts && PyLong_Check(starts)) line = static_cast<int>(PyLong_AsLong(starts));
     Py_XDECREF(starts);
@@ -1130,6 +1134,7 @@ class Interpreter {
         push(call(fn, std::move(args), std::move(kwargs)));
         return -1;
       }
+      case OP_LOAD_SUPER_ATTR: unsupported("super() is not captured yet (call Base.method(self, ...) instead)");
       case OP_BUILD_MAP: {
         // Dicts of values known at capture time (keyword forwarding: f(**kwargs)).
         PyObject* d = PyDict_New();
@@ -1243,8 +1248,7 @@ class Interpreter {
         return -1;
       }
       case OP_CALL_INTRINSIC_1: {
-        PyObject* name = in.argval;
-        std::string n = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "";
+        const std::string& n = in.argrepr;
         if (n == "INTRINSIC_UNARY_POSITIVE") {
           VarPtr a = pop();
           if (!a->is_tensor()) a = real(PyNumber_Positive(const_obj(a, "operand")));
