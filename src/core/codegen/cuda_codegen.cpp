@@ -104,6 +104,7 @@ class CudaKernelWriter {
       for (const Stage& st : k_.stages) write_row_stage(st, em, indent);
       out_ += "  }\n";
     } else {
+      out_ += indent + "#pragma unroll 4\n";  // several independent loads in flight per thread
       out_ += indent + "for (kiln_idx kiln_lin = (kiln_idx)blockIdx.x * " + std::to_string(l.block) +
               " + threadIdx.x; kiln_lin < " + std::to_string(outer) + "; kiln_lin += (kiln_idx)gridDim.x * " +
               std::to_string(l.block) + ") {\n";
