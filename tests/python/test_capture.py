@@ -1824,7 +1824,7 @@ def test_list_comprehension_falls_back():
     # Python 3.12 inlines comprehensions into the frame (PEP 709), which kiln captures; 3.11 makes
     # a function of them, which it does not yet.
     if sys.version_info >= (3, 12):
-        check(list_comprehension, torch.randn(3, 3), torch.randn(3, 3))
+        check(list_comprehension, lambda: (torch.randn(3, 3), torch.randn(3, 3)))
         return
     assert_falls_back(list_comprehension, lambda: (torch.randn(3, 3), torch.randn(3, 3)),
                       "MAKE_FUNCTION", "listcomp")
