@@ -1496,24 +1496,49 @@ def test_nested_range_loops():
 
 def zip_pairs(a, b):
     out = a * 0
-    for p, q in zip((a, b), (b, a)):  # break: zip
+    for p, q in zip((a, b), (b, a)):
         out = out + p * q
     return out
 
 
-def test_zip_falls_back_with_reason():
-    assert_falls_back(zip_pairs, lambda: (torch.randn(3, 3), torch.randn(3, 3)), "zip", "zip")
+def test_zip_unrolls():
+    check(zip_pairs, lambda: (torch.randn(3, 3), torch.randn(3, 3)))
 
 
 def enumerate_scales(a, b):
     out = a * 0
-    for i, t in enumerate((a, b)):  # break: enumerate
+    for i, t in enumerate((a, b)):
         out = out + t * (i + 1)
     return out
 
 
-def test_enumerate_falls_back_with_reason():
-    assert_falls_back(enumerate_scales, lambda: (torch.randn(3, 3), torch.randn(3, 3)), "enumerate", "enumerate")
+def test_enumerate_unrolls():
+    check(enumerate_scales, lambda: (torch.randn(3, 3), torch.randn(3, 3)))
+
+
+def reversed_enumerate_zip(xs, ws):
+    acc = xs[0] * 0
+    for i, (x, w) in enumerate(zip(reversed(xs), ws), 1):
+        acc = acc + x * w * i
+    return acc
+
+
+def test_reversed_enumerate_zip_nested():
+    check(reversed_enumerate_zip, lambda: ((torch.randn(4), torch.randn(4), torch.randn(4)), (torch.randn(4), torch.randn(4))))
+
+
+class NamedSequential(nn.Module):
+    def __init__(self):
+        super().__init__()
+        from collections import OrderedDict
+        self.body = nn.Sequential(OrderedDict(proj=nn.Linear(8, 8), act=nn.GELU(), out=nn.Linear(8, 8)))
+
+    def forward(self, x):
+        return self.body[-1](self.body[0](x)) + self.body(x)
+
+
+def test_named_sequential_iteration_and_indexing(no_grad):
+    check(NamedSequential(), x48)
 
 
 # --------------------------------------------------------------------------------------------

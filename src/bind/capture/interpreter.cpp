@@ -522,6 +522,64 @@ class Interpreter {
     return child.run_frame();
   }
 
+  // The items of a value that a loop could walk at capture time.
+  std::vector<VarPtr> items_of(const VarPtr& v) {
+    if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Iterator) return v->items;
+    if (v->kind == Var::Kind::Module) {
+      // Children in order, by name (Sequential may name them: OrderedDict construction).
+      module_children(v);
+      PyObject* children = PyObject_GetAttrString(v->obj, "_modules");
+      std::vector<VarPtr> out;
+      PyObject *key, *value;
+      Py_ssize_t pos = 0;
+      while (PyDict_Next(children, &pos, &key, &value)) out.push_back(module_attr(v, PyUnicode_AsUTF8(key)));
+      Py_DECREF(children);
+      return out;
+    }
+    if (v->is_const()) {
+      PyObject* o = v->obj;
+      if (!(PyRange_Check(o) || PyTuple_Check(o) || PyList_Check(o))) unsupported("iteration over a " + std::string(Py_TYPE(o)->tp_name));
+      Py_ssize_t n = PySequence_Size(o);
+      if (n > 10000) unsupported("loop of more than 10000 iterations");
+      std::vector<VarPtr> out;
+      for (Py_ssize_t i = 0; i < n; ++i) out.push_back(Var::steal_constant(PySequence_GetItem(o, i)));
+      return out;
+    }
+    unsupported("iteration over a tensor is not captured yet");
+  }
+
+  // zip / enumerate / reversed over values known at capture time: tuples of trackers.
+  VarPtr iteration_builtin(PyObject* f, const std::vector<VarPtr>& args) {
+    std::vector<VarPtr> out;
+    if (f == builtin("reversed")) {
+      if (args.size() != 1) unsupported("reversed() takes one argument");
+      out = items_of(args[0]);
+      std::reverse(out.begin(), out.end());
+    } else if (f == builtin("enumerate")) {
+      if (args.empty() || args.size() > 2) unsupported("enumerate() with unusual arguments");
+      long start = args.size() == 2 ? PyLong_AsLong(const_obj(args[1], "start")) : 0;
+      std::vector<VarPtr> items = items_of(args[0]);
+      for (size_t i = 0; i < items.size(); ++i)
+        out.push_back(Var::tuple({Var::steal_constant(PyLong_FromLong(start + static_cast<long>(i))), items[i]}));
+    } else {
+      std::vector<std::vector<VarPtr>> seqs;
+      size_t n = SIZE_MAX;
+      for (const VarPtr& a : args) {
+        seqs.push_back(items_of(a));
+        n = std::min(n, seqs.back().size());
+      }
+      if (seqs.empty()) n = 0;
+      for (size_t i = 0; i < n; ++i) {
+        std::vector<VarPtr> t;
+        for (auto& sq : seqs) t.push_back(sq[i]);
+        out.push_back(Var::tuple(std::move(t)));
+      }
+    }
+    VarPtr it = Var::tuple(std::move(out));
+    it->kind = Var::Kind::Iterator;
+    return it;
+  }
+
   static bool is_torch_internal(PyObject* f) {
     PyObject* mod = PyObject_GetAttrString(f, "__module__");
     if (!mod) PyErr_Clear();
@@ -554,6 +612,8 @@ class Interpreter {
         return call_op(*function_binding(resolve_torch(name == "torch.max" ? "maximum" : "minimum")), args, {});
       unsupported(name + " with a dim returns (values, indices): not captured yet");
     }
+    if ((f == builtin("zip") || f == builtin("enumerate") || f == builtin("reversed")) && kwargs.empty())
+      return iteration_builtin(f, args);
     if (f == builtin("abs") && args.size() == 1 && args[0]->is_tensor())
       return Var::tensor(add_node("abs", {args[0]->node}));
     if (f == builtin("len") && args.size() == 1 && args[0]->kind == Var::Kind::Module)
@@ -991,7 +1051,14 @@ class Interpreter {
       Py_ssize_t n = module_children(base), i = PyLong_AsSsize_t(index->obj);
       if (i < 0) i += n;
       if (i < 0 || i >= n) unsupported("module index out of range");
-      return module_attr(base, std::to_string(i).c_str());
+      PyObject* children = PyObject_GetAttrString(base->obj, "_modules");
+      PyObject *key, *value;
+      Py_ssize_t pos = 0, k = 0;
+      std::string name;
+      while (PyDict_Next(children, &pos, &key, &value))
+        if (k++ == i) name = PyUnicode_AsUTF8(key);
+      Py_DECREF(children);
+      return module_attr(base, name.c_str());
     }
     PyObject* container = const_obj(base, "container");
     PyObject* key = const_obj(index, "index");
@@ -1355,32 +1422,7 @@ class Interpreter {
       case OP_GET_ITER: {
         // Loops over values known at capture time unroll: the iterator is a list of trackers.
         VarPtr seq = pop();
-        std::vector<VarPtr> items;
-        if (seq->kind == Var::Kind::Tuple || seq->kind == Var::Kind::List) {
-          items = seq->items;
-        } else if (seq->kind == Var::Kind::Module) {
-          PyObject* children = PyObject_GetAttrString(seq->obj, "_modules");
-          if (!children || !PyDict_Check(children)) unsupported("iteration over a module without children");
-          std::string type = Py_TYPE(seq->obj)->tp_name;
-          if (type != "Sequential" && type != "ModuleList") unsupported("iteration over module " + type);
-          out_.guards.add_length(Source::attr(seq->source, "_modules"), PyDict_Size(children));
-          PyObject *key, *value;
-          Py_ssize_t pos = 0;
-          while (PyDict_Next(children, &pos, &key, &value)) items.push_back(module_attr(seq, PyUnicode_AsUTF8(key)));
-          Py_DECREF(children);
-        } else if (seq->is_const()) {
-          PyObject* o = seq->obj;
-          if (!(PyRange_Check(o) || PyTuple_Check(o) || PyList_Check(o))) unsupported("iteration over a " + std::string(Py_TYPE(o)->tp_name));
-          Py_ssize_t n = PySequence_Size(o);
-          if (n > 10000) unsupported("loop of more than 10000 iterations");
-          for (Py_ssize_t i = 0; i < n; ++i) {
-            PyObject* item = PySequence_GetItem(o, i);
-            items.push_back(Var::steal_constant(item));
-          }
-        } else {
-          unsupported("iteration over a tensor is not captured yet");
-        }
-        auto it = Var::tuple(std::move(items));
+        VarPtr it = Var::tuple(items_of(seq));
         it->kind = Var::Kind::Iterator;
         push(it);
         return -1;
