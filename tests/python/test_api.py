@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -19,11 +16,7 @@ from torch import nn
 
 import kiln
 
-KILN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
-
-# The counters this file reasons about (stats() also carries timings, which always move).
-COUNTERS = ("frames_captured", "graphs_compiled", "recompiles", "cache_hits_memory",
-            "cache_hits_disk", "eager_fallbacks", "kernels_generated")
+from _process import child_result, counters, delta, run_child as _run_child
 
 
 # --------------------------------------------------------------------------------------------
@@ -38,33 +31,9 @@ def _fresh_kiln():
     kiln.reset()
 
 
-def counters() -> dict:
-    s = kiln.stats()
-    return {k: s[k] for k in COUNTERS}
-
-
-def delta(before: dict, after: dict) -> dict:
-    return {k: after[k] - before[k] for k in COUNTERS}
-
-
 def run_child(code: str, tmp_path, extra_env: dict | None = None, timeout: int = 300):
     """Runs `code` in a fresh interpreter with kiln importable and its own cache directory."""
-    env = dict(os.environ)
-    for var in ("KILN_DEBUG", "KILN_LOGS"):
-        env.pop(var, None)
-    env["PYTHONPATH"] = KILN_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["KILN_CACHE_DIR"] = str(tmp_path / "kiln-cache")
-    if extra_env:
-        env.update(extra_env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def child_result(proc) -> dict:
-    """The JSON object a child printed on its last stdout line."""
-    assert proc.returncode == 0, (
-        f"child exited with {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _run_child(code, tmp_path / "kiln-cache", extra_env, timeout)
 
 
 # The seeds' functions.

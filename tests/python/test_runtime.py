@@ -11,9 +11,6 @@ import glob
 import inspect
 import json
 import os
-import subprocess
-import sys
-import textwrap
 import warnings
 
 import pytest
@@ -21,11 +18,9 @@ import torch
 
 import kiln
 
-KILN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
+from _process import KILN_ROOT, child_env, child_result, counters, delta, run_child
 THIS_FILE = os.path.basename(__file__)
 
-COUNTERS = ("frames_captured", "graphs_compiled", "recompiles", "cache_hits_memory",
-            "cache_hits_disk", "eager_fallbacks", "kernels_generated")
 
 
 # --------------------------------------------------------------------------------------------
@@ -40,15 +35,6 @@ def _fresh_kiln():
     kiln.reset()
 
 
-def counters() -> dict:
-    s = kiln.stats()
-    return {k: s[k] for k in COUNTERS}
-
-
-def delta(before: dict, after: dict) -> dict:
-    return {k: after[k] - before[k] for k in COUNTERS}
-
-
 def line_of(fn, marker: str) -> int:
     """The absolute line number of the first source line of fn containing marker."""
     lines, first = inspect.getsourcelines(fn)
@@ -56,31 +42,6 @@ def line_of(fn, marker: str) -> int:
         if marker in text:
             return first + i
     raise AssertionError(f"{marker!r} not in the source of {fn.__name__}")
-
-
-def child_env(cache_dir, extra_env: dict | None = None) -> dict:
-    env = dict(os.environ)
-    for var in ("KILN_DEBUG", "KILN_LOGS"):
-        env.pop(var, None)
-    env["PYTHONPATH"] = KILN_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["KILN_CACHE_DIR"] = str(cache_dir)
-    if extra_env:
-        env.update(extra_env)
-    return env
-
-
-def run_child(code: str, cache_dir, extra_env: dict | None = None, timeout: int = 300):
-    """Runs `code` in a fresh interpreter with kiln importable and KILN_CACHE_DIR=cache_dir."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                          env=child_env(cache_dir, extra_env), capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def child_result(proc) -> dict:
-    """The JSON object a child printed on its last stdout line."""
-    assert proc.returncode == 0, (
-        f"child exited with {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def raised(fn, *args, **kwargs) -> BaseException:
