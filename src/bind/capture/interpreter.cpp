@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "bind/capture/bytecode.h"
 #include "bind/capture/capture.h"
 #include "bind/capture/torch_ops.h"
 #include "bind/capture/variables.h"
@@ -18,124 +19,6 @@ struct Unsupported : std::runtime_error {
 };
 
 [[noreturn]] void unsupported(const std::string& why) { throw Unsupported(why); }
-
-// One decoded instruction. Decoding goes through the running interpreter's `dis`, so opcode
-// numbers, cache entries and jump targets are never hard-coded.
-struct Instr {
-  int op;            // index into the handler table (by opname)
-  int arg;           // raw argument
-  PyObject* argval;  // dis's resolved argument (borrowed from the cached instruction list)
-  int offset;
-  int jump_target;   // absolute offset, for jumps
-  int line;
-  std::string argrepr;  // dis's rendering of the argument (names of intrinsics, ...)
-};
-
-#define KILN_OPNAMES(X)                                                                                         \
-  X(NOP) X(RESUME) X(CACHE) X(EXTENDED_ARG) X(PRECALL) X(LOAD_FAST) X(LOAD_FAST_CHECK) X(LOAD_FAST_AND_CLEAR)   \
-  X(STORE_FAST) X(DELETE_FAST) X(LOAD_CONST) X(RETURN_VALUE) X(RETURN_CONST) X(LOAD_GLOBAL) X(LOAD_ATTR)        \
-  X(LOAD_METHOD) X(PUSH_NULL) X(KW_NAMES) X(CALL) X(BINARY_OP) X(BINARY_SUBSCR) X(BINARY_SLICE)                \
-  X(BUILD_SLICE) X(UNARY_NEGATIVE) X(UNARY_NOT) X(UNARY_INVERT) X(UNARY_POSITIVE) X(BUILD_TUPLE) X(BUILD_LIST) \
-  X(LIST_EXTEND) X(LIST_APPEND) X(LIST_TO_TUPLE) X(UNPACK_SEQUENCE) X(POP_TOP) X(COPY) X(SWAP) X(COMPARE_OP)  \
-  X(IS_OP) X(CONTAINS_OP) X(POP_JUMP_IF_FALSE) X(POP_JUMP_IF_TRUE) X(POP_JUMP_IF_NONE)                         \
-  X(POP_JUMP_IF_NOT_NONE) X(POP_JUMP_FORWARD_IF_FALSE) X(POP_JUMP_FORWARD_IF_TRUE)                             \
-  X(POP_JUMP_BACKWARD_IF_FALSE) X(POP_JUMP_BACKWARD_IF_TRUE) X(POP_JUMP_FORWARD_IF_NONE)                       \
-  X(POP_JUMP_FORWARD_IF_NOT_NONE) X(POP_JUMP_BACKWARD_IF_NONE) X(POP_JUMP_BACKWARD_IF_NOT_NONE)                \
-  X(JUMP_FORWARD) X(JUMP_BACKWARD) X(JUMP_BACKWARD_NO_INTERRUPT) X(COPY_FREE_VARS) X(MAKE_CELL)                \
-  X(CALL_INTRINSIC_1) X(CALL_FUNCTION_EX) X(BUILD_MAP) X(BUILD_CONST_KEY_MAP) X(LOAD_DEREF) X(STORE_DEREF) X(GET_ITER) X(FOR_ITER) X(END_FOR) X(DICT_MERGE) X(DICT_UPDATE) X(LOAD_SUPER_ATTR)
-
-enum OpName {
-#define KILN_X(n) OP_##n,
-  KILN_OPNAMES(KILN_X)
-#undef KILN_X
-  OP_UNKNOWN
-};
-
-struct CodeInfo {
-  std::vector<Instr> instrs;
-  std::unordered_map<int, size_t> by_offset;
-  PyObject* dis_list = nullptr;  // keeps argvals alive
-  std::vector<std::string> nb_ops;  // BINARY_OP argument names, from dis._nb_ops
-  std::vector<std::string> cmp_ops;
-  std::vector<std::string> opnames;  // OP_UNKNOWN instructions keep their name for messages
-};
-
-PyObject* g_dis = nullptr;
-
-std::vector<std::string> string_list(PyObject* seq, bool second_of_pair) {
-  std::vector<std::string> out;
-  if (!seq) return out;
-  Py_ssize_t n = PySequence_Size(seq);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = PySequence_GetItem(seq, i);
-    PyObject* s = second_of_pair && PyTuple_Check(item) ? PyTuple_GetItem(item, 0) : item;
-    out.push_back(s && PyUnicode_Check(s) ? PyUnicode_AsUTF8(s) : "");
-    Py_DECREF(item);
-  }
-  return out;
-}
-
-const CodeInfo& decode(PyObject* code) {
-  static std::unordered_map<PyObject*, CodeInfo*> cache;  // code objects of compiled functions live long
-  auto it = cache.find(code);
-  if (it != cache.end()) return *it->second;
-  if (!g_dis) g_dis = PyImport_ImportModule("dis");
-  static const std::unordered_map<std::string, int> names = {
-#define KILN_X(n) {#n, OP_##n},
-      KILN_OPNAMES(KILN_X)
-#undef KILN_X
-  };
-  auto* info = new CodeInfo();
-  Py_INCREF(code);
-  PyObject* it_obj = PyObject_CallMethod(g_dis, "get_instructions", "O", code);
-  info->dis_list = it_obj ? PySequence_List(it_obj) : nullptr;
-  Py_XDECREF(it_obj);
-  if (!info->dis_list) throw std::runtime_error("dis.get_instructions failed");
-  PyObject* nb = PyObject_GetAttrString(g_dis, "_nb_ops");
-  if (!nb) PyErr_Clear();
-  info->nb_ops = string_list(nb, true);
-  Py_XDECREF(nb);
-  PyObject* cmp = PyObject_GetAttrString(g_dis, "cmp_op");
-  if (!cmp) PyErr_Clear();
-  info->cmp_ops = string_list(cmp, false);
-  Py_XDECREF(cmp);
-  int line = 0;
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(info->dis_list); ++i) {
-    PyObject* ins = PyList_GET_ITEM(info->dis_list, i);
-    auto get_int = [&](const char* attr) {
-      PyObject* v = PyObject_GetAttrString(ins, attr);
-      long r = (v && PyLong_Check(v)) ? PyLong_AsLong(v) : -1;
-      Py_XDECREF(v);
-      PyErr_Clear();
-      return static_cast<int>(r);
-    };
-    PyObject* opname = PyObject_GetAttrString(ins, "opname");
-    std::string name = PyUnicode_AsUTF8(opname);
-    Py_DECREF(opname);
-    Instr in;
-    auto f = names.find(name);
-    in.op = f == names.end() ? OP_UNKNOWN : f->second;
-    in.arg = get_int("arg");
-    in.offset = get_int("offset");
-    PyObject* argval = PyObject_GetAttrString(ins, "argval");
-    in.argval = argval;  // borrowed below: the instruction object in dis_list holds it too
-    Py_XDECREF(argval);
-    in.jump_target = PyLong_Check(argval) ? static_cast<int>(PyLong_AsLong(argval)) : -1;
-    PyObject* repr = PyObject_GetAttrString(ins, "argrepr");
-    if (repr && PyUnicode_Check(repr)) in.argrepr = PyUnicode_AsUTF8(repr);
-    Py_XDECREF(repr);
-    PyObject* starts = PyObject_GetAttrString(ins, "starts_line");
-    if (starts && PyLong_Check(starts)) line = static_cast<int>(PyLong_AsLong(starts));
-    Py_XDECREF(starts);
-    PyErr_Clear();
-    in.line = line;
-    info->by_offset[in.offset] = info->instrs.size();
-    info->instrs.push_back(in);
-    info->opnames.push_back(name);
-  }
-  cache[code] = info;
-  return *info;
-}
 
 bool is_python_scalar(PyObject* o) { return PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o); }
 
