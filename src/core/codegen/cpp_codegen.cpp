@@ -135,6 +135,7 @@ class KernelWriter {
       em.push_scope();
       open_inner(st, indent, pragma);
       std::string v = em.emit(st.value, indent);
+      for (const loop::Store& s : st.stores) out_ += indent + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
       if (minmax && t != DType::Bool) {
         const char* cmp = st.reduce == ops::ReduceOp::Max ? " > " : " < ";
         out_ += indent + acc + " = " + v + cmp + acc + " ? " + v + " : " + acc + ";\n";

@@ -142,6 +142,7 @@ class CudaKernelWriter {
       em.push_scope();
       unravel(out_, in2, "kiln_q", st.vars, st.ranges);
       std::string v = em.emit(st.value, in2);
+      for (const loop::Store& s : st.stores) out_ += in2 + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
       out_ += in2 + acc + " = " + functor(st.reduce) + "(" + acc + ", " + v + ");\n";
       em.pop_scope();
       out_ += indent + "}\n";

@@ -196,6 +196,7 @@ void name_kernels(loop::Program& p) {
 
 void schedule(loop::Program& p) {
   fuse_kernels(p);
+  reuse_reduced_values(p);
   collapse_dims(p);
   plan_buffers(p);
   name_kernels(p);

@@ -6,6 +6,8 @@
 //                     each other over the same rows (softmax: max, sum and the normalisation in
 //                     one kernel); a read of a value computed earlier in the same kernel at the
 //                     same point becomes a register use, and buffers nobody reads disappear.
+//   reuse_reduced_values  lets a loop read the values an earlier reduction of the same row
+//                     computed (stored into the loop's output) instead of recomputing them.
 //   collapse_dims     merges adjacent loop dims that every access walks contiguously, so a
 //                     pointwise kernel over contiguous tensors is one flat, vectorizable loop.
 //   plan_buffers      assigns temporaries to shared allocation slots by liveness.
@@ -15,6 +17,7 @@
 namespace kiln::schedule {
 
 void fuse_kernels(loop::Program& p);
+void reuse_reduced_values(loop::Program& p);
 void collapse_dims(loop::Program& p);
 void plan_buffers(loop::Program& p);
 void name_kernels(loop::Program& p);
