@@ -1,3 +1,6 @@
+#include <set>
+#include <unordered_map>
+
 #include "core/schedule/schedule.h"
 
 namespace kiln::schedule {
@@ -10,6 +13,9 @@ void reuse_reduced_values(loop::Program& p) {
   using loop::SRef;
   using loop::Stage;
   for (loop::Kernel& k : p.kernels) {
+    // An element can carry one reduction's value: a second would overwrite the first before
+    // the loop reads it.
+    std::set<int> carriers;
     for (size_t i = 0; i < k.stages.size(); ++i) {
       Stage& r = k.stages[i];
       if (r.kind != Stage::Kind::Reduce || r.vars.empty() || !r.stores.empty()) continue;
@@ -20,7 +26,7 @@ void reuse_reduced_values(loop::Program& p) {
         Stage& l = k.stages[j];
         if (l.kind != Stage::Kind::Loop || l.vars != r.vars) continue;
         for (loop::Store& s : l.stores) {
-          if (p.buffers[s.buffer].dtype != p.exprs.dtype(v) || s.value == v) continue;
+          if (p.buffers[s.buffer].dtype != p.exprs.dtype(v) || s.value == v || carriers.count(s.buffer)) continue;
           bool found = false;
           std::unordered_map<SRef, SRef> memo;
           SRef rewritten = p.exprs.rewrite(
@@ -33,6 +39,7 @@ void reuse_reduced_values(loop::Program& p) {
               memo);
           if (!found) continue;
           r.stores.push_back({s.buffer, s.index, v});
+          carriers.insert(s.buffer);
           s.value = rewritten;
           break;
         }
