@@ -1992,3 +1992,40 @@ def grad_mode_block(x):
 
 def test_with_no_grad_block():
     matches_eager_or_falls_back(grad_mode_block, x48, "", "with-no-grad")
+
+
+# --------------------------------------------------------------------------------------------
+# in-place Tensor methods on intermediates
+# --------------------------------------------------------------------------------------------
+
+def inplace_methods(x, y):
+    h = x * 2
+    alias = h
+    h.add_(y)
+    h.mul_(0.5).relu_()
+    return alias, h.sigmoid_()
+
+
+def test_inplace_methods_on_intermediates_update_every_alias():
+    check(inplace_methods, lambda: (torch.randn(4, 8), torch.randn(8)))
+
+
+def inplace_method_on_input(x):
+    x.mul_(2)  # break: inplace-method-on-input
+    return x + 1
+
+
+def test_inplace_method_on_input_falls_back():
+    assert_falls_back(inplace_method_on_input, lambda: (torch.randn(4, 8),), "in-place", "inplace-method-on-input")
+
+
+def inplace_method_casting_back(x, y64):
+    h = x * 2
+    h.add_(y64)  # break: inplace-method-dtype
+    return h
+
+
+def test_inplace_method_that_casts_its_result_back_falls_back():
+    # float32 += float64 computes in float64 and casts back in eager; kiln leaves that to eager.
+    assert_falls_back(inplace_method_casting_back, lambda: (torch.randn(4, 8), torch.randn(8, dtype=torch.float64)),
+                      "in-place", "inplace-method-dtype")

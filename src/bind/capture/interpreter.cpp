@@ -621,6 +621,15 @@ class Interpreter {
       if (args.size() != 2 || !kwargs.empty()) unsupported("Tensor.where() takes (condition, other)");
       return call_op(*function_binding(resolve_torch_path("torch.where")), {args[0], self, args[1]}, {});
     }
+    if (name.size() > 1 && name.back() == '_' && name[name.size() - 2] != '_') {
+      // x.add_(y), x.relu_(): the out-of-place op, then every alias of x takes the result.
+      const OpBinding* ob = method_binding(name.substr(0, name.size() - 1));
+      if (!ob || ob->op->kind != ops::OpKind::Pointwise) unsupported("Tensor." + name + "() is not captured yet");
+      check_inplace_target(self, name);
+      args.insert(args.begin(), self);
+      VarPtr r = call_op(*ob, std::move(args), kwargs);
+      return mutate(self, r->node);
+    }
     const OpBinding* b = method_binding(name);
     if (!b) unsupported("Tensor." + name + "() is not captured yet");
     // x.float() on a float32 x is x itself in eager (an alias, not a copy).
