@@ -313,7 +313,7 @@ class Interpreter {
       } else if (p.type.rfind("int", 0) == 0) {
         if (!PyLong_Check(o) || PyBool_Check(o)) unsupported(p.name + " must be an int");
         attrs.set(p.name, static_cast<int64_t>(PyLong_AsLongLong(o)));
-      } else if (p.type.rfind("float", 0) == 0 || p.type == "Scalar") {
+      } else if (p.type.rfind("float", 0) == 0 || p.type == "Scalar" || p.type == "Scalar?") {
         if (PyBool_Check(o)) attrs.set(p.name, o == Py_True);
         else if (PyLong_Check(o)) attrs.set(p.name, static_cast<int64_t>(PyLong_AsLongLong(o)));
         else if (PyFloat_Check(o)) attrs.set(p.name, PyFloat_AsDouble(o));
@@ -704,6 +704,40 @@ class Interpreter {
       if (args.size() != 1 || !args[0]->is_tensor()) unsupported("ReLU(inplace=True) on a non-tensor");
       check_inplace_target(args[0], "relu");
       return mutate(args[0], add_node("relu", {args[0]->node}));
+    }
+    if (type == "SiLU" || type == "Hardswish" || type == "Hardsigmoid" || type == "LeakyReLU" || type == "ELU" ||
+        type == "Softplus") {
+      if (args.size() != 1 || !kwargs.empty()) unsupported(type + " called with extra arguments");
+      static const std::unordered_map<std::string, std::pair<const char*, std::vector<const char*>>> fns = {
+          {"SiLU", {"torch.nn.functional.silu", {}}},
+          {"Hardswish", {"torch.nn.functional.hardswish", {}}},
+          {"Hardsigmoid", {"torch.nn.functional.hardsigmoid", {}}},
+          {"LeakyReLU", {"torch.nn.functional.leaky_relu", {"negative_slope"}}},
+          {"ELU", {"torch.nn.functional.elu", {"alpha"}}},
+          {"Softplus", {"torch.nn.functional.softplus", {"beta", "threshold"}}}};
+      const auto& [fn, params] = fns.at(type);
+      KwArgs kw;
+      for (const char* p : params) kw.emplace_back(p, module_attr(mod, p));
+      VarPtr r = call_op(*function_binding(resolve_torch_path(fn)), args, kw);
+      PyObject* inplace = PyObject_GetAttrString(m, "inplace");
+      if (!inplace) PyErr_Clear();
+      bool in_place = inplace == Py_True;
+      Py_XDECREF(inplace);
+      if (!in_place) return r;
+      if (!args[0]->is_tensor()) unsupported(type + "(inplace=True) on a non-tensor");
+      out_.guards.add_equals(Source::attr(mod->source, "inplace"), Py_True);
+      check_inplace_target(args[0], type);
+      return mutate(args[0], r->node);
+    }
+    if (type == "LayerNorm") {
+      std::vector<VarPtr> a = {args.at(0), module_attr(mod, "normalized_shape"), module_attr(mod, "weight"),
+                               module_attr(mod, "bias"), module_attr(mod, "eps")};
+      return call_op(*function_binding(resolve_torch_path("torch.nn.functional.layer_norm")), a, {});
+    }
+    if (type == "Embedding") {
+      if (module_attr(mod, "max_norm")->obj != Py_None) unsupported("Embedding with max_norm renormalizes its weight in place");
+      std::vector<VarPtr> a = {args.at(0), module_attr(mod, "weight"), module_attr(mod, "padding_idx")};
+      return call_op(*function_binding(resolve_torch_path("torch.nn.functional.embedding")), a, {});
     }
     if (type == "Sigmoid") return op("torch.sigmoid");
     if (type == "Tanh") return op("torch.tanh");

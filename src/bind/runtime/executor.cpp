@@ -204,6 +204,18 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
                                                                  base.storage_offset() + *o.view.offset.as_const())));
     }
     return true;
+  } catch (const c10::IndexError& e) {  // torch's own Python exception types, as eager raises them
+    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    return false;
+  } catch (const c10::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    return false;
+  } catch (const c10::TypeError& e) {
+    PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    return false;
+  } catch (const c10::NotImplementedError& e) {
+    PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+    return false;
   } catch (const c10::Error& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     return false;

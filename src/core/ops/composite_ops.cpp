@@ -221,6 +221,36 @@ std::vector<OpDef> composite_ops() {
         return reshape(g, x, out);
       },
       {"torch.flatten", "Tensor.flatten"}));
+  ops.push_back(composite(
+      "clamp", "clamp(Tensor self, Scalar? min=None, Scalar? max=None)",
+      [](Graph& g, Node* n) -> Node* {
+        // maximum/minimum with Python-number bounds: torch's promotion and NaN propagation.
+        Node* x = n->inputs[0];
+        auto bound = [&](const char* key) -> Node* {
+          const ir::AttrValue* v = n->attrs.find(key);
+          if (!v) return nullptr;
+          if (auto* i = std::get_if<int64_t>(v)) return g.scalar(static_cast<double>(*i), DType::Int64);
+          if (auto* b = std::get_if<bool>(v)) return g.scalar(*b, DType::Bool);
+          return g.scalar(n->attrs.get_float(key), DType::Float64);
+        };
+        Node *lo = bound("min"), *hi = bound("max");
+        if (!lo && !hi) throw std::runtime_error("RuntimeError: torch.clamp: At least one of 'min' or 'max' must not be None");
+        if (lo) x = g.must_add("maximum", {x, lo});
+        if (hi) x = g.must_add("minimum", {x, hi});
+        return x;
+      },
+      {"torch.clamp", "torch.clip", "Tensor.clamp", "Tensor.clip"}));
+  ops.push_back(composite(
+      "masked_fill", "masked_fill(Tensor self, Tensor mask, Tensor value)",
+      [](Graph& g, Node* n) -> Node* {
+        Node *x = n->inputs[0], *mask = n->inputs[1], *value = n->inputs[2];
+        if (mask->meta.dtype != DType::Bool) throw std::runtime_error("RuntimeError: masked_fill_ only supports boolean masks, but got mask with dtype " + std::string(dtype_name(mask->meta.dtype)));
+        Node* r = g.must_add("where", {mask, value, x});
+        if (r->meta.sizes != x->meta.sizes) throw std::runtime_error("kiln: masked_fill mask broadcasts beyond self");
+        if (r->meta.dtype != x->meta.dtype) r = g.must_add("convert", {r}, A({{"dtype", x->meta.dtype}}));
+        return r;
+      },
+      {"torch.masked_fill", "Tensor.masked_fill"}));
   for (OpDef& d : ops) infer_by_decomposition(d);
   return ops;
 }

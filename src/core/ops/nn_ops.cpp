@@ -60,6 +60,28 @@ Node* decompose_batch_norm(Graph& g, Node* n) {
   return y;
 }
 
+// layer_norm over the trailing dims named by normalized_shape: (x - mean) / sqrt(var + eps).
+Node* decompose_layer_norm(Graph& g, Node* n) {
+  Node *x = n->inputs[0], *w = n->inputs.size() > 1 ? n->inputs[1] : nullptr, *b = n->inputs.size() > 2 ? n->inputs[2] : nullptr;
+  Ints shape = n->attrs.get_ints("normalized_shape");
+  int64_t k = static_cast<int64_t>(shape.size()), r = x->meta.dim();
+  if (k == 0 || k > r) throw std::runtime_error("RuntimeError: layer_norm: bad normalized_shape");
+  for (int64_t i = 0; i < k; ++i)
+    if (!x->meta.sizes[r - k + i].is_const(shape[i]))
+      throw std::runtime_error("RuntimeError: Given normalized_shape=" + ir::attr_str(shape) + ", expected input with shape [*, " +
+                               ir::attr_str(shape).substr(1) + ", but got input of size" + sym::str(x->meta.sizes));
+  if (!is_floating(x->meta.dtype)) throw std::runtime_error("kiln: layer_norm of an integer tensor");
+  Ints dims;
+  for (int64_t i = r - k; i < r; ++i) dims.push_back(i);
+  Node* mean = g.must_add("mean", {x}, A({{"dim", dims}, {"keepdim", true}}));
+  Node* centered = g.must_add("sub", {x, mean});
+  Node* var = g.must_add("mean", {g.must_add("mul", {centered, centered})}, A({{"dim", dims}, {"keepdim", true}}));
+  Node* y = g.must_add("mul", {centered, g.must_add("rsqrt", {g.must_add("add", {var, g.scalar(n->attrs.get_float("eps", 1e-5), DType::Float64)})})});
+  if (w) y = g.must_add("mul", {y, w});
+  if (b) y = g.must_add("add", {y, b});
+  return y;
+}
+
 }  // namespace
 
 std::vector<OpDef> nn_ops() {
@@ -140,6 +162,46 @@ std::vector<OpDef> nn_ops() {
   bn.python = {"torch.nn.functional.batch_norm"};
   infer_by_decomposition(bn);
   ops.push_back(bn);
+
+  OpDef ln;
+  ln.name = "layer_norm";
+  ln.schema = Schema::parse("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05)");
+  ln.kind = OpKind::Composite;
+  ln.promotion = Promotion::None;
+  ln.decompose = decompose_layer_norm;
+  ln.python = {"torch.nn.functional.layer_norm", "torch.layer_norm"};
+  infer_by_decomposition(ln);
+  ops.push_back(ln);
+
+  // torch's embedding takes (weight, indices); F.embedding takes (input, weight): the composite
+  // binds the Python order and calls the extern in torch's.
+  ops.push_back(extern_op(
+      "embedding_lookup", "embedding_lookup(Tensor weight, Tensor indices, int padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False)",
+      "aten::embedding",
+      [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string& err) {
+        const TensorMeta &w = in[0]->meta, &idx = in[1]->meta;
+        if (w.dim() != 2) return err = "RuntimeError: 'weight' must be 2-D", false;
+        if (idx.dtype != DType::Int64 && idx.dtype != DType::Int32)
+          return err = "RuntimeError: Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int", false;
+        if (w.device != idx.device) return err = "RuntimeError: embedding weight and indices differ in device", false;
+        out = TensorMeta{w.dtype, w.device, idx.sizes, {}, 0, false};
+        out.sizes.push_back(w.sizes[1]);
+        out.strides = ir::contiguous_strides(out.sizes);
+        return true;
+      },
+      {}));
+  OpDef emb;
+  emb.name = "embedding";
+  emb.schema = Schema::parse("embedding(Tensor input, Tensor weight, int? padding_idx=None, float? max_norm=None, float norm_type=2.0, bool scale_grad_by_freq=False, bool sparse=False)");
+  emb.kind = OpKind::Composite;
+  emb.promotion = Promotion::None;
+  emb.decompose = [](Graph& g, Node* n) -> Node* {
+    if (n->attrs.has("max_norm")) throw std::runtime_error("kiln: embedding with max_norm renormalizes the weight in place: not compiled");
+    return g.must_add("embedding_lookup", {n->inputs[1], n->inputs[0]}, A({{"padding_idx", n->attrs.get_int("padding_idx", -1)}}));
+  };
+  emb.python = {"torch.nn.functional.embedding"};
+  infer_by_decomposition(emb);
+  ops.push_back(emb);
   return ops;
 }
 

@@ -167,6 +167,55 @@ std::vector<OpDef> pointwise_ops() {
     ops.push_back(g);
   }
 
+  // Activations, as torch's kernels compute them.
+  auto activation = [&](const char* name, const char* schema, std::vector<std::string> py, ScalarFn body) {
+    OpDef d;
+    d.name = name;
+    d.schema = Schema::parse(schema);
+    d.kind = OpKind::Pointwise;
+    d.promotion = Promotion::IntToFloat;
+    d.scalar = [body](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+      return body(s, {s.cast(a[0], arith_dtype(n))}, n);
+    };
+    d.python = std::move(py);
+    ops.push_back(d);
+  };
+  activation("silu", "silu(Tensor self, bool inplace=False)", {"torch.nn.functional.silu"},
+             [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+               return s.binary(SOp::Div, a[0], s.binary(SOp::Add, s.constant(1, s.dtype(a[0])), s.unary(SOp::Exp, s.unary(SOp::Neg, a[0]))));
+             });
+  activation("hardsigmoid", "hardsigmoid(Tensor self, bool inplace=False)", {"torch.nn.functional.hardsigmoid"},
+             [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+               DType t = s.dtype(a[0]);
+               SRef r = s.binary(SOp::Min, s.binary(SOp::Max, s.binary(SOp::Add, a[0], s.constant(3, t)), s.constant(0, t)), s.constant(6, t));
+               return s.binary(SOp::Div, r, s.constant(6, t));
+             });
+  activation("hardswish", "hardswish(Tensor self, bool inplace=False)", {"torch.nn.functional.hardswish"},
+             [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+               DType t = s.dtype(a[0]);
+               SRef r = s.binary(SOp::Min, s.binary(SOp::Max, s.binary(SOp::Add, a[0], s.constant(3, t)), s.constant(0, t)), s.constant(6, t));
+               return s.binary(SOp::Div, s.binary(SOp::Mul, a[0], r), s.constant(6, t));
+             });
+  activation("leaky_relu", "leaky_relu(Tensor self, float negative_slope=0.01, bool inplace=False)", {"torch.nn.functional.leaky_relu"},
+             [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+               DType t = s.dtype(a[0]);
+               SRef neg = s.binary(SOp::Mul, a[0], s.constant(n.attrs.get_float("negative_slope", 0.01), t));
+               return s.where(s.binary(SOp::Gt, a[0], s.constant(0, t)), a[0], neg);
+             });
+  activation("elu", "elu(Tensor self, float alpha=1.0, bool inplace=False)", {"torch.nn.functional.elu"},
+             [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+               DType t = s.dtype(a[0]);
+               SRef neg = s.binary(SOp::Mul, s.unary(SOp::Expm1, a[0]), s.constant(n.attrs.get_float("alpha", 1.0), t));
+               return s.where(s.binary(SOp::Gt, a[0], s.constant(0, t)), a[0], neg);
+             });
+  activation("softplus", "softplus(Tensor self, float beta=1.0, float threshold=20.0)", {"torch.nn.functional.softplus"},
+             [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+               DType t = s.dtype(a[0]);
+               SRef beta = s.constant(n.attrs.get_float("beta", 1.0), t);
+               SRef bx = s.binary(SOp::Mul, a[0], beta);
+               SRef soft = s.binary(SOp::Div, s.unary(SOp::Log1p, s.unary(SOp::Exp, bx)), beta);
+               return s.where(s.binary(SOp::Gt, bx, s.constant(n.attrs.get_float("threshold", 20.0), t)), a[0], soft);
+             });
   ops.push_back(add_like("add", SOp::Add, {"torch.add", "Tensor.add", "Tensor.__add__", "Tensor.__radd__"}));
   ops.push_back(add_like("sub", SOp::Sub, {"torch.sub", "torch.subtract", "Tensor.sub", "Tensor.__sub__"}));
   {

@@ -1,0 +1,96 @@
+"""Activations, normalizations, embedding, clamp and masked_fill: functional forms and the
+torch.nn modules that wrap them, against eager, on every device."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+from _helpers import check
+
+
+ACTIVATIONS = {
+    "silu": lambda x: F.silu(x),
+    "hardswish": lambda x: F.hardswish(x),
+    "hardsigmoid": lambda x: F.hardsigmoid(x),
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.2),
+    "leaky_relu_default": lambda x: F.leaky_relu(x),
+    "elu": lambda x: F.elu(x, alpha=0.7),
+    "softplus": lambda x: F.softplus(x, beta=2.0, threshold=3.0),
+    "clamp_both": lambda x: torch.clamp(x, -0.5, 0.5),
+    "clamp_min": lambda x: x.clamp(min=0.1),
+    "clip_max": lambda x: torch.clip(x, max=0.3),
+}
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_activations(device, name, dtype):
+    x = torch.randn(4, 33, device=device, dtype=dtype) * 4
+    check(ACTIVATIONS[name], x)
+
+
+def test_clamp_promotes_like_torch(device):
+    x = torch.randint(-5, 5, (16,), device=device)
+    check(lambda x: torch.clamp(x, min=0.5), x)
+    check(lambda x: torch.clamp(x, -2, 2), x)
+
+
+def test_masked_fill(device):
+    x = torch.randn(4, 8, device=device)
+    m = torch.randn(4, 8, device=device) > 0
+    check(lambda x, m: x.masked_fill(m, -1e9), x, m)
+    i = torch.randint(0, 9, (4, 8), device=device)
+    check(lambda i, m: i.masked_fill(m, 3), i, m)
+
+
+@pytest.mark.parametrize("shape,norm", [((4, 16), (16,)), ((2, 5, 8), (8,)), ((2, 3, 4, 6), (4, 6))])
+def test_layer_norm(device, shape, norm):
+    x = torch.randn(*shape, device=device)
+    w, b = torch.randn(*norm, device=device), torch.randn(*norm, device=device)
+    check(lambda x, w, b: F.layer_norm(x, norm, w, b, eps=1e-6), x, w, b, rtol=1e-4, atol=1e-5)
+    check(lambda x: F.layer_norm(x, norm), x, rtol=1e-4, atol=1e-5)
+
+
+def test_embedding(device):
+    w = torch.randn(50, 16, device=device)
+    idx = torch.randint(0, 50, (3, 7), device=device)
+    check(lambda idx, w: F.embedding(idx, w), idx, w)
+    check(lambda idx, w: F.embedding(idx, w, padding_idx=0) * 2, idx, w)
+
+
+def test_embedding_index_out_of_range_raises_like_eager():
+    w = torch.randn(10, 4)
+    idx = torch.tensor([1, 12])
+    f = lambda idx, w: F.embedding(idx, w)  # noqa: E731
+    with pytest.raises(IndexError) as eager:
+        f(idx, w)
+    with pytest.raises(IndexError) as compiled:
+        kiln.compile(f)(idx, w)
+    assert str(compiled.value) == str(eager.value)
+
+
+class TinyTransformerBlock(nn.Module):
+    def __init__(self, vocab=100, d=32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.act = nn.SiLU()
+        self.fc2 = nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(0.1)
+        self.head = nn.Sequential(nn.Hardswish(), nn.LeakyReLU(0.1, inplace=True), nn.Linear(d, 8), nn.Softplus())
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        h = h + self.drop(self.fc2(self.act(self.fc1(self.ln(h)))))
+        return self.head(h)
+
+
+def test_module_block_is_one_graph(device):
+    m = TinyTransformerBlock().to(device).eval()
+    ids = torch.randint(0, 100, (2, 9), device=device)
+    with torch.no_grad():
+        e = kiln.explain(m)(ids)
+        assert e.graph_count == 1 and not e.break_reasons, e
+        torch.testing.assert_close(kiln.compile(m)(ids), m(ids), rtol=1e-4, atol=1e-5)
