@@ -47,10 +47,40 @@ c10::IValue attr_ivalue(const ir::AttrValue& v) {
   return std::visit(V{}, v);
 }
 
+// A buffer view with its sizes resolved once, at prepare time.
+struct ViewPlan {
+  int buffer = -1;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+};
+
+ViewPlan plan_view(const loop::BufferView& v) {
+  if (v.buffer < 0) return {};
+  return {v.buffer, ints(v.sizes), ints(v.strides), *v.offset.as_const()};
+}
+
+// The tensor a view describes: the buffer's own tensor when the view covers it as it is.
+at::Tensor view_of(const at::Tensor& base, const ViewPlan& v) {
+  if (v.offset == 0 && base.sizes().equals(v.sizes) && base.strides().equals(v.strides)) return base;
+  return base.as_strided(v.sizes, v.strides, base.storage_offset() + v.offset);
+}
+
 struct ExternPlan {
   c10::OperatorHandle op;
   const ops::OpDef* def;
+  std::vector<ViewPlan> inputs;
+  std::vector<int64_t> out_strides;
 };
+
+// Raises a torch error as the Python exception type eager would raise.
+void set_python_error(const c10::Error& e) {
+  PyObject* type = PyExc_RuntimeError;
+  if (dynamic_cast<const c10::IndexError*>(&e)) type = PyExc_IndexError;
+  else if (dynamic_cast<const c10::ValueError*>(&e)) type = PyExc_ValueError;
+  else if (dynamic_cast<const c10::TypeError*>(&e)) type = PyExc_TypeError;
+  else if (dynamic_cast<const c10::NotImplementedError*>(&e)) type = PyExc_NotImplementedError;
+  PyErr_SetString(type, e.what_without_backtrace());
+}
 
 }  // namespace
 
@@ -59,6 +89,8 @@ struct PreparedProgram {
   std::vector<int64_t> slot_bytes;
   std::vector<int64_t> buffer_bytes;
   std::vector<bool> extern_output;  // buffers that extern ops allocate themselves
+  std::vector<std::vector<int64_t>> sizes, strides;  // of each buffer, resolved once
+  std::vector<ViewPlan> outputs;
   bool has_cuda = false;
   PyObject* raw_stream_fn = nullptr;  // torch._C._cuda_getCurrentRawStream
 };
@@ -66,14 +98,6 @@ struct PreparedProgram {
 std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& cg, std::string& error) {
   auto prep = std::make_shared<PreparedProgram>();
   const loop::Program& p = cg.program;
-  for (const loop::Extern& e : p.externs) {
-    auto handle = c10::Dispatcher::singleton().findSchema({e.aten, ""});
-    if (!handle) {
-      error = "torch has no operator " + e.aten;
-      return nullptr;
-    }
-    prep->externs.push_back({*handle, ops::find_op(e.op)});
-  }
   prep->extern_output.assign(p.buffers.size(), false);
   for (const loop::Extern& e : p.externs) prep->extern_output[e.output] = true;
   prep->slot_bytes.assign(p.num_slots, 0);
@@ -84,8 +108,22 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
       return nullptr;
     }
     prep->buffer_bytes.push_back(*bytes);
+    prep->sizes.push_back(ints(b.sizes));
+    prep->strides.push_back(ints(b.strides));
     if (b.slot >= 0) prep->slot_bytes[b.slot] = std::max(prep->slot_bytes[b.slot], *bytes);
   }
+  // Sizes are known to be constant from here on (the check above).
+  for (const loop::Extern& e : p.externs) {
+    auto handle = c10::Dispatcher::singleton().findSchema({e.aten, ""});
+    if (!handle) {
+      error = "torch has no operator " + e.aten;
+      return nullptr;
+    }
+    ExternPlan plan{*handle, ops::find_op(e.op), {}, ints(p.buffers[e.output].strides)};
+    for (const loop::BufferView& v : e.inputs) plan.inputs.push_back(plan_view(v));
+    prep->externs.push_back(std::move(plan));
+  }
+  for (const loop::Output& o : p.outputs) prep->outputs.push_back(o.input_alias >= 0 ? ViewPlan{} : plan_view(o.view));
   prep->has_cuda = p.device.type == DeviceType::CUDA;
   if (prep->has_cuda) {
     PyObject* c = PyImport_ImportModule("torch._C");
@@ -116,7 +154,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       // Outputs, and temporaries that extern ops read (slot -1), are tensors of their own.
       bool own = b.live && (b.kind == loop::BufferKind::Output || (b.kind == loop::BufferKind::Temp && b.slot < 0));
       if (!own || prep.extern_output[b.id]) continue;
-      at::Tensor t = at::empty_strided(ints(b.sizes), ints(b.strides), options.dtype(scalar_type(b.dtype)));
+      at::Tensor t = at::empty_strided(prep.sizes[b.id], prep.strides[b.id], options.dtype(scalar_type(b.dtype)));
       ptrs[b.id] = t.data_ptr();
       tensors[b.id] = std::move(t);
     }
@@ -161,14 +199,9 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       size_t next_input = 0;
       for (const ops::Param& param : plan.def->schema.params) {
         if (param.is_tensor()) {
-          const loop::BufferView& v = e.inputs[next_input++];
-          if (v.buffer < 0) {
-            stack.emplace_back();
-            continue;
-          }
-          const at::Tensor& base = tensors[v.buffer];
-          bool whole = ints(v.sizes) == base.sizes().vec() && ints(v.strides) == base.strides().vec() && v.offset.is_const(0);
-          stack.emplace_back(whole ? base : base.as_strided(ints(v.sizes), ints(v.strides), base.storage_offset() + *v.offset.as_const()));
+          const ViewPlan& v = plan.inputs[next_input++];
+          if (v.buffer < 0) stack.emplace_back();
+          else stack.emplace_back(view_of(tensors[v.buffer], v));
         } else if (const ir::AttrValue* a = e.attrs.find(param.name)) {
           stack.push_back(attr_ivalue(*a));
         } else if (auto d = param.default_value()) {
@@ -179,8 +212,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       }
       plan.op.callBoxed(&stack);
       at::Tensor r = stack[0].toTensor();
-      const loop::Buffer& out = p.buffers[e.output];
-      if (r.strides().vec() != ints(out.strides)) r = r.contiguous();
+      if (!r.strides().equals(plan.out_strides)) r = r.contiguous();
       ptrs[e.output] = r.data_ptr();
       tensors[e.output] = std::move(r);
     }
@@ -190,34 +222,19 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       return false;
     }
     outputs.clear();
-    for (const loop::Output& o : p.outputs) {
-      if (o.input_alias >= 0) {
-        Py_INCREF(inputs[o.input_alias]);
-        outputs.push_back(inputs[o.input_alias]);
+    for (size_t i = 0; i < p.outputs.size(); ++i) {
+      int alias = p.outputs[i].input_alias;
+      if (alias >= 0) {
+        Py_INCREF(inputs[alias]);
+        outputs.push_back(inputs[alias]);
         continue;
       }
-      const at::Tensor& base = tensors[o.view.buffer];
-      bool whole = ints(o.view.sizes) == base.sizes().vec() && ints(o.view.strides) == base.strides().vec() &&
-                   o.view.offset.is_const(0);
-      outputs.push_back(THPVariable_Wrap(whole ? base
-                                               : base.as_strided(ints(o.view.sizes), ints(o.view.strides),
-                                                                 base.storage_offset() + *o.view.offset.as_const())));
+      const ViewPlan& v = prep.outputs[i];
+      outputs.push_back(THPVariable_Wrap(view_of(tensors[v.buffer], v)));
     }
     return true;
-  } catch (const c10::IndexError& e) {  // torch's own Python exception types, as eager raises them
-    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
-    return false;
-  } catch (const c10::ValueError& e) {
-    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
-    return false;
-  } catch (const c10::TypeError& e) {
-    PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
-    return false;
-  } catch (const c10::NotImplementedError& e) {
-    PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
-    return false;
   } catch (const c10::Error& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    set_python_error(e);
     return false;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
