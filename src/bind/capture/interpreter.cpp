@@ -883,15 +883,9 @@ class Interpreter {
   void check_inplace_target(const VarPtr& a, const std::string& what) {
     const ir::Node* n = a->node;
     if (n->op_name() == "placeholder") unsupported("in-place " + what + " on an input mutates the caller's tensor: not captured yet");
-    if (aliases(n)) unsupported("in-place " + what + " on a view: not captured yet");
+    if (n->op->aliases()) unsupported("in-place " + what + " on a view: not captured yet");
     for (const ir::Node* u : n->users)
-      if (aliases(u)) unsupported("in-place " + what + " on a tensor that has views: not captured yet");
-  }
-
-  // Ops whose result may share memory with their input in eager: views, and composites that
-  // decompose into views (t, flatten).
-  static bool aliases(const ir::Node* n) {
-    return n->op->kind == ops::OpKind::View || n->op->name == "t" || n->op->name == "flatten";
+      if (u->op->aliases()) unsupported("in-place " + what + " on a tensor that has views: not captured yet");
   }
 
   VarPtr mutate(const VarPtr& a, ir::Node* result) {

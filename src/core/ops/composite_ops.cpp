@@ -205,6 +205,7 @@ std::vector<OpDef> composite_ops() {
         return g.must_add("transpose", {x}, A({{"dim0", int64_t(0)}, {"dim1", int64_t(1)}}));
       },
       {"torch.t", "Tensor.t"}));
+  ops.back().may_alias = true;
   ops.push_back(composite(
       "flatten", "flatten(Tensor self, int start_dim=0, int end_dim=-1)",
       [](Graph& g, Node* n) -> Node* {
@@ -221,6 +222,7 @@ std::vector<OpDef> composite_ops() {
         return reshape(g, x, out);
       },
       {"torch.flatten", "Tensor.flatten"}));
+  ops.back().may_alias = true;
   ops.push_back(composite(
       "clamp", "clamp(Tensor self, Scalar? min=None, Scalar? max=None)",
       [](Graph& g, Node* n) -> Node* {

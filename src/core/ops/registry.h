@@ -82,6 +82,10 @@ struct OpDef {
   std::string aten;
   std::vector<std::string> python;
   std::string doc;
+  // The result may share memory with the first input in eager (views, and composites such as
+  // t and flatten that decompose into views): in-place updates must see through it.
+  bool may_alias = false;
+  bool aliases() const { return may_alias || kind == OpKind::View; }
 };
 
 const OpDef* find_op(const std::string& name);
