@@ -26,57 +26,61 @@ nb::object compile_fn(nb::handle fn, const std::string& mode, bool fullgraph, bo
   return nb::steal(o);
 }
 
-// Captures and compiles one call of `fn` afresh (nothing cached) and describes the result.
+// Runs one call of `fn` under kiln with every cache cleared first (like torch._dynamo.explain)
+// and describes every frame captured on the way: graphs, breaks, guards, kernels.
 nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs) {
   if (!PyFunction_Check(fn.ptr())) throw nb::type_error("kiln.explain: expected a Python function");
-  std::vector<PyObject*> flat;
-  for (nb::handle a : args) flat.push_back(a.ptr());
-  nb::list names;
-  for (auto [k, v] : kwargs) {
-    names.append(k);
-    flat.push_back(v.ptr());
-  }
-  nb::tuple kwnames = nb::tuple(names);
-  BoundArgs bound;
-  std::vector<PyObject*> owned;
-  if (!bind_arguments(fn.ptr(), flat.data(), args.size(), kwargs.size() ? kwnames.ptr() : nullptr, bound, owned))
-    throw nb::python_error();
+  reset_all();
+  std::vector<ExplainRecord> records;
+  explain_log() = &records;
   CompileConfig cfg;
-  auto* code = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(fn.ptr()));
-  std::unique_ptr<Entry> e = build_entry(fn.ptr(), bound, cfg, PyUnicode_AsUTF8(code->co_qualname));
-  for (PyObject* o : owned) Py_DECREF(o);
+  PyObject* cf = make_compiled_function(fn.ptr(), cfg);
+  PyObject* result = cf ? PyObject_Call(cf, args.ptr(), kwargs.ptr()) : nullptr;
+  explain_log() = nullptr;
+  Py_XDECREF(cf);
+  if (!result) throw nb::python_error();
+  Py_DECREF(result);
 
   nb::dict d;
   nb::list graphs, kernels, reasons, guards;
-  for (const std::string& g : e->capture.guards.strs()) guards.append(g);
-  if (e->eager) {
-    nb::dict r;
-    r["reason"] = e->reason;
-    r["location"] = e->location;
-    reasons.append(r);
-  }
-  size_t op_count = 0;
-  if (e->compiled) {
-    graphs.append(e->compiled->graph_text);
-    op_count = e->compiled->op_count;
-    for (const auto& k : e->compiled->kernels) {
+  size_t op_count = 0, graph_count = 0, breaks = 0;
+  std::string loop_ir, source, captured, source_path, device;
+  double compile_seconds = 0;
+  for (const ExplainRecord& r : records) {
+    for (const std::string& g : r.guards) guards.append(g);
+    if (r.eager || r.graph_break) {
+      ++breaks;
+      nb::dict br;
+      br["reason"] = r.reason;
+      br["location"] = r.location;
+      reasons.append(br);
+    }
+    captured += r.captured;
+    if (!r.has_graph) continue;
+    ++graph_count;
+    graphs.append(r.graph);
+    op_count += r.op_count;
+    for (const auto& [name, src] : r.kernels) {
       nb::dict kd;
-      kd["name"] = k.name;
-      kd["source"] = k.source;
+      kd["name"] = name;
+      kd["source"] = src;
       kernels.append(kd);
     }
-    d["loop_ir"] = e->compiled->loop_text;
-    d["source"] = e->compiled->source;
-    d["source_path"] = e->compiled->source_path;
-    d["compile_seconds"] = e->compiled->compile_seconds;
-    d["disk_cache_hit"] = e->compiled->disk_cache_hit;
-    d["device"] = e->compiled->program.device.str();
+    loop_ir += r.loop_ir;
+    source += r.source;
+    if (source_path.empty()) source_path = r.source_path;
+    if (device.empty()) device = r.device;
+    compile_seconds += r.compile_seconds;
   }
-  d["captured"] = e->capture.captured_text;
+  d["loop_ir"] = loop_ir;
+  d["source"] = source;
+  d["source_path"] = source_path;
+  d["compile_seconds"] = compile_seconds;
+  d["device"] = device;
+  d["captured"] = captured;
   d["graphs"] = graphs;
-  d["graph_count"] = e->compiled ? 1 : 0;
-  // A frame kiln cannot capture runs eagerly as a whole: one break, no graph.
-  d["graph_break_count"] = e->eager ? 1 : 0;
+  d["graph_count"] = graph_count;
+  d["graph_break_count"] = breaks;
   d["op_count"] = op_count;
   d["break_reasons"] = reasons;
   d["guards"] = guards;
@@ -93,6 +97,7 @@ nb::dict stats_dict() {
   d["cache_hits_memory"] = s.cache_hits_memory;
   d["cache_hits_disk"] = s.cache_hits_disk;
   d["eager_fallbacks"] = s.eager_fallbacks;
+  d["graph_breaks"] = s.graph_breaks;
   d["kernels_generated"] = s.kernels_generated;
   d["capture_seconds"] = s.capture_seconds;
   d["compile_seconds"] = s.compile_seconds;

@@ -109,7 +109,9 @@ def check(fn, *args, rtol=None, atol=None, isolate=False):
     assert not explained.break_reasons, (
         "kiln fell back to eager: "
         + "; ".join(f"{r['reason']} (at {r['location']})" for r in explained.break_reasons))
-    assert explained.graph_count == 1, f"expected one graph, got {explained.graph_count}\n{explained}"
+    # No graph at all is right only when there is nothing to compute (x.float() of a float).
+    assert explained.graph_count == 1 or (explained.graph_count == 0 and explained.op_count == 0), (
+        f"expected one graph, got {explained.graph_count}\n{explained}")
 
     compiled = kiln.compile(fn)
     before = kiln.stats()

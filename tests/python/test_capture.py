@@ -126,8 +126,7 @@ def assert_falls_back(fn, make, reason, tag=None, *, calls=2):
     and a location in this file (at the line marked `tag` when given); the compiled function
     still gives eager's outputs and leaves the inputs as eager leaves them."""
     e = kiln.explain(fn)(*_clone(make()))
-    assert e.graph_count == 0, f"expected a fallback, got {e.graph_count} graph(s)\n{e}"
-    assert e.break_reasons, "no break reason given"
+    assert e.break_reasons, f"no break reason given\n{e}"
     r = e.break_reasons[0]
     assert reason in r["reason"], f"reason {r['reason']!r} does not mention {reason!r}"
     assert THIS_FILE in r["location"], f"location {r['location']!r} is not in {THIS_FILE}"
@@ -146,7 +145,8 @@ def assert_falls_back(fn, make, reason, tag=None, *, calls=2):
         torch.testing.assert_close(actual, expected)
         torch.testing.assert_close(_tensors(kiln_args), _tensors(eager_args), msg="inputs after the call differ")
     after = kiln.stats()
-    assert after["eager_fallbacks"] > before["eager_fallbacks"] or before["eager_fallbacks"] > 0
+    ran_in_python = lambda st: st["eager_fallbacks"] + st["graph_breaks"]  # noqa: E731
+    assert ran_in_python(after) > ran_in_python(before) or ran_in_python(before) > 0
     assert any(reason in k for k in after["fallback_reasons"]), after["fallback_reasons"]
     return r
 
@@ -157,7 +157,7 @@ def matches_eager_or_falls_back(fn, make, reason, tag=None):
     cases the compiled call matches eager (outputs and inputs after the call). For constructs
     kiln may learn to capture later."""
     e = kiln.explain(fn)(*_clone(make()))
-    if e.graph_count == 0:
+    if e.break_reasons:
         assert e.break_reasons and reason in e.break_reasons[0]["reason"], _why(e)
         loc = e.break_reasons[0]["location"]
         assert THIS_FILE in loc, loc
@@ -902,7 +902,8 @@ def test_dropout_eval_is_captured_and_train_falls_back(no_grad):
     assert_captured(model, *x48())
     model.train()
     e = kiln.explain(model)(*x48())
-    assert e.graph_count == 0 and "Dropout" in e.break_reasons[0]["reason"]
+    # training-mode dropout runs in Python between two graphs
+    assert e.graph_count == 2 and e.graph_break_count == 1 and "Dropout" in e.break_reasons[0]["reason"]
     assert THIS_FILE in e.break_reasons[0]["location"]
 
 

@@ -17,24 +17,65 @@
 
 namespace kiln::bind {
 
-// How the compiled function rebuilds its Python return value.
+// How the compiled function rebuilds a Python value after its graph ran: the return value,
+// and at a graph break every value on the stack and in the locals.
 struct OutSpec {
-  enum class Kind { Graph, Const, Tuple, List } kind = Kind::Const;
+  enum class Kind {
+    Graph,    // a graph output
+    Const,    // a value fixed at capture time (immutable, or the very object guards pin)
+    Copy,     // a mutable container made during capture: a fresh shallow copy per call
+    Source,   // re-read from the frame (keeps the caller's object identity: lists, modules)
+    Tuple,
+    List,
+    Method,   // getattr(items[0], value): a bound method
+    Null,     // the NULL of CALL's calling convention (stack only)
+    Unbound,  // a local not assigned yet (locals only)
+  } kind = Kind::Const;
   int index = 0;                 // Graph: which graph output
-  PyObject* value = nullptr;     // Const (owned)
-  std::vector<OutSpec> items;    // Tuple / List
+  PyObject* value = nullptr;     // Const / Copy: the object; Method: the name (owned)
+  std::vector<OutSpec> items;    // Tuple / List; Method: the receiver
+  SourcePtr source;              // Source
   OutSpec() = default;
-  OutSpec(const OutSpec& o) : kind(o.kind), index(o.index), value(o.value), items(o.items) { Py_XINCREF(value); }
+  OutSpec(const OutSpec& o) : kind(o.kind), index(o.index), value(o.value), items(o.items), source(o.source) {
+    Py_XINCREF(value);
+  }
   OutSpec& operator=(const OutSpec& o) {
     if (this != &o) {
       Py_XINCREF(o.value);
       Py_XDECREF(value);
-      kind = o.kind, index = o.index, value = o.value, items = o.items;
+      kind = o.kind, index = o.index, value = o.value, items = o.items, source = o.source;
     }
     return *this;
   }
   ~OutSpec() {
     if (Py_IsInitialized()) Py_XDECREF(value);
+  }
+};
+
+// A graph break: the instruction kiln hands back to Python, and how the function goes on.
+// The graph computes everything before it; then the runtime rebuilds the frame's values,
+// runs the instruction for real and calls a resume function (resume.h) with the result.
+struct GraphBreak {
+  enum class Kind {
+    Call,  // CALL kiln could not capture: call it for real, push its result, resume after it
+    Jump,  // a conditional jump on a tensor: bool() it for real, resume at the branch taken
+  } kind = Kind::Call;
+  std::string reason;
+  std::string location;
+  std::vector<OutSpec> stack;    // the stack under the instruction's operands, bottom first
+  std::vector<OutSpec> locals;   // one per co_varnames entry
+  std::vector<OutSpec> operands; // Call: [first, second, args...] as on the stack; Jump: [condition]
+  PyObject* kwnames = nullptr;   // Call: keyword names (owned tuple) or nullptr
+  bool jump_if_true = false;     // Jump: the jump is taken when bool(condition) == jump_if_true
+  // Resume functions (owned): Call: [after]; Jump: [fall through, jump target].
+  std::vector<PyObject*> resume;
+  GraphBreak() = default;
+  GraphBreak(const GraphBreak&) = delete;
+  GraphBreak& operator=(const GraphBreak&) = delete;
+  ~GraphBreak() {
+    if (!Py_IsInitialized()) return;
+    Py_XDECREF(kwnames);
+    for (PyObject* f : resume) Py_XDECREF(f);
   }
 };
 
@@ -45,7 +86,8 @@ struct CaptureResult {
   std::unique_ptr<ir::Graph> graph;
   std::vector<SourcePtr> input_sources;  // one per graph placeholder
   GuardSet guards;
-  OutSpec output;
+  OutSpec output;                // the return value, unless the capture ends in a break
+  std::unique_ptr<GraphBreak> graph_break;
   std::string captured_text;     // the graph as captured, before any pass
 };
 

@@ -5,6 +5,7 @@
 
 #include "bind/capture/bytecode.h"
 #include "bind/capture/capture.h"
+#include "bind/capture/resume.h"
 #include "bind/capture/torch_ops.h"
 #include "bind/capture/variables.h"
 #include "bind/torch/tensor_bridge.h"
@@ -45,7 +46,8 @@ class Interpreter {
       if (!args.locals[i]) continue;
       locals_[i] = wrap(args.locals[i], Source::local_(static_cast<int>(i), args.names[i]));
     }
-    out_.output = output_spec(run_frame());
+    VarPtr r = run_frame();
+    if (r) out_.output = output_spec(r);  // else the capture ended in a graph break
   }
 
   // Interprets the frame until it returns; the value it returns.
@@ -56,7 +58,19 @@ class Interpreter {
       const Instr& in = ci.instrs[pc];
       current_line_ = in.line;
       g_->source_loc = filename_ + ":" + std::to_string(in.line);
-      int next = step(in, ci);
+      int next;
+      if (!parent_ && breakable(in)) {
+        // What the frame held before this instruction, in case it must run in Python instead.
+        Snapshot before = snapshot();
+        try {
+          next = step(in, ci);
+        } catch (const Unsupported& e) {
+          if (!graph_break(in, ci, pc, before, e.what())) throw;
+          return nullptr;
+        }
+      } else {
+        next = step(in, ci);
+      }
       if (next == kReturn) return return_value_;
       if (next >= 0) {
         auto it = ci.by_offset.find(next);
@@ -345,6 +359,10 @@ class Interpreter {
   VarPtr call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
     switch (fn->kind) {
       case Var::Kind::Method:
+        if (fn->obj) {  // a base-class function reached through super()
+          args.insert(args.begin(), fn->self);
+          return inline_call(fn->obj, nullptr, std::move(args), kwargs);
+        }
         if (fn->self->kind == Var::Kind::Module) return call_module_method(fn->self, fn->name, std::move(args), kwargs);
         return call_tensor_method(fn->self, fn->name, std::move(args), kwargs);
       case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
@@ -475,6 +493,7 @@ class Interpreter {
   VarPtr call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
     PyObject* f = fn->obj;
     if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
+    if (f == builtin("super") && kwargs.empty()) return make_super(args);
     if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
     if (PyMethod_Check(f) && PyFunction_Check(PyMethod_GET_FUNCTION(f)) && !is_torch_internal(PyMethod_GET_FUNCTION(f))) {
       // A bound method of a user object: inline its function with the receiver first.
@@ -837,7 +856,48 @@ class Interpreter {
   }
 
   // ---- attributes ----
+  // super() and super(cls, self): a real super object that remembers the receiver's tracker,
+  // so that super().forward(x) inlines the base class's function with the same `self`.
+  VarPtr make_super(const std::vector<VarPtr>& args) {
+    VarPtr self;
+    PyObject* cls = nullptr;
+    if (args.size() == 2) {
+      cls = const_obj(args[0], "super() class");
+      self = args[1];
+    } else if (args.empty()) {
+      auto* co = reinterpret_cast<PyCodeObject*>(code_);
+      PyObject* frees = PyCode_GetFreevars(co);
+      Py_ssize_t k = -1;
+      for (Py_ssize_t i = 0; frees && i < PyTuple_GET_SIZE(frees); ++i)
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(frees, i), "__class__") == 0) k = i;
+      Py_XDECREF(frees);
+      PyObject* closure = PyFunction_GET_CLOSURE(fn_);
+      if (k < 0 || !closure) unsupported("super() outside a method");
+      cls = PyCell_GET(PyTuple_GET_ITEM(closure, k));
+      self = locals_.empty() ? nullptr : locals_[0];
+    } else {
+      unsupported("super() with one argument");
+    }
+    if (!cls || !self || !(self->kind == Var::Kind::Module || self->is_const())) unsupported("super() of this receiver");
+    VarPtr v = real(PyObject_CallFunctionObjArgs(builtin("super"), cls, self->obj, nullptr));
+    v->self = self;
+    return v;
+  }
+
+  VarPtr super_attr(const VarPtr& sup, const std::string& name) {
+    PyObject* a = PyObject_GetAttrString(sup->obj, name.c_str());
+    if (!a) return real(nullptr);
+    if (PyMethod_Check(a) && PyFunction_Check(PyMethod_GET_FUNCTION(a))) {
+      VarPtr m = Var::method(sup->self, name);
+      m->obj = Py_NewRef(PyMethod_GET_FUNCTION(a));
+      Py_DECREF(a);
+      return m;
+    }
+    return Var::steal_constant(a);
+  }
+
   VarPtr getattr(VarPtr base, const std::string& name) {
+    if (base->is_const() && base->self && PyObject_TypeCheck(base->obj, &PySuper_Type)) return super_attr(base, name);
     if (base->is_tensor()) {
       const ir::TensorMeta& m = base->node->meta;
       if (name == "shape") return shape_tuple(m);
@@ -993,6 +1053,174 @@ class Interpreter {
     return Var::steal_constant(v);
   }
 
+  // ---- graph breaks ----
+  // Only the function kiln was asked to run breaks; a failure inside an inlined call surfaces
+  // at the CALL of its outermost caller, which then runs that call in Python.
+  static bool breakable(const Instr& in) {
+    switch (in.op) {
+      case OP_CALL:
+      case OP_POP_JUMP_IF_FALSE:
+      case OP_POP_JUMP_IF_TRUE:
+      case OP_POP_JUMP_FORWARD_IF_FALSE:
+      case OP_POP_JUMP_FORWARD_IF_TRUE: return true;
+      default: return false;
+    }
+  }
+
+  struct Snapshot {
+    std::vector<VarPtr> stack, locals;
+    std::vector<std::string> kwnames;
+  };
+
+  // Trackers are shared and updated in place (in-place ops, list appends), so a snapshot copies
+  // them, keeping aliases among them aliases.
+  static VarPtr clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr>& memo) {
+    if (!v) return v;
+    switch (v->kind) {
+      case Var::Kind::Const:
+      case Var::Kind::Module:
+      case Var::Kind::Null: return v;
+      default: break;
+    }
+    auto it = memo.find(v.get());
+    if (it != memo.end()) return it->second;
+    auto c = std::make_shared<Var>(Var{v->kind});
+    memo[v.get()] = c;
+    c->node = v->node;
+    c->name = v->name;
+    c->source = v->source;
+    for (const VarPtr& x : v->items) c->items.push_back(clone(x, memo));
+    c->self = clone(v->self, memo);
+    return c;
+  }
+
+  Snapshot snapshot() const {
+    Snapshot s;
+    std::unordered_map<const Var*, VarPtr> memo;
+    for (const VarPtr& v : stack_) s.stack.push_back(clone(v, memo));
+    for (const VarPtr& v : locals_) s.locals.push_back(clone(v, memo));
+    s.kwnames = kwnames_;
+    return s;
+  }
+
+  // How the runtime rebuilds a value of the frame at a break.
+  OutSpec break_spec(const VarPtr& v) {
+    OutSpec s;
+    switch (v->kind) {
+      case Var::Kind::Tensor: return output_spec(v);
+      case Var::Kind::Tuple:
+      case Var::Kind::List:
+        // A container read from the frame must stay the caller's object.
+        if (v->source) {
+          s.kind = OutSpec::Kind::Source;
+          s.source = v->source;
+          return s;
+        }
+        s.kind = v->kind == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
+        for (auto& item : v->items) s.items.push_back(break_spec(item));
+        return s;
+      case Var::Kind::Const:
+      case Var::Kind::Module:
+        s.kind = !v->source && (PyDict_CheckExact(v->obj) || PyList_CheckExact(v->obj) || PySet_CheckExact(v->obj))
+                     ? OutSpec::Kind::Copy
+                     : OutSpec::Kind::Const;
+        Py_INCREF(v->obj);
+        s.value = v->obj;
+        return s;
+      case Var::Kind::Null: s.kind = OutSpec::Kind::Null; return s;
+      case Var::Kind::Method:
+        s.kind = OutSpec::Kind::Method;
+        s.value = PyUnicode_FromString(v->name.c_str());
+        s.items.push_back(break_spec(v->self));
+        return s;
+      case Var::Kind::Iterator: unsupported("graph break inside a loop kiln unrolls");
+    }
+    unsupported("a value kiln cannot rebuild at a graph break");
+  }
+
+  // Ends the capture at `in` with a graph break, if the frame can resume after it; false
+  // leaves the original failure to end the capture (the whole call then runs eagerly).
+  bool graph_break(const Instr& in, const CodeInfo& ci, size_t pc, const Snapshot& before, const std::string& why) {
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (pc + 1 >= ci.instrs.size()) return false;
+    for (size_t j = pc + 1; j < ci.instrs.size(); ++j) {
+      const Instr& b = ci.instrs[j];
+      bool backward = b.op == OP_JUMP_BACKWARD || b.op == OP_JUMP_BACKWARD_NO_INTERRUPT ||
+                      b.op == OP_POP_JUMP_BACKWARD_IF_FALSE || b.op == OP_POP_JUMP_BACKWARD_IF_TRUE ||
+                      b.op == OP_POP_JUMP_BACKWARD_IF_NONE || b.op == OP_POP_JUMP_BACKWARD_IF_NOT_NONE;
+      if (backward && b.jump_target <= in.offset) return false;  // in a loop: each iteration would resume anew
+    }
+    if (in_exception_block(code_, in.offset)) return false;
+    auto* co = reinterpret_cast<PyCodeObject*>(code_);
+    const int nv = co->co_nlocals;
+    for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i)
+      if (before.locals[i]) return false;  // a bound cell: closures made before would lose it
+    auto brk = std::make_unique<GraphBreak>();
+    brk->reason = why;
+    brk->location = location();
+    size_t operands;
+    if (in.op == OP_CALL) {
+      brk->kind = GraphBreak::Kind::Call;
+      operands = static_cast<size_t>(in.arg) + 2;
+      if (!before.kwnames.empty()) {
+        brk->kwnames = PyTuple_New(static_cast<Py_ssize_t>(before.kwnames.size()));
+        for (size_t k = 0; k < before.kwnames.size(); ++k)
+          PyTuple_SET_ITEM(brk->kwnames, k, PyUnicode_FromString(before.kwnames[k].c_str()));
+      }
+    } else {
+      brk->kind = GraphBreak::Kind::Jump;
+      operands = 1;
+      if (before.stack.empty() || !before.stack.back()->is_tensor()) return false;
+      brk->jump_if_true = in.op == OP_POP_JUMP_IF_TRUE || in.op == OP_POP_JUMP_FORWARD_IF_TRUE;
+    }
+    if (before.stack.size() < operands) return false;
+    if (in.op == OP_CALL) {
+      // super() without arguments reads its frame: it cannot run from outside one.
+      const VarPtr& f = before.stack[before.stack.size() - operands];
+      const VarPtr& g = before.stack[before.stack.size() - operands + 1];
+      for (const VarPtr& c : {f, g})
+        if (c->is_const() && c->obj == builtin("super")) return false;
+    }
+    const size_t below = before.stack.size() - operands;
+    ResumeShape shape;
+    try {
+      for (size_t i = 0; i < before.stack.size(); ++i) {
+        OutSpec spec = break_spec(before.stack[i]);
+        if (i < below) {
+          shape.stack_is_null.push_back(spec.kind == OutSpec::Kind::Null);
+          brk->stack.push_back(std::move(spec));
+        } else {
+          brk->operands.push_back(std::move(spec));
+        }
+      }
+      for (int i = 0; i < nv; ++i) {
+        OutSpec spec;
+        if (before.locals[i]) spec = break_spec(before.locals[i]);
+        else spec.kind = OutSpec::Kind::Unbound;
+        shape.local_unbound.push_back(spec.kind == OutSpec::Kind::Unbound);
+        brk->locals.push_back(std::move(spec));
+      }
+    } catch (const Unsupported&) {
+      return false;
+    }
+    std::vector<int> targets;
+    if (brk->kind == GraphBreak::Kind::Call) {
+      shape.stack_is_null.push_back(false);  // the call's result
+      targets = {ci.instrs[pc + 1].offset};
+    } else {
+      targets = {ci.instrs[pc + 1].offset, in.jump_target};
+    }
+    for (int t : targets) {
+      std::string error;
+      shape.offset = t;
+      PyObject* f = make_resume_function(fn_, shape, error);
+      if (!f) return false;
+      brk->resume.push_back(f);
+    }
+    out_.graph_break = std::move(brk);
+    return true;
+  }
+
   // ---- output ----
   OutSpec output_spec(const VarPtr& v) {
     OutSpec s;
@@ -1121,7 +1349,14 @@ class Interpreter {
         push(call(fn, std::move(args), std::move(kwargs)));
         return -1;
       }
-      case OP_LOAD_SUPER_ATTR: unsupported("super() is not captured yet (call Base.method(self, ...) instead)");
+      case OP_LOAD_SUPER_ATTR: {
+        VarPtr self = pop(), cls = pop();
+        pop();  // the global `super`
+        VarPtr attr = super_attr(make_super({cls, self}), PyUnicode_AsUTF8(in.argval));
+        if (in.arg & 1) push(Var::null());
+        push(attr);
+        return -1;
+      }
       case OP_BUILD_MAP: {
         // Dicts of values known at capture time (keyword forwarding: f(**kwargs)).
         PyObject* d = PyDict_New();

@@ -1,5 +1,6 @@
 #include "bind/runtime/compiled_function.h"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -12,6 +13,11 @@ namespace kiln::bind {
 Stats& stats() {
   static Stats s;
   return s;
+}
+
+std::vector<ExplainRecord>*& explain_log() {
+  static std::vector<ExplainRecord>* log = nullptr;
+  return log;
 }
 
 namespace {
@@ -31,6 +37,59 @@ bool is_user_error(const std::string& reason) { return reason.rfind("shape/dtype
 
 }  // namespace
 
+Entry::~Entry() {
+  if (!Py_IsInitialized()) return;
+  for (PyObject* f : resume) Py_XDECREF(f);
+}
+
+namespace {
+
+void record_explain(const Entry& e, const std::string& name) {
+  std::vector<ExplainRecord>* log = explain_log();
+  if (!log) return;
+  ExplainRecord r;
+  r.name = name;
+  r.eager = e.eager;
+  r.guards = e.capture.guards.strs();
+  r.captured = e.capture.captured_text;
+  if (e.eager) {
+    r.reason = e.reason;
+    r.location = e.location;
+  } else if (e.capture.graph_break) {
+    r.graph_break = true;
+    r.reason = e.capture.graph_break->reason;
+    r.location = e.capture.graph_break->location;
+  }
+  if (e.compiled) {
+    r.has_graph = true;
+    r.graph = e.compiled->graph_text;
+    r.op_count = e.compiled->op_count;
+    r.loop_ir = e.compiled->loop_text;
+    r.source = e.compiled->source;
+    r.source_path = e.compiled->source_path;
+    r.compile_seconds = e.compiled->compile_seconds;
+    r.device = e.compiled->program.device.str();
+    for (const auto& k : e.compiled->kernels) r.kernels.emplace_back(k.name, k.source);
+  }
+  log->push_back(std::move(r));
+}
+
+// A graph may compute nothing: its outputs (the return value, what a break needs) are inputs.
+bool plan_passthrough(Entry& e) {
+  const ir::Graph& g = *e.capture.graph;
+  std::vector<int> idx;
+  for (const ir::Node* o : g.outputs()) {
+    auto it = std::find(g.inputs().begin(), g.inputs().end(), o);
+    if (it == g.inputs().end()) return false;
+    idx.push_back(static_cast<int>(it - g.inputs().begin()));
+  }
+  e.passthrough = true;
+  e.passthrough_inputs = std::move(idx);
+  return true;
+}
+
+}  // namespace
+
 std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name) {
   auto e = std::make_unique<Entry>();
   auto t0 = std::chrono::steady_clock::now();
@@ -44,6 +103,7 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
     e->location = e->capture.location;
     record_fallback(e->reason);
     log("fallback", name + ": runs eagerly: " + e->reason + " at " + e->location);
+    record_explain(*e, name);
     return e;
   }
   log("guards", name + ":\n  " + [&] {
@@ -51,6 +111,26 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
     for (const std::string& x : e->capture.guards.strs()) g += x + "\n  ";
     return g;
   }());
+  if (const GraphBreak* b = e->capture.graph_break.get()) {
+    ++s.graph_breaks;
+    ++s.fallback_reasons[b->reason];  // what runs in Python, whole frames or single instructions
+    log("graph_breaks", name + ": graph break: " + b->reason + " at " + b->location);
+    for (PyObject* f : b->resume) {
+      PyObject* cf = make_compiled_function(f, cfg);
+      if (!cf) {
+        PyErr_Clear();
+        e->eager = true;
+        e->reason = "could not wrap a resume function";
+        record_explain(*e, name);
+        return e;
+      }
+      e->resume.push_back(cf);
+    }
+  }
+  if (plan_passthrough(*e)) {
+    record_explain(*e, name);
+    return e;
+  }
   auto t1 = std::chrono::steady_clock::now();
   e->compiled = std::make_unique<pipeline::CompiledGraph>();
   std::string error;
@@ -67,15 +147,17 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
     record_fallback(e->reason);
     log("fallback", name + ": runs eagerly: " + e->reason);
     e->compiled.reset();
+    record_explain(*e, name);
     return e;
   }
   ++s.graphs_compiled;
   s.kernels_generated += static_cast<long>(e->compiled->kernels.size());
   if (e->compiled->disk_cache_hit) ++s.cache_hits_disk;
+  record_explain(*e, name);
   return e;
 }
 
-PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs) {
+PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, const FrameView& frame) {
   switch (spec.kind) {
     case OutSpec::Kind::Graph: {
       PyObject* o = outs[spec.index];
@@ -83,20 +165,100 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs) 
       return o;
     }
     case OutSpec::Kind::Const: Py_INCREF(spec.value); return spec.value;
+    case OutSpec::Kind::Copy:
+      if (PyDict_Check(spec.value)) return PyDict_Copy(spec.value);
+      if (PyList_Check(spec.value)) return PyList_GetSlice(spec.value, 0, PyList_GET_SIZE(spec.value));
+      return PySet_New(spec.value);
+    case OutSpec::Kind::Source: {
+      PyObject* o = eval_source(*spec.source, frame);
+      if (!o && !PyErr_Occurred())
+        PyErr_Format(PyExc_RuntimeError, "kiln: %s vanished between guard and use", spec.source->str().c_str());
+      return o;
+    }
+    case OutSpec::Kind::Method: {
+      PyObject* self = build_output(spec.items[0], outs, frame);
+      if (!self) return nullptr;
+      PyObject* m = PyObject_GetAttr(self, spec.value);
+      Py_DECREF(self);
+      return m;
+    }
     case OutSpec::Kind::Tuple:
     case OutSpec::Kind::List: {
       bool tuple = spec.kind == OutSpec::Kind::Tuple;
       PyObject* r = tuple ? PyTuple_New(spec.items.size()) : PyList_New(spec.items.size());
       for (size_t i = 0; i < spec.items.size(); ++i) {
-        PyObject* item = build_output(spec.items[i], outs);
+        PyObject* item = build_output(spec.items[i], outs, frame);
+        if (!item) {
+          Py_DECREF(r);
+          return nullptr;
+        }
         if (tuple) PyTuple_SET_ITEM(r, i, item);
         else PyList_SET_ITEM(r, i, item);
       }
       return r;
     }
+    case OutSpec::Kind::Null:
+    case OutSpec::Kind::Unbound: break;
   }
   Py_RETURN_NONE;
 }
+
+namespace {
+
+// After the graph: rebuild the frame, run the instruction kiln could not capture, and go on
+// in the resume function (itself compiled when first called).
+PyObject* run_break(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame) {
+  const GraphBreak& b = *e.capture.graph_break;
+  std::vector<PyObject*> owned;
+  auto done = [&](PyObject* r) {
+    for (PyObject* o : owned) Py_XDECREF(o);
+    return r;
+  };
+  auto build = [&](const OutSpec& s) -> PyObject* {
+    PyObject* o = s.kind == OutSpec::Kind::Unbound ? Py_NewRef(Py_None) : build_output(s, outs, frame);
+    if (o) owned.push_back(o);
+    return o;
+  };
+  std::vector<PyObject*> resume_args;
+  for (const OutSpec& s : b.locals) {
+    if (!build(s)) return done(nullptr);
+    resume_args.push_back(owned.back());
+  }
+  for (const OutSpec& s : b.stack) {
+    if (s.kind == OutSpec::Kind::Null) continue;
+    if (!build(s)) return done(nullptr);
+    resume_args.push_back(owned.back());
+  }
+  PyObject* resume_fn;
+  if (b.kind == GraphBreak::Kind::Call) {
+    std::vector<PyObject*> ops;
+    for (const OutSpec& s : b.operands) {
+      if (s.kind == OutSpec::Kind::Null) {
+        ops.push_back(nullptr);
+        continue;
+      }
+      if (!build(s)) return done(nullptr);
+      ops.push_back(owned.back());
+    }
+    PyObject* callable = ops[0] ? ops[0] : ops[1];
+    std::vector<PyObject*> args(ops.begin() + (ops[0] ? 1 : 2), ops.end());
+    size_t nkw = b.kwnames ? static_cast<size_t>(PyTuple_GET_SIZE(b.kwnames)) : 0;
+    PyObject* result = PyObject_Vectorcall(callable, args.data(), args.size() - nkw, b.kwnames);
+    if (!result) return done(nullptr);
+    owned.push_back(result);
+    resume_args.push_back(result);
+    resume_fn = e.resume[0];
+  } else {
+    PyObject* cond = build(b.operands[0]);
+    if (!cond) return done(nullptr);
+    int t = PyObject_IsTrue(cond);
+    if (t < 0) return done(nullptr);
+    resume_fn = e.resume[(t == 1) == b.jump_if_true ? 1 : 0];
+  }
+  return done(PyObject_Vectorcall(resume_fn, resume_args.data(), resume_args.size(), nullptr));
+}
+
+}  // namespace
 
 PyObject* run_entry(Entry& e, PyObject* fn, PyObject* const* args, size_t nargsf, PyObject* kwnames,
                     const BoundArgs& bound) {
@@ -122,8 +284,15 @@ PyObject* run_entry(Entry& e, PyObject* fn, PyObject* const* args, size_t nargsf
   PyObject* result = nullptr;
   if (ok) {
     std::vector<PyObject*> outs;
-    if (run_program(*e.compiled, *e.prepared, inputs, outs)) {
-      result = build_output(e.capture.output, outs);
+    bool ran;
+    if (e.passthrough) {
+      for (int i : e.passthrough_inputs) outs.push_back(Py_NewRef(inputs[i]));
+      ran = true;
+    } else {
+      ran = run_program(*e.compiled, *e.prepared, inputs, outs);
+    }
+    if (ran) {
+      result = e.capture.graph_break ? run_break(e, outs, fv) : build_output(e.capture.output, outs, fv);
       for (PyObject* o : outs) Py_DECREF(o);
     }
   } else {
@@ -210,9 +379,14 @@ PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
     if (bound.names.empty()) bound.names = st->names;
     st->entries.push_back(build_entry(st->fn, bound, st->cfg, st->name));
     hit = st->entries.back().get();
-    if (hit->eager && st->cfg.fullgraph && !is_user_error(hit->reason)) {
-      PyErr_Format(PyExc_RuntimeError, "kiln.compile(fullgraph=True): cannot capture %s: %s (at %s)",
-                   st->name.c_str(), hit->reason.c_str(), hit->location.c_str());
+    const GraphBreak* brk = hit->capture.graph_break.get();
+    if (st->cfg.fullgraph && brk && is_user_error(brk->reason)) {
+      hit->eager = true;  // eager raises the user's own error, at the same point
+    } else if (st->cfg.fullgraph && (hit->eager || brk) && !is_user_error(hit->reason)) {
+      const std::string& why = brk ? brk->reason : hit->reason;
+      const std::string& where = brk ? brk->location : hit->location;
+      PyErr_Format(PyExc_RuntimeError, "kiln.compile(fullgraph=True): %s %s: %s (at %s)",
+                   brk ? "graph break in" : "cannot capture", st->name.c_str(), why.c_str(), where.c_str());
       st->entries.pop_back();
       for (PyObject* o : owned) Py_DECREF(o);
       return nullptr;

@@ -23,6 +23,16 @@ struct Entry {
   std::string location;
   std::unique_ptr<pipeline::CompiledGraph> compiled;
   std::shared_ptr<PreparedProgram> prepared;
+  // A graph whose outputs are all inputs (nothing to compute before a break): no program, the
+  // outputs are these inputs.
+  bool passthrough = false;
+  std::vector<int> passthrough_inputs;
+  // At a graph break: the resume functions, as compiled functions of their own (owned).
+  std::vector<PyObject*> resume;
+  Entry() = default;
+  Entry(const Entry&) = delete;
+  Entry& operator=(const Entry&) = delete;
+  ~Entry();
 };
 
 struct CompileConfig {
@@ -36,8 +46,8 @@ struct CompileConfig {
 // entries with a reason).
 std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name);
 
-// Rebuilds the Python return value of a compiled entry run.
-PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& graph_outputs);
+// Rebuilds a Python value after a compiled entry ran (new reference, nullptr with an error set).
+PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& graph_outputs, const FrameView& frame);
 
 // Runs an entry for the bound arguments (new reference, or nullptr with an error set).
 PyObject* run_entry(Entry& e, PyObject* fn, PyObject* const* args, size_t nargsf, PyObject* kwnames,

@@ -2,6 +2,8 @@
 #pragma once
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kiln::bind {
 
@@ -12,6 +14,7 @@ struct Stats {
   long cache_hits_memory = 0;
   long cache_hits_disk = 0;
   long eager_fallbacks = 0;
+  long graph_breaks = 0;
   long kernels_generated = 0;
   double capture_seconds = 0;
   double compile_seconds = 0;
@@ -19,5 +22,22 @@ struct Stats {
 };
 
 Stats& stats();
+
+// What kiln.explain reports for each frame captured while it runs the function.
+struct ExplainRecord {
+  std::string name;
+  bool eager = false;            // the frame runs eagerly (reason, location say why)
+  bool has_graph = false;
+  bool graph_break = false;      // the graph ends in a break (reason, location say where)
+  std::string reason, location;
+  std::string graph, captured, loop_ir, source, source_path, device;
+  size_t op_count = 0;
+  double compile_seconds = 0;
+  std::vector<std::pair<std::string, std::string>> kernels;  // name, source
+  std::vector<std::string> guards;
+};
+
+// Non-null while kiln.explain runs a function: every entry built is recorded there.
+std::vector<ExplainRecord>*& explain_log();
 
 }  // namespace kiln::bind

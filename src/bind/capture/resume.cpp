@@ -1,0 +1,231 @@
+#include "bind/capture/resume.h"
+
+#include <algorithm>
+#include <set>
+
+namespace kiln::bind {
+namespace {
+
+// Opcode numbers of the running interpreter, read from `dis` once.
+struct Opcodes {
+  int LOAD_FAST, DELETE_FAST, PUSH_NULL, JUMP_FORWARD, RESUME, EXTENDED_ARG;
+  std::set<int> free;  // instructions whose argument indexes cell and free variables
+  bool ok = false;
+};
+
+const Opcodes& opcodes() {
+  static Opcodes o = [] {
+    Opcodes r{};
+    PyObject* dis = PyImport_ImportModule("dis");
+    PyObject* map = dis ? PyObject_GetAttrString(dis, "opmap") : nullptr;
+    PyObject* hasfree = dis ? PyObject_GetAttrString(dis, "hasfree") : nullptr;
+    auto op = [&](const char* n) {
+      PyObject* v = map ? PyDict_GetItemString(map, n) : nullptr;
+      return v ? static_cast<int>(PyLong_AsLong(v)) : -1;
+    };
+    r.LOAD_FAST = op("LOAD_FAST");
+    r.DELETE_FAST = op("DELETE_FAST");
+    r.PUSH_NULL = op("PUSH_NULL");
+    r.JUMP_FORWARD = op("JUMP_FORWARD");
+    r.RESUME = op("RESUME");
+    r.EXTENDED_ARG = op("EXTENDED_ARG");
+    for (Py_ssize_t i = 0; hasfree && i < PySequence_Size(hasfree); ++i) {
+      PyObject* v = PySequence_GetItem(hasfree, i);
+      r.free.insert(static_cast<int>(PyLong_AsLong(v)));
+      Py_DECREF(v);
+    }
+    r.ok = map && hasfree && r.LOAD_FAST >= 0 && r.DELETE_FAST >= 0 && r.PUSH_NULL >= 0 && r.JUMP_FORWARD >= 0 &&
+           r.RESUME >= 0 && r.EXTENDED_ARG >= 0;
+    Py_XDECREF(hasfree);
+    Py_XDECREF(map);
+    Py_XDECREF(dis);
+    PyErr_Clear();
+    return r;
+  }();
+  return o;
+}
+
+// The exception table (3.11+): entries of varints in 6-bit big-endian chunks, 0x40 marking
+// continuation and 0x80 the first byte of an entry; units are 2-byte code units.
+struct ExcEntry {
+  int start, end, target, depth_lasti;
+};
+
+std::vector<ExcEntry> parse_exception_table(const std::string& t) {
+  std::vector<ExcEntry> out;
+  size_t pos = 0;
+  auto varint = [&]() {
+    unsigned char b = static_cast<unsigned char>(t[pos++]);
+    int v = b & 63;
+    while ((b & 64) && pos < t.size()) {
+      b = static_cast<unsigned char>(t[pos++]);
+      v = (v << 6) | (b & 63);
+    }
+    return v;
+  };
+  while (pos < t.size()) {
+    ExcEntry e;
+    e.start = varint();
+    e.end = e.start + varint();
+    e.target = varint();
+    e.depth_lasti = varint();
+    out.push_back(e);
+  }
+  return out;
+}
+
+void write_varint(std::string& out, int v, bool first) {
+  std::vector<int> chunks;
+  do {
+    chunks.push_back(v & 63);
+    v >>= 6;
+  } while (v);
+  for (size_t i = chunks.size(); i-- > 0;) {
+    int b = chunks[i];
+    if (i) b |= 64;
+    if (first && i == chunks.size() - 1) b |= 128;
+    out.push_back(static_cast<char>(b));
+  }
+}
+
+std::string bytes_of(PyObject* code, const char* attr) {
+  PyObject* b = PyObject_GetAttrString(code, attr);
+  std::string s;
+  if (b && PyBytes_Check(b)) s.assign(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+  Py_XDECREF(b);
+  PyErr_Clear();
+  return s;
+}
+
+void emit(std::string& code, int op, int arg) {
+  if (arg > 0xffffff) code.push_back(static_cast<char>(opcodes().EXTENDED_ARG)), code.push_back(static_cast<char>((arg >> 24) & 0xff));
+  if (arg > 0xffff) code.push_back(static_cast<char>(opcodes().EXTENDED_ARG)), code.push_back(static_cast<char>((arg >> 16) & 0xff));
+  if (arg > 0xff) code.push_back(static_cast<char>(opcodes().EXTENDED_ARG)), code.push_back(static_cast<char>((arg >> 8) & 0xff));
+  code.push_back(static_cast<char>(op));
+  code.push_back(static_cast<char>(arg & 0xff));
+}
+
+}  // namespace
+
+bool in_exception_block(PyObject* code, int offset) {
+  for (const ExcEntry& e : parse_exception_table(bytes_of(code, "co_exceptiontable")))
+    if (e.start <= offset / 2 && offset / 2 < e.end) return true;
+  return false;
+}
+
+PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::string& error) {
+  const Opcodes& ops = opcodes();
+  if (!ops.ok) {
+    error = "this Python's dis module lacks an opcode resume functions need";
+    return nullptr;
+  }
+  auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(fn));
+  PyObject* code = reinterpret_cast<PyObject*>(co);
+  PyObject* varnames = PyCode_GetVarnames(co);
+  const int nv = static_cast<int>(PyTuple_GET_SIZE(varnames));
+  int nstack = 0;
+  for (bool null : shape.stack_is_null) nstack += !null;
+
+  // The body: the original bytecode with cell/free indices moved past the new parameters.
+  std::string body = bytes_of(code, "co_code");
+  std::string prefix;  // the original's MAKE_CELL / COPY_FREE_VARS ... RESUME, moved too
+  bool in_prefix = true;
+  for (size_t i = 0; i + 1 < body.size(); i += 2) {
+    int op = static_cast<unsigned char>(body[i]);
+    int arg = static_cast<unsigned char>(body[i + 1]);
+    if (ops.free.count(op) && arg >= nv && nstack) {
+      bool extended = i >= 2 && static_cast<unsigned char>(body[i - 2]) == ops.EXTENDED_ARG;
+      if (extended || arg + nstack > 255) {
+        error = "too many variables to move for a resume function";
+        Py_DECREF(varnames);
+        return nullptr;
+      }
+      body[i + 1] = static_cast<char>(arg + nstack);
+    }
+    if (in_prefix) {
+      prefix += body.substr(i, 2);
+      if (op == ops.RESUME) in_prefix = false;
+    }
+  }
+  if (in_prefix) {
+    error = "code without a RESUME instruction";
+    Py_DECREF(varnames);
+    return nullptr;
+  }
+
+  std::string pro = prefix;
+  for (int i = 0; i < nv && i < static_cast<int>(shape.local_unbound.size()); ++i)
+    if (shape.local_unbound[i]) emit(pro, ops.DELETE_FAST, i);
+  int param = nv;
+  for (bool null : shape.stack_is_null) {
+    if (null) emit(pro, ops.PUSH_NULL, 0);
+    else emit(pro, ops.LOAD_FAST, param++);
+  }
+  // Jumping from the end of the prologue to body unit r is a forward jump of exactly r units.
+  emit(pro, ops.JUMP_FORWARD, shape.offset / 2);
+  const int P = static_cast<int>(pro.size() / 2);
+  std::string new_code = pro + body;
+
+  std::string table;
+  for (ExcEntry e : parse_exception_table(bytes_of(code, "co_exceptiontable"))) {
+    write_varint(table, e.start + P, true);
+    write_varint(table, e.end - e.start, false);
+    write_varint(table, e.target + P, false);
+    write_varint(table, e.depth_lasti, false);
+  }
+  std::string lines;
+  for (int left = P; left > 0; left -= 8) lines.push_back(static_cast<char>(0x80 | (15 << 3) | (std::min(left, 8) - 1)));
+  lines += bytes_of(code, "co_linetable");
+
+  PyObject* names = PyTuple_New(nv + nstack);
+  for (int i = 0; i < nv; ++i) {
+    PyObject* n = PyTuple_GET_ITEM(varnames, i);
+    Py_INCREF(n);
+    PyTuple_SET_ITEM(names, i, n);
+  }
+  for (int j = 0; j < nstack; ++j) PyTuple_SET_ITEM(names, nv + j, PyUnicode_FromFormat("__kiln_stack%d", j));
+  Py_DECREF(varnames);
+  std::string qual = PyUnicode_AsUTF8(co->co_qualname);
+  std::string name = "__resume_" + std::string(PyUnicode_AsUTF8(co->co_name)) + "_at_" + std::to_string(shape.offset);
+  qual = qual.substr(0, qual.size() - PyUnicode_GET_LENGTH(co->co_name)) + name;
+
+  PyObject* kw = PyDict_New();
+  auto set = [&](const char* k, PyObject* v) {
+    PyDict_SetItemString(kw, k, v);
+    Py_DECREF(v);
+  };
+  set("co_code", PyBytes_FromStringAndSize(new_code.data(), static_cast<Py_ssize_t>(new_code.size())));
+  set("co_argcount", PyLong_FromLong(nv + nstack));
+  set("co_posonlyargcount", PyLong_FromLong(0));
+  set("co_kwonlyargcount", PyLong_FromLong(0));
+  set("co_nlocals", PyLong_FromLong(nv + nstack));
+  set("co_varnames", names);
+  set("co_flags", PyLong_FromLong(co->co_flags & ~(CO_VARARGS | CO_VARKEYWORDS)));
+  set("co_exceptiontable", PyBytes_FromStringAndSize(table.data(), static_cast<Py_ssize_t>(table.size())));
+  set("co_linetable", PyBytes_FromStringAndSize(lines.data(), static_cast<Py_ssize_t>(lines.size())));
+  set("co_name", PyUnicode_FromString(name.c_str()));
+  set("co_qualname", PyUnicode_FromString(qual.c_str()));
+  PyObject* replace = PyObject_GetAttrString(code, "replace");
+  PyObject* empty = PyTuple_New(0);
+  PyObject* new_co = replace ? PyObject_Call(replace, empty, kw) : nullptr;
+  Py_DECREF(empty);
+  Py_XDECREF(replace);
+  Py_DECREF(kw);
+  PyObject* f = new_co ? PyFunction_New(new_co, PyFunction_GET_GLOBALS(fn)) : nullptr;
+  Py_XDECREF(new_co);
+  if (f && PyFunction_GET_CLOSURE(fn) && PyFunction_SetClosure(f, PyFunction_GET_CLOSURE(fn)) < 0) Py_CLEAR(f);
+  if (!f) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyObject* s = v ? PyObject_Str(v) : nullptr;
+    error = std::string("could not build a resume function: ") + (s ? PyUnicode_AsUTF8(s) : "unknown error");
+    Py_XDECREF(s);
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+  }
+  return f;
+}
+
+}  // namespace kiln::bind

@@ -1,0 +1,30 @@
+// Resume functions: the code that continues a function after a graph break.
+//
+// A resume function is a new code object made from the original one: its parameters are the
+// original's locals followed by the values that were on the stack at the break; a short
+// prologue puts those values back on the stack and jumps to the instruction after the break.
+// The original body is kept byte for byte (relative jumps stay valid); only the exception
+// table, the line table and the indices of cell and free variables move.
+#pragma once
+#include <Python.h>
+
+#include <string>
+#include <vector>
+
+namespace kiln::bind {
+
+struct ResumeShape {
+  int offset = 0;                    // byte offset of the first instruction to run
+  std::vector<bool> stack_is_null;   // the stack at `offset`, bottom first: NULL slots are pushed, not passed
+  std::vector<bool> local_unbound;   // one per co_varnames entry: passed as None, then deleted
+};
+
+// A function running `fn`'s code from shape.offset (new reference), or nullptr with `error`
+// saying why this code cannot resume there (no Python error left set).
+PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::string& error);
+
+// Whether the instruction at byte `offset` lies inside a try/with block (an exception table
+// entry covers it): kiln does not break there.
+bool in_exception_block(PyObject* code, int offset);
+
+}  // namespace kiln::bind
