@@ -8,7 +8,7 @@ namespace {
 
 // Opcode numbers of the running interpreter, read from `dis` once.
 struct Opcodes {
-  int LOAD_FAST, DELETE_FAST, PUSH_NULL, JUMP_FORWARD, RESUME, EXTENDED_ARG;
+  int LOAD_FAST, DELETE_FAST, PUSH_NULL, JUMP_FORWARD, RESUME, EXTENDED_ARG, LOAD_CONST, UNARY_NEGATIVE, RETURN_VALUE;
   std::set<int> free;  // instructions whose argument indexes cell and free variables
   bool ok = false;
 };
@@ -29,13 +29,16 @@ const Opcodes& opcodes() {
     r.JUMP_FORWARD = op("JUMP_FORWARD");
     r.RESUME = op("RESUME");
     r.EXTENDED_ARG = op("EXTENDED_ARG");
+    r.LOAD_CONST = op("LOAD_CONST");
+    r.UNARY_NEGATIVE = op("UNARY_NEGATIVE");
+    r.RETURN_VALUE = op("RETURN_VALUE");
     for (Py_ssize_t i = 0; hasfree && i < PySequence_Size(hasfree); ++i) {
       PyObject* v = PySequence_GetItem(hasfree, i);
       r.free.insert(static_cast<int>(PyLong_AsLong(v)));
       Py_DECREF(v);
     }
     r.ok = map && hasfree && r.LOAD_FAST >= 0 && r.DELETE_FAST >= 0 && r.PUSH_NULL >= 0 && r.JUMP_FORWARD >= 0 &&
-           r.RESUME >= 0 && r.EXTENDED_ARG >= 0;
+           r.RESUME >= 0 && r.EXTENDED_ARG >= 0 && r.LOAD_CONST >= 0 && r.UNARY_NEGATIVE >= 0 && r.RETURN_VALUE >= 0;
     Py_XDECREF(hasfree);
     Py_XDECREF(map);
     Py_XDECREF(dis);
@@ -111,6 +114,38 @@ bool in_exception_block(PyObject* code, int offset) {
   for (const ExcEntry& e : parse_exception_table(bytes_of(code, "co_exceptiontable")))
     if (e.start <= offset / 2 && offset / 2 < e.end) return true;
   return false;
+}
+
+PyObject* make_trampoline(PyObject* code, PyObject* holder) {
+  const Opcodes& ops = opcodes();
+  if (!ops.ok || !holder) return nullptr;
+  auto* co = reinterpret_cast<PyCodeObject*>(code);
+  PyObject* consts = PyTuple_New(PyTuple_GET_SIZE(co->co_consts) + 1);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(co->co_consts); ++i)
+    PyTuple_SET_ITEM(consts, i, Py_NewRef(PyTuple_GET_ITEM(co->co_consts, i)));
+  PyTuple_SET_ITEM(consts, PyTuple_GET_SIZE(co->co_consts), Py_NewRef(holder));
+  std::string body;
+  emit(body, ops.RESUME, 0);
+  emit(body, ops.LOAD_CONST, static_cast<int>(PyTuple_GET_SIZE(co->co_consts)));
+  emit(body, ops.UNARY_NEGATIVE, 0);
+  emit(body, ops.RETURN_VALUE, 0);
+  PyObject* kw = PyDict_New();
+  auto set = [&](const char* k, PyObject* v) {
+    PyDict_SetItemString(kw, k, v);
+    Py_DECREF(v);
+  };
+  set("co_code", PyBytes_FromStringAndSize(body.data(), static_cast<Py_ssize_t>(body.size())));
+  set("co_consts", consts);
+  set("co_exceptiontable", PyBytes_FromStringAndSize("", 0));
+  set("co_linetable", PyBytes_FromStringAndSize("", 0));
+  PyObject* replace = PyObject_GetAttrString(code, "replace");
+  PyObject* empty = PyTuple_New(0);
+  PyObject* t = replace ? PyObject_Call(replace, empty, kw) : nullptr;
+  Py_DECREF(empty);
+  Py_XDECREF(replace);
+  Py_DECREF(kw);
+  if (!t) PyErr_Clear();
+  return t;
 }
 
 PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::string& error) {

@@ -23,6 +23,10 @@ struct ResumeShape {
 // saying why this code cannot resume there (no Python error left set).
 PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::string& error);
 
+// A code object laid out like `code` (same locals, cells, stack size) whose body returns
+// -holder: the frame hook runs it in place of a frame whose result kiln already computed.
+PyObject* make_trampoline(PyObject* code, PyObject* holder);
+
 // Whether the instruction at byte `offset` lies inside a try/with block (an exception table
 // entry covers it): kiln does not break there.
 bool in_exception_block(PyObject* code, int offset);

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <set>
 
+#include "bind/hook/frame_hook.h"
+#include "bind/hook/frame_policy.h"
 #include "bind/runtime/executor.h"
 #include "bind/runtime/stats.h"
 #include "core/support/log.h"
@@ -92,6 +94,7 @@ bool plan_passthrough(Entry& e) {
 
 std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name) {
   auto e = std::make_unique<Entry>();
+  e->cfg = cfg;
   auto t0 = std::chrono::steady_clock::now();
   e->capture = capture(fn, args);
   Stats& s = stats();
@@ -208,6 +211,7 @@ namespace {
 // After the graph: rebuild the frame, run the instruction kiln could not capture, and go on
 // in the resume function (itself compiled when first called).
 PyObject* run_break(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame) {
+  const CompileConfig& cfg = e.cfg;
   const GraphBreak& b = *e.capture.graph_break;
   std::vector<PyObject*> owned;
   auto done = [&](PyObject* r) {
@@ -243,7 +247,11 @@ PyObject* run_break(const Entry& e, const std::vector<PyObject*>& outs, const Fr
     PyObject* callable = ops[0] ? ops[0] : ops[1];
     std::vector<PyObject*> args(ops.begin() + (ops[0] ? 1 : 2), ops.end());
     size_t nkw = b.kwnames ? static_cast<size_t>(PyTuple_GET_SIZE(b.kwnames)) : 0;
-    PyObject* result = PyObject_Vectorcall(callable, args.data(), args.size() - nkw, b.kwnames);
+    PyObject* result;
+    {
+      HookScope hook(cfg);  // frames the instruction runs (a helper with a break of its own) are offered
+      result = PyObject_Vectorcall(callable, args.data(), args.size() - nkw, b.kwnames);
+    }
     if (!result) return done(nullptr);
     owned.push_back(result);
     resume_args.push_back(result);
@@ -260,9 +268,7 @@ PyObject* run_break(const Entry& e, const std::vector<PyObject*>& outs, const Fr
 
 }  // namespace
 
-PyObject* run_entry(Entry& e, PyObject* fn, PyObject* const* args, size_t nargsf, PyObject* kwnames,
-                    const BoundArgs& bound) {
-  if (e.eager) return PyObject_Vectorcall(fn, args, nargsf, kwnames);
+PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
   const auto& sources = e.capture.input_sources;
   FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn)};
   PyObject* stack_inputs[16];
@@ -303,19 +309,69 @@ PyObject* run_entry(Entry& e, PyObject* fn, PyObject* const* args, size_t nargsf
 }
 
 // ---------------------------------------------------------------------------------------------
+// Choosing the entry for a call.
+
+CodeCache::CodeCache(PyObject* code, const CompileConfig& c) : cfg(c) {
+  auto* co = reinterpret_cast<PyCodeObject*>(code);
+  name = PyUnicode_AsUTF8(co->co_qualname);
+  argcount = co->co_argcount;
+  nargs = co->co_argcount + co->co_kwonlyargcount + !!(co->co_flags & CO_VARARGS) + !!(co->co_flags & CO_VARKEYWORDS);
+  simple = co->co_kwonlyargcount == 0 && !(co->co_flags & (CO_VARARGS | CO_VARKEYWORDS));
+  PyObject* vn = PyCode_GetVarnames(co);
+  for (Py_ssize_t i = 0; vn && i < nargs; ++i) names.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(vn, i)));
+  Py_XDECREF(vn);
+}
+
+Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) {
+  failed = false;
+  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn)};
+  for (auto& e : c.entries)
+    if (e->capture.guards.check(fv, nullptr)) {
+      ++stats().cache_hits_memory;
+      return e.get();
+    }
+  if (c.eager_forever) return nullptr;
+  if (static_cast<int>(c.entries.size()) >= c.cfg.cache_limit) {
+    c.eager_forever = true;
+    record_fallback("cache limit reached");
+    std::string msg = "kiln: " + c.name + " was recompiled " + std::to_string(c.cfg.cache_limit) +
+                      " times (cache_limit); it now runs eagerly";
+    log("recompiles", msg);
+    if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) failed = true;
+    return nullptr;
+  }
+  if (!c.entries.empty()) {
+    std::string why;
+    c.entries.back()->capture.guards.check(fv, &why);
+    ++stats().recompiles;
+    log("recompiles", c.name + ": recompiling: " + why);
+  }
+  if (bound.names.empty()) bound.names = c.names;
+  c.entries.push_back(build_entry(fn, bound, c.cfg, c.name));
+  Entry* e = c.entries.back().get();
+  const GraphBreak* brk = e->capture.graph_break.get();
+  if (c.cfg.fullgraph && brk && is_user_error(brk->reason)) {
+    e->eager = true;  // eager raises the user's own error, at the same point
+  } else if (c.cfg.fullgraph && (e->eager || brk) && !is_user_error(e->reason)) {
+    const std::string& why = brk ? brk->reason : e->reason;
+    const std::string& where = brk ? brk->location : e->location;
+    PyErr_Format(PyExc_RuntimeError, "kiln.compile(fullgraph=True): %s %s: %s (at %s)",
+                 brk ? "graph break in" : "cannot capture", c.name.c_str(), why.c_str(), where.c_str());
+    c.entries.pop_back();
+    failed = true;
+    return nullptr;
+  }
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The CompiledFunction type.
 
 namespace {
 
-struct State {
+struct State : CodeCache {
   PyObject* fn = nullptr;
-  CompileConfig cfg;
-  std::vector<std::unique_ptr<Entry>> entries;
-  bool eager_forever = false;
-  std::string name;
-  Py_ssize_t argcount = 0;
-  bool simple = false;  // positional parameters only: calls with exactly those bind for free
-  std::vector<std::string> names;
+  using CodeCache::CodeCache;
 };
 
 struct CompiledFunctionObject {
@@ -330,13 +386,19 @@ std::set<CompiledFunctionObject*>& live() {
   return s;
 }
 
+// Runs the function itself; frames it calls are offered to kiln (the frame hook).
 PyObject* eager(State* st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  return PyObject_Vectorcall(st->fn, args, nargsf, kwnames);
+  if (!PyFunction_Check(st->fn)) return PyObject_Vectorcall(st->fn, args, nargsf, kwnames);
+  HookScope hook(st->cfg);
+  kiln_hook_skip_next(PyFunction_GET_CODE(st->fn));
+  PyObject* r = PyObject_Vectorcall(st->fn, args, nargsf, kwnames);
+  kiln_hook_skip_next(nullptr);
+  return r;
 }
 
 PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   State* st = reinterpret_cast<CompiledFunctionObject*>(self)->state;
-  if (st->cfg.disable || !PyFunction_Check(st->fn)) return eager(st, args, nargsf, kwnames);
+  if (st->cfg.disable || !PyFunction_Check(st->fn)) return PyObject_Vectorcall(st->fn, args, nargsf, kwnames);
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   BoundArgs bound;
   std::vector<PyObject*> owned;
@@ -346,55 +408,10 @@ PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
     PyErr_Clear();  // the real call raises the same TypeError, from the right frame
     return eager(st, args, nargsf, kwnames);
   }
-  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(st->fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(st->fn)};
-  Entry* hit = nullptr;
-  for (auto& e : st->entries)
-    if (e->capture.guards.check(fv, nullptr)) {
-      hit = e.get();
-      break;
-    }
+  bool failed;
+  Entry* e = select_entry(*st, st->fn, bound, failed);
   PyObject* result = nullptr;
-  if (hit) {
-    ++stats().cache_hits_memory;
-  } else if (st->eager_forever) {
-    result = eager(st, args, nargsf, kwnames);
-  } else if (static_cast<int>(st->entries.size()) >= st->cfg.cache_limit) {
-    st->eager_forever = true;
-    record_fallback("cache limit reached");
-    std::string msg = "kiln: " + st->name + " was recompiled " + std::to_string(st->cfg.cache_limit) +
-                      " times (cache_limit); it now runs eagerly";
-    log("recompiles", msg);
-    if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) {
-      for (PyObject* o : owned) Py_DECREF(o);
-      return nullptr;
-    }
-    result = eager(st, args, nargsf, kwnames);
-  } else {
-    if (!st->entries.empty()) {
-      std::string why;
-      st->entries.back()->capture.guards.check(fv, &why);
-      ++stats().recompiles;
-      log("recompiles", st->name + ": recompiling: " + why);
-    }
-    if (bound.names.empty()) bound.names = st->names;
-    st->entries.push_back(build_entry(st->fn, bound, st->cfg, st->name));
-    hit = st->entries.back().get();
-    const GraphBreak* brk = hit->capture.graph_break.get();
-    if (st->cfg.fullgraph && brk && is_user_error(brk->reason)) {
-      hit->eager = true;  // eager raises the user's own error, at the same point
-    } else if (st->cfg.fullgraph && (hit->eager || brk) && !is_user_error(hit->reason)) {
-      const std::string& why = brk ? brk->reason : hit->reason;
-      const std::string& where = brk ? brk->location : hit->location;
-      PyErr_Format(PyExc_RuntimeError, "kiln.compile(fullgraph=True): %s %s: %s (at %s)",
-                   brk ? "graph break in" : "cannot capture", st->name.c_str(), why.c_str(), where.c_str());
-      st->entries.pop_back();
-      for (PyObject* o : owned) Py_DECREF(o);
-      return nullptr;
-    }
-  }
-  if (!result) {
-    if (hit) result = run_entry(*hit, st->fn, args, nargsf, kwnames, bound);
-  }
+  if (!failed) result = (!e || e->eager) ? eager(st, args, nargsf, kwnames) : run_entry(*e, st->fn, bound);
   for (PyObject* o : owned) Py_DECREF(o);
   return result;
 }
@@ -462,22 +479,15 @@ PyObject* make_compiled_function(PyObject* fn, const CompileConfig& cfg) {
   if (!o) return nullptr;
   o->vectorcall = cf_vectorcall;
   o->dict = nullptr;
-  o->state = new State();
-  Py_INCREF(fn);
-  o->state->fn = fn;
-  o->state->cfg = cfg;
   if (PyFunction_Check(fn)) {
-    auto* code = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(fn));
-    o->state->name = PyUnicode_AsUTF8(code->co_qualname);
-    o->state->argcount = code->co_argcount;
-    o->state->simple = code->co_kwonlyargcount == 0 && !(code->co_flags & (CO_VARARGS | CO_VARKEYWORDS));
-    PyObject* names = PyCode_GetVarnames(code);
-    for (Py_ssize_t i = 0; names && i < code->co_argcount; ++i)
-      o->state->names.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i)));
-    Py_XDECREF(names);
+    o->state = new State(PyFunction_GET_CODE(fn), cfg);
   } else {
+    o->state = new State();
+    o->state->cfg = cfg;
     o->state->name = Py_TYPE(fn)->tp_name;
   }
+  Py_INCREF(fn);
+  o->state->fn = fn;
   live().insert(o);
   return reinterpret_cast<PyObject*>(o);
 }
@@ -493,6 +503,7 @@ void reset_all() {
     o->state->entries.clear();
     o->state->eager_forever = false;
   }
+  reset_frame_caches();
   stats() = Stats{};
 }
 

@@ -14,6 +14,13 @@ namespace kiln::bind {
 
 struct PreparedProgram;
 
+struct CompileConfig {
+  std::string mode = "default";
+  bool fullgraph = false;
+  bool disable = false;
+  int cache_limit = 8;
+};
+
 // One specialisation of a function: guards, and either a compiled graph or the reason it runs
 // eagerly under those guards.
 struct Entry {
@@ -21,6 +28,7 @@ struct Entry {
   bool eager = false;
   std::string reason;
   std::string location;
+  CompileConfig cfg;
   std::unique_ptr<pipeline::CompiledGraph> compiled;
   std::shared_ptr<PreparedProgram> prepared;
   // A graph whose outputs are all inputs (nothing to compute before a break): no program, the
@@ -35,13 +43,6 @@ struct Entry {
   ~Entry();
 };
 
-struct CompileConfig {
-  std::string mode = "default";
-  bool fullgraph = false;
-  bool disable = false;
-  int cache_limit = 8;
-};
-
 // Builds an entry for a call: capture, then compile (never throws; failures become eager
 // entries with a reason).
 std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name);
@@ -49,9 +50,27 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
 // Rebuilds a Python value after a compiled entry ran (new reference, nullptr with an error set).
 PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& graph_outputs, const FrameView& frame);
 
-// Runs an entry for the bound arguments (new reference, or nullptr with an error set).
-PyObject* run_entry(Entry& e, PyObject* fn, PyObject* const* args, size_t nargsf, PyObject* kwnames,
-                    const BoundArgs& bound);
+// Runs a compiled (not eager) entry for the bound arguments: its graph, then any graph break
+// and the resume function after it (new reference, or nullptr with an error set).
+PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound);
+
+// The entries of one code object: a compiled function's, or a frame's the hook took.
+struct CodeCache {
+  CompileConfig cfg;
+  std::vector<std::unique_ptr<Entry>> entries;
+  bool eager_forever = false;  // the cache limit was reached
+  std::string name;
+  Py_ssize_t argcount = 0;
+  Py_ssize_t nargs = 0;        // parameter slots: positional, keyword-only, *args, **kwargs
+  bool simple = false;         // positional parameters only: calls with exactly those bind for free
+  std::vector<std::string> names;  // of the parameter slots
+  CodeCache() = default;
+  CodeCache(PyObject* code, const CompileConfig& cfg);
+};
+
+// The entry whose guards hold for these arguments, built on a miss. nullptr: run eagerly
+// (`failed`: with a Python error set, as fullgraph=True raises).
+Entry* select_entry(CodeCache& cache, PyObject* fn, BoundArgs& bound, bool& failed);
 
 // Module-level API used by module.cpp.
 PyObject* make_compiled_function(PyObject* fn, const CompileConfig& cfg);  // new reference
