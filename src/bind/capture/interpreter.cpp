@@ -8,6 +8,7 @@
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_ops.h"
 #include "bind/capture/variables.h"
+#include "bind/runtime/compiled_function.h"
 #include "bind/torch/tensor_bridge.h"
 #include "core/ops/registry.h"
 
@@ -140,7 +141,9 @@ class Interpreter {
         items.push_back(wrap(item, Source::item(src, i)));
         Py_DECREF(item);
       }
-      return Var::tuple(std::move(items), PyList_CheckExact(v));
+      VarPtr seq = Var::tuple(std::move(items), PyList_CheckExact(v));
+      seq->source = src;  // the caller's object: changing it runs in Python
+      return seq;
     }
     if (is_nn_module(v)) {
       out_.guards.add_identity(src, v);
@@ -363,6 +366,8 @@ class Interpreter {
           args.insert(args.begin(), fn->self);
           return inline_call(fn->obj, nullptr, std::move(args), kwargs);
         }
+        if (fn->self->kind == Var::Kind::Tuple || fn->self->kind == Var::Kind::List)
+          return call_sequence_method(fn->self, fn->name, std::move(args), kwargs);
         if (fn->self->kind == Var::Kind::Module) return call_module_method(fn->self, fn->name, std::move(args), kwargs);
         return call_tensor_method(fn->self, fn->name, std::move(args), kwargs);
       case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
@@ -494,6 +499,12 @@ class Interpreter {
     PyObject* f = fn->obj;
     if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
     if (f == builtin("super") && kwargs.empty()) return make_super(args);
+    if (is_compiled_function(f) && !compiled_function_disabled(f)) {
+      // A compiled function called from compiled code: its body is inlined into this graph.
+      PyObject* target = compiled_function_target(f);
+      if (PyFunction_Check(target) && fn->source)
+        return inline_call(target, Source::attr(fn->source, "__wrapped__"), std::move(args), kwargs);
+    }
     if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
     if (PyMethod_Check(f) && PyFunction_Check(PyMethod_GET_FUNCTION(f)) && !is_torch_internal(PyMethod_GET_FUNCTION(f))) {
       // A bound method of a user object: inline its function with the receiver first.
@@ -635,6 +646,8 @@ class Interpreter {
       }
     }
     if (name == "contiguous" && args.empty() && m.strides == ir::contiguous_strides(m.sizes)) return self;
+    if ((name == "max" || name == "min") && args.empty() && kwargs.empty())  // over all elements
+      return call_op(*function_binding(resolve_torch(name == "max" ? "amax" : "amin")), {self}, {});
     if (name == "where") {
       // x.where(condition, y) == torch.where(condition, x, y)
       if (args.size() != 2 || !kwargs.empty()) unsupported("Tensor.where() takes (condition, other)");
@@ -932,7 +945,53 @@ class Interpreter {
       }
       return Var::steal_constant(v);
     }
-    unsupported("attribute " + name + " of a " + (base->kind == Var::Kind::Tuple ? "tuple" : "value"));
+    if (base->kind == Var::Kind::Tuple || base->kind == Var::Kind::List) return Var::method(base, name);
+    unsupported("attribute " + name + " of a value");
+  }
+
+  // Methods of lists and tuples. A list only this frame can see changes in the trackers; one the
+  // caller can see (a global, an argument) changes for real, so that call runs in Python.
+  VarPtr call_sequence_method(const VarPtr& seq, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
+    const bool list = seq->kind == Var::Kind::List;
+    if (!kwargs.empty()) unsupported(name + "() with keyword arguments");
+    static const char* mutating[] = {"append", "extend", "insert", "pop", "clear", "reverse", "remove", "sort"};
+    bool mutates = std::any_of(std::begin(mutating), std::end(mutating), [&](const char* m) { return name == m; });
+    if (mutates && !list) unsupported("tuple has no attribute " + name);
+    if (mutates && seq->source) unsupported("list." + name + "() on a list the caller can see");
+    auto& items = seq->items;
+    if (name == "append" && args.size() == 1) {
+      items.push_back(args[0]);
+      return Var::constant(Py_None);
+    }
+    if (name == "extend" && args.size() == 1) {
+      for (const VarPtr& v : items_of(args[0])) items.push_back(v);
+      return Var::constant(Py_None);
+    }
+    if (name == "insert" && args.size() == 2 && args[0]->is_const() && PyLong_Check(args[0]->obj)) {
+      Py_ssize_t n = static_cast<Py_ssize_t>(items.size()), i = PyLong_AsSsize_t(args[0]->obj);
+      i = i < 0 ? std::max<Py_ssize_t>(0, i + n) : std::min(i, n);
+      items.insert(items.begin() + i, args[1]);
+      return Var::constant(Py_None);
+    }
+    if (name == "pop" && args.size() <= 1) {
+      Py_ssize_t n = static_cast<Py_ssize_t>(items.size());
+      Py_ssize_t i = args.empty() ? n - 1 : (args[0]->is_const() && PyLong_Check(args[0]->obj) ? PyLong_AsSsize_t(args[0]->obj) : -n - 1);
+      if (i < 0) i += n;
+      if (i < 0 || i >= n) unsupported("pop index out of range");
+      VarPtr v = items[i];
+      items.erase(items.begin() + i);
+      return v;
+    }
+    if (name == "clear" && args.empty()) {
+      items.clear();
+      return Var::constant(Py_None);
+    }
+    if (name == "reverse" && args.empty()) {
+      std::reverse(items.begin(), items.end());
+      return Var::constant(Py_None);
+    }
+    if (name == "copy" && args.empty() && list) return Var::tuple(items, true);
+    unsupported(std::string(list ? "list." : "tuple.") + name + "() is not captured yet");
   }
 
   // ---- in-place updates ----

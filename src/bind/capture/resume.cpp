@@ -218,7 +218,8 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
     Py_INCREF(n);
     PyTuple_SET_ITEM(names, i, n);
   }
-  for (int j = 0; j < nstack; ++j) PyTuple_SET_ITEM(names, nv + j, PyUnicode_FromFormat("__kiln_stack%d", j));
+  // Named by slot, so a resume function of a resume function never repeats a name.
+  for (int j = 0; j < nstack; ++j) PyTuple_SET_ITEM(names, nv + j, PyUnicode_FromFormat("__kiln_stack%d", nv + j));
   Py_DECREF(varnames);
   std::string qual = PyUnicode_AsUTF8(co->co_qualname);
   std::string name = "__resume_" + std::string(PyUnicode_AsUTF8(co->co_name)) + "_at_" + std::to_string(shape.offset);

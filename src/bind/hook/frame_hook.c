@@ -112,3 +112,11 @@ void kiln_hook_exit(int token) {
 }
 
 void kiln_hook_skip_next(PyObject* code) { tls_skip = code; }
+
+int kiln_hook_pause(void) {
+  int token = tls_offering;
+  tls_offering = 0;
+  return token;
+}
+
+void kiln_hook_resume(int token) { tls_offering = token; }

@@ -25,6 +25,11 @@ void kiln_hook_set_callback(kiln_frame_callback cb);
 int kiln_hook_enter(void);
 void kiln_hook_exit(int token);
 
+/* Stops offering this thread's frames while kiln itself runs Python (capture reads `dis`,
+ * guards read module attributes); returns the token for kiln_hook_resume. */
+int kiln_hook_pause(void);
+void kiln_hook_resume(int token);
+
 /* The next frame of `code` on this thread runs normally (kiln is already running it eagerly). */
 void kiln_hook_skip_next(PyObject* code);
 

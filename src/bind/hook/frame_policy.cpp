@@ -138,6 +138,9 @@ HookScope::~HookScope() {
   t_cfg = saved_;
 }
 
+HookPause::HookPause() : token_(kiln_hook_pause()) {}
+HookPause::~HookPause() { kiln_hook_resume(token_); }
+
 void reset_frame_caches() {
   for (FrameCache* c : live_caches()) {
     c->entries.clear();

@@ -23,6 +23,18 @@ class HookScope {
   const CompileConfig* saved_;
 };
 
+// While alive, this thread's frames are not offered (kiln's own work between user code).
+class HookPause {
+ public:
+  HookPause();
+  ~HookPause();
+  HookPause(const HookPause&) = delete;
+  HookPause& operator=(const HookPause&) = delete;
+
+ private:
+  int token_;
+};
+
 // Forgets every frame's cache (kiln.reset()).
 void reset_frame_caches();
 

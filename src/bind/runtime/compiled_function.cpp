@@ -409,9 +409,20 @@ PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
     return eager(st, args, nargsf, kwnames);
   }
   bool failed;
-  Entry* e = select_entry(*st, st->fn, bound, failed);
+  Entry* e;
+  {
+    HookPause pause;  // a compiled function called from code the hook watches: kiln's own work
+    e = select_entry(*st, st->fn, bound, failed);
+  }
   PyObject* result = nullptr;
-  if (!failed) result = (!e || e->eager) ? eager(st, args, nargsf, kwnames) : run_entry(*e, st->fn, bound);
+  if (!failed) {
+    if (!e || e->eager) {
+      result = eager(st, args, nargsf, kwnames);
+    } else {
+      HookPause pause;
+      result = run_entry(*e, st->fn, bound);
+    }
+  }
   for (PyObject* o : owned) Py_DECREF(o);
   return result;
 }
@@ -496,6 +507,10 @@ bool is_compiled_function(PyObject* obj) { return Py_TYPE(obj) == compiled_funct
 
 PyObject* compiled_function_target(PyObject* obj) {
   return reinterpret_cast<CompiledFunctionObject*>(obj)->state->fn;
+}
+
+bool compiled_function_disabled(PyObject* obj) {
+  return reinterpret_cast<CompiledFunctionObject*>(obj)->state->cfg.disable;
 }
 
 void reset_all() {

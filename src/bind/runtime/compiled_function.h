@@ -76,6 +76,7 @@ Entry* select_entry(CodeCache& cache, PyObject* fn, BoundArgs& bound, bool& fail
 PyObject* make_compiled_function(PyObject* fn, const CompileConfig& cfg);  // new reference
 bool is_compiled_function(PyObject* obj);
 PyObject* compiled_function_target(PyObject* obj);  // borrowed
+bool compiled_function_disabled(PyObject* obj);
 void reset_all();
 PyTypeObject* compiled_function_type();
 

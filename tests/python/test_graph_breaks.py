@@ -1,0 +1,479 @@
+"""Graph breaks, resume functions and the frame hook.
+
+Each case runs against eager on fresh random inputs, and where the issue names a count, kiln's
+graph and break counts are compared with torch._dynamo.explain on the same code in the same run.
+"""
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def dynamo_counts(fn, *args):
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(fn)(*args)
+    torch._dynamo.reset()
+    return e.graph_count, e.graph_break_count
+
+
+def kiln_counts(fn, *args):
+    e = kiln.explain(fn)(*args)
+    return e.graph_count, e.graph_break_count
+
+
+def matches_eager(fn, make, calls=3):
+    cf = kiln.compile(fn)
+    for _ in range(calls):
+        args = make()
+        torch.testing.assert_close(cf(*args), fn(*args))
+    return cf
+
+
+def no_more_than_dynamo(fn, make, graphs=None, breaks=None):
+    args = make()
+    kg, kb = kiln_counts(fn, *args)
+    dg, db = dynamo_counts(fn, *args)
+    assert kg <= dg and kb <= db, f"kiln {kg} graphs/{kb} breaks, torch.compile {dg}/{db}"
+    if graphs is not None:
+        assert kg == graphs, f"expected {graphs} graphs, got {kg}"
+    if breaks is not None:
+        assert kb == breaks, f"expected {breaks} breaks, got {kb}"
+    matches_eager(fn, make)
+
+
+def rand(*shape):
+    return lambda: (torch.randn(*shape),)
+
+
+# --------------------------------------------------------------------------------------------
+# the counts the issue names
+
+
+def data_dependent_if(x):
+    y = x.sin() * 2
+    if y.sum() > 0:
+        return y.cos()
+    return y - 1
+
+
+def test_data_dependent_if_two_graphs_one_break():
+    no_more_than_dynamo(data_dependent_if, rand(16), graphs=2, breaks=1)
+    cf = kiln.compile(data_dependent_if)
+    for sign in (1.0, -1.0):  # both branches, each its own resume function
+        x = torch.rand(16) * sign + sign
+        torch.testing.assert_close(cf(x), data_dependent_if(x))
+
+
+def loop_range(x, n: int = 5):
+    for i in range(n):
+        x = x * 0.5 + i
+    return x
+
+
+def test_loop_over_range_is_one_graph():
+    no_more_than_dynamo(loop_range, rand(8, 8), graphs=1, breaks=0)
+
+
+def _depth(x, n):
+    if n == 0:
+        return x
+    return _depth(x.tanh() + 1, n - 1)
+
+
+def recursive(x):
+    return _depth(x, 4)
+
+
+def test_recursive_inlining_is_one_graph():
+    no_more_than_dynamo(recursive, rand(4, 4), graphs=1, breaks=0)
+
+
+def baz(x):
+    return -x if x > 0 else x - 1
+
+
+def bar(x):
+    return x * baz(x - 1)
+
+
+def foo(x):
+    return x * bar(2 * x)
+
+
+def test_seed_baz_bar_foo():
+    make = lambda: (torch.randn(1) * 4,)  # noqa: E731
+    args = make()
+    kg, kb = kiln_counts(foo, *args)
+    dg, db = dynamo_counts(foo, *args)
+    assert kg <= 6 and kb <= 5, (kg, kb)
+    assert kg <= dg and kb <= db
+    cf = kiln.compile(foo)
+    for v in (4.0, -4.0, 0.25, -0.25):
+        x = torch.tensor([v])
+        torch.testing.assert_close(cf(x), foo(x))
+
+
+def item_branch(x):
+    s = x.sum().item()
+    if s > 0:
+        return x * 2
+    return x - 2
+
+
+def test_item_branch_two_graphs():
+    no_more_than_dynamo(item_branch, rand(10), graphs=2, breaks=1)
+
+
+def print_between(x):
+    y = torch.relu(x) + 1
+    print("between ops")
+    return y * y
+
+
+def test_print_between_ops_two_graphs(capsys):
+    no_more_than_dynamo(print_between, rand(6), graphs=2, breaks=1)
+    capsys.readouterr()
+    kiln.compile(print_between)(torch.randn(3))
+    assert capsys.readouterr().out == "between ops\n"  # once per call, as in eager
+
+
+def test_sequential_conv_bn_relu_is_one_graph():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    with torch.no_grad():
+        no_more_than_dynamo(model, rand(2, 3, 10, 10), graphs=1, breaks=0)
+
+
+# --------------------------------------------------------------------------------------------
+# side effects happen exactly once, as in eager
+
+LOG = []
+
+
+def appends_to_global(x):
+    y = x * 3
+    LOG.append(y.shape[0])
+    return y + 1
+
+
+def test_append_to_global_list_once():
+    LOG.clear()
+    cf = kiln.compile(appends_to_global)
+    for n in (4, 4, 7):
+        x = torch.randn(n)
+        torch.testing.assert_close(cf(x), appends_to_global(x))
+    assert LOG == [4, 4, 4, 4, 7, 7]  # one entry per call, kiln's and eager's alike
+    assert kiln_counts(appends_to_global, torch.randn(4)) == (2, 1)
+
+
+def mutates_argument(x, y):
+    z = y * 2
+    x.add_(z)
+    return x * z
+
+
+def test_mutating_an_argument_in_place():
+    cf = kiln.compile(mutates_argument)
+    for _ in range(3):
+        x, y = torch.randn(5), torch.randn(5)
+        xe, xk = x.clone(), x.clone()
+        out_e = mutates_argument(xe, y)
+        out_k = cf(xk, y)
+        torch.testing.assert_close(out_k, out_e)
+        torch.testing.assert_close(xk, xe)  # the caller sees the same mutation, once
+
+
+EVENTS = []
+
+
+def raises_midway(x, w):
+    y = x.sin()
+    EVENTS.append("before")
+    z = torch.mm(y, w)  # shapes do not match: eager raises here
+    EVENTS.append("after")
+    return z
+
+
+def test_exception_midway_is_eagers_with_effects_once():
+    cf = kiln.compile(raises_midway)
+    x, w = torch.randn(3, 4), torch.randn(5, 2)
+    with pytest.raises(RuntimeError) as eager_err:
+        raises_midway(x, w)
+    EVENTS.clear()
+    with pytest.raises(RuntimeError) as kiln_err:
+        cf(x, w)
+    assert str(kiln_err.value) == str(eager_err.value)
+    assert EVENTS == ["before"]
+
+
+def raises_in_branch(x):
+    if x.sum() > 1e9:
+        return x
+    raise ValueError("no large sums here")
+
+
+def test_exception_after_a_break():
+    with pytest.raises(ValueError, match="no large sums"):
+        kiln.compile(raises_in_branch)(torch.randn(4))
+
+
+# --------------------------------------------------------------------------------------------
+# fullgraph
+
+
+def test_fullgraph_raises_at_first_break_with_reason_and_line():
+    cf = kiln.compile(print_between, fullgraph=True)
+    with pytest.raises(RuntimeError, match=r"print.*test_graph_breaks\.py:\d+"):
+        cf(torch.randn(3))
+
+
+# --------------------------------------------------------------------------------------------
+# what the frame at a break holds
+
+
+def keyword_call_at_break(x):
+    y = x + 1
+    s = " ".join(["a", "b"])
+    print(s, end="\n", sep=" ")
+    return y * 2
+
+
+def break_inside_argument_list(x):
+    y = x * 2
+    return torch.add(y, x.sum().item(), alpha=2)
+
+
+def unbound_local_at_break(x, flag: bool = False):
+    if flag:
+        z = x
+    y = x.exp()
+    print("unbound z")
+    if flag:
+        return z
+    return y
+
+
+def values_of_all_kinds(x, scale=2.0):
+    shape = x.shape
+    items = [x, x + 1]
+    cfg = {"k": 3}
+    y = x * scale
+    print("kinds")
+    cfg["k"] += 1
+    return y.reshape(shape) + items[1] * cfg["k"]
+
+
+def break_in_helper(x):
+    def helper(t):
+        u = t.neg()
+        print("helper")
+        return u * 3
+    return helper(x + 1) - x
+
+
+def closure_with_break():
+    k = 1.5
+
+    def inner(x):
+        y = x * k
+        if y.mean() > 0:
+            return y + k
+        return y - k
+    return inner
+
+
+@pytest.mark.parametrize("fn", [keyword_call_at_break, break_inside_argument_list, unbound_local_at_break,
+                                values_of_all_kinds, break_in_helper, closure_with_break()],
+                         ids=lambda f: f.__name__)
+def test_break_rebuilds_the_frame(fn, capsys):
+    matches_eager(fn, rand(3, 4))
+    e = kiln.explain(fn)(torch.randn(3, 4))
+    assert e.graph_break_count >= 1 and e.graph_count >= 1, str(e)
+
+
+def test_resume_function_recompiles_on_new_shapes():
+    cf = kiln.compile(data_dependent_if)
+    for n in (4, 9, 4, 13):
+        x = torch.randn(n)
+        torch.testing.assert_close(cf(x), data_dependent_if(x))
+
+
+def tensor_method_at_break(x):
+    y = x * 2
+    vals = y.tolist()
+    return y + len(vals)
+
+
+def test_tensor_method_called_at_break():
+    matches_eager(tensor_method_at_break, rand(5))
+
+
+class WithPrintingChild(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+
+    def log(self, t):
+        print("child", tuple(t.shape))
+        return t
+
+    def forward(self, x):
+        h = self.a(x).relu()
+        h = self.log(h)
+        return self.b(h)
+
+
+def test_module_method_with_break():
+    m = WithPrintingChild().eval()
+    with torch.no_grad():
+        matches_eager(m, rand(2, 6))
+        x = torch.randn(2, 6)
+        e = kiln.explain(m)(x)
+        assert e.graph_count == 2 <= dynamo_counts(m, x)[0], str(e)
+
+
+# --------------------------------------------------------------------------------------------
+# breaks kiln declines: the whole call runs eagerly, with a reason
+
+
+def break_in_loop(x):
+    for i in range(3):
+        x = x + i
+        if x.sum() > 0:
+            x = x * 0.5
+    return x
+
+
+def break_in_with(x):
+    with torch.no_grad():
+        y = x * 2
+        print("in with")
+    return y
+
+
+@pytest.mark.parametrize("fn", [break_in_loop, break_in_with], ids=lambda f: f.__name__)
+def test_declined_breaks_run_eagerly(fn, capsys):
+    matches_eager(fn, rand(4))
+    assert kiln.explain(fn)(torch.randn(4)).break_reasons
+
+
+# --------------------------------------------------------------------------------------------
+# the frame hook
+
+
+def _inner_with_break(x):
+    y = x * 2
+    if y.max() > 0:
+        return y + 1
+    return y - 1
+
+
+def outer_calls_helper_with_break(x):
+    return _inner_with_break(x.sin()) * 3
+
+
+def test_hook_captures_the_frame_of_a_helper_that_breaks():
+    # The helper cannot be inlined; its frame, run from the break, is captured on its own.
+    args = (torch.randn(8),)
+    e = kiln.explain(outer_calls_helper_with_break)(*args)
+    assert e.graph_count == 4, str(e)  # outer before, helper before, helper branch, outer after
+    matches_eager(outer_calls_helper_with_break, rand(8))
+
+
+def test_nested_compiled_functions():
+    inner = kiln.compile(_inner_with_break)
+
+    def outer(x):
+        y = inner(x.cos())
+        print("outer")
+        return inner(y)
+    cf = kiln.compile(outer)
+    for _ in range(3):
+        x = torch.randn(6)
+        torch.testing.assert_close(cf(x), outer(x))
+
+
+def _count_down(x, n):
+    if n == 0:
+        return x
+    if x.sum() > 0:  # breaks: each level runs through the hook
+        x = x - 1
+    return _count_down(x * 0.9, n - 1)
+
+
+def test_recursion_through_breaks():
+    def f(x):
+        return _count_down(x, 5)
+    matches_eager(f, rand(4))
+
+
+def test_threads_share_compiled_code():
+    cf = kiln.compile(data_dependent_if)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                x = torch.randn(16)
+                torch.testing.assert_close(cf(x), data_dependent_if(x))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def _gen(x, n):
+    for i in range(n):
+        yield x * i
+
+
+def uses_generator(x):
+    y = x + 1
+    total = sum(_gen(y, 4))
+    return total * 2
+
+
+def test_generators_run_as_in_eager():
+    matches_eager(uses_generator, rand(3))
+
+
+def test_disable_runs_eagerly_without_capture():
+    before = kiln.stats()["frames_captured"]
+    cf = kiln.compile(data_dependent_if, disable=True)
+    x = torch.randn(5)
+    torch.testing.assert_close(cf(x), data_dependent_if(x))
+    assert kiln.stats()["frames_captured"] == before
+
+
+def test_frames_of_torch_are_not_offered():
+    # nn.Module.__call__ and friends run as they are; the user's forward is captured.
+    m = WithPrintingChild().eval()
+    with torch.no_grad():
+        e = kiln.explain(m)(torch.randn(2, 6))
+    assert all("torch/nn/modules/module.py" not in r["location"] for r in e.break_reasons)
+
+
+def test_hook_is_removed_after_the_call():
+    import sys
+    cf = kiln.compile(print_between)
+    cf(torch.randn(2))
+    calls = []
+
+    def plain(x):
+        calls.append(1)
+        return x
+    # After the compiled call, plain Python functions run as Python (nothing captured).
+    before = kiln.stats()["frames_captured"]
+    plain(torch.randn(2))
+    assert kiln.stats()["frames_captured"] == before and calls == [1]
+    assert sys.getrecursionlimit() > 0
