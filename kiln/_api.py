@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from torch.nn.modules import module as _torch_module
 
 _NVRTC_DIRS_SET = False
 
@@ -39,18 +40,35 @@ class CompiledModule(torch.nn.Module):
     """An nn.Module whose forward runs through kiln. Parameters and buffers stay those of the
     wrapped module, read at every call (never baked into the compiled code)."""
 
-    def __init__(self, module: torch.nn.Module, compiled_forward):
+    def __init__(self, module: torch.nn.Module, compiled_forward, compiled_call):
         super().__init__()
         self._orig_mod = module
         self._kiln_forward = compiled_forward
+        self._kiln_call = compiled_call
 
     def forward(self, *args, **kwargs):
-        return self._kiln_forward(self._orig_mod, *args, **kwargs)
+        m = self._orig_mod
+        if _has_hooks(m):
+            # Hooks run as nn.Module.__call__ runs them, captured with the forward.
+            return self._kiln_call(m, *args, **kwargs)
+        return self._kiln_forward(m, *args, **kwargs)
 
     def __getattr__(self, name):
-        if name in ("_orig_mod", "_kiln_forward"):
+        if name in ("_orig_mod", "_kiln_forward", "_kiln_call"):
             return super().__getattr__(name)
         return getattr(self._orig_mod, name)
+
+
+def _global_hooks() -> bool:
+    return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
+
+
+def _has_hooks(m: torch.nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or _global_hooks())
+
+
+def _call_module(module, *args, **kwargs):
+    return module(*args, **kwargs)
 
 
 def compile(
@@ -86,7 +104,7 @@ def compile(
     if isinstance(model, torch.nn.Module):
         forward = type(model).forward
         compiled = _C.compile(forward, mode, fullgraph, disable, limit)
-        return CompiledModule(model, compiled)
+        return CompiledModule(model, compiled, _C.compile(_call_module, mode, fullgraph, disable, limit))
     if isinstance(model, types.MethodType):
         # A bound method: compile the function, bind the same receiver.
         return types.MethodType(_C.compile(model.__func__, mode, fullgraph, disable, limit), model.__self__)
@@ -131,9 +149,9 @@ def explain(fn: Callable, *extra_args, **extra_kwargs):
     """``kiln.explain(fn)(*args, **kwargs)`` captures and compiles one call afresh and returns
     an ExplainOutput."""
     if isinstance(fn, CompiledModule):
-        module, target = fn._orig_mod, type(fn._orig_mod).forward
-    elif isinstance(fn, torch.nn.Module):
-        module, target = fn, type(fn).forward
+        fn = fn._orig_mod
+    if isinstance(fn, torch.nn.Module):
+        module, target = fn, (_call_module if _has_hooks(fn) else type(fn).forward)
     elif isinstance(fn, types.MethodType):
         module, target = fn.__self__, fn.__func__
     else:

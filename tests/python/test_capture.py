@@ -1215,13 +1215,26 @@ class Hooked(nn.Module):
         self.fc = nn.Linear(8, 8)
 
     def forward(self, x):
-        return self.fc(x) * 2  # break: hook
+        return self.fc(x) * 2
 
 
-def test_forward_hook_on_a_submodule_falls_back(no_grad):
+def test_forward_hooks_on_a_submodule_are_captured(no_grad):
     model = Hooked()
-    model.fc.register_forward_hook(lambda mod, inputs, out: out * 0 + 1)
-    assert_falls_back(model, x48, "hooks", "hook")
+    model.fc.register_forward_pre_hook(lambda mod, inputs: (inputs[0] * 3,))
+    handle = model.fc.register_forward_hook(lambda mod, inputs, out: out - inputs[0])
+    compiled = check(model, x48)
+    handle.remove()  # guarded: the next call recompiles without the hook
+    (x,) = x48()
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_forward_hook_on_the_compiled_module_itself(no_grad):
+    model = Hooked()
+    compiled = kiln.compile(model)
+    (x,) = x48()
+    torch.testing.assert_close(compiled(x), model(x))
+    model.register_forward_hook(lambda mod, inputs, out: out.relu())
+    torch.testing.assert_close(compiled(x), model(x))
 
 
 ENCODER = nn.Linear(8, 8)
@@ -1641,11 +1654,12 @@ def test_returned_input_is_the_input_object():
 
 
 def returns_dict(x):
-    return {"logits": x * 2, "probs": x.softmax(dim=-1)}  # break: dict
+    return {"logits": x * 2, "probs": x.softmax(dim=-1)}
 
 
-def test_returned_dict_falls_back_with_reason():
-    assert_falls_back(returns_dict, x48, "BUILD_CONST_KEY_MAP", "dict")
+def test_returned_dict():
+    compiled = check(returns_dict, x48)
+    assert list(compiled(*x48()).keys()) == ["logits", "probs"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1842,27 +1856,21 @@ def test_data_dependent_branch_falls_back():
 
 
 def list_comprehension(a, b):
-    scaled = [t * 2 for t in (a, b)]  # break: listcomp
+    scaled = [t * 2 for t in (a, b)]
     return scaled[0] + scaled[1]
 
 
-def test_list_comprehension_falls_back():
-    # Python 3.12 inlines comprehensions into the frame (PEP 709), which kiln captures; 3.11 makes
-    # a function of them, which it does not yet.
-    if sys.version_info >= (3, 12):
-        check(list_comprehension, lambda: (torch.randn(3, 3), torch.randn(3, 3)))
-        return
-    assert_falls_back(list_comprehension, lambda: (torch.randn(3, 3), torch.randn(3, 3)),
-                      "MAKE_FUNCTION", "listcomp")
+def test_list_comprehension():
+    # 3.12 inlines comprehensions into the frame (PEP 709); 3.11 makes a function of them.
+    check(list_comprehension, lambda: (torch.randn(3, 3), torch.randn(3, 3)))
 
 
 def generator_expression(a, b):
-    return sum(t * 2 for t in (a, b))  # break: genexp
+    return sum(t * 2 for t in (a, b))
 
 
-def test_generator_expression_falls_back():
-    assert_falls_back(generator_expression, lambda: (torch.randn(3, 3), torch.randn(3, 3)),
-                      "MAKE_FUNCTION", "genexp")
+def test_generator_expression():
+    check(generator_expression, lambda: (torch.randn(3, 3), torch.randn(3, 3)))
 
 
 def _doubled(tensors):
@@ -1872,15 +1880,20 @@ def _doubled(tensors):
 
 def uses_generator(a, b):
     out = a
-    for t in _doubled((a, b)):  # break: generator
+    for t in _doubled((a, b)):
         out = out + t
     return out
 
 
-def test_generator_function_falls_back():
-    r = assert_falls_back(uses_generator, lambda: (torch.randn(3, 3), torch.randn(3, 3)),
-                          "generator", "generator")
-    assert "_doubled" in r["reason"]
+def test_generator_function_is_inlined():
+    check(uses_generator, lambda: (torch.randn(3, 3), torch.randn(3, 3)))
+
+
+def test_compiled_generator_function_runs_eagerly():
+    gen = kiln.compile(_doubled)
+    a, b = torch.randn(3), torch.randn(3)
+    for got, want in zip(gen((a, b)), _doubled((a, b))):
+        torch.testing.assert_close(got, want)
 
 
 def inplace_on_input(x):
@@ -1976,13 +1989,13 @@ def test_torch_max_with_dim():
 
 
 def defines_inner_function(x):
-    def inner(t):  # break: inner-def
+    def inner(t):
         return t * 2
     return inner(x) + 1
 
 
-def test_nested_function_definition_falls_back():
-    assert_falls_back(defines_inner_function, x48, "MAKE_FUNCTION", "inner-def")
+def test_nested_function_definition():
+    check(defines_inner_function, x48)
 
 
 def grad_mode_block(x):

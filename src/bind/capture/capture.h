@@ -27,6 +27,7 @@ struct OutSpec {
     Source,   // re-read from the frame (keeps the caller's object identity: lists, modules)
     Tuple,
     List,
+    Dict,     // value: the keys (a tuple); items: the values
     Method,   // getattr(items[0], value): a bound method
     Null,     // the NULL of CALL's calling convention (stack only)
     Unbound,  // a local not assigned yet (locals only)

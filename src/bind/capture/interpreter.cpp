@@ -2,6 +2,7 @@
 #include <functional>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "bind/capture/bytecode.h"
 #include "bind/capture/capture.h"
@@ -42,7 +43,8 @@ class Interpreter {
 
   // Captures a call of the root function with these arguments.
   void run(const BoundArgs& args) {
-    out_.guards.add_grad_mode(grad_enabled());
+    grad_mode_ = grad_enabled();
+    out_.guards.add_grad_mode(grad_mode_);
     for (size_t i = 0; i < args.locals.size(); ++i) {
       if (!args.locals[i]) continue;
       locals_[i] = wrap(args.locals[i], Source::local_(static_cast<int>(i), args.names[i]));
@@ -92,6 +94,7 @@ class Interpreter {
 
  private:
   static constexpr int kReturn = -2;
+  using KwArgs = std::vector<std::pair<std::string, VarPtr>>;
 
   // ---- values read from the frame: wrap and guard ----
   VarPtr wrap(PyObject* v, SourcePtr src) {
@@ -102,8 +105,7 @@ class Interpreter {
       std::string why;
       if (!tensor_info(v, info, why)) unsupported("input " + src->str() + ": " + why);
       out_.guards.add_tensor(src, info);
-      if (info.requires_grad && grad_enabled())
-        unsupported("input " + src->str() + " requires grad while grad mode is on: kiln does not build backward graphs yet (AOTAutograd is a later stage); run under torch.no_grad() or torch.inference_mode()");
+      const bool requires_grad = info.requires_grad;
       ir::TensorMeta m;
       m.dtype = info.dtype;
       m.device = info.device;
@@ -119,6 +121,7 @@ class Interpreter {
       if (name.size() > 1 && (name[0] == 'L' || name[0] == 'G' || name[0] == 'C') && name[1] == '_') name = name.substr(2);
       if (name.empty() || isdigit(static_cast<unsigned char>(name[0]))) name = "arg" + name;
       ir::Node* n = g_->placeholder(name, m);
+      if (requires_grad) root()->needs_grad_.insert(n);
       out_.input_sources.push_back(src);
       return Var::tensor(n, src);
     }
@@ -183,8 +186,11 @@ class Interpreter {
   // ---- graph building ----
   ir::Node* add_node(const ops::OpDef* op, std::vector<ir::Node*> inputs, ir::Attrs attrs) {
     std::string err;
+    Interpreter* r = root();
+    bool grad = r->grad_mode_ && std::any_of(inputs.begin(), inputs.end(), [&](ir::Node* i) { return r->needs_grad_.count(i); });
     ir::Node* n = g_->add(op, std::move(inputs), std::move(attrs), err);
     if (!n) unsupported("shape/dtype check of " + op->name + " failed: " + err);
+    if (grad) r->needs_grad_.insert(n);
     return n;
   }
   ir::Node* add_node(const std::string& op, std::vector<ir::Node*> inputs, ir::Attrs attrs = {}) {
@@ -225,7 +231,111 @@ class Interpreter {
       }
       return t;
     }
+    if (v->kind == Var::Kind::Dict) {
+      PyObject* d = PyDict_New();
+      keep_.push_back(d);
+      for (size_t i = 0; i < v->keys.size(); ++i)
+        if (PyDict_SetItem(d, v->keys[i], const_obj(v->items[i], what)) < 0) real(nullptr);
+      return d;
+    }
     unsupported(std::string("expected a Python value for ") + what + ", got a tensor");
+  }
+
+  // ---- dicts made in the frame: constant keys, tracked values ----
+  static Py_ssize_t dict_find(const VarPtr& d, PyObject* key) {
+    for (size_t i = 0; i < d->keys.size(); ++i) {
+      int eq = PyObject_RichCompareBool(d->keys[i], key, Py_EQ);
+      if (eq < 0) PyErr_Clear();
+      if (eq == 1) return static_cast<Py_ssize_t>(i);
+    }
+    return -1;
+  }
+
+  static void dict_set(const VarPtr& d, PyObject* key, VarPtr v) {
+    Py_ssize_t i = dict_find(d, key);
+    if (i >= 0) {
+      d->items[i] = std::move(v);
+      return;
+    }
+    d->keys.push_back(Py_NewRef(key));
+    d->items.push_back(std::move(v));
+  }
+
+  // The entries of a dict value: a tracker's, or a real dict's. Values of a dict read from
+  // the frame are guarded like any read (and so is its length).
+  std::vector<std::pair<PyObject*, VarPtr>> dict_entries(const VarPtr& d) {
+    std::vector<std::pair<PyObject*, VarPtr>> out;
+    if (d->kind == Var::Kind::Dict) {
+      for (size_t i = 0; i < d->keys.size(); ++i) out.emplace_back(d->keys[i], d->items[i]);
+      return out;
+    }
+    PyObject* o = const_obj(d, "dict");
+    if (!PyDict_Check(o)) unsupported("expected a dict");
+    if (d->source) out_.guards.add_length(d->source, PyDict_Size(o));
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(o, &pos, &k, &v)) {
+      keep_.push_back(Py_NewRef(k));
+      out.emplace_back(k, d->source ? wrap(v, Source::key_of(d->source, k)) : Var::constant(v));
+    }
+    return out;
+  }
+
+  bool is_dict(const VarPtr& v) { return v->kind == Var::Kind::Dict || (v->is_const() && PyDict_Check(v->obj)); }
+
+  VarPtr call_dict_method(const VarPtr& d, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
+    if (!kwargs.empty()) unsupported("dict." + name + "() with keyword arguments");
+    const bool tracker = d->kind == Var::Kind::Dict;
+    auto key_var = [&](PyObject* k) { return Var::constant(k); };
+    if (name == "items" || name == "keys" || name == "values") {
+      std::vector<VarPtr> out;
+      for (auto& [k, v] : dict_entries(d)) {
+        if (name == "items") out.push_back(Var::tuple({key_var(k), v}));
+        else out.push_back(name == "keys" ? key_var(k) : v);
+      }
+      return Var::tuple(std::move(out), true);
+    }
+    if (name == "get" && (args.size() == 1 || args.size() == 2)) {
+      // Reading every entry guards the dict's exact key set, so a missing key stays missing.
+      PyObject* key = const_obj(args[0], "dict key");
+      for (auto& [k, v] : dict_entries(d)) {
+        int eq = PyObject_RichCompareBool(k, key, Py_EQ);
+        if (eq < 0) real(nullptr);
+        if (eq == 1) return v;
+      }
+      return args.size() == 2 ? args[1] : Var::constant(Py_None);
+    }
+    if (name == "copy" && args.empty()) {
+      VarPtr c = Var::dict();
+      for (auto& [k, v] : dict_entries(d)) dict_set(c, k, v);
+      return c;
+    }
+    if (!tracker) unsupported("dict." + name + "() on a dict the caller can see");
+    if (name == "update" && args.size() == 1) {
+      for (auto& [k, v] : dict_entries(args[0])) dict_set(d, k, v);
+      return Var::constant(Py_None);
+    }
+    if (name == "pop" && (args.size() == 1 || args.size() == 2)) {
+      Py_ssize_t i = dict_find(d, const_obj(args[0], "dict key"));
+      if (i < 0) {
+        if (args.size() == 2) return args[1];
+        unsupported("KeyError in dict.pop");
+      }
+      VarPtr v = d->items[i];
+      Py_DECREF(d->keys[i]);
+      d->keys.erase(d->keys.begin() + i);
+      d->items.erase(d->items.begin() + i);
+      return v;
+    }
+    if (name == "setdefault" && (args.size() == 1 || args.size() == 2)) {
+      PyObject* key = const_obj(args[0], "dict key");
+      Py_ssize_t i = dict_find(d, key);
+      if (i >= 0) return d->items[i];
+      VarPtr v = args.size() == 2 ? args[1] : Var::constant(Py_None);
+      dict_set(d, key, v);
+      return v;
+    }
+    unsupported("dict." + name + "() is not captured yet");
   }
 
   // Runs a real Python operation on constants: it is what the eager code would compute.
@@ -357,7 +467,6 @@ class Interpreter {
   }
 
   // ---- calls ----
-  using KwArgs = std::vector<std::pair<std::string, VarPtr>>;
 
   VarPtr call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
     switch (fn->kind) {
@@ -368,22 +477,35 @@ class Interpreter {
         }
         if (fn->self->kind == Var::Kind::Tuple || fn->self->kind == Var::Kind::List)
           return call_sequence_method(fn->self, fn->name, std::move(args), kwargs);
+        if (is_dict(fn->self)) return call_dict_method(fn->self, fn->name, std::move(args), kwargs);
         if (fn->self->kind == Var::Kind::Module) return call_module_method(fn->self, fn->name, std::move(args), kwargs);
         return call_tensor_method(fn->self, fn->name, std::move(args), kwargs);
       case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
-      case Var::Kind::Const: return call_const(fn, std::move(args), kwargs);
+      case Var::Kind::Function: return inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
+      case Var::Kind::Const:
+        if (fn->name == "grad_mode_exit") {  // the __exit__ of with torch.no_grad() and friends
+          root()->grad_mode_ = fn->self->obj == Py_True;
+          return Var::constant(Py_False);
+        }
+        return call_const(fn, std::move(args), kwargs);
       default: unsupported("call of a non-callable value");
     }
   }
 
   // Inlines a call of a Python function: its frame is interpreted into the same graph.
-  VarPtr inline_call(PyObject* f, SourcePtr f_source, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  // `cells`: for a function made in the frame, its closure cells (trackers).
+  VarPtr inline_call(PyObject* f, SourcePtr f_source, std::vector<VarPtr> args, const KwArgs& kwargs,
+                     const std::vector<VarPtr>* cells = nullptr) {
     auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(f));
     std::string name = PyUnicode_AsUTF8(co->co_qualname);
     if (depth_ >= 32) unsupported("inlining deeper than 32 calls (recursion?) at " + name);
-    if (co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE))
-      unsupported(name + " is a generator or coroutine");
+    if (co->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE))
+      unsupported(name + " is a coroutine");
     Interpreter child(f, out_, this, std::move(f_source));
+    if (cells) {
+      int first_free = co->co_nlocalsplus - co->co_nfreevars;
+      for (size_t k = 0; k < cells->size(); ++k) child.locals_[first_free + k] = (*cells)[k];
+    }
     const int npos = co->co_argcount, nkwonly = co->co_kwonlyargcount;
     const bool varargs = co->co_flags & CO_VARARGS, varkw = co->co_flags & CO_VARKEYWORDS;
     PyObject* varnames = PyCode_GetVarnames(co);
@@ -397,15 +519,22 @@ class Interpreter {
     } else if (varargs) {
       L[npos + nkwonly] = Var::tuple({});
     }
+    VarPtr extra = Var::dict();  // keywords no parameter takes: **kwargs
     for (const auto& [k, v] : kwargs) {
       int slot = -1;
-      for (int i = 0; i < npos + nkwonly; ++i)
+      for (int i = co->co_posonlyargcount; i < npos + nkwonly; ++i)
         if (slot_name(i) == k) slot = i;
-      if (slot < 0) unsupported(name + "() got keyword '" + k + "' that only **kwargs would take: not captured yet");
+      if (slot < 0) {
+        if (!varkw) unsupported(name + "() got an unexpected keyword argument '" + k + "'");
+        PyObject* key = PyUnicode_FromString(k.c_str());
+        dict_set(extra, key, v);
+        Py_DECREF(key);
+        continue;
+      }
       if (L[slot]) unsupported(name + "() got multiple values for argument '" + k + "'");
       L[slot] = v;
     }
-    if (varkw) L[npos + nkwonly + varargs] = Var::steal_constant(PyDict_New());
+    if (varkw) L[npos + nkwonly + varargs] = extra;
     PyObject* defaults = PyFunction_GET_DEFAULTS(f);
     Py_ssize_t ndef = defaults ? PyTuple_GET_SIZE(defaults) : 0;
     for (int i = 0; i < npos; ++i) {
@@ -425,12 +554,34 @@ class Interpreter {
       if (child.fn_source_) out_.guards.add_identity(Source::attr(child.fn_source_, "__kwdefaults__"), kwdefaults);
       L[i] = Var::constant(v);
     }
-    return child.run_frame();
+    VarPtr r = child.run_frame();
+    if (co->co_flags & CO_GENERATOR) {
+      // A generator runs to its end at once: the caller iterates over what it yielded.
+      VarPtr it = Var::tuple(std::move(child.yields_));
+      it->kind = Var::Kind::Iterator;
+      return it;
+    }
+    return r;
   }
 
   // The items of a value that a loop could walk at capture time.
   std::vector<VarPtr> items_of(const VarPtr& v) {
     if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Iterator) return v->items;
+    if (is_dict(v)) {
+      std::vector<VarPtr> keys;
+      for (auto& [k, unused] : dict_entries(v)) keys.push_back(Var::constant(k));
+      return keys;
+    }
+    if (v->is_const() && (PyAnySet_Check(v->obj) || PyUnicode_Check(v->obj) || PyDictViewSet_Check(v->obj) ||
+                          PyDictValues_Check(v->obj))) {
+      if (v->source) unsupported("iteration over a set or view the caller can see");
+      PyObject* fast = PySequence_List(v->obj);
+      if (!fast) real(nullptr);
+      keep_.push_back(fast);
+      std::vector<VarPtr> out;
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fast); ++i) out.push_back(Var::constant(PyList_GET_ITEM(fast, i)));
+      return out;
+    }
     if (v->kind == Var::Kind::Module) {
       // Children in order, by name (Sequential may name them: OrderedDict construction).
       module_children(v);
@@ -499,6 +650,46 @@ class Interpreter {
     PyObject* f = fn->obj;
     if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
     if (f == builtin("super") && kwargs.empty()) return make_super(args);
+    if (VarPtr r = grad_mode_context(f, args, kwargs)) return r;
+    if (VarPtr r = builtin_over_trackers(f, args, kwargs)) return r;
+    static PyObject* partial_type = [] {
+      PyObject* ft = PyImport_ImportModule("functools");
+      PyObject* t = ft ? PyObject_GetAttrString(ft, "partial") : nullptr;
+      Py_XDECREF(ft);
+      PyErr_Clear();
+      return t;
+    }();
+    if (f == partial_type && !args.empty() && std::all_of(args.begin(), args.end(), [](auto& a) { return a->is_const() || a->kind == Var::Kind::Module; }) &&
+        std::all_of(kwargs.begin(), kwargs.end(), [](auto& kv) { return kv.second->is_const(); })) {
+      // functools.partial(g, ...) of values known here: a real partial, built now.
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+      for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]->obj));
+      PyObject* kw = PyDict_New();
+      for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), v->obj);
+      PyObject* p = PyObject_Call(partial_type, t, kw);
+      Py_DECREF(t);
+      Py_DECREF(kw);
+      return real(p);
+    }
+    if (partial_type && Py_TYPE(f) == reinterpret_cast<PyTypeObject*>(partial_type)) {
+      // functools.partial(g, *a, **k)(...): g(*a, ..., **k, ...); its fields are read-only.
+      PyObject* pargs = PyObject_GetAttrString(f, "args");
+      PyObject* pkw = PyObject_GetAttrString(f, "keywords");
+      keep_.push_back(pargs);
+      keep_.push_back(pkw);
+      std::vector<VarPtr> all;
+      for (Py_ssize_t i = 0; pargs && i < PyTuple_GET_SIZE(pargs); ++i) all.push_back(Var::constant(PyTuple_GET_ITEM(pargs, i)));
+      all.insert(all.end(), args.begin(), args.end());
+      KwArgs kw;
+      PyObject *k, *v;
+      Py_ssize_t pos = 0;
+      while (pkw && PyDict_Check(pkw) && PyDict_Next(pkw, &pos, &k, &v)) kw.emplace_back(PyUnicode_AsUTF8(k), Var::constant(v));
+      for (auto& x : kwargs) kw.push_back(x);
+      PyObject* inner = PyObject_GetAttrString(f, "func");
+      keep_.push_back(inner);
+      VarPtr g = fn->source ? wrap(inner, Source::attr(fn->source, "func")) : Var::constant(inner);
+      return call(g, std::move(all), std::move(kw));
+    }
     if (is_compiled_function(f) && !compiled_function_disabled(f)) {
       // A compiled function called from compiled code: its body is inlined into this graph.
       PyObject* target = compiled_function_target(f);
@@ -557,6 +748,87 @@ class Interpreter {
     Py_DECREF(tuple);
     Py_XDECREF(kw);
     return real(r);
+  }
+
+  // torch.no_grad() and friends, for `with`: a marker holding the grad mode the block runs in.
+  VarPtr grad_mode_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+    static PyObject* no_grad = resolve_torch("no_grad");
+    static PyObject* enable_grad = resolve_torch("enable_grad");
+    static PyObject* inference_mode = resolve_torch("inference_mode");
+    static PyObject* set_grad_enabled = resolve_torch("set_grad_enabled");
+    bool mode;
+    if (f == no_grad && args.empty() && kwargs.empty()) mode = false;
+    else if (f == enable_grad && args.empty() && kwargs.empty()) mode = true;
+    else if (f == inference_mode && kwargs.empty() && args.size() <= 1)
+      mode = args.empty() ? false : !truth(args[0]);
+    else if (f == set_grad_enabled && kwargs.empty() && args.size() == 1)
+      unsupported("torch.set_grad_enabled() changes grad mode when called: not captured yet");
+    else return nullptr;
+    VarPtr v = Var::constant(mode ? Py_True : Py_False);
+    v->name = "grad_mode";
+    return v;
+  }
+
+  // Builtins applied to lists, tuples, dicts and iterators of trackers.
+  VarPtr builtin_over_trackers(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+    auto tracker = [](const VarPtr& v) {
+      return v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Dict ||
+             v->kind == Var::Kind::Iterator;
+    };
+    if (!kwargs.empty()) return nullptr;
+    if ((f == builtin("list") || f == builtin("tuple")) && args.empty()) return Var::tuple({}, f == builtin("list"));
+    if (f == builtin("dict") && args.empty()) return Var::dict();
+    if (f == builtin("map") && args.size() >= 2 && std::any_of(args.begin() + 1, args.end(), tracker)) {
+      std::vector<std::vector<VarPtr>> cols;
+      for (size_t i = 1; i < args.size(); ++i) cols.push_back(items_of(args[i]));
+      size_t n = cols[0].size();
+      for (auto& c : cols) n = std::min(n, c.size());
+      std::vector<VarPtr> out;
+      for (size_t j = 0; j < n; ++j) {
+        std::vector<VarPtr> call_args;
+        for (auto& c : cols) call_args.push_back(c[j]);
+        out.push_back(call(args[0], std::move(call_args), {}));
+      }
+      VarPtr it = Var::tuple(std::move(out));
+      it->kind = Var::Kind::Iterator;
+      return it;
+    }
+    if (args.empty() || !tracker(args[0])) return nullptr;
+    const VarPtr& a = args[0];
+    if (f == builtin("len") && args.size() == 1 && a->kind != Var::Kind::Iterator)
+      return Var::steal_constant(PyLong_FromSize_t(a->items.size()));
+    if ((f == builtin("list") || f == builtin("tuple")) && args.size() == 1) return Var::tuple(items_of(a), f == builtin("list"));
+    if (f == builtin("dict") && args.size() == 1) {
+      VarPtr d = Var::dict();
+      if (a->kind == Var::Kind::Dict) {
+        for (auto& [k, v] : dict_entries(a)) dict_set(d, k, v);
+      } else {
+        for (const VarPtr& pair : items_of(a)) {
+          std::vector<VarPtr> kv = items_of(pair);
+          if (kv.size() != 2) unsupported("dict() of items that are not pairs");
+          dict_set(d, const_obj(kv[0], "dict key"), kv[1]);
+        }
+      }
+      return d;
+    }
+    if (f == builtin("sum") && (args.size() == 1 || args.size() == 2)) {
+      VarPtr acc = args.size() == 2 ? args[1] : Var::steal_constant(PyLong_FromLong(0));
+      for (const VarPtr& x : items_of(a)) acc = binary("NB_ADD", acc, x);
+      return acc;
+    }
+    if ((f == builtin("any") || f == builtin("all")) && args.size() == 1) {
+      bool any = f == builtin("any");
+      for (const VarPtr& x : items_of(a))
+        if (truth(x) == any) return Var::constant(any ? Py_True : Py_False);
+      return Var::constant(any ? Py_False : Py_True);
+    }
+    if (f == builtin("isinstance") && args.size() == 2) {
+      PyTypeObject* t = a->kind == Var::Kind::Tuple ? &PyTuple_Type : a->kind == Var::Kind::List ? &PyList_Type : &PyDict_Type;
+      int r = PyObject_IsSubclass(reinterpret_cast<PyObject*>(t), const_obj(args[1], "class"));
+      if (r < 0) real(nullptr);
+      return Var::constant(r ? Py_True : Py_False);
+    }
+    return nullptr;
   }
 
   // Builtins and math functions whose result depends only on their arguments.
@@ -711,17 +983,75 @@ class Interpreter {
     return r;
   }
 
+  // A module call as nn.Module.__call__ makes it: forward pre-hooks, forward, forward hooks
+  // (each inlined; the hook dicts are guarded, so adding or removing a hook recompiles).
   VarPtr call_module(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
     PyObject* m = mod->obj;
     std::string type = Py_TYPE(m)->tp_name;
-    static const char* hook_dicts[] = {"_forward_hooks", "_forward_pre_hooks"};
-    for (const char* h : hook_dicts) {
+    Interpreter* r = root();
+    if (!r->global_hooks_checked_) {
+      r->global_hooks_checked_ = true;
+      static PyObject* mm = [] {
+        PyObject* mod = PyImport_ImportModule("torch.nn.modules.module");
+        PyObject* d = mod ? PyModule_GetDict(mod) : nullptr;
+        Py_XINCREF(d);
+        Py_XDECREF(mod);
+        PyErr_Clear();
+        return d;
+      }();
+      for (const char* g : {"_global_forward_hooks", "_global_forward_pre_hooks"}) {
+        PyObject* d = mm ? PyDict_GetItemString(mm, g) : nullptr;
+        if (!d || !PyDict_Check(d)) continue;
+        if (PyDict_Size(d) > 0) unsupported("global module forward hooks are not captured yet");
+        out_.guards.add_length(Source::global(g, mm), 0);
+      }
+    }
+    std::vector<VarPtr> pre_hooks, post_hooks;
+    for (const char* h : {"_forward_pre_hooks", "_forward_hooks"}) {
       PyObject* d = PyObject_GetAttrString(m, h);
       if (!d) PyErr_Clear();
-      bool has = d && PyDict_Check(d) && PyDict_Size(d) > 0;
-      Py_XDECREF(d);
-      if (has) unsupported("module " + type + " has forward hooks: not captured yet");
+      if (d && PyDict_Check(d)) {
+        keep_.push_back(d);
+        if (!mod->source) {
+          if (PyDict_Size(d)) unsupported("hooks on a module with no known source");
+        } else {
+          SourcePtr ds = Source::attr(mod->source, h);
+          out_.guards.add_length(ds, PyDict_Size(d));
+          PyObject *k, *v;
+          Py_ssize_t pos = 0;
+          while (PyDict_Next(d, &pos, &k, &v))
+            (h[9] == 'p' ? pre_hooks : post_hooks).push_back(wrap(v, Source::key_of(ds, k)));
+        }
+      } else {
+        Py_XDECREF(d);
+      }
     }
+    if (!pre_hooks.empty() || !post_hooks.empty()) {
+      for (const char* h : {"_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs"}) {
+        PyObject* d = PyObject_GetAttrString(m, h);
+        if (!d) PyErr_Clear();
+        bool any = d && PyObject_Length(d) > 0;
+        Py_XDECREF(d);
+        PyErr_Clear();
+        if (any) unsupported("forward hooks with keyword arguments are not captured yet");
+      }
+    }
+    for (const VarPtr& hook : pre_hooks) {
+      VarPtr res = call(hook, {mod, Var::tuple(args)}, {});
+      if (res->is_const() && res->obj == Py_None) continue;
+      args = res->kind == Var::Kind::Tuple ? res->items : std::vector<VarPtr>{res};
+    }
+    VarPtr out = call_module_body(mod, args, kwargs);
+    for (const VarPtr& hook : post_hooks) {
+      VarPtr res = call(hook, {mod, Var::tuple(args), out}, {});
+      if (!(res->is_const() && res->obj == Py_None)) out = res;
+    }
+    return out;
+  }
+
+  VarPtr call_module_body(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
+    PyObject* m = mod->obj;
+    std::string type = Py_TYPE(m)->tp_name;
     VarPtr training = module_attr(mod, "training");
     bool train = training->obj == Py_True;
     auto op = [&](const char* fn) { return call_op(*function_binding(resolve_torch_path(fn)), args, kwargs); };
@@ -869,6 +1199,76 @@ class Interpreter {
   }
 
   // ---- attributes ----
+  // ---- closures and functions made in the frame ----
+  bool is_own_cell(int slot) const {
+    auto* co = reinterpret_cast<PyCodeObject*>(code_);
+    return slot < co->co_nlocalsplus - co->co_nfreevars;
+  }
+
+  // A free variable of a real closure (the root function's, or an inlined real function's).
+  VarPtr read_free_var(const Instr& in) {
+    auto* co = reinterpret_cast<PyCodeObject*>(code_);
+    int first_free = co->co_nlocalsplus - co->co_nfreevars;
+    if (in.arg < first_free) unsupported("read of an unbound cell variable");
+    PyObject* closure = PyFunction_GET_CLOSURE(fn_);
+    Py_ssize_t k = in.arg - first_free;
+    PyObject* v = closure ? PyCell_GET(PyTuple_GET_ITEM(closure, k)) : nullptr;
+    if (!v) unsupported("read of an empty closure cell");
+    PyObject* name = PyTuple_GET_ITEM(co->co_localsplusnames, in.arg);
+    SourcePtr src;
+    if (!parent_) src = Source::closure(k, PyUnicode_AsUTF8(name));
+    else if (fn_source_) src = Source::attr(Source::item(Source::attr(fn_source_, "__closure__"), k), "cell_contents");
+    else unsupported("closure variable of an inlined function with no known source");
+    return wrap(v, src);
+  }
+
+  // def / lambda / comprehension inside the frame. The real function object carries code,
+  // globals and constant defaults; the cells stay trackers (their contents may be tensors).
+  VarPtr make_function(const VarPtr& code, const VarPtr& defaults, const VarPtr& kwdefaults, const VarPtr& closure) {
+    PyObject* co = const_obj(code, "code");
+    if (!PyCode_Check(co)) unsupported("MAKE_FUNCTION without a code object");
+    PyObject* f = PyFunction_New(co, globals_);
+    if (!f) real(nullptr);
+    VarPtr fv = Var::steal_constant(f);
+    fv->kind = Var::Kind::Function;
+    if (defaults && PyFunction_SetDefaults(f, const_obj(defaults, "default argument")) < 0) real(nullptr);
+    if (kwdefaults && PyFunction_SetKwDefaults(f, const_obj(kwdefaults, "keyword default")) < 0) real(nullptr);
+    fv->rebuildable = true;
+    if (closure) {
+      if (closure->kind != Var::Kind::Tuple) unsupported("malformed closure");
+      PyObject* cells = PyTuple_New(static_cast<Py_ssize_t>(closure->items.size()));
+      for (size_t i = 0; i < closure->items.size(); ++i) {
+        const VarPtr& c = closure->items[i];
+        if (c->kind != Var::Kind::Cell) unsupported("malformed closure cell");
+        fv->items.push_back(c);
+        const VarPtr& content = c->items[0];
+        bool constant = content && (content->is_const() || content->kind == Var::Kind::Module);
+        if (!constant) fv->rebuildable = false;
+        PyTuple_SET_ITEM(cells, i, PyCell_New(constant ? content->obj : nullptr));
+      }
+      int rc = PyFunction_SetClosure(f, cells);
+      Py_DECREF(cells);
+      if (rc < 0) real(nullptr);
+    }
+    return fv;
+  }
+
+  void store_subscript(const VarPtr& container, const VarPtr& key, const VarPtr& value) {
+    if (container->kind == Var::Kind::Dict) {
+      dict_set(container, const_obj(key, "dict key"), value);
+      return;
+    }
+    if (container->kind == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj)) {
+      Py_ssize_t n = static_cast<Py_ssize_t>(container->items.size()), i = PyLong_AsSsize_t(key->obj);
+      if (i < 0) i += n;
+      if (i < 0 || i >= n) unsupported("list assignment index out of range");
+      container->items[i] = value;
+      return;
+    }
+    if (container->is_tensor()) unsupported("indexed assignment into a tensor is not captured yet");
+    unsupported("item assignment into an object the caller can see");
+  }
+
   // super() and super(cls, self): a real super object that remembers the receiver's tracker,
   // so that super().forward(x) inlines the base class's function with the same `self`.
   VarPtr make_super(const std::vector<VarPtr>& args) {
@@ -934,6 +1334,9 @@ class Interpreter {
       return Var::method(base, name);
     }
     if (base->kind == Var::Kind::Module) return module_attr(base, name.c_str());
+    if (base->is_const() && PyDict_CheckExact(base->obj) &&
+        (name == "items" || name == "keys" || name == "values" || name == "get" || name == "copy"))
+      return Var::method(base, name);  // entries read through dict_entries, guarded
     if (base->is_const()) {
       PyObject* v = PyObject_GetAttrString(base->obj, name.c_str());
       if (!v) return real(nullptr);
@@ -945,7 +1348,8 @@ class Interpreter {
       }
       return Var::steal_constant(v);
     }
-    if (base->kind == Var::Kind::Tuple || base->kind == Var::Kind::List) return Var::method(base, name);
+    if (base->kind == Var::Kind::Tuple || base->kind == Var::Kind::List || base->kind == Var::Kind::Dict)
+      return Var::method(base, name);
     unsupported("attribute " + name + " of a value");
   }
 
@@ -1058,8 +1462,8 @@ class Interpreter {
 
   bool truth(const VarPtr& v) {
     if (v->is_tensor()) unsupported("data-dependent branch on a tensor value");
-    if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List) return !v->items.empty();
-    if (v->kind == Var::Kind::Module) return true;
+    if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Dict) return !v->items.empty();
+    if (v->kind == Var::Kind::Module || v->kind == Var::Kind::Function) return true;
     int r = PyObject_IsTrue(const_obj(v, "condition"));
     if (r < 0) real(nullptr);
     return r == 1;
@@ -1082,6 +1486,11 @@ class Interpreter {
         return Var::tuple(std::move(items), base->kind == Var::Kind::List);
       }
       unsupported("subscript of a container with a non-constant index");
+    }
+    if (base->kind == Var::Kind::Dict) {
+      Py_ssize_t i = dict_find(base, const_obj(index, "dict key"));
+      if (i < 0) unsupported("KeyError: a key the dict does not have");
+      return base->items[i];
     }
     if (base->is_tensor()) unsupported("tensor indexing is not captured yet");
     if (base->kind == Var::Kind::Module) {
@@ -1138,6 +1547,7 @@ class Interpreter {
     switch (v->kind) {
       case Var::Kind::Const:
       case Var::Kind::Module:
+      case Var::Kind::Function:
       case Var::Kind::Null: return v;
       default: break;
     }
@@ -1148,6 +1558,7 @@ class Interpreter {
     c->node = v->node;
     c->name = v->name;
     c->source = v->source;
+    for (PyObject* k : v->keys) c->keys.push_back(Py_NewRef(k));
     for (const VarPtr& x : v->items) c->items.push_back(clone(x, memo));
     c->self = clone(v->self, memo);
     return c;
@@ -1193,6 +1604,16 @@ class Interpreter {
         s.items.push_back(break_spec(v->self));
         return s;
       case Var::Kind::Iterator: unsupported("graph break inside a loop kiln unrolls");
+      case Var::Kind::Dict: return dict_spec(v, true);
+      case Var::Kind::Cell:
+        // A cell of the frame: the resume function makes a new one (MAKE_CELL) around this.
+        if (!v->items[0]) unsupported("an empty closure cell at a graph break");
+        return break_spec(v->items[0]);
+      case Var::Kind::Function:
+        if (!v->rebuildable) unsupported("a function closing over tensors at a graph break");
+        s.kind = OutSpec::Kind::Const;
+        s.value = Py_NewRef(v->obj);
+        return s;
     }
     unsupported("a value kiln cannot rebuild at a graph break");
   }
@@ -1280,11 +1701,24 @@ class Interpreter {
     return true;
   }
 
+  OutSpec dict_spec(const VarPtr& v, bool at_break) {
+    OutSpec s;
+    s.kind = OutSpec::Kind::Dict;
+    s.value = PyTuple_New(static_cast<Py_ssize_t>(v->keys.size()));
+    for (size_t i = 0; i < v->keys.size(); ++i) {
+      PyTuple_SET_ITEM(s.value, i, Py_NewRef(v->keys[i]));
+      s.items.push_back(at_break ? break_spec(v->items[i]) : output_spec(v->items[i]));
+    }
+    return s;
+  }
+
   // ---- output ----
   OutSpec output_spec(const VarPtr& v) {
     OutSpec s;
     switch (v->kind) {
       case Var::Kind::Tensor: {
+        if (root()->needs_grad_.count(v->node) && v->node->op_name() != "placeholder")
+          unsupported("a result requires grad (its inputs do, and grad mode is on): kiln does not build backward graphs yet (AOTAutograd is a later stage); run under torch.no_grad() or torch.inference_mode()");
         auto& outs = g_->outputs();
         auto it = std::find(outs.begin(), outs.end(), v->node);
         s.kind = OutSpec::Kind::Graph;
@@ -1302,6 +1736,12 @@ class Interpreter {
         Py_INCREF(v->obj);
         s.value = v->obj;
         return s;
+      case Var::Kind::Dict: return dict_spec(v, false);
+      case Var::Kind::Function:
+        if (!v->rebuildable) unsupported("returns a function closing over tensors");
+        s.kind = OutSpec::Kind::Const;
+        s.value = Py_NewRef(v->obj);
+        return s;
       default: unsupported("returns a value kiln cannot rebuild");
     }
   }
@@ -1314,8 +1754,15 @@ class Interpreter {
       case OP_CACHE:
       case OP_EXTENDED_ARG:
       case OP_PRECALL:
-      case OP_COPY_FREE_VARS:
-      case OP_MAKE_CELL: return -1;
+      case OP_COPY_FREE_VARS: return -1;  // free variables are read lazily, or set by the caller
+      case OP_MAKE_CELL: locals_.at(in.arg) = Var::cell(locals_.at(in.arg)); return -1;
+      case OP_LOAD_CLOSURE: {
+        VarPtr& slot = locals_.at(in.arg);
+        if (!slot) slot = Var::cell(read_free_var(in));  // a free variable passed on to an inner function
+        if (slot->kind != Var::Kind::Cell) slot = Var::cell(slot);
+        push(slot);
+        return -1;
+      }
       case OP_LOAD_FAST:
       case OP_LOAD_FAST_CHECK:
       case OP_LOAD_FAST_AND_CLEAR: {
@@ -1330,30 +1777,142 @@ class Interpreter {
       }
       case OP_STORE_FAST: locals_.at(in.arg) = pop(); return -1;
       case OP_LOAD_DEREF: {
-        // Cell variables live in their local slot; free variables are read from the closure.
-        auto* co = reinterpret_cast<PyCodeObject*>(code_);
-        int first_free = co->co_nlocalsplus - co->co_nfreevars;
-        if (!locals_.at(in.arg) && in.arg >= first_free) {
-          PyObject* closure = PyFunction_GET_CLOSURE(fn_);
-          Py_ssize_t k = in.arg - first_free;
-          PyObject* v = closure ? PyCell_GET(PyTuple_GET_ITEM(closure, k)) : nullptr;
-          if (!v) unsupported("read of an empty closure cell");
-          SourcePtr src;
-          if (!parent_) src = Source::closure(k, PyUnicode_AsUTF8(in.argval));
-          else if (fn_source_) src = Source::attr(Source::item(Source::attr(fn_source_, "__closure__"), k), "cell_contents");
-          else unsupported("closure variable of an inlined function with no known source");
-          locals_[in.arg] = wrap(v, src);
-        }
-        if (!locals_.at(in.arg)) unsupported("read of an unbound cell variable");
-        push(locals_[in.arg]);
+        // Cells made in the frame hold their content; free variables of a real closure are
+        // read (and guarded) on first use.
+        VarPtr& slot = locals_.at(in.arg);
+        if (!slot) slot = read_free_var(in);
+        VarPtr v = slot->kind == Var::Kind::Cell ? slot->items[0] : slot;
+        if (!v) unsupported("read of an empty closure cell");
+        push(v);
         return -1;
       }
       case OP_STORE_DEREF: {
-        auto* co = reinterpret_cast<PyCodeObject*>(code_);
-        if (in.arg >= co->co_nlocalsplus - co->co_nfreevars) unsupported("assignment to a closure variable (nonlocal)");
-        locals_.at(in.arg) = pop();
+        VarPtr& slot = locals_.at(in.arg);
+        if (slot && slot->kind == Var::Kind::Cell) {
+          if (!is_own_cell(in.arg) && !parent_) unsupported("assignment to a closure variable (nonlocal)");
+          slot->items[0] = pop();
+          return -1;
+        }
+        if (!is_own_cell(in.arg)) unsupported("assignment to a closure variable (nonlocal)");
+        slot = pop();
         return -1;
       }
+      case OP_DELETE_DEREF: unsupported("del of a closure variable");
+      case OP_MAKE_FUNCTION: {
+        VarPtr code = pop();
+        VarPtr closure = (in.arg & 0x08) ? pop() : nullptr;
+        if (in.arg & 0x04) pop();  // annotations
+        VarPtr kwdefaults = (in.arg & 0x02) ? pop() : nullptr;
+        VarPtr defaults = (in.arg & 0x01) ? pop() : nullptr;
+        push(make_function(code, defaults, kwdefaults, closure));
+        return -1;
+      }
+      case OP_RETURN_GENERATOR: push(Var::constant(Py_None)); return -1;
+      case OP_YIELD_VALUE:
+        yields_.push_back(pop());
+        push(Var::constant(Py_None));  // what send() would pass in
+        return -1;
+      case OP_BEFORE_WITH: {
+        VarPtr ctx = pop();
+        if (ctx->name != "grad_mode") unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/set_grad_enabled");
+        VarPtr exit = Var::constant(Py_None);
+        exit->name = "grad_mode_exit";
+        exit->self = Var::constant(root()->grad_mode_ ? Py_True : Py_False);
+        root()->grad_mode_ = ctx->obj == Py_True;
+        push(exit);
+        push(Var::constant(Py_None));
+        return -1;
+      }
+      case OP_FORMAT_VALUE: {
+        VarPtr spec = (in.arg & 0x04) ? pop() : nullptr;
+        VarPtr v = pop();
+        PyObject* o = const_obj(v, "formatted value");
+        PyObject* conv = nullptr;
+        switch (in.arg & 0x03) {
+          case 1: conv = PyObject_Str(o); break;
+          case 2: conv = PyObject_Repr(o); break;
+          case 3: conv = PyObject_ASCII(o); break;
+          default: conv = Py_NewRef(o);
+        }
+        if (!conv) real(nullptr);
+        PyObject* r = PyObject_Format(conv, spec ? const_obj(spec, "format spec") : nullptr);
+        Py_DECREF(conv);
+        push(real(r));
+        return -1;
+      }
+      case OP_BUILD_STRING: {
+        std::vector<VarPtr> parts(in.arg);
+        for (int i = in.arg - 1; i >= 0; --i) parts[i] = pop();
+        PyObject* list = PyList_New(in.arg);
+        for (int i = 0; i < in.arg; ++i) PyList_SET_ITEM(list, i, Py_NewRef(const_obj(parts[i], "string")));
+        PyObject* empty = PyUnicode_FromString("");
+        PyObject* r = PyUnicode_Join(empty, list);
+        Py_DECREF(empty);
+        Py_DECREF(list);
+        push(real(r));
+        return -1;
+      }
+      case OP_JUMP_IF_TRUE_OR_POP:
+      case OP_JUMP_IF_FALSE_OR_POP: {
+        bool t = truth(peek(1));
+        if (t == (in.op == OP_JUMP_IF_TRUE_OR_POP)) return in.jump_target;
+        pop();
+        return -1;
+      }
+      case OP_UNPACK_EX: {
+        int before = in.arg & 0xff, after = in.arg >> 8;
+        VarPtr seq = pop();
+        std::vector<VarPtr> items = seq->kind == Var::Kind::Tuple || seq->kind == Var::Kind::List ? seq->items : items_of(seq);
+        if (static_cast<int>(items.size()) < before + after) unsupported("not enough values to unpack");
+        std::vector<VarPtr> out(items.begin(), items.begin() + before);
+        out.push_back(Var::tuple(std::vector<VarPtr>(items.begin() + before, items.end() - after), true));
+        out.insert(out.end(), items.end() - after, items.end());
+        for (auto it = out.rbegin(); it != out.rend(); ++it) push(*it);
+        return -1;
+      }
+      case OP_STORE_SUBSCR: {
+        VarPtr key = pop(), container = pop(), value = pop();
+        store_subscript(container, key, value);
+        return -1;
+      }
+      case OP_BUILD_SET: {
+        std::vector<VarPtr> items(in.arg);
+        for (int i = in.arg - 1; i >= 0; --i) items[i] = pop();
+        PyObject* set = PySet_New(nullptr);
+        for (auto& v : items)
+          if (PySet_Add(set, const_obj(v, "set item")) < 0) {
+            Py_DECREF(set);
+            real(nullptr);
+          }
+        push(Var::steal_constant(set));
+        return -1;
+      }
+      case OP_SET_ADD:
+      case OP_SET_UPDATE: {
+        VarPtr v = pop();
+        VarPtr& set = peek(in.arg);
+        if (!set->is_const() || !PySet_Check(set->obj) || set->source) unsupported("update of a set the caller can see");
+        int rc;
+        if (in.op == OP_SET_ADD) {
+          rc = PySet_Add(set->obj, const_obj(v, "set item"));
+        } else {
+          rc = 0;
+          for (const VarPtr& x : items_of(v))
+            if (PySet_Add(set->obj, const_obj(x, "set item")) < 0) rc = -1;
+        }
+        if (rc < 0) real(nullptr);
+        return -1;
+      }
+      case OP_MAP_ADD: {
+        VarPtr value = pop(), key = pop();
+        VarPtr& d = peek(in.arg);
+        if (d->kind != Var::Kind::Dict) unsupported("dict comprehension into a non-dict");
+        dict_set(d, const_obj(key, "dict key"), value);
+        return -1;
+      }
+      case OP_LOAD_ASSERTION_ERROR: unsupported("an assert fails (or depends on tensor data): eager raises");
+      case OP_RAISE_VARARGS: unsupported("raise: eager raises the exception");
+      case OP_STORE_ATTR: unsupported("attribute assignment on an object the caller can see");
       case OP_DELETE_FAST: locals_.at(in.arg) = nullptr; return -1;
       case OP_LOAD_CONST: push(Var::constant(in.argval)); return -1;
       case OP_RETURN_CONST: return_value_ = Var::constant(in.argval); return kReturn;
@@ -1417,38 +1976,33 @@ class Interpreter {
         return -1;
       }
       case OP_BUILD_MAP: {
-        // Dicts of values known at capture time (keyword forwarding: f(**kwargs)).
-        PyObject* d = PyDict_New();
         std::vector<VarPtr> kv(2 * in.arg);
         for (int i = 2 * in.arg - 1; i >= 0; --i) kv[i] = pop();
-        for (int i = 0; i < in.arg; ++i) {
-          if (PyDict_SetItem(d, const_obj(kv[2 * i], "dict key"), const_obj(kv[2 * i + 1], "dict value")) < 0) {
-            Py_DECREF(d);
-            real(nullptr);
-          }
-        }
-        push(Var::steal_constant(d));
+        VarPtr d = Var::dict();
+        for (int i = 0; i < in.arg; ++i) dict_set(d, const_obj(kv[2 * i], "dict key"), kv[2 * i + 1]);
+        push(d);
+        return -1;
+      }
+      case OP_BUILD_CONST_KEY_MAP: {
+        VarPtr keys = pop();
+        std::vector<VarPtr> values(in.arg);
+        for (int i = in.arg - 1; i >= 0; --i) values[i] = pop();
+        PyObject* k = const_obj(keys, "dict keys");
+        if (!PyTuple_Check(k) || PyTuple_GET_SIZE(k) != in.arg) unsupported("malformed BUILD_CONST_KEY_MAP");
+        VarPtr d = Var::dict();
+        for (int i = 0; i < in.arg; ++i) dict_set(d, PyTuple_GET_ITEM(k, i), values[i]);
+        push(d);
         return -1;
       }
       case OP_DICT_MERGE:
       case OP_DICT_UPDATE: {
         VarPtr update = pop();
         VarPtr& target = peek(in.arg);
-        PyObject* src = const_obj(update, "dict");
-        if (!target->is_const() || !PyDict_Check(target->obj) || !PyDict_Check(src)) unsupported("dict merge of non-constant dicts");
-        // Copy, so that a dict shared with the frame is never changed by capture.
-        PyObject* merged = PyDict_Copy(target->obj);
-        if (in.op == OP_DICT_MERGE) {
-          PyObject *k, *v;
-          Py_ssize_t pos = 0;
-          while (PyDict_Next(src, &pos, &k, &v))
-            if (PyDict_Contains(merged, k)) {
-              Py_DECREF(merged);
-              unsupported("got multiple values for a keyword argument");
-            }
+        if (target->kind != Var::Kind::Dict || !is_dict(update)) unsupported("dict merge of a non-dict");
+        for (auto& [k, v] : dict_entries(update)) {
+          if (in.op == OP_DICT_MERGE && dict_find(target, k) >= 0) unsupported("got multiple values for a keyword argument");
+          dict_set(target, k, v);
         }
-        PyDict_Update(merged, src);
-        target = Var::steal_constant(merged);
         return -1;
       }
       case OP_CALL_FUNCTION_EX: {
@@ -1456,11 +2010,11 @@ class Interpreter {
         KwArgs kwargs;
         if (in.arg & 1) {
           VarPtr kw = pop();
-          PyObject* d = const_obj(kw, "**kwargs");
-          if (!PyDict_Check(d)) unsupported("** of a non-dict");
-          PyObject *k, *v;
-          Py_ssize_t pos = 0;
-          while (PyDict_Next(d, &pos, &k, &v)) kwargs.emplace_back(PyUnicode_AsUTF8(k), Var::constant(v));
+          if (!is_dict(kw)) unsupported("** of a non-dict");
+          for (auto& [k, v] : dict_entries(kw)) {
+            if (!PyUnicode_Check(k)) unsupported("keywords must be strings");
+            kwargs.emplace_back(PyUnicode_AsUTF8(k), v);
+          }
         }
         VarPtr seq = pop();
         std::vector<VarPtr> args;
@@ -1500,6 +2054,26 @@ class Interpreter {
       }
       case OP_CONTAINS_OP: {
         VarPtr b = pop(), a = pop();
+        if (b->kind == Var::Kind::Dict || b->kind == Var::Kind::Tuple || b->kind == Var::Kind::List) {
+          bool found = false;
+          if (b->kind == Var::Kind::Dict) {
+            found = dict_find(b, const_obj(a, "key")) >= 0;
+          } else {
+            for (const VarPtr& x : b->items) {
+              if (x->is_tensor() || a->is_tensor()) {
+                if (x->is_tensor() && a->is_tensor() && x->node == a->node) found = true;
+                else if (x->is_tensor() != a->is_tensor()) continue;
+                else unsupported("`in` comparing tensors by value");
+              } else {
+                int eq = PyObject_RichCompareBool(const_obj(x, "item"), const_obj(a, "item"), Py_EQ);
+                if (eq < 0) real(nullptr);
+                found = found || eq == 1;
+              }
+            }
+          }
+          push(Var::constant((found != (in.arg == 1)) ? Py_True : Py_False));
+          return -1;
+        }
         int r = PySequence_Contains(const_obj(b, "container"), const_obj(a, "item"));
         if (r < 0) real(nullptr);
         push(Var::constant(((r == 1) != (in.arg == 1)) ? Py_True : Py_False));
@@ -1681,6 +2255,10 @@ class Interpreter {
   SourcePtr fn_source_;   // where the inlined function came from (closure cells are read through it)
   int depth_ = 0;
   VarPtr return_value_;
+  std::vector<VarPtr> yields_;        // a generator's values, produced all at once
+  bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
+  bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded
+  std::unordered_set<const ir::Node*> needs_grad_;  // root: nodes autograd would track
 
  public:
   ~Interpreter() {
@@ -1694,6 +2272,9 @@ CaptureResult capture(PyObject* fn, const BoundArgs& args) {
   CaptureResult r;
   Interpreter it(fn, r);
   try {
+    auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(fn));
+    if (co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE))
+      throw Unsupported("generators and coroutines run eagerly");
     it.run(args);
     r.ok = true;
     r.captured_text = r.graph->str();

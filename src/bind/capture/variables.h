@@ -24,6 +24,10 @@ struct Var {
     Method,  // a bound method of a tensor: self + name
     Module,  // an nn.Module instance
     Iterator,  // a loop over values known at capture time: the items left
+    Dict,      // a dict made in the frame: keys (constants) and value trackers
+    Cell,      // a closure cell of the frame: items[0] is its content (nullptr while empty)
+    Function,  // a function made in the frame (def, lambda, comprehension): obj is a real
+               // function for its code, defaults and globals; items are its closure cells
   } kind;
   PyObject* obj = nullptr;      // Const / Module (owned)
   ir::Node* node = nullptr;     // Tensor
@@ -31,9 +35,14 @@ struct Var {
   VarPtr self;                  // Method
   std::string name;             // Method
   SourcePtr source;             // where it was read from, when it came from the frame
+  std::vector<PyObject*> keys;  // Dict: one per item (owned)
+  bool rebuildable = false;     // Function: obj is complete (real cells with the values), so a
+                                // graph break can hand it to Python
 
   ~Var() {
-    if (obj && Py_IsInitialized()) Py_DECREF(obj);
+    if (!Py_IsInitialized()) return;
+    Py_XDECREF(obj);
+    for (PyObject* k : keys) Py_DECREF(k);
   }
 
   static VarPtr constant(PyObject* o, SourcePtr src = nullptr) {  // borrows o
@@ -73,6 +82,12 @@ struct Var {
     v->source = std::move(src);
     return v;
   }
+  static VarPtr cell(VarPtr content) {
+    auto v = std::make_shared<Var>(Var{Kind::Cell});
+    v->items.push_back(std::move(content));
+    return v;
+  }
+  static VarPtr dict() { return std::make_shared<Var>(Var{Kind::Dict}); }
   bool is_const() const { return kind == Kind::Const; }
   bool is_tensor() const { return kind == Kind::Tensor; }
 };

@@ -200,6 +200,19 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
       }
       return r;
     }
+    case OutSpec::Kind::Dict: {
+      PyObject* d = PyDict_New();
+      for (size_t i = 0; i < spec.items.size(); ++i) {
+        PyObject* item = build_output(spec.items[i], outs, frame);
+        if (!item || PyDict_SetItem(d, PyTuple_GET_ITEM(spec.value, i), item) < 0) {
+          Py_XDECREF(item);
+          Py_DECREF(d);
+          return nullptr;
+        }
+        Py_DECREF(item);
+      }
+      return d;
+    }
     case OutSpec::Kind::Null:
     case OutSpec::Kind::Unbound: break;
   }
