@@ -191,8 +191,9 @@ def reset() -> None:
 
 
 def stats() -> dict:
-    """Counters: frames captured, graphs compiled, recompiles, cache hits in memory and on
-    disk, eager fallbacks with their reasons, kernels generated."""
+    """Counters: frames captured, graphs compiled, graph breaks, recompiles (with the guard
+    that failed, last 64), cache hits in memory and on disk, eager fallbacks and breaks with
+    their reasons, kernels generated."""
     return dict(_C.stats())
 
 

@@ -102,6 +102,9 @@ nb::dict stats_dict() {
   d["capture_seconds"] = s.capture_seconds;
   d["compile_seconds"] = s.compile_seconds;
   for (auto& [k, v] : s.fallback_reasons) reasons[k.c_str()] = v;
+  nb::list recompile_reasons;
+  for (const std::string& r : s.recompile_reasons) recompile_reasons.append(r);
+  d["recompile_reasons"] = recompile_reasons;
   d["fallback_reasons"] = reasons;
   return d;
 }

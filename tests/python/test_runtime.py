@@ -115,6 +115,8 @@ def test_new_shape_recompiles_and_old_shape_is_still_cached():
     d = delta(before, counters())
     assert d["recompiles"] == 1
     assert d["graphs_compiled"] == 1
+    why = kiln.stats()["recompile_reasons"][-1]
+    assert why.startswith("test_new_shape_recompiles") and "L['x']" in why and "size" in why, why
     # back to the first shape: an in-memory hit, no new compile
     before = counters()
     x3 = torch.randn(4, 4)

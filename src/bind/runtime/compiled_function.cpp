@@ -356,7 +356,10 @@ Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) 
   if (!c.entries.empty()) {
     std::string why;
     c.entries.back()->capture.guards.check(fv, &why);
-    ++stats().recompiles;
+    Stats& st = stats();
+    ++st.recompiles;
+    st.recompile_reasons.push_back(c.name + ": " + why);
+    if (st.recompile_reasons.size() > 64) st.recompile_reasons.erase(st.recompile_reasons.begin());
     log("recompiles", c.name + ": recompiling: " + why);
   }
   if (bound.names.empty()) bound.names = c.names;

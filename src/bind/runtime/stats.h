@@ -19,6 +19,7 @@ struct Stats {
   double capture_seconds = 0;
   double compile_seconds = 0;
   std::map<std::string, long> fallback_reasons;
+  std::vector<std::string> recompile_reasons;  // "name: guard that failed", oldest first (last 64)
 };
 
 Stats& stats();
