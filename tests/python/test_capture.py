@@ -381,9 +381,6 @@ class ForwardingWrapper(nn.Module):
         return self.inner(*args, **kwargs)
 
 
-@pytest.mark.xfail(reason="LIMITATION: a top-level **kwargs dict is a Python constant to capture, so "
-                   "tensors passed through it are not graph inputs and forwarding them falls back "
-                   "(dict value trackers come with issue 3)", strict=True)
 def test_module_forwarding_star_args_and_kwargs(no_grad):
     check(ForwardingWrapper(), x48)
 

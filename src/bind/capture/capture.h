@@ -33,18 +33,20 @@ struct OutSpec {
     Unbound,  // a local not assigned yet (locals only)
   } kind = Kind::Const;
   int index = 0;                 // Graph: which graph output
+  int memo = -1;                 // at a break: values one tracker stands for are one object
   PyObject* value = nullptr;     // Const / Copy: the object; Method: the name (owned)
   std::vector<OutSpec> items;    // Tuple / List; Method: the receiver
   SourcePtr source;              // Source
   OutSpec() = default;
-  OutSpec(const OutSpec& o) : kind(o.kind), index(o.index), value(o.value), items(o.items), source(o.source) {
+  OutSpec(const OutSpec& o)
+      : kind(o.kind), index(o.index), memo(o.memo), value(o.value), items(o.items), source(o.source) {
     Py_XINCREF(value);
   }
   OutSpec& operator=(const OutSpec& o) {
     if (this != &o) {
       Py_XINCREF(o.value);
       Py_XDECREF(value);
-      kind = o.kind, index = o.index, value = o.value, items = o.items, source = o.source;
+      kind = o.kind, index = o.index, memo = o.memo, value = o.value, items = o.items, source = o.source;
     }
     return *this;
   }
@@ -68,6 +70,7 @@ struct GraphBreak {
   std::vector<OutSpec> operands; // Call: [first, second, args...] as on the stack; Jump: [condition]
   PyObject* kwnames = nullptr;   // Call: keyword names (owned tuple) or nullptr
   bool jump_if_true = false;     // Jump: the jump is taken when bool(condition) == jump_if_true
+  int memo_slots = 0;            // OutSpec::memo ids in use
   // Resume functions (owned): Call: [after]; Jump: [fall through, jump target].
   std::vector<PyObject*> resume;
   GraphBreak() = default;

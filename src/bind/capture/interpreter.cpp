@@ -148,6 +148,21 @@ class Interpreter {
       seq->source = src;  // the caller's object: changing it runs in Python
       return seq;
     }
+    if (PyDict_CheckExact(v)) {
+      // A dict from the caller (keyword arguments, a batch of inputs): its keys and values are
+      // guarded, not its identity, so a new dict with the same contents hits the cache.
+      out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
+      out_.guards.add_length(src, PyDict_Size(v));
+      VarPtr d = Var::dict();
+      d->source = src;
+      PyObject *k, *item;
+      Py_ssize_t pos = 0;
+      while (PyDict_Next(v, &pos, &k, &item)) {
+        d->keys.push_back(Py_NewRef(k));
+        d->items.push_back(wrap(item, Source::key_of(src, k)));
+      }
+      return d;
+    }
     if (is_nn_module(v)) {
       out_.guards.add_identity(src, v);
       return Var::module(v, src);
@@ -310,7 +325,7 @@ class Interpreter {
       for (auto& [k, v] : dict_entries(d)) dict_set(c, k, v);
       return c;
     }
-    if (!tracker) unsupported("dict." + name + "() on a dict the caller can see");
+    if (!tracker || d->source) unsupported("dict." + name + "() on a dict the caller can see");
     if (name == "update" && args.size() == 1) {
       for (auto& [k, v] : dict_entries(args[0])) dict_set(d, k, v);
       return Var::constant(Py_None);
@@ -1254,7 +1269,7 @@ class Interpreter {
   }
 
   void store_subscript(const VarPtr& container, const VarPtr& key, const VarPtr& value) {
-    if (container->kind == Var::Kind::Dict) {
+    if (container->kind == Var::Kind::Dict && !container->source) {
       dict_set(container, const_obj(key, "dict key"), value);
       return;
     }
@@ -1573,8 +1588,18 @@ class Interpreter {
     return s;
   }
 
-  // How the runtime rebuilds a value of the frame at a break.
+  // How the runtime rebuilds a value of the frame at a break. A mutable container tracked by
+  // one tracker becomes one object, however many names and stack slots hold it.
   OutSpec break_spec(const VarPtr& v) {
+    OutSpec s = break_spec_of(v);
+    if (s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy) {
+      auto [it, fresh] = break_memo_.emplace(v.get(), static_cast<int>(break_memo_.size()));
+      s.memo = it->second;
+    }
+    return s;
+  }
+
+  OutSpec break_spec_of(const VarPtr& v) {
     OutSpec s;
     switch (v->kind) {
       case Var::Kind::Tensor: return output_spec(v);
@@ -1604,7 +1629,13 @@ class Interpreter {
         s.items.push_back(break_spec(v->self));
         return s;
       case Var::Kind::Iterator: unsupported("graph break inside a loop kiln unrolls");
-      case Var::Kind::Dict: return dict_spec(v, true);
+      case Var::Kind::Dict:
+        if (v->source) {
+          s.kind = OutSpec::Kind::Source;
+          s.source = v->source;
+          return s;
+        }
+        return dict_spec(v, true);
       case Var::Kind::Cell:
         // A cell of the frame: the resume function makes a new one (MAKE_CELL) around this.
         if (!v->items[0]) unsupported("an empty closure cell at a graph break");
@@ -1697,6 +1728,7 @@ class Interpreter {
       if (!f) return false;
       brk->resume.push_back(f);
     }
+    brk->memo_slots = static_cast<int>(break_memo_.size());
     out_.graph_break = std::move(brk);
     return true;
   }
@@ -1728,6 +1760,11 @@ class Interpreter {
       }
       case Var::Kind::Tuple:
       case Var::Kind::List:
+        if (v->source) {  // the caller's own list or tuple, unchanged
+          s.kind = OutSpec::Kind::Source;
+          s.source = v->source;
+          return s;
+        }
         s.kind = v->kind == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
         for (auto& item : v->items) s.items.push_back(output_spec(item));
         return s;
@@ -1736,7 +1773,13 @@ class Interpreter {
         Py_INCREF(v->obj);
         s.value = v->obj;
         return s;
-      case Var::Kind::Dict: return dict_spec(v, false);
+      case Var::Kind::Dict:
+        if (v->source) {
+          s.kind = OutSpec::Kind::Source;
+          s.source = v->source;
+          return s;
+        }
+        return dict_spec(v, false);
       case Var::Kind::Function:
         if (!v->rebuildable) unsupported("returns a function closing over tensors");
         s.kind = OutSpec::Kind::Const;
@@ -2256,6 +2299,7 @@ class Interpreter {
   int depth_ = 0;
   VarPtr return_value_;
   std::vector<VarPtr> yields_;        // a generator's values, produced all at once
+  std::unordered_map<const Var*, int> break_memo_;  // break_spec's tracker -> object ids
   bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded
   std::unordered_set<const ir::Node*> needs_grad_;  // root: nodes autograd would track

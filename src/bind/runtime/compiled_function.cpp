@@ -160,7 +160,17 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
   return e;
 }
 
-PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, const FrameView& frame) {
+PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, const FrameView& frame,
+                       std::vector<PyObject*>* memo) {
+  if (memo && spec.memo >= 0) {
+    PyObject*& slot = (*memo)[spec.memo];
+    if (!slot) {
+      OutSpec fresh = spec;
+      fresh.memo = -1;
+      slot = build_output(fresh, outs, frame, memo);
+    }
+    return Py_XNewRef(slot);
+  }
   switch (spec.kind) {
     case OutSpec::Kind::Graph: {
       PyObject* o = outs[spec.index];
@@ -179,7 +189,7 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
       return o;
     }
     case OutSpec::Kind::Method: {
-      PyObject* self = build_output(spec.items[0], outs, frame);
+      PyObject* self = build_output(spec.items[0], outs, frame, memo);
       if (!self) return nullptr;
       PyObject* m = PyObject_GetAttr(self, spec.value);
       Py_DECREF(self);
@@ -190,7 +200,7 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
       bool tuple = spec.kind == OutSpec::Kind::Tuple;
       PyObject* r = tuple ? PyTuple_New(spec.items.size()) : PyList_New(spec.items.size());
       for (size_t i = 0; i < spec.items.size(); ++i) {
-        PyObject* item = build_output(spec.items[i], outs, frame);
+        PyObject* item = build_output(spec.items[i], outs, frame, memo);
         if (!item) {
           Py_DECREF(r);
           return nullptr;
@@ -203,7 +213,7 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
     case OutSpec::Kind::Dict: {
       PyObject* d = PyDict_New();
       for (size_t i = 0; i < spec.items.size(); ++i) {
-        PyObject* item = build_output(spec.items[i], outs, frame);
+        PyObject* item = build_output(spec.items[i], outs, frame, memo);
         if (!item || PyDict_SetItem(d, PyTuple_GET_ITEM(spec.value, i), item) < 0) {
           Py_XDECREF(item);
           Py_DECREF(d);
@@ -227,12 +237,14 @@ PyObject* run_break(const Entry& e, const std::vector<PyObject*>& outs, const Fr
   const CompileConfig& cfg = e.cfg;
   const GraphBreak& b = *e.capture.graph_break;
   std::vector<PyObject*> owned;
+  std::vector<PyObject*> memo(b.memo_slots, nullptr);
   auto done = [&](PyObject* r) {
     for (PyObject* o : owned) Py_XDECREF(o);
+    for (PyObject* o : memo) Py_XDECREF(o);
     return r;
   };
   auto build = [&](const OutSpec& s) -> PyObject* {
-    PyObject* o = s.kind == OutSpec::Kind::Unbound ? Py_NewRef(Py_None) : build_output(s, outs, frame);
+    PyObject* o = s.kind == OutSpec::Kind::Unbound ? Py_NewRef(Py_None) : build_output(s, outs, frame, &memo);
     if (o) owned.push_back(o);
     return o;
   };

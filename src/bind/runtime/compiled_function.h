@@ -48,7 +48,9 @@ struct Entry {
 std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name);
 
 // Rebuilds a Python value after a compiled entry ran (new reference, nullptr with an error set).
-PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& graph_outputs, const FrameView& frame);
+// `memo` (at a break): one object per OutSpec::memo id, shared by every spec that names it.
+PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& graph_outputs, const FrameView& frame,
+                       std::vector<PyObject*>* memo = nullptr);
 
 // Runs a compiled (not eager) entry for the bound arguments: its graph, then any graph break
 // and the resume function after it (new reference, or nullptr with an error set).
