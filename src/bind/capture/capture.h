@@ -62,13 +62,21 @@ struct GraphBreak {
   enum class Kind {
     Call,  // CALL kiln could not capture: call it for real, push its result, resume after it
     Jump,  // a conditional jump on a tensor: bool() it for real, resume at the branch taken
+    // One instruction run for real by the runtime, then resume after it:
+    Subscr,       // container[key] (BINARY_SUBSCR; BINARY_SLICE with a slice built here)
+    StoreSubscr,  // container[key] = value (STORE_SUBSCR; STORE_SLICE)
+    DeleteSubscr, // del container[key]
+    StoreAttr,    // obj.name = value
+    BinaryOp,     // a (op) b, in-place forms included
   } kind = Kind::Call;
   std::string reason;
   std::string location;
   std::vector<OutSpec> stack;    // the stack under the instruction's operands, bottom first
   std::vector<OutSpec> locals;   // one per co_varnames entry
-  std::vector<OutSpec> operands; // Call: [first, second, args...] as on the stack; Jump: [condition]
+  std::vector<OutSpec> operands; // the instruction's operands as on the stack, bottom first
   PyObject* kwnames = nullptr;   // Call: keyword names (owned tuple) or nullptr
+  PyObject* name = nullptr;      // StoreAttr: the attribute name (owned)
+  std::string binary_op;         // BinaryOp: dis's name of the operator, "NB_INPLACE_ADD"
   bool jump_if_true = false;     // Jump: the jump is taken when bool(condition) == jump_if_true
   int memo_slots = 0;            // OutSpec::memo ids in use
   // Resume functions (owned): Call: [after]; Jump: [fall through, jump target].
@@ -79,6 +87,7 @@ struct GraphBreak {
   ~GraphBreak() {
     if (!Py_IsInitialized()) return;
     Py_XDECREF(kwnames);
+    Py_XDECREF(name);
     for (PyObject* f : resume) Py_XDECREF(f);
   }
 };

@@ -747,7 +747,7 @@ class Interpreter {
       return Var::constant(PyObject_IsSubclass(tensor_type, args[1]->obj) == 1 ? Py_True : Py_False);
     }
     if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
-    if (!pure_callable(f)) unsupported("call to " + name);
+    if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);
     PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
     for (size_t i = 0; i < args.size(); ++i) {
       PyObject* o = const_obj(args[i], "argument");
@@ -844,6 +844,14 @@ class Interpreter {
       return Var::constant(r ? Py_True : Py_False);
     }
     return nullptr;
+  }
+
+  // A method of a list, dict or set made during capture (no source: nobody else holds it): it
+  // may change that object for real, which is the value the frame then holds.
+  static bool private_container_method(PyObject* f) {
+    if (!PyCFunction_Check(f)) return false;
+    PyObject* self = PyCFunction_GET_SELF(f);
+    return self && (PyList_CheckExact(self) || PyDict_CheckExact(self) || PySet_CheckExact(self));
   }
 
   // Builtins and math functions whose result depends only on their arguments.
@@ -1355,8 +1363,10 @@ class Interpreter {
     if (base->is_const()) {
       PyObject* v = PyObject_GetAttrString(base->obj, name.c_str());
       if (!v) return real(nullptr);
-      // Attributes of Python modules (torch.sin) are stable; other objects' are guarded.
-      if (base->source && !PyModule_Check(base->obj)) {
+      // Attributes of Python modules (torch.sin) are stable; other objects' are guarded, and so
+      // are a module's mutable containers (a registry list someone may append to).
+      bool container = PyList_Check(v) || PyDict_Check(v) || PyAnySet_Check(v);
+      if (base->source && (!PyModule_Check(base->obj) || container)) {
         VarPtr r = wrap(v, Source::attr(base->source, name));
         Py_DECREF(v);
         return r;
@@ -1410,6 +1420,43 @@ class Interpreter {
       return Var::constant(Py_None);
     }
     if (name == "copy" && args.empty() && list) return Var::tuple(items, true);
+    auto equal_at = [&](size_t i, const VarPtr& x) {
+      if (items[i]->is_tensor() || x->is_tensor()) return items[i]->is_tensor() && x->is_tensor() && items[i]->node == x->node;
+      int eq = PyObject_RichCompareBool(const_obj(items[i], "item"), const_obj(x, "item"), Py_EQ);
+      if (eq < 0) real(nullptr);
+      return eq == 1;
+    };
+    if ((name == "remove" || name == "index") && args.size() == 1) {
+      for (size_t i = 0; i < items.size(); ++i)
+        if (equal_at(i, args[0])) {
+          if (name == "index") return Var::steal_constant(PyLong_FromSize_t(i));
+          items.erase(items.begin() + i);
+          return Var::constant(Py_None);
+        }
+      unsupported(std::string(list ? "list." : "tuple.") + name + "(x): x not in the sequence");
+    }
+    if (name == "count" && args.size() == 1) {
+      size_t n = 0;
+      for (size_t i = 0; i < items.size(); ++i) n += equal_at(i, args[0]);
+      return Var::steal_constant(PyLong_FromSize_t(n));
+    }
+    if (name == "sort" && args.empty()) {
+      // Sorting values known here: Python's own sort over them, then the trackers in that order.
+      PyObject* vals = const_obj(seq, "list item");
+      PyObject* order = PyList_New(0);
+      for (Py_ssize_t i = 0; i < PySequence_Size(vals); ++i) {
+        PyObject* pair = Py_BuildValue("(On)", PySequence_Fast_GET_ITEM(vals, i), i);
+        PyList_Append(order, pair);
+        Py_DECREF(pair);
+      }
+      keep_.push_back(order);
+      if (PyList_Sort(order) < 0) real(nullptr);
+      std::vector<VarPtr> sorted;
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order); ++i)
+        sorted.push_back(items[PyLong_AsSsize_t(PyTuple_GET_ITEM(PyList_GET_ITEM(order, i), 1))]);
+      items = std::move(sorted);
+      return Var::constant(Py_None);
+    }
     unsupported(std::string(list ? "list." : "tuple.") + name + "() is not captured yet");
   }
 
@@ -1541,6 +1588,13 @@ class Interpreter {
   // at the CALL of its outermost caller, which then runs that call in Python.
   static bool breakable(const Instr& in) {
     switch (in.op) {
+      case OP_BINARY_SUBSCR:
+      case OP_BINARY_SLICE:
+      case OP_STORE_SUBSCR:
+      case OP_STORE_SLICE:
+      case OP_DELETE_SUBSCR:
+      case OP_STORE_ATTR:
+      case OP_BINARY_OP:
       case OP_CALL:
       case OP_POP_JUMP_IF_FALSE:
       case OP_POP_JUMP_IF_TRUE:
@@ -1678,6 +1732,24 @@ class Interpreter {
         for (size_t k = 0; k < before.kwnames.size(); ++k)
           PyTuple_SET_ITEM(brk->kwnames, k, PyUnicode_FromString(before.kwnames[k].c_str()));
       }
+    } else if (in.op == OP_BINARY_SUBSCR || in.op == OP_BINARY_SLICE) {
+      brk->kind = GraphBreak::Kind::Subscr;
+      operands = in.op == OP_BINARY_SLICE ? 3 : 2;
+    } else if (in.op == OP_STORE_SUBSCR || in.op == OP_STORE_SLICE) {
+      brk->kind = GraphBreak::Kind::StoreSubscr;
+      operands = in.op == OP_STORE_SLICE ? 4 : 3;
+    } else if (in.op == OP_DELETE_SUBSCR) {
+      brk->kind = GraphBreak::Kind::DeleteSubscr;
+      operands = 2;
+    } else if (in.op == OP_STORE_ATTR) {
+      brk->kind = GraphBreak::Kind::StoreAttr;
+      operands = 2;
+      brk->name = Py_NewRef(in.argval);
+    } else if (in.op == OP_BINARY_OP) {
+      brk->kind = GraphBreak::Kind::BinaryOp;
+      operands = 2;
+      if (in.arg < 0 || static_cast<size_t>(in.arg) >= ci.nb_ops.size()) return false;
+      brk->binary_op = ci.nb_ops[in.arg];
     } else {
       brk->kind = GraphBreak::Kind::Jump;
       operands = 1;
@@ -1714,12 +1786,13 @@ class Interpreter {
     } catch (const Unsupported&) {
       return false;
     }
-    std::vector<int> targets;
-    if (brk->kind == GraphBreak::Kind::Call) {
-      shape.stack_is_null.push_back(false);  // the call's result
-      targets = {ci.instrs[pc + 1].offset};
-    } else {
-      targets = {ci.instrs[pc + 1].offset, in.jump_target};
+    std::vector<int> targets = {ci.instrs[pc + 1].offset};
+    switch (brk->kind) {
+      case GraphBreak::Kind::Call:
+      case GraphBreak::Kind::Subscr:
+      case GraphBreak::Kind::BinaryOp: shape.stack_is_null.push_back(false); break;  // the result
+      case GraphBreak::Kind::Jump: targets.push_back(in.jump_target); break;
+      default: break;
     }
     for (int t : targets) {
       std::string error;
@@ -1956,6 +2029,31 @@ class Interpreter {
       case OP_LOAD_ASSERTION_ERROR: unsupported("an assert fails (or depends on tensor data): eager raises");
       case OP_RAISE_VARARGS: unsupported("raise: eager raises the exception");
       case OP_STORE_ATTR: unsupported("attribute assignment on an object the caller can see");
+      case OP_STORE_SLICE: {
+        VarPtr stop = pop(), start = pop(), container = pop(), value = pop();
+        PyObject* sl = PySlice_New(const_obj(start, "slice"), const_obj(stop, "slice"), nullptr);
+        store_subscript(container, real(sl), value);
+        return -1;
+      }
+      case OP_DELETE_SUBSCR: {
+        VarPtr key = pop(), container = pop();
+        if (container->kind == Var::Kind::Dict && !container->source) {
+          Py_ssize_t i = dict_find(container, const_obj(key, "dict key"));
+          if (i < 0) unsupported("KeyError in del");
+          Py_DECREF(container->keys[i]);
+          container->keys.erase(container->keys.begin() + i);
+          container->items.erase(container->items.begin() + i);
+          return -1;
+        }
+        if (container->kind == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj)) {
+          Py_ssize_t n = static_cast<Py_ssize_t>(container->items.size()), i = PyLong_AsSsize_t(key->obj);
+          if (i < 0) i += n;
+          if (i < 0 || i >= n) unsupported("list index out of range in del");
+          container->items.erase(container->items.begin() + i);
+          return -1;
+        }
+        unsupported("del of an item of an object the caller can see");
+      }
       case OP_DELETE_FAST: locals_.at(in.arg) = nullptr; return -1;
       case OP_LOAD_CONST: push(Var::constant(in.argval)); return -1;
       case OP_RETURN_CONST: return_value_ = Var::constant(in.argval); return kReturn;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <set>
+#include <unordered_map>
 
 #include "bind/hook/frame_hook.h"
 #include "bind/hook/frame_policy.h"
@@ -231,6 +232,30 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
 
 namespace {
 
+// `a (op) b` as the BINARY_OP instruction computes it, by dis's operator name.
+PyObject* binary_op(const std::string& name, PyObject* a, PyObject* b) {
+  static const std::unordered_map<std::string, binaryfunc> ops = {
+      {"NB_ADD", PyNumber_Add}, {"NB_AND", PyNumber_And}, {"NB_FLOOR_DIVIDE", PyNumber_FloorDivide},
+      {"NB_LSHIFT", PyNumber_Lshift}, {"NB_MATRIX_MULTIPLY", PyNumber_MatrixMultiply},
+      {"NB_MULTIPLY", PyNumber_Multiply}, {"NB_REMAINDER", PyNumber_Remainder}, {"NB_OR", PyNumber_Or},
+      {"NB_RSHIFT", PyNumber_Rshift}, {"NB_SUBTRACT", PyNumber_Subtract}, {"NB_TRUE_DIVIDE", PyNumber_TrueDivide},
+      {"NB_XOR", PyNumber_Xor}, {"NB_INPLACE_ADD", PyNumber_InPlaceAdd}, {"NB_INPLACE_AND", PyNumber_InPlaceAnd},
+      {"NB_INPLACE_FLOOR_DIVIDE", PyNumber_InPlaceFloorDivide}, {"NB_INPLACE_LSHIFT", PyNumber_InPlaceLshift},
+      {"NB_INPLACE_MATRIX_MULTIPLY", PyNumber_InPlaceMatrixMultiply},
+      {"NB_INPLACE_MULTIPLY", PyNumber_InPlaceMultiply}, {"NB_INPLACE_REMAINDER", PyNumber_InPlaceRemainder},
+      {"NB_INPLACE_OR", PyNumber_InPlaceOr}, {"NB_INPLACE_RSHIFT", PyNumber_InPlaceRshift},
+      {"NB_INPLACE_SUBTRACT", PyNumber_InPlaceSubtract}, {"NB_INPLACE_TRUE_DIVIDE", PyNumber_InPlaceTrueDivide},
+      {"NB_INPLACE_XOR", PyNumber_InPlaceXor}};
+  if (name == "NB_POWER") return PyNumber_Power(a, b, Py_None);
+  if (name == "NB_INPLACE_POWER") return PyNumber_InPlacePower(a, b, Py_None);
+  auto it = ops.find(name);
+  if (it == ops.end()) {
+    PyErr_Format(PyExc_SystemError, "kiln: unknown binary operator %s", name.c_str());
+    return nullptr;
+  }
+  return it->second(a, b);
+}
+
 // After the graph: rebuild the frame, run the instruction kiln could not capture, and go on
 // in the resume function (itself compiled when first called).
 PyObject* run_break(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame) {
@@ -281,12 +306,54 @@ PyObject* run_break(const Entry& e, const std::vector<PyObject*>& outs, const Fr
     owned.push_back(result);
     resume_args.push_back(result);
     resume_fn = e.resume[0];
-  } else {
+  } else if (b.kind == GraphBreak::Kind::Jump) {
     PyObject* cond = build(b.operands[0]);
     if (!cond) return done(nullptr);
     int t = PyObject_IsTrue(cond);
     if (t < 0) return done(nullptr);
     resume_fn = e.resume[(t == 1) == b.jump_if_true ? 1 : 0];
+  } else {
+    std::vector<PyObject*> ops;
+    for (const OutSpec& s : b.operands) {
+      if (!build(s)) return done(nullptr);
+      ops.push_back(owned.back());
+    }
+    PyObject* result = nullptr;
+    int rc = 0;
+    {
+      HookScope hook(cfg);  // __getitem__/__setitem__ of user classes are offered too
+      switch (b.kind) {
+        case GraphBreak::Kind::Subscr:
+          if (ops.size() == 3) {  // BINARY_SLICE: container, start, stop
+            PyObject* sl = PySlice_New(ops[1], ops[2], nullptr);
+            result = sl ? PyObject_GetItem(ops[0], sl) : nullptr;
+            Py_XDECREF(sl);
+          } else {
+            result = PyObject_GetItem(ops[0], ops[1]);
+          }
+          break;
+        case GraphBreak::Kind::StoreSubscr:
+          if (ops.size() == 4) {  // STORE_SLICE: value, container, start, stop
+            PyObject* sl = PySlice_New(ops[2], ops[3], nullptr);
+            rc = sl ? PyObject_SetItem(ops[1], sl, ops[0]) : -1;
+            Py_XDECREF(sl);
+          } else {
+            rc = PyObject_SetItem(ops[1], ops[2], ops[0]);
+          }
+          break;
+        case GraphBreak::Kind::DeleteSubscr: rc = PyObject_DelItem(ops[0], ops[1]); break;
+        case GraphBreak::Kind::StoreAttr: rc = PyObject_SetAttr(ops[1], b.name, ops[0]); break;
+        case GraphBreak::Kind::BinaryOp: result = binary_op(b.binary_op, ops[0], ops[1]); break;
+        default: break;
+      }
+    }
+    bool pushes = b.kind == GraphBreak::Kind::Subscr || b.kind == GraphBreak::Kind::BinaryOp;
+    if (pushes ? !result : rc < 0) return done(nullptr);
+    if (pushes) {
+      owned.push_back(result);
+      resume_args.push_back(result);
+    }
+    resume_fn = e.resume[0];
   }
   return done(PyObject_Vectorcall(resume_fn, resume_args.data(), resume_args.size(), nullptr));
 }
