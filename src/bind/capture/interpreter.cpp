@@ -214,6 +214,11 @@ class Interpreter {
 
   ir::Node* as_node(const VarPtr& v, const char* what) {
     if (v->is_tensor()) return v->node;
+    if (v->is_const() && !is_python_scalar(v->obj) && (PyLong_Check(v->obj) || PyFloat_Check(v->obj))) {
+      // an IntEnum or a float subclass: the number it is
+      PyObject* plain = PyLong_Check(v->obj) ? PyNumber_Index(v->obj) : PyFloat_FromDouble(PyFloat_AsDouble(v->obj));
+      return as_node(real(plain), what);
+    }
     if (v->is_const() && is_python_scalar(v->obj)) {
       if (PyBool_Check(v->obj)) return g_->scalar(v->obj == Py_True, DType::Bool);
       if (PyLong_Check(v->obj)) {
@@ -598,14 +603,13 @@ class Interpreter {
       return out;
     }
     if (v->kind == Var::Kind::Module) {
-      // Children in order, by name (Sequential may name them: OrderedDict construction).
-      module_children(v);
-      PyObject* children = PyObject_GetAttrString(v->obj, "_modules");
+      // Children in order, by name (Sequential may name them: OrderedDict construction); a
+      // ModuleDict or ParameterDict yields its keys, like a dict.
+      std::string type = Py_TYPE(v->obj)->tp_name;
+      bool keys = type == "ModuleDict" || type == "ParameterDict";
       std::vector<VarPtr> out;
-      PyObject *key, *value;
-      Py_ssize_t pos = 0;
-      while (PyDict_Next(children, &pos, &key, &value)) out.push_back(module_attr(v, PyUnicode_AsUTF8(key)));
-      Py_DECREF(children);
+      for (const std::string& n : module_keys(v))
+        out.push_back(keys ? real(PyUnicode_FromString(n.c_str())) : module_attr(v, n.c_str()));
       return out;
     }
     if (v->is_const()) {
@@ -665,6 +669,19 @@ class Interpreter {
     PyObject* f = fn->obj;
     if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
     if (f == builtin("super") && kwargs.empty()) return make_super(args);
+    if ((f == builtin("getattr") || f == builtin("hasattr")) && kwargs.empty() && args.size() >= 2 &&
+        (args[0]->kind == Var::Kind::Module || (args[0]->is_const() && args[0]->source)) && args[1]->is_const() &&
+        PyUnicode_Check(args[1]->obj)) {
+      // getattr(self, f"fc{i}"), getattr(cfg, "eps"): read as self.fc0 / cfg.eps would be, guarded
+      const char* attr = PyUnicode_AsUTF8(args[1]->obj);
+      int has = PyObject_HasAttrString(args[0]->obj, attr);
+      if (f == builtin("hasattr")) {
+        if (has) getattr(args[0], attr);
+        return Var::constant(has ? Py_True : Py_False);
+      }
+      if (!has && args.size() == 3) return args[2];
+      return getattr(args[0], attr);
+    }
     if (VarPtr r = grad_mode_context(f, args, kwargs)) return r;
     if (VarPtr r = builtin_over_trackers(f, args, kwargs)) return r;
     static PyObject* partial_type = [] {
@@ -733,6 +750,32 @@ class Interpreter {
     }
     if ((f == builtin("zip") || f == builtin("enumerate") || f == builtin("reversed")) && kwargs.empty())
       return iteration_builtin(f, args);
+    if (f == builtin("enumerate") && kwargs.size() == 1 && kwargs[0].first == "start" && args.size() == 1)
+      return iteration_builtin(f, {args[0], kwargs[0].second});
+    if (f == builtin("next") && (args.size() == 1 || args.size() == 2) && args[0]->kind == Var::Kind::Iterator) {
+      VarPtr& it = args[0];
+      if (it->items.empty()) {
+        if (args.size() == 2) return args[1];
+        unsupported("next() of an exhausted iterator: StopIteration");
+      }
+      VarPtr v = it->items.front();
+      it->items.erase(it->items.begin());
+      return v;
+    }
+    if (f == builtin("iter") && args.size() == 1 && kwargs.empty()) {
+      VarPtr it = Var::tuple(items_of(args[0]));
+      it->kind = Var::Kind::Iterator;
+      return it;
+    }
+    static PyObject* is_grad_enabled = resolve_torch("is_grad_enabled");
+    if (f == is_grad_enabled && args.empty()) return Var::constant(root()->grad_mode_ ? Py_True : Py_False);
+    if (f == builtin("type") && args.size() == 1 && args[0]->is_tensor() && args[0]->node->op_name() != "placeholder")
+      return Var::constant(resolve_torch("Tensor"));
+    if (f == builtin("callable") && args.size() == 1 && !args[0]->is_const())
+      return Var::constant(args[0]->kind == Var::Kind::Module || args[0]->kind == Var::Kind::Function ||
+                                   args[0]->kind == Var::Kind::Method
+                               ? Py_True
+                               : Py_False);
     if (f == builtin("abs") && args.size() == 1 && args[0]->is_tensor())
       return Var::tensor(add_node("abs", {args[0]->node}));
     if (f == builtin("len") && args.size() == 1 && args[0]->kind == Var::Kind::Module)
@@ -808,6 +851,16 @@ class Interpreter {
       it->kind = Var::Kind::Iterator;
       return it;
     }
+    if (f == builtin("filter") && args.size() == 2 && tracker(args[1])) {
+      std::vector<VarPtr> out;
+      for (const VarPtr& x : items_of(args[1])) {
+        bool keep = args[0]->is_const() && args[0]->obj == Py_None ? truth(x) : truth(call(args[0], {x}, {}));
+        if (keep) out.push_back(x);
+      }
+      VarPtr it = Var::tuple(std::move(out));
+      it->kind = Var::Kind::Iterator;
+      return it;
+    }
     if (args.empty() || !tracker(args[0])) return nullptr;
     const VarPtr& a = args[0];
     if (f == builtin("len") && args.size() == 1 && a->kind != Var::Kind::Iterator)
@@ -825,6 +878,16 @@ class Interpreter {
         }
       }
       return d;
+    }
+    if ((f == builtin("min") || f == builtin("max") || f == builtin("sorted") || f == builtin("set") ||
+         f == builtin("frozenset")) && args.size() == 1) {
+      // over values known here: Python computes it
+      std::vector<VarPtr> items = items_of(a);
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
+      for (size_t i = 0; i < items.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(items[i], "item")));
+      PyObject* r = PyObject_CallOneArg(f, t);
+      Py_DECREF(t);
+      return real(r);
     }
     if (f == builtin("sum") && (args.size() == 1 || args.size() == 2)) {
       VarPtr acc = args.size() == 2 ? args[1] : Var::steal_constant(PyLong_FromLong(0));
@@ -856,10 +919,20 @@ class Interpreter {
 
   // Builtins and math functions whose result depends only on their arguments.
   bool pure_callable(PyObject* f) {
-    static const char* names[] = {"len", "abs", "min", "max", "int", "float", "bool", "range", "tuple", "list",
-                                  "round", "pow", "divmod", "isinstance", "sum", "any", "all", "str", "hasattr", "getattr"};
+    static const char* names[] = {"len",   "abs",     "min",        "max",     "int",     "float",     "bool",
+                                  "range", "tuple",   "list",       "round",   "pow",     "divmod",    "isinstance",
+                                  "sum",   "any",     "all",        "str",     "hasattr", "getattr",   "set",
+                                  "frozenset", "sorted", "callable", "repr",   "dict",    "issubclass", "chr", "ord"};
     for (const char* n : names)
       if (f == builtin(n)) return true;
+    if (f == builtin("type")) return true;  // type(obj) of a Python value
+    // Methods of strings, numbers and tuples (immutable receivers): "{}".format, "-".join, ...
+    if (PyCFunction_Check(f)) {
+      PyObject* self = PyCFunction_GET_SELF(f);
+      if (self && (PyUnicode_Check(self) || PyLong_Check(self) || PyFloat_Check(self) || PyTuple_Check(self) ||
+                   PyBytes_Check(self)))
+        return true;
+    }
     PyObject* mod = PyObject_GetAttrString(f, "__module__");
     if (!mod) PyErr_Clear();
     bool math = mod && PyUnicode_Check(mod) && std::string(PyUnicode_AsUTF8(mod)) == "math";
@@ -929,6 +1002,10 @@ class Interpreter {
     if (name == "numel" || name == "nelement") return size_const(m.numel());
     if (name == "is_contiguous") return Var::constant(m.strides == ir::contiguous_strides(m.sizes) ? Py_True : Py_False);
     if (name == "element_size") return Var::steal_constant(PyLong_FromLong(dtype_size(m.dtype)));
+    if (name == "is_floating_point" && args.empty()) return Var::constant(is_floating(m.dtype) ? Py_True : Py_False);
+    if (name == "is_complex" && args.empty()) return Var::constant(Py_False);
+    if (name == "get_device" && args.empty())
+      return Var::steal_constant(PyLong_FromLong(m.device.type == DeviceType::CUDA ? m.device.index : -1));
     if (name == "item" || name == "tolist" || name == "numpy" || name == "__bool__" || name == "nonzero")
       unsupported("Tensor." + name + "() depends on tensor data");
     if (name == "to" || name == "type") {
@@ -968,17 +1045,47 @@ class Interpreter {
   // Number of children of a container module, guarded.
   Py_ssize_t module_children(const VarPtr& mod) {
     std::string type = Py_TYPE(mod->obj)->tp_name;
-    if (type != "ModuleList" && type != "Sequential") unsupported("len() or indexing of module " + type);
-    PyObject* children = PyObject_GetAttrString(mod->obj, "_modules");
+    const char* store = type == "ParameterList" || type == "ParameterDict" ? "_parameters" : "_modules";
+    if (type != "ModuleList" && type != "Sequential" && type != "ModuleDict" && store[1] != 'p')
+      unsupported("len() or indexing of module " + type);
+    PyObject* children = PyObject_GetAttrString(mod->obj, store);
     if (!children || !PyDict_Check(children)) unsupported("container module without _modules");
     Py_ssize_t n = PyDict_Size(children);
     Py_DECREF(children);
-    out_.guards.add_length(Source::attr(mod->source, "_modules"), n);
+    out_.guards.add_length(Source::attr(mod->source, store), n);
     return n;
+  }
+
+  // The names of a container module's children (ModuleList, Sequential, ModuleDict,
+  // ParameterList, ParameterDict), in order; each read through module_attr, so guarded.
+  std::vector<std::string> module_keys(const VarPtr& mod) {
+    module_children(mod);
+    std::string type = Py_TYPE(mod->obj)->tp_name;
+    const char* store = type == "ParameterList" || type == "ParameterDict" ? "_parameters" : "_modules";
+    PyObject* children = PyObject_GetAttrString(mod->obj, store);
+    std::vector<std::string> names;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(children, &pos, &key, &value)) names.push_back(PyUnicode_AsUTF8(key));
+    Py_DECREF(children);
+    for (const std::string& n : names) module_attr(mod, n.c_str());  // guards each child
+    return names;
   }
 
   // self.helper(x) on a module: the class's function, inlined with the module as self.
   VarPtr call_module_method(VarPtr mod, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
+    std::string type = Py_TYPE(mod->obj)->tp_name;
+    if ((type == "ModuleDict" || type == "ParameterDict") && args.empty() &&
+        (name == "keys" || name == "values" || name == "items")) {
+      std::vector<VarPtr> out;
+      for (const std::string& n : module_keys(mod)) {
+        VarPtr k = real(PyUnicode_FromString(n.c_str()));
+        if (name == "keys") out.push_back(k);
+        else if (name == "values") out.push_back(module_attr(mod, n.c_str()));
+        else out.push_back(Var::tuple({k, module_attr(mod, n.c_str())}));
+      }
+      return Var::tuple(std::move(out), true);
+    }
     PyObject* key = PyUnicode_FromString(name.c_str());
     PyObject* f = _PyType_Lookup(Py_TYPE(mod->obj), key);  // borrowed
     Py_DECREF(key);
@@ -1499,6 +1606,28 @@ class Interpreter {
       if (inplace && a->is_tensor()) return mutate(a, r);
       return Var::tensor(r);
     }
+    const bool seq_a = a->kind == Var::Kind::Tuple || a->kind == Var::Kind::List;
+    const bool seq_b = b->kind == Var::Kind::Tuple || b->kind == Var::Kind::List;
+    if ((seq_a || seq_b) && !(a->is_const() && b->is_const())) {
+      if (base == "ADD" && a->kind == b->kind) {  // (x,) + rest, [a] + [b]
+        if (inplace && a->kind == Var::Kind::List) {
+          if (a->source) unsupported("+= on a list the caller can see");
+          for (const VarPtr& x : b->items) a->items.push_back(x);
+          return a;
+        }
+        std::vector<VarPtr> items = a->items;
+        items.insert(items.end(), b->items.begin(), b->items.end());
+        return Var::tuple(std::move(items), a->kind == Var::Kind::List);
+      }
+      if (base == "MULTIPLY" && (seq_a != seq_b)) {  // [x] * 3
+        const VarPtr& seq = seq_a ? a : b;
+        PyObject* n = const_obj(seq_a ? b : a, "repeat count");
+        if (!PyLong_Check(n)) unsupported("sequence repeated by a non-integer");
+        std::vector<VarPtr> items;
+        for (long k = 0; k < PyLong_AsLong(n); ++k) items.insert(items.end(), seq->items.begin(), seq->items.end());
+        return Var::tuple(std::move(items), seq->kind == Var::Kind::List);
+      }
+    }
     static const std::unordered_map<std::string, binaryfunc> py = {
         {"ADD", PyNumber_Add}, {"SUBTRACT", PyNumber_Subtract}, {"MULTIPLY", PyNumber_Multiply},
         {"TRUE_DIVIDE", PyNumber_TrueDivide}, {"FLOOR_DIVIDE", PyNumber_FloorDivide}, {"REMAINDER", PyNumber_Remainder},
@@ -1555,6 +1684,19 @@ class Interpreter {
       return base->items[i];
     }
     if (base->is_tensor()) unsupported("tensor indexing is not captured yet");
+    if (base->kind == Var::Kind::Module && index->is_const() && PyUnicode_Check(index->obj)) {
+      module_children(base);  // ModuleDict["name"], ParameterDict["name"]
+      return module_attr(base, PyUnicode_AsUTF8(index->obj));
+    }
+    if (base->kind == Var::Kind::Module && index->is_const() && PySlice_Check(index->obj)) {
+      std::vector<std::string> names = module_keys(base);
+      Py_ssize_t start, stop, step, n = static_cast<Py_ssize_t>(names.size());
+      if (PySlice_Unpack(index->obj, &start, &stop, &step) < 0) real(nullptr);
+      Py_ssize_t len = PySlice_AdjustIndices(n, &start, &stop, step);
+      std::vector<VarPtr> items;
+      for (Py_ssize_t k = 0; k < len; ++k) items.push_back(module_attr(base, names[start + k * step].c_str()));
+      return Var::tuple(std::move(items), true);
+    }
     if (base->kind == Var::Kind::Module) {
       // self.layers[i] on a ModuleList/Sequential: the child module, guarded like any other.
       if (!index->is_const() || !PyLong_Check(index->obj)) unsupported("module indexed by a non-integer");
@@ -2195,6 +2337,13 @@ class Interpreter {
       }
       case OP_CONTAINS_OP: {
         VarPtr b = pop(), a = pop();
+        if (b->kind == Var::Kind::Module) {
+          std::vector<std::string> keys = module_keys(b);
+          std::string k = PyUnicode_Check(const_obj(a, "key")) ? PyUnicode_AsUTF8(a->obj) : "";
+          bool found = std::find(keys.begin(), keys.end(), k) != keys.end();
+          push(Var::constant((found != (in.arg == 1)) ? Py_True : Py_False));
+          return -1;
+        }
         if (b->kind == Var::Kind::Dict || b->kind == Var::Kind::Tuple || b->kind == Var::Kind::List) {
           bool found = false;
           if (b->kind == Var::Kind::Dict) {
