@@ -108,6 +108,9 @@ struct CaptureResult {
 struct BoundArgs {
   std::vector<PyObject*> locals;  // borrowed; one per parameter slot, then nullptr for the rest
   std::vector<std::string> names;
+  // Parameters holding containers no one else holds (a resume function's lists and dicts,
+  // rebuilt for it at the break): capture may change them like locals of its own.
+  const std::vector<bool>* private_slots = nullptr;
 };
 
 // Binds args/kwargs to `fn`'s parameters like CPython does. False with a Python error set

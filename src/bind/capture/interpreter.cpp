@@ -48,6 +48,10 @@ class Interpreter {
     for (size_t i = 0; i < args.locals.size(); ++i) {
       if (!args.locals[i]) continue;
       locals_[i] = wrap(args.locals[i], Source::local_(static_cast<int>(i), args.names[i]));
+      bool priv = args.private_slots && i < args.private_slots->size() && (*args.private_slots)[i];
+      Var::Kind k = locals_[i]->kind;
+      if (priv && (k == Var::Kind::List || k == Var::Kind::Dict || k == Var::Kind::Tuple))
+        locals_[i]->source = nullptr;  // its items keep their sources: graph inputs are read through them
     }
     VarPtr r = run_frame();
     if (r) out_.output = output_spec(r);  // else the capture ended in a graph break
@@ -125,7 +129,7 @@ class Interpreter {
       out_.input_sources.push_back(src);
       return Var::tensor(n, src);
     }
-    if (is_python_scalar(v) || v == Py_None || PyUnicode_CheckExact(v)) {
+    if (is_python_scalar(v) || v == Py_None || PyUnicode_CheckExact(v) || PyAnySet_CheckExact(v)) {
       out_.guards.add_equals(src, v);
       return Var::constant(v, src);
     }
@@ -304,8 +308,18 @@ class Interpreter {
   bool is_dict(const VarPtr& v) { return v->kind == Var::Kind::Dict || (v->is_const() && PyDict_Check(v->obj)); }
 
   VarPtr call_dict_method(const VarPtr& d, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
-    if (!kwargs.empty()) unsupported("dict." + name + "() with keyword arguments");
     const bool tracker = d->kind == Var::Kind::Dict;
+    if (name == "update" && tracker && !d->source && args.size() <= 1) {
+      if (!args.empty())
+        for (auto& [k, v] : dict_entries(args[0])) dict_set(d, k, v);
+      for (auto& [k, v] : kwargs) {
+        PyObject* key = PyUnicode_FromString(k.c_str());
+        dict_set(d, key, v);
+        Py_DECREF(key);
+      }
+      return Var::constant(Py_None);
+    }
+    if (!kwargs.empty()) unsupported("dict." + name + "() with keyword arguments");
     auto key_var = [&](PyObject* k) { return Var::constant(k); };
     if (name == "items" || name == "keys" || name == "values") {
       std::vector<VarPtr> out;
@@ -331,8 +345,10 @@ class Interpreter {
       return c;
     }
     if (!tracker || d->source) unsupported("dict." + name + "() on a dict the caller can see");
-    if (name == "update" && args.size() == 1) {
-      for (auto& [k, v] : dict_entries(args[0])) dict_set(d, k, v);
+    if (name == "clear" && args.empty()) {
+      for (PyObject* k : d->keys) Py_DECREF(k);
+      d->keys.clear();
+      d->items.clear();
       return Var::constant(Py_None);
     }
     if (name == "pop" && (args.size() == 1 || args.size() == 2)) {
@@ -397,6 +413,7 @@ class Interpreter {
   }
 
   VarPtr call_op(const OpBinding& b, std::vector<VarPtr> args, const std::vector<std::pair<std::string, VarPtr>>& kwargs) {
+    bool inplace = false;
     const ops::Schema& s = b.op->schema;
     std::vector<ir::Node*> inputs;
     ir::Attrs attrs = b.fixed;
@@ -450,7 +467,11 @@ class Interpreter {
       }
       if (p.type == "bool") {
         if (!PyBool_Check(o)) unsupported(p.name + " must be a bool");
-        if (p.name == "inplace" && o == Py_True) unsupported("in-place " + b.op->name + " is not captured yet");
+        if (p.name == "inplace" && o == Py_True) {
+          inplace = true;  // F.relu(x, inplace=True): the op, then x takes the result
+          attrs.set(p.name, false);
+          continue;
+        }
         attrs.set(p.name, o == Py_True);
       } else if (p.is_int_list()) {
         std::vector<int64_t> l;
@@ -483,6 +504,12 @@ class Interpreter {
     bool any_tensor = false;
     for (ir::Node* n : inputs) any_tensor |= n && !n->meta.wrapped_number;
     if (!any_tensor) unsupported(b.op->name + "() called without tensor arguments");
+    if (inplace) {
+      const VarPtr& target = args.empty() ? kwargs.front().second : args.front();
+      if (!target->is_tensor()) unsupported("in-place " + b.op->name + " on a non-tensor");
+      check_inplace_target(target, b.op->name);
+      return mutate(target, add_node(b.op, inputs, attrs));
+    }
     return Var::tensor(add_node(b.op, inputs, attrs));
   }
 
@@ -669,6 +696,17 @@ class Interpreter {
     PyObject* f = fn->obj;
     if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
     if (f == builtin("super") && kwargs.empty()) return make_super(args);
+    if (!function_binding(f) && !args.empty() && args[0]->is_tensor()) {
+      // torch.relu_(x), torch.sigmoid_(x): the Tensor method of the same name
+      std::string n = callable_name(f);
+      if (n.rfind("torch.", 0) == 0 && n.size() > 7 && n.back() == '_' && n[n.size() - 2] != '_') {
+        std::string method = n.substr(n.rfind('.') + 1);
+        if (method_binding(method.substr(0, method.size() - 1))) {
+          std::vector<VarPtr> rest(args.begin() + 1, args.end());
+          return call_tensor_method(args[0], method, std::move(rest), kwargs);
+        }
+      }
+    }
     if ((f == builtin("getattr") || f == builtin("hasattr")) && kwargs.empty() && args.size() >= 2 &&
         (args[0]->kind == Var::Kind::Module || (args[0]->is_const() && args[0]->source)) && args[1]->is_const() &&
         PyUnicode_Check(args[1]->obj)) {
@@ -1027,8 +1065,32 @@ class Interpreter {
     }
     if (name.size() > 1 && name.back() == '_' && name[name.size() - 2] != '_') {
       // x.add_(y), x.relu_(): the out-of-place op, then every alias of x takes the result.
-      const OpBinding* ob = method_binding(name.substr(0, name.size() - 1));
-      if (!ob || ob->op->kind != ops::OpKind::Pointwise) unsupported("Tensor." + name + "() is not captured yet");
+      std::string base = name.substr(0, name.size() - 1);
+      if (base == "copy" && args.size() == 1 && args[0]->is_tensor() && kwargs.empty()) {
+        // x.copy_(src): src broadcast to x's shape, in x's dtype
+        check_inplace_target(self, name);
+        ir::Node* src = args[0]->node;
+        if (src->meta.sizes != m.sizes) {
+          std::vector<int64_t> size;
+          for (const auto& e : m.sizes) {
+            auto c = e.as_const();
+            if (!c) unsupported("copy_ into a tensor of symbolic shape");
+            size.push_back(*c);
+          }
+          ir::Attrs a;
+          a.set("size", size);
+          src = add_node("expand", {src}, a);
+        }
+        if (src->meta.dtype != m.dtype) {
+          ir::Attrs a;
+          a.set("dtype", m.dtype);
+          src = add_node("convert", {src}, a);
+        }
+        return mutate(self, add_node("add", {src, g_->scalar(0.0, DType::Int64)}));
+      }
+      const OpBinding* ob = method_binding(base);
+      if (!ob || ob->op->kind == ops::OpKind::View || ob->op->aliases())
+        unsupported("Tensor." + name + "() is not captured yet");
       check_inplace_target(self, name);
       args.insert(args.begin(), self);
       VarPtr r = call_op(*ob, std::move(args), kwargs);
@@ -1396,6 +1458,12 @@ class Interpreter {
       return;
     }
     if (container->is_tensor()) unsupported("indexed assignment into a tensor is not captured yet");
+    if (container->is_const() && !container->source &&
+        (PyList_CheckExact(container->obj) || PyDict_CheckExact(container->obj))) {
+      // a list or dict made during capture by a Python call (list(x.shape)): nobody else holds it
+      if (PyObject_SetItem(container->obj, const_obj(key, "key"), const_obj(value, "value")) < 0) real(nullptr);
+      return;
+    }
     unsupported("item assignment into an object the caller can see");
   }
 

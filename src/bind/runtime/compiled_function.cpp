@@ -119,8 +119,19 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
     ++s.graph_breaks;
     ++s.fallback_reasons[b->reason];  // what runs in Python, whole frames or single instructions
     log("graph_breaks", name + ": graph break: " + b->reason + " at " + b->location);
+    // The resume function's parameters: the locals, then the stack values (then a call's result);
+    // containers rebuilt at the break are the resume function's own.
+    std::vector<bool> fresh;
+    auto is_fresh = [](const OutSpec& s) {
+      return s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy ||
+             s.kind == OutSpec::Kind::Tuple;
+    };
+    for (const OutSpec& s : b->locals) fresh.push_back(is_fresh(s));
+    for (const OutSpec& s : b->stack)
+      if (s.kind != OutSpec::Kind::Null) fresh.push_back(is_fresh(s));
     for (PyObject* f : b->resume) {
       PyObject* cf = make_compiled_function(f, cfg);
+      if (cf) set_private_params(cf, fresh);
       if (!cf) {
         PyErr_Clear();
         e->eager = true;
@@ -442,6 +453,7 @@ Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) 
     log("recompiles", c.name + ": recompiling: " + why);
   }
   if (bound.names.empty()) bound.names = c.names;
+  if (!c.private_params.empty()) bound.private_slots = &c.private_params;
   c.entries.push_back(build_entry(fn, bound, c.cfg, c.name));
   Entry* e = c.entries.back().get();
   const GraphBreak* brk = e->capture.graph_break.get();
@@ -602,6 +614,10 @@ bool is_compiled_function(PyObject* obj) { return Py_TYPE(obj) == compiled_funct
 
 PyObject* compiled_function_target(PyObject* obj) {
   return reinterpret_cast<CompiledFunctionObject*>(obj)->state->fn;
+}
+
+void set_private_params(PyObject* obj, std::vector<bool> mask) {
+  reinterpret_cast<CompiledFunctionObject*>(obj)->state->private_params = std::move(mask);
 }
 
 bool compiled_function_disabled(PyObject* obj) {

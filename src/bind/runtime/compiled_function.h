@@ -66,6 +66,7 @@ struct CodeCache {
   Py_ssize_t nargs = 0;        // parameter slots: positional, keyword-only, *args, **kwargs
   bool simple = false;         // positional parameters only: calls with exactly those bind for free
   std::vector<std::string> names;  // of the parameter slots
+  std::vector<bool> private_params;  // see BoundArgs::private_slots (resume functions)
   CodeCache() = default;
   CodeCache(PyObject* code, const CompileConfig& cfg);
 };
@@ -79,6 +80,7 @@ PyObject* make_compiled_function(PyObject* fn, const CompileConfig& cfg);  // ne
 bool is_compiled_function(PyObject* obj);
 PyObject* compiled_function_target(PyObject* obj);  // borrowed
 bool compiled_function_disabled(PyObject* obj);
+void set_private_params(PyObject* obj, std::vector<bool> mask);  // see CodeCache::private_params
 void reset_all();
 PyTypeObject* compiled_function_type();
 
