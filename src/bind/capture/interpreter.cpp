@@ -177,6 +177,8 @@ class Interpreter {
       out_.guards.add_identity(Source::attr(src, "__self__"), PyMethod_GET_SELF(v));
       return Var::constant(v, src);
     }
+    if (PyCFunction_Check(v) && PyCFunction_GET_SELF(v) && !PyModule_Check(PyCFunction_GET_SELF(v)))
+      return Var::constant(v, src);  // "abc".startswith: made afresh at each access; its receiver is guarded
     // Modules, functions, classes and other objects: their identity.
     out_.guards.add_identity(src, v);
     return Var::constant(v, src);
@@ -774,6 +776,14 @@ class Interpreter {
       args.insert(args.begin(), self);
       return inline_call(PyMethod_GET_FUNCTION(f), Source::attr(fn->source, "__func__"), std::move(args), kwargs);
     }
+    if (fn->source && !PyType_Check(f) && !PyCFunction_Check(f) &&
+        PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(f)), "__call__")) {
+      PyObject* call_attr = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(f)), "__call__");
+      bool python = call_attr && PyFunction_Check(call_attr);
+      Py_XDECREF(call_attr);
+      PyErr_Clear();
+      if (python) return call(getattr(fn, "__call__"), std::move(args), std::move(kwargs));  // obj(x): type(obj).__call__
+    }
     std::string name = callable_name(f);
     bool any_tensor = std::any_of(args.begin(), args.end(), [](auto& a) { return a->is_tensor(); });
     static PyObject* torch_max = resolve_torch("max");
@@ -889,7 +899,7 @@ class Interpreter {
       it->kind = Var::Kind::Iterator;
       return it;
     }
-    if (f == builtin("filter") && args.size() == 2 && tracker(args[1])) {
+    if (f == builtin("filter") && args.size() == 2 && (tracker(args[1]) || args[0]->kind == Var::Kind::Function)) {
       std::vector<VarPtr> out;
       for (const VarPtr& x : items_of(args[1])) {
         bool keep = args[0]->is_const() && args[0]->obj == Py_None ? truth(x) : truth(call(args[0], {x}, {}));
@@ -2518,6 +2528,8 @@ class Interpreter {
           for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i)
             items.push_back(Var::constant(PySequence_Fast_GET_ITEM(fast, i)));
           Py_DECREF(fast);
+        } else if (seq->kind == Var::Kind::Iterator || seq->kind == Var::Kind::Dict) {
+          items = items_of(seq);
         } else {
           unsupported("unpacking a tensor is not captured yet");
         }
