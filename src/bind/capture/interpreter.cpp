@@ -1420,7 +1420,9 @@ class Interpreter {
     SourcePtr src;
     if (!parent_) src = Source::closure(k, PyUnicode_AsUTF8(name));
     else if (fn_source_) src = Source::attr(Source::item(Source::attr(fn_source_, "__closure__"), k), "cell_contents");
-    else unsupported("closure variable of an inlined function with no known source");
+    // A function reached through super() or a made function has no source of its own: its
+    // cells (__class__ above all) are read as they are.
+    else return Var::constant(v);
     return wrap(v, src);
   }
 
@@ -1898,6 +1900,12 @@ class Interpreter {
         return s;
       case Var::Kind::Null: s.kind = OutSpec::Kind::Null; return s;
       case Var::Kind::Method:
+        if (v->obj) {  // a base-class function reached through super(): bind it to the receiver
+          if (!(v->self->kind == Var::Kind::Module || v->self->is_const())) unsupported("super() method of this receiver");
+          s.kind = OutSpec::Kind::Const;
+          s.value = PyMethod_New(v->obj, v->self->obj);
+          return s;
+        }
         s.kind = OutSpec::Kind::Method;
         s.value = PyUnicode_FromString(v->name.c_str());
         s.items.push_back(break_spec(v->self));

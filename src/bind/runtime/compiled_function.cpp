@@ -269,7 +269,24 @@ PyObject* binary_op(const std::string& name, PyObject* a, PyObject* b) {
 
 // After the graph: rebuild the frame, run the instruction kiln could not capture, and go on
 // in the resume function (itself compiled when first called).
+// Breaks nest in C (a resume function that breaks again calls the next one): bounded here, as
+// Python bounds its own recursion, so that runaway recursion raises instead of overflowing.
+thread_local int t_break_depth = 0;
+
+PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame);
+
 PyObject* run_break(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame) {
+  if (t_break_depth >= 200) {
+    PyErr_SetString(PyExc_RecursionError, "maximum recursion depth exceeded in kiln's graph breaks");
+    return nullptr;
+  }
+  ++t_break_depth;
+  PyObject* r = run_break_impl(e, outs, frame);
+  --t_break_depth;
+  return r;
+}
+
+PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame) {
   const CompileConfig& cfg = e.cfg;
   const GraphBreak& b = *e.capture.graph_break;
   std::vector<PyObject*> owned;
