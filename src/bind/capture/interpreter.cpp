@@ -1826,6 +1826,31 @@ class Interpreter {
     }
   }
 
+  // Whether normal control flow (exception handlers aside: 3.12 jumps back from a with
+  // block's handler) can come back to instruction pc.
+  static bool in_loop(const CodeInfo& ci, size_t pc) {
+    std::vector<char> seen(ci.instrs.size(), 0);
+    std::vector<size_t> work = {pc + 1};
+    while (!work.empty()) {
+      size_t i = work.back();
+      work.pop_back();
+      if (i >= ci.instrs.size() || seen[i]) continue;
+      if (i == pc) return true;
+      seen[i] = 1;
+      const std::string& name = ci.opnames[i];
+      const Instr& x = ci.instrs[i];
+      bool jumps = name.find("JUMP") != std::string::npos || name == "FOR_ITER";
+      if (jumps && x.jump_target >= 0) {
+        auto t = ci.by_offset.find(x.jump_target);
+        if (t != ci.by_offset.end()) work.push_back(t->second);
+      }
+      bool ends = name == "JUMP_FORWARD" || name == "JUMP_BACKWARD" || name == "JUMP_BACKWARD_NO_INTERRUPT" ||
+                  name == "RETURN_VALUE" || name == "RETURN_CONST" || name == "RAISE_VARARGS" || name == "RERAISE";
+      if (!ends) work.push_back(i + 1);
+    }
+    return false;
+  }
+
   struct Snapshot {
     std::vector<VarPtr> stack, locals;
     std::vector<std::string> kwnames;
@@ -1936,13 +1961,7 @@ class Interpreter {
   bool graph_break(const Instr& in, const CodeInfo& ci, size_t pc, const Snapshot& before, const std::string& why) {
     if (PyErr_Occurred()) PyErr_Clear();
     if (pc + 1 >= ci.instrs.size()) return false;
-    for (size_t j = pc + 1; j < ci.instrs.size(); ++j) {
-      const Instr& b = ci.instrs[j];
-      bool backward = b.op == OP_JUMP_BACKWARD || b.op == OP_JUMP_BACKWARD_NO_INTERRUPT ||
-                      b.op == OP_POP_JUMP_BACKWARD_IF_FALSE || b.op == OP_POP_JUMP_BACKWARD_IF_TRUE ||
-                      b.op == OP_POP_JUMP_BACKWARD_IF_NONE || b.op == OP_POP_JUMP_BACKWARD_IF_NOT_NONE;
-      if (backward && b.jump_target <= in.offset) return false;  // in a loop: each iteration would resume anew
-    }
+    if (in_loop(ci, pc)) return false;  // each iteration would resume anew
     if (in_exception_block(code_, in.offset)) return false;
     auto* co = reinterpret_cast<PyCodeObject*>(code_);
     const int nv = co->co_nlocals;
