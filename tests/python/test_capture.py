@@ -1913,19 +1913,62 @@ def test_inplace_method_on_input_falls_back():
 
 
 def tensor_indexing(x):
-    return x[0] * 2  # break: index
+    return x[0] * 2
 
 
-def test_tensor_indexing_falls_back():
-    assert_falls_back(tensor_indexing, x48, "indexing", "index")
+def test_tensor_indexing():
+    check(tensor_indexing, x48)
 
 
 def tensor_slicing(x):
-    return x[:, :2] + 1  # break: slice
+    return x[:, :2] + 1
 
 
-def test_tensor_slicing_falls_back():
-    assert_falls_back(tensor_slicing, x48, "indexing", "slice")
+def test_tensor_slicing():
+    check(tensor_slicing, x48)
+
+
+@pytest.mark.parametrize("index", [
+    (0,), (-1,), (slice(1, 3),), (slice(None, None, 2),), (Ellipsis, 1), (None, 0), (slice(None), None, slice(-3, None)),
+    (1, slice(2, -1)), (Ellipsis, slice(None, 100)), (slice(5, 2),),
+], ids=str)
+def test_basic_indexing_forms(index):
+    def f(x):
+        return x[index] * 3 + 1
+    check(f, lambda: (torch.randn(4, 8),))
+
+
+def returns_a_slice_of_the_input(x):
+    return x[1:, 2:]
+
+
+def test_returned_slice_is_a_view_of_the_input():
+    (x,) = x48()
+    out = kiln.compile(returns_a_slice_of_the_input)(x)
+    torch.testing.assert_close(out, x[1:, 2:])
+    assert out.data_ptr() == x[1:, 2:].data_ptr() and out.stride() == x[1:, 2:].stride()
+
+
+def index_out_of_range(x):
+    return x[9] + 1
+
+
+def test_index_out_of_range_raises_eagers_index_error():
+    (x,) = x48()
+    with pytest.raises(IndexError) as eager:
+        index_out_of_range(x)
+    with pytest.raises(IndexError) as compiled:
+        kiln.compile(index_out_of_range)(x)
+    assert str(compiled.value) == str(eager.value)
+
+
+def advanced_indexing(x, idx):
+    return x[idx] * 2  # break: adv-index
+
+
+def test_advanced_indexing_breaks():
+    assert_falls_back(advanced_indexing, lambda: (torch.randn(4, 8), torch.tensor([0, 2])), "advanced indexing",
+                      "adv-index")
 
 
 def _helper_with_item(x):

@@ -1763,7 +1763,7 @@ class Interpreter {
       if (i < 0) unsupported("KeyError: a key the dict does not have");
       return base->items[i];
     }
-    if (base->is_tensor()) unsupported("tensor indexing is not captured yet");
+    if (base->is_tensor()) return index_tensor(base, index);
     if (base->kind == Var::Kind::Module && index->is_const() && PyUnicode_Check(index->obj)) {
       module_children(base);  // ModuleDict["name"], ParameterDict["name"]
       return module_attr(base, PyUnicode_AsUTF8(index->obj));
@@ -2062,6 +2062,63 @@ class Interpreter {
       s.items.push_back(at_break ? break_spec(v->items[i]) : output_spec(v->items[i]));
     }
     return s;
+  }
+
+  // x[...] with ints, slices, None and Ellipsis: a chain of select / slice / unsqueeze views.
+  // Tensor and list indices (advanced indexing) are not captured yet.
+  VarPtr index_tensor(const VarPtr& base, const VarPtr& index) {
+    std::vector<VarPtr> parts = index->kind == Var::Kind::Tuple ? index->items : std::vector<VarPtr>{index};
+    if (index->is_const() && PyTuple_Check(index->obj)) {
+      parts.clear();
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(index->obj); ++i) parts.push_back(Var::constant(PyTuple_GET_ITEM(index->obj, i)));
+    }
+    int64_t consumed = 0;
+    for (const VarPtr& p : parts) {
+      if (!p->is_const()) unsupported("indexing a tensor with a tensor (advanced indexing) is not captured yet");
+      PyObject* o = p->obj;
+      if (o == Py_None || o == Py_Ellipsis) continue;
+      if (PyBool_Check(o) || !(PyLong_Check(o) || PySlice_Check(o)))
+        unsupported("indexing a tensor with a " + std::string(Py_TYPE(o)->tp_name) + " is not captured yet");
+      ++consumed;
+    }
+    ir::Node* x = base->node;
+    const int64_t rank = x->meta.dim();
+    if (consumed > rank)
+      unsupported("shape/dtype check of index failed: IndexError: too many indices for tensor of dimension " + std::to_string(rank));
+    int64_t dim = 0;
+    bool seen_ellipsis = false;
+    for (const VarPtr& p : parts) {
+      PyObject* o = p->obj;
+      if (o == Py_Ellipsis) {
+        if (seen_ellipsis) unsupported("an index can only have a single ellipsis");
+        seen_ellipsis = true;
+        dim += rank - consumed;
+        continue;
+      }
+      ir::Attrs a;
+      a.set("dim", dim);
+      if (o == Py_None) {
+        x = add_node("unsqueeze", {x}, a);
+        ++dim;
+      } else if (PyLong_Check(o)) {
+        a.set("index", static_cast<int64_t>(PyLong_AsLongLong(o)));
+        x = add_node("select", {x}, a);
+      } else {
+        auto* sl = reinterpret_cast<PySliceObject*>(o);
+        auto attr = [&](PyObject* v, const char* k) {
+          if (v == Py_None) return;
+          if (!PyLong_Check(v)) unsupported("slice bounds must be integers");
+          a.set(k, static_cast<int64_t>(PyLong_AsLongLong(v)));
+        };
+        attr(sl->start, "start");
+        attr(sl->stop, "end");
+        attr(sl->step, "step");
+        bool whole = sl->start == Py_None && sl->stop == Py_None && sl->step == Py_None;
+        if (!whole) x = add_node("slice", {x}, a);
+        ++dim;
+      }
+    }
+    return Var::tensor(x);
   }
 
   // ---- output ----

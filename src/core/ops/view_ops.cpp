@@ -309,6 +309,102 @@ std::vector<OpDef> view_ops() {
   };
   sq.python = {"torch.squeeze", "Tensor.squeeze"};
   ops.push_back(sq);
+
+  // x[a:b:c] along one dim (and torch.narrow): a strided window, start folded into the offset.
+  OpDef slice;
+  slice.name = "slice";
+  slice.schema = Schema::parse("slice(Tensor self, int dim=0, int? start=None, int? end=None, int step=1)");
+  slice.kind = OpKind::View;
+  slice.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+    const TensorMeta& x = in[0]->meta;
+    int64_t d = a.get_int("dim");
+    if (x.dim() == 0) {
+      err = "IndexError: slice() cannot be applied to a 0-dim tensor.";
+      return false;
+    }
+    if (!wrap_dim(d, x.dim(), err)) return false;
+    auto size = x.sizes[d].as_const();
+    if (!size) {
+      err = "slice of a dimension of symbolic size";
+      return false;
+    }
+    int64_t step = a.get_int("step", 1);
+    if (step <= 0) {
+      err = "ValueError: step must be greater than zero";
+      return false;
+    }
+    auto clamp = [&](int64_t v) {
+      if (v < 0) v += *size;
+      return std::clamp<int64_t>(v, 0, *size);
+    };
+    int64_t start = a.has("start") ? clamp(a.get_int("start")) : 0;
+    int64_t end = a.has("end") ? clamp(a.get_int("end")) : *size;
+    int64_t len = end > start ? (end - start + step - 1) / step : 0;
+    out = x;
+    out.offset = x.offset + x.strides[d] * Expr(start);
+    out.sizes[d] = len;
+    out.strides[d] = x.strides[d] * Expr(step);
+    return true;
+  };
+  slice.view = [](const Exprs& idx, const Node& n) {
+    const TensorMeta& x = n.inputs[0]->meta;
+    int64_t d = n.attrs.get_int("dim");
+    if (d < 0) d += x.dim();
+    // start as the shape rule normalized it: the offset it added, over the stride
+    int64_t size = *x.sizes[d].as_const(), start = 0;
+    if (n.attrs.has("start")) {
+      start = n.attrs.get_int("start");
+      if (start < 0) start += size;
+      start = std::clamp<int64_t>(start, 0, size);
+    }
+    Exprs r = idx;
+    r[d] = Expr(start) + idx[d] * Expr(n.attrs.get_int("step", 1));
+    return r;
+  };
+  slice.python = {};
+  ops.push_back(slice);
+
+  // x[i] along one dim: that dim goes, i folded into the offset.
+  OpDef select;
+  select.name = "select";
+  select.schema = Schema::parse("select(Tensor self, int dim, int index)");
+  select.kind = OpKind::View;
+  select.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+    const TensorMeta& x = in[0]->meta;
+    int64_t d = a.get_int("dim"), i = a.get_int("index");
+    if (x.dim() == 0) {
+      err = "IndexError: select() cannot be applied to a 0-dim tensor.";
+      return false;
+    }
+    if (!wrap_dim(d, x.dim(), err)) return false;
+    auto size = x.sizes[d].as_const();
+    if (!size) {
+      err = "select of a dimension of symbolic size";
+      return false;
+    }
+    if (i < -*size || i >= *size) {
+      err = "IndexError: index " + std::to_string(i) + " is out of bounds for dimension " + std::to_string(d) +
+            " with size " + std::to_string(*size);
+      return false;
+    }
+    if (i < 0) i += *size;
+    out = x;
+    out.offset = x.offset + x.strides[d] * Expr(i);
+    out.sizes.erase(out.sizes.begin() + d);
+    out.strides.erase(out.strides.begin() + d);
+    return true;
+  };
+  select.view = [](const Exprs& idx, const Node& n) {
+    const TensorMeta& x = n.inputs[0]->meta;
+    int64_t d = n.attrs.get_int("dim"), i = n.attrs.get_int("index");
+    if (d < 0) d += x.dim();
+    if (i < 0) i += *x.sizes[d].as_const();
+    Exprs r = idx;
+    r.insert(r.begin() + d, Expr(i));
+    return r;
+  };
+  select.python = {"torch.select", "Tensor.select"};
+  ops.push_back(select);
   return ops;
 }
 
