@@ -7,6 +7,7 @@
 #include "bind/capture/bytecode.h"
 #include "bind/capture/capture.h"
 #include "bind/capture/resume.h"
+#include "bind/capture/torch_call.h"
 #include "bind/capture/torch_ops.h"
 #include "bind/capture/variables.h"
 #include "bind/runtime/compiled_function.h"
@@ -785,7 +786,13 @@ class Interpreter {
       if (python) return call(getattr(fn, "__call__"), std::move(args), std::move(kwargs));  // obj(x): type(obj).__call__
     }
     std::string name = callable_name(f);
-    bool any_tensor = std::any_of(args.begin(), args.end(), [](auto& a) { return a->is_tensor(); });
+    std::function<bool(const VarPtr&)> has_tensor = [&](const VarPtr& a) {
+      if (a->is_tensor()) return true;
+      if (a->kind == Var::Kind::Tuple || a->kind == Var::Kind::List) return std::any_of(a->items.begin(), a->items.end(), has_tensor);
+      return false;
+    };
+    bool any_tensor = std::any_of(args.begin(), args.end(), has_tensor) ||
+                      std::any_of(kwargs.begin(), kwargs.end(), [&](auto& kv) { return has_tensor(kv.second); });
     static PyObject* torch_max = resolve_torch("max");
     static PyObject* torch_min = resolve_torch("min");
     if (f == torch_max || f == torch_min) {
@@ -837,6 +844,7 @@ class Interpreter {
       PyObject* tensor_type = resolve_torch("Tensor");
       return Var::constant(PyObject_IsSubclass(tensor_type, args[1]->obj) == 1 ? Py_True : Py_False);
     }
+    if (any_tensor && is_torch_internal(f)) return torch_extern(f, name, args, kwargs);
     if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
     if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);
     PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
@@ -1107,7 +1115,16 @@ class Interpreter {
       return mutate(self, r->node);
     }
     const OpBinding* b = method_binding(name);
-    if (!b) unsupported("Tensor." + name + "() is not captured yet");
+    if (!b) {
+      PyObject* method = PyObject_GetAttrString(resolve_torch("Tensor"), name.c_str());
+      if (!method) {
+        PyErr_Clear();
+        unsupported("Tensor." + name + "() does not exist");
+      }
+      keep_.push_back(method);
+      args.insert(args.begin(), self);
+      return torch_extern(method, "Tensor." + name, args, kwargs);
+    }
     // x.float() on a float32 x is x itself in eager (an alias, not a copy).
     if (b->op->name == "convert" && args.empty() && b->fixed.get_dtype("dtype") == m.dtype) return self;
     args.insert(args.begin(), self);
@@ -1655,9 +1672,9 @@ class Interpreter {
   void check_inplace_target(const VarPtr& a, const std::string& what) {
     const ir::Node* n = a->node;
     if (n->op_name() == "placeholder") unsupported("in-place " + what + " on an input mutates the caller's tensor: not captured yet");
-    if (n->op->aliases()) unsupported("in-place " + what + " on a view: not captured yet");
+    if (n->op->aliases() || n->attrs.get_bool("view")) unsupported("in-place " + what + " on a view: not captured yet");
     for (const ir::Node* u : n->users)
-      if (u->op->aliases()) unsupported("in-place " + what + " on a tensor that has views: not captured yet");
+      if (u->op->aliases() || u->attrs.get_bool("view")) unsupported("in-place " + what + " on a tensor that has views: not captured yet");
   }
 
   VarPtr mutate(const VarPtr& a, ir::Node* result) {
@@ -2119,6 +2136,121 @@ class Interpreter {
       }
     }
     return Var::tensor(x);
+  }
+
+  // A torch operator with no registry entry: an extern `torch_call` node in the graph. Its
+  // result's layout comes from running it on meta tensors now; the runtime calls it for real.
+  VarPtr torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+    std::string leaf = name.substr(name.rfind('.') + 1);
+    // Random draws (their order against eager's RNG stream matters), device moves, data reads
+    // and autograd state stay in Python.
+    static const char* random[] = {"rand", "dropout", "bernoulli", "normal", "multinomial", "poisson", "exponential"};
+    static const char* refused[] = {"empty", "item", "tolist", "numpy", "to", "cuda", "cpu", "type", "data_ptr",
+                                    "backward", "register_hook", "requires_grad", "detach", "set_", "share_memory",
+                                    "pin_memory", "new_empty"};
+    for (const char* r : random)
+      if (leaf.find(r) != std::string::npos) unsupported("call to " + name + " draws random numbers: not captured yet");
+    for (const char* r : refused)
+      if (leaf == r) unsupported("call to " + name + " is not captured (device, data or autograd state)");
+    if (!leaf.empty() && leaf.back() == '_') unsupported("in-place " + name + " is not captured yet");
+    for (auto& [k, v] : kwargs)
+      if (k == "out") unsupported(name + "(out=...) is not captured");
+    std::vector<ir::Node*> inputs;
+    std::function<PyObject*(const VarPtr&)> tmpl = [&](const VarPtr& v) -> PyObject* {
+      switch (v->kind) {
+        case Var::Kind::Tensor:
+          inputs.push_back(v->node);
+          return tensor_slot(static_cast<int>(inputs.size()) - 1);
+        case Var::Kind::Tuple:
+        case Var::Kind::List: {
+          PyObject* t = v->kind == Var::Kind::Tuple ? PyTuple_New(static_cast<Py_ssize_t>(v->items.size()))
+                                                    : PyList_New(static_cast<Py_ssize_t>(v->items.size()));
+          for (size_t i = 0; i < v->items.size(); ++i) {
+            PyObject* item = tmpl(v->items[i]);
+            if (v->kind == Var::Kind::Tuple) PyTuple_SET_ITEM(t, i, item);
+            else PyList_SET_ITEM(t, i, item);
+          }
+          return t;
+        }
+        case Var::Kind::Const: return Py_NewRef(v->obj);
+        default: unsupported("call to " + name + " with an argument kiln cannot pass");
+      }
+    };
+    PyObject* targs = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+    keep_.push_back(targs);
+    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(targs, i, tmpl(args[i]));
+    PyObject* tkw = nullptr;
+    if (!kwargs.empty()) {
+      tkw = PyDict_New();
+      keep_.push_back(tkw);
+      for (auto& [k, v] : kwargs) {
+        PyObject* item = tmpl(v);
+        PyDict_SetItemString(tkw, k.c_str(), item);
+        Py_DECREF(item);
+      }
+    }
+    if (inputs.empty()) unsupported("call to " + name + " without tensor arguments");
+    // The layout of the result: the operator on meta tensors of the inputs' layouts.
+    static PyObject* empty_strided = resolve_torch("empty_strided");
+    std::vector<PyObject*> metas;
+    auto drop_metas = [&] {
+      for (PyObject* m : metas) Py_DECREF(m);
+    };
+    for (ir::Node* n : inputs) {
+      std::vector<int64_t> sizes, strides;
+      for (const auto& e : n->meta.sizes) sizes.push_back(e.as_const().value_or(-1));
+      for (const auto& e : n->meta.strides) strides.push_back(e.as_const().value_or(-1));
+      PyObject* sz = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
+      PyObject* st = PyTuple_New(static_cast<Py_ssize_t>(strides.size()));
+      for (size_t i = 0; i < sizes.size(); ++i) PyTuple_SET_ITEM(sz, i, PyLong_FromLongLong(sizes[i]));
+      for (size_t i = 0; i < strides.size(); ++i) PyTuple_SET_ITEM(st, i, PyLong_FromLongLong(strides[i]));
+      PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(n->meta.dtype), "device", "meta");
+      PyObject* a = PyTuple_Pack(2, sz, st);
+      PyObject* m = PyObject_Call(empty_strided, a, kw);
+      Py_DECREF(a);
+      Py_DECREF(kw);
+      Py_DECREF(sz);
+      Py_DECREF(st);
+      if (!m) {
+        drop_metas();
+        real(nullptr);
+      }
+      metas.push_back(m);
+    }
+    PyObject* margs = substitute(targs, metas.data());
+    PyObject* mkw = tkw ? substitute(tkw, metas.data()) : nullptr;
+    PyObject* r = PyObject_Call(f, margs, mkw);
+    Py_DECREF(margs);
+    Py_XDECREF(mkw);
+    drop_metas();
+    if (!r) {
+      PyErr_Clear();  // no meta kernel, or an error eager raises itself when the call runs there
+      unsupported("call to " + name + " (no layout from meta tensors)");
+    }
+    keep_.push_back(r);
+    std::vector<PyObject*> results;
+    const bool tuple = PyTuple_Check(r);
+    if (tuple) for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r); ++i) results.push_back(PyTuple_GET_ITEM(r, i));
+    else results.push_back(r);
+    std::vector<VarPtr> outs;
+    for (size_t k = 0; k < results.size(); ++k) {
+      TensorInfo info;
+      std::string why;
+      if (!is_tensor(results[k]) || !tensor_info(results[k], info, why)) unsupported(name + " returns something other than tensors");
+      ir::Attrs a;
+      a.set("fn", static_cast<int64_t>(register_torch_call(f, targs, tkw, tuple ? static_cast<int>(k) : -1)));
+      a.set("target", name);
+      a.set("out_sizes", info.sizes);
+      a.set("out_strides", info.strides);
+      a.set("out_dtype", info.dtype);
+      PyObject* is_view = PyObject_CallMethod(results[k], "_is_view", nullptr);
+      if (is_view == Py_True) a.set("view", true);  // in-place updates must not go through it
+      Py_XDECREF(is_view);
+      PyErr_Clear();
+      outs.push_back(Var::tensor(add_node("torch_call", inputs, a)));
+    }
+    if (!tuple) return outs[0];
+    return Var::tuple(std::move(outs));
   }
 
   // ---- output ----

@@ -8,6 +8,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include "bind/capture/torch_call.h"
 #include "core/compile/cuda_driver.h"
 
 namespace kiln::bind {
@@ -66,7 +67,7 @@ at::Tensor view_of(const at::Tensor& base, const ViewPlan& v) {
 }
 
 struct ExternPlan {
-  c10::OperatorHandle op;
+  std::optional<c10::OperatorHandle> op;  // none: a torch_call (the callable is in its attributes)
   const ops::OpDef* def;
   std::vector<ViewPlan> inputs;
   std::vector<int64_t> out_strides;
@@ -80,6 +81,39 @@ void set_python_error(const c10::Error& e) {
   else if (dynamic_cast<const c10::TypeError*>(&e)) type = PyExc_TypeError;
   else if (dynamic_cast<const c10::NotImplementedError*>(&e)) type = PyExc_NotImplementedError;
   PyErr_SetString(type, e.what_without_backtrace());
+}
+
+}  // namespace
+
+namespace {
+
+// A torch_call: the operator called from Python with this run's tensors; its result laid out
+// as capture planned (a copy when the operator chose other strides).
+bool run_torch_call(const loop::Extern& e, const ExternPlan& plan, const std::vector<at::Tensor>& tensors, at::Tensor& out) {
+  const TorchCall& call = torch_call(static_cast<int>(e.attrs.get_int("fn")));
+  std::vector<PyObject*> ins;
+  for (const ViewPlan& v : plan.inputs) ins.push_back(THPVariable_Wrap(view_of(tensors[v.buffer], v)));
+  PyObject* args = substitute(call.args, ins.data());
+  PyObject* kwargs = call.kwargs ? substitute(call.kwargs, ins.data()) : nullptr;
+  PyObject* r = PyObject_Call(call.fn, args, kwargs);
+  Py_DECREF(args);
+  Py_XDECREF(kwargs);
+  for (PyObject* o : ins) Py_DECREF(o);
+  if (!r) return false;
+  PyObject* t = call.output >= 0 ? (PyTuple_Check(r) ? PyTuple_GetItem(r, call.output) : nullptr) : r;
+  if (!t || !THPVariable_Check(t)) {
+    Py_DECREF(r);
+    PyErr_Format(PyExc_RuntimeError, "kiln: %s did not return the tensor capture saw", e.attrs.get_str("target").c_str());
+    return false;
+  }
+  out = THPVariable_Unpack(t);
+  Py_DECREF(r);
+  if (!out.strides().equals(plan.out_strides)) {
+    at::Tensor laid = at::empty_strided(out.sizes(), plan.out_strides, out.options());
+    laid.copy_(out);
+    out = std::move(laid);
+  }
+  return true;
 }
 
 }  // namespace
@@ -114,12 +148,15 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
   }
   // Sizes are known to be constant from here on (the check above).
   for (const loop::Extern& e : p.externs) {
-    auto handle = c10::Dispatcher::singleton().findSchema({e.aten, ""});
-    if (!handle) {
-      error = "torch has no operator " + e.aten;
-      return nullptr;
+    std::optional<c10::OperatorHandle> handle;
+    if (e.op != "torch_call") {
+      handle = c10::Dispatcher::singleton().findSchema({e.aten, ""});
+      if (!handle) {
+        error = "torch has no operator " + e.aten;
+        return nullptr;
+      }
     }
-    ExternPlan plan{*handle, ops::find_op(e.op), {}, ints(p.buffers[e.output].strides)};
+    ExternPlan plan{handle, ops::find_op(e.op), {}, ints(p.buffers[e.output].strides)};
     for (const loop::BufferView& v : e.inputs) plan.inputs.push_back(plan_view(v));
     prep->externs.push_back(std::move(plan));
   }
@@ -195,6 +232,13 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       }
       const loop::Extern& e = p.externs[st.index];
       ExternPlan& plan = prep.externs[st.index];
+      if (!plan.op) {
+        at::Tensor r;
+        if (!run_torch_call(e, plan, tensors, r)) return false;
+        ptrs[e.output] = r.data_ptr();
+        tensors[e.output] = std::move(r);
+        continue;
+      }
       torch::jit::Stack stack;
       size_t next_input = 0;
       for (const ops::Param& param : plan.def->schema.params) {
@@ -210,7 +254,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
           stack.emplace_back();  // None
         }
       }
-      plan.op.callBoxed(&stack);
+      plan.op->callBoxed(&stack);
       at::Tensor r = stack[0].toTensor();
       if (!r.strides().equals(plan.out_strides)) r = r.contiguous();
       ptrs[e.output] = r.data_ptr();

@@ -49,7 +49,9 @@ bool tensor_info(PyObject* obj, TensorInfo& out, std::string& why) {
   if (t.is_quantized()) return why = "quantized tensor", false;
   if (t.is_nested()) return why = "nested tensor", false;
   if (t.is_neg() || t.is_conj()) return why = "tensor with a lazy negation/conjugation bit", false;
-  if (t.device().type() != c10::DeviceType::CPU && t.device().type() != c10::DeviceType::CUDA)
+  // meta: the layouts capture works out for torch_call results
+  if (t.device().type() != c10::DeviceType::CPU && t.device().type() != c10::DeviceType::CUDA &&
+      t.device().type() != c10::DeviceType::Meta)
     return why = "tensor on device " + t.device().str(), false;
   out.dtype_supported = to_kiln(t.scalar_type(), out.dtype);
   if (!out.dtype_supported) return why = std::string("dtype ") + c10::toString(t.scalar_type()), false;

@@ -106,6 +106,7 @@ DType default_float();
 std::vector<OpDef> pointwise_ops();
 std::vector<OpDef> reduction_ops();
 std::vector<OpDef> view_ops();
+std::vector<OpDef> torch_call_ops();
 std::vector<OpDef> linalg_ops();
 std::vector<OpDef> composite_ops();
 std::vector<OpDef> nn_ops();

@@ -1,0 +1,61 @@
+#include "bind/capture/torch_call.h"
+
+#include <deque>
+
+namespace kiln::bind {
+namespace {
+
+std::deque<TorchCall>& calls() {
+  static std::deque<TorchCall> c;  // never shrinks: graphs keep ids for as long as they live
+  return c;
+}
+
+const char* const kSlot = "kiln.tensor_slot";
+
+}  // namespace
+
+int register_torch_call(PyObject* fn, PyObject* args, PyObject* kwargs, int output) {
+  Py_INCREF(fn);
+  Py_INCREF(args);
+  Py_XINCREF(kwargs);
+  calls().push_back({fn, args, kwargs, output});
+  return static_cast<int>(calls().size()) - 1;
+}
+
+const TorchCall& torch_call(int id) { return calls().at(static_cast<size_t>(id)); }
+
+PyObject* tensor_slot(int i) {
+  return PyCapsule_New(reinterpret_cast<void*>(static_cast<intptr_t>(i) + 1), kSlot, nullptr);
+}
+
+PyObject* substitute(PyObject* tmpl, PyObject* const* tensors) {
+  if (PyCapsule_CheckExact(tmpl) && PyCapsule_IsValid(tmpl, kSlot)) {
+    auto i = reinterpret_cast<intptr_t>(PyCapsule_GetPointer(tmpl, kSlot)) - 1;
+    return Py_NewRef(tensors[i]);
+  }
+  if (PyTuple_CheckExact(tmpl) || PyList_CheckExact(tmpl)) {
+    bool tuple = PyTuple_CheckExact(tmpl);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(tmpl);
+    PyObject* out = tuple ? PyTuple_New(n) : PyList_New(n);
+    for (Py_ssize_t k = 0; k < n; ++k) {
+      PyObject* item = substitute(PySequence_Fast_GET_ITEM(tmpl, k), tensors);
+      if (tuple) PyTuple_SET_ITEM(out, k, item);
+      else PyList_SET_ITEM(out, k, item);
+    }
+    return out;
+  }
+  if (PyDict_CheckExact(tmpl)) {
+    PyObject* out = PyDict_New();
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(tmpl, &pos, &k, &v)) {
+      PyObject* item = substitute(v, tensors);
+      PyDict_SetItem(out, k, item);
+      Py_DECREF(item);
+    }
+    return out;
+  }
+  return Py_NewRef(tmpl);
+}
+
+}  // namespace kiln::bind

@@ -1,0 +1,27 @@
+// Calls of torch operators kiln has no registry entry for, kept inside the graph as
+// `torch_call` extern nodes (core/ops/torch_call_op.cpp). Capture records the callable and its
+// arguments with the tensors taken out; the executor puts the run's tensors back and calls it.
+#pragma once
+#include <Python.h>
+
+namespace kiln::bind {
+
+struct TorchCall {
+  PyObject* fn;      // the torch callable (owned)
+  PyObject* args;    // tuple template (owned): tensor slots are tensor_slot(i) markers
+  PyObject* kwargs;  // dict template or nullptr (owned)
+  int output;        // -1: the result is the tensor; k: the result is a tuple, take item k
+};
+
+// Registers a call for the life of the process; its id goes into the node's `fn` attribute.
+int register_torch_call(PyObject* fn, PyObject* args, PyObject* kwargs, int output);
+const TorchCall& torch_call(int id);
+
+// The marker standing for the i-th tensor input in a template (new reference).
+PyObject* tensor_slot(int i);
+
+// `tmpl` with every marker replaced by tensors[i] (new reference); tuples, lists and dicts
+// are rebuilt, anything else is shared.
+PyObject* substitute(PyObject* tmpl, PyObject* const* tensors);
+
+}  // namespace kiln::bind

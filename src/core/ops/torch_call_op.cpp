@@ -1,0 +1,32 @@
+// torch_call: any torch operator kiln has no entry for, called as an extern inside the graph.
+//
+// Capture works out the result's layout (it runs the operator on meta tensors) and records it
+// in the node's attributes; the runtime calls the operator itself. The node's inputs are the
+// tensors the call takes, in the order the runtime substitutes them into its arguments
+// (`fn` names that call in the binding layer's table; `target` is for printing).
+#include "core/ops/registry.h"
+
+namespace kiln::ops {
+
+std::vector<OpDef> torch_call_ops() {
+  OpDef d = extern_op(
+      "torch_call", "torch_call(int fn, str target, int[] out_sizes, int[] out_strides, ScalarType out_dtype)", "",
+      [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+        auto dtype = a.get_dtype("out_dtype");
+        if (!dtype) return err = "torch_call without an output dtype", false;
+        out = TensorMeta{};
+        out.dtype = *dtype;
+        for (Node* i : in)
+          if (i) {
+            out.device = i->meta.device;
+            break;
+          }
+        for (int64_t s : a.get_ints("out_sizes")) out.sizes.push_back(s);
+        for (int64_t s : a.get_ints("out_strides")) out.strides.push_back(s);
+        return true;
+      },
+      {});
+  return {d};
+}
+
+}  // namespace kiln::ops
