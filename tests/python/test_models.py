@@ -68,3 +68,33 @@ def test_resnet18(device):
         torch.testing.assert_close(cm(x), m(x), rtol=tol, atol=tol)
         x2 = torch.randn(2, 3, 64, 64, device=device)
         torch.testing.assert_close(cm(x2), m(x2), rtol=tol, atol=tol)
+
+
+# The torchvision models issue 4 names, random weights, small inputs: one graph, no break, eager's
+# outputs. Batch norm statistics are randomized so that normalization is not the identity.
+TORCHVISION = [
+    ("resnet18", 64), ("resnet50", 64), ("mobilenet_v2", 64), ("mobilenet_v3_small", 64), ("efficientnet_b0", 64),
+    ("vgg11", 32), ("densenet121", 64), ("squeezenet1_0", 64), ("shufflenet_v2_x0_5", 64), ("convnext_tiny", 64),
+    ("vit_b_16", 32), ("swin_t", 64),
+]
+
+
+@pytest.mark.parametrize("name,size", TORCHVISION, ids=[n for n, _ in TORCHVISION])
+def test_torchvision_model_in_one_graph(name, size, device):
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    kw = {"image_size": size} if name.startswith("vit") else {}
+    m = getattr(torchvision.models, name)(weights=None, **kw).to(device).eval()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.1, 0.1)
+                mod.running_var.uniform_(0.8, 1.2)
+        x = torch.randn(2, 3, size, size, device=device)
+        _one_graph(m, x)
+        compiled = kiln.compile(m)
+        for _ in range(2):
+            x = torch.randn(2, 3, size, size, device=device)
+            # float32 tolerances; cuDNN's TF32 convolutions on the GPU need more
+            tol = 1e-2 if device == "cuda" else 1e-4
+            torch.testing.assert_close(compiled(x), m(x), rtol=tol, atol=tol)

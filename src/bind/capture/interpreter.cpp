@@ -822,6 +822,26 @@ class Interpreter {
       it->kind = Var::Kind::Iterator;
       return it;
     }
+    // Questions models ask about how they run: not scripted, not traced (eager's answers).
+    static const std::vector<PyObject*> answers_false = [this] {
+      std::vector<PyObject*> fs;
+      for (const char* path : {"torch.jit.is_scripting", "torch.jit.is_tracing", "torch._jit_internal.is_scripting",
+                               "torch._C._get_tracing_state", "torch.compiler.is_compiling",
+                               "torch.compiler.is_dynamo_compiling", "torch._utils.is_compiling"}) {
+        try {
+          fs.push_back(resolve_torch_path(path));
+        } catch (const Unsupported&) {
+        }
+      }
+      return fs;
+    }();
+    if (args.empty() && kwargs.empty() && std::find(answers_false.begin(), answers_false.end(), f) != answers_false.end())
+      return Var::constant(f == answers_false[3] ? Py_None : Py_False);
+    static PyObject* torch_assert = resolve_torch("_assert");
+    if (f == torch_assert && !args.empty() && args[0]->is_const()) {
+      if (!truth(args[0])) unsupported("torch._assert fails: eager raises");
+      return Var::constant(Py_None);
+    }
     static PyObject* is_grad_enabled = resolve_torch("is_grad_enabled");
     if (f == is_grad_enabled && args.empty()) return Var::constant(root()->grad_mode_ ? Py_True : Py_False);
     if (f == builtin("type") && args.size() == 1 && args[0]->is_tensor() && args[0]->node->op_name() != "placeholder")
@@ -844,7 +864,58 @@ class Interpreter {
       PyObject* tensor_type = resolve_torch("Tensor");
       return Var::constant(PyObject_IsSubclass(tensor_type, args[1]->obj) == 1 ? Py_True : Py_False);
     }
-    if (any_tensor && is_torch_internal(f)) return torch_extern(f, name, args, kwargs);
+    static const std::vector<PyObject*> dropouts = [this] {
+      std::vector<PyObject*> fs;
+      for (const char* d : {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
+        fs.push_back(resolve_torch_path(std::string("torch.nn.functional.") + d));
+      return fs;
+    }();
+    if (std::find(dropouts.begin(), dropouts.end(), f) != dropouts.end() && !args.empty() && args[0]->is_tensor()) {
+      // F.dropout(x, p, training=False) is x; in training it draws random numbers (Python's)
+      VarPtr training;
+      for (auto& [k, v] : kwargs)
+        if (k == "training") training = v;
+      if (!training && args.size() >= 3) training = args[2];
+      if (training && training->is_const() && training->obj == Py_False) return args[0];
+    }
+    static const std::vector<PyObject*> torch_function_checks = [this] {
+      std::vector<PyObject*> fs;
+      for (const char* n : {"_has_torch_function", "_has_torch_function_unary", "_has_torch_function_variadic"})
+        fs.push_back(resolve_torch_path(std::string("torch._C.") + n));
+      return fs;
+    }();
+    if (std::find(torch_function_checks.begin(), torch_function_checks.end(), f) != torch_function_checks.end())
+      return Var::constant(Py_False);  // graph tensors are plain tensors (inputs' types are guarded)
+    static PyObject* dispatch_stack_len = resolve_torch_path("torch._C._len_torch_dispatch_stack");
+    if (f == dispatch_stack_len && args.empty()) return Var::steal_constant(PyLong_FromLong(0));  // no modes in a graph
+    if (any_tensor && is_torch_internal(f)) {
+      if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
+      // a torch Python helper that answers with Python values (a check, a size): inlined
+      return inline_call(f, fn->source, std::move(args), kwargs);
+    }
+    // torch's own Python helpers on Python values (F._none_or_dtype, ...): inlined like user code
+    if (!any_tensor && PyFunction_Check(f)) return inline_call(f, fn->source, std::move(args), kwargs);
+    static const std::vector<PyObject*> state_queries = [this] {
+      std::vector<PyObject*> fs;
+      for (const char* path : {"torch.is_autocast_enabled", "torch.is_autocast_cpu_enabled", "torch.get_default_dtype",
+                               "torch.is_inference_mode_enabled", "torch.get_autocast_gpu_dtype"}) {
+        try {
+          fs.push_back(resolve_torch_path(path));
+        } catch (const Unsupported&) {
+        }
+      }
+      return fs;
+    }();
+    if (!any_tensor && std::find(state_queries.begin(), state_queries.end(), f) != state_queries.end()) {
+      // torch's global modes, read as they are now (kiln does not compile under autocast)
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+      for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "argument")));
+      PyObject* r = PyObject_Call(f, t, nullptr);
+      Py_DECREF(t);
+      return real(r);
+    }
+    static PyObject* log_usage = resolve_torch_path("torch._C._log_api_usage_once");
+    if (f == log_usage) return Var::constant(Py_None);  // usage logging: nothing the program sees
     if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
     if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);
     PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
@@ -1372,7 +1443,19 @@ class Interpreter {
       std::vector<VarPtr> a = {args.at(0), module_attr(mod, "start_dim"), module_attr(mod, "end_dim")};
       return call_op(*function_binding(resolve_torch_path("torch.flatten")), a, {});
     }
-    if (type == "Sequential") {
+    static PyObject* sequential_forward = [] {
+      PyObject* nn = PyImport_ImportModule("torch.nn");
+      PyObject* seq = nn ? PyObject_GetAttrString(nn, "Sequential") : nullptr;
+      PyObject* fwd = seq ? PyObject_GetAttrString(seq, "forward") : nullptr;
+      Py_XDECREF(seq);
+      Py_XDECREF(nn);
+      PyErr_Clear();
+      return fwd;
+    }();
+    PyObject* own_forward = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(m)), "forward");
+    if (!own_forward) PyErr_Clear();
+    Py_XDECREF(own_forward);
+    if (type == "Sequential" || (own_forward && own_forward == sequential_forward)) {  // and subclasses that keep its forward
       PyObject* children = PyObject_GetAttrString(m, "_modules");
       if (!children || !PyDict_Check(children)) unsupported("Sequential without _modules");
       VarPtr x = args.at(0);
@@ -1391,10 +1474,8 @@ class Interpreter {
     if (!forward) PyErr_Clear();
     keep_.push_back(forward);
     if (!forward || !PyFunction_Check(forward)) unsupported("module " + type + " has no Python forward");
-    if (is_torch_internal(forward) && type != "Module") {
-      // torch.nn's own modules kiln has no rule for: say which, rather than inline torch internals.
-      unsupported("torch.nn." + type + " is not supported by kiln yet");
-    }
+    // torch.nn's own modules with no rule above are inlined like user modules: their forwards
+    // call torch functions, which become ops or extern calls.
     args.insert(args.begin(), mod);
     return inline_call(forward, nullptr, std::move(args), kwargs);
   }
@@ -1486,7 +1567,14 @@ class Interpreter {
       container->items[i] = value;
       return;
     }
-    if (container->is_tensor()) unsupported("indexed assignment into a tensor is not captured yet");
+    if (container->is_tensor()) {
+      // x[idx] = v on a tensor only the graph sees: a copy with the assignment, which every
+      // name of x then holds (like any in-place op)
+      check_inplace_target(container, "indexed assignment");
+      VarPtr r = torch_extern(functional_setitem(), "setitem", {container, key, value}, {});
+      mutate(container, r->node);
+      return;
+    }
     if (container->is_const() && !container->source &&
         (PyList_CheckExact(container->obj) || PyDict_CheckExact(container->obj))) {
       // a list or dict made during capture by a Python call (list(x.shape)): nobody else holds it
@@ -1557,7 +1645,12 @@ class Interpreter {
         a.set("dims", perm);
         return Var::tensor(add_node("permute", {base->node}, a));
       }
-      if (name == "requires_grad") return Var::constant(Py_False);
+      if (name == "requires_grad") return Var::constant(root()->needs_grad_.count(base->node) ? Py_True : Py_False);
+      // kiln's tensors are dense, strided, plain: the layout flags models test
+      if (name == "is_nested" || name == "is_sparse" || name == "is_quantized" || name == "is_meta" ||
+          name == "is_mkldnn" || name == "is_complex_" )
+        return Var::constant(Py_False);
+      if (name == "layout") return Var::constant(resolve_torch("strided"));
       return Var::method(base, name);
     }
     if (base->kind == Var::Kind::Module) return module_attr(base, name.c_str());
@@ -2091,7 +2184,11 @@ class Interpreter {
     }
     int64_t consumed = 0;
     for (const VarPtr& p : parts) {
-      if (!p->is_const()) unsupported("indexing a tensor with a tensor (advanced indexing) is not captured yet");
+      if (!p->is_const()) {
+        // advanced indexing (tensors, lists of tensors): torch's own __getitem__ as an extern
+        static PyObject* getitem = PyObject_GetAttrString(resolve_torch("Tensor"), "__getitem__");
+        return torch_extern(getitem, "Tensor.__getitem__", {base, index}, {});
+      }
       PyObject* o = p->obj;
       if (o == Py_None || o == Py_Ellipsis) continue;
       if (PyBool_Check(o) || !(PyLong_Check(o) || PySlice_Check(o)))
@@ -2140,6 +2237,7 @@ class Interpreter {
 
   // A torch operator with no registry entry: an extern `torch_call` node in the graph. Its
   // result's layout comes from running it on meta tensors now; the runtime calls it for real.
+  // nullptr: `f` is a Python function whose result is not tensors (the caller inlines it).
   VarPtr torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
     std::string leaf = name.substr(name.rfind('.') + 1);
     // Random draws (their order against eager's RNG stream matters), device moves, data reads
@@ -2152,7 +2250,8 @@ class Interpreter {
       if (leaf.find(r) != std::string::npos) unsupported("call to " + name + " draws random numbers: not captured yet");
     for (const char* r : refused)
       if (leaf == r) unsupported("call to " + name + " is not captured (device, data or autograd state)");
-    if (!leaf.empty() && leaf.back() == '_') unsupported("in-place " + name + " is not captured yet");
+    bool dunder = leaf.size() > 4 && leaf.rfind("__", 0) == 0 && leaf.substr(leaf.size() - 2) == "__";
+    if (!leaf.empty() && leaf.back() == '_' && !dunder) unsupported("in-place " + name + " is not captured yet");
     for (auto& [k, v] : kwargs)
       if (k == "out") unsupported(name + "(out=...) is not captured");
     std::vector<ir::Node*> inputs;
@@ -2228,6 +2327,13 @@ class Interpreter {
       unsupported("call to " + name + " (no layout from meta tensors)");
     }
     keep_.push_back(r);
+    auto all_tensors = [&] {
+      if (!PyTuple_Check(r)) return is_tensor(r);
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r); ++i)
+        if (!is_tensor(PyTuple_GET_ITEM(r, i))) return false;
+      return PyTuple_GET_SIZE(r) > 0;
+    };
+    if (!all_tensors() && PyFunction_Check(f)) return nullptr;  // the caller inlines it instead
     std::vector<PyObject*> results;
     const bool tuple = PyTuple_Check(r);
     if (tuple) for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r); ++i) results.push_back(PyTuple_GET_ITEM(r, i));

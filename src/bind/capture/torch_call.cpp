@@ -24,6 +24,32 @@ int register_torch_call(PyObject* fn, PyObject* args, PyObject* kwargs, int outp
 
 const TorchCall& torch_call(int id) { return calls().at(static_cast<size_t>(id)); }
 
+namespace {
+
+PyObject* setitem_impl(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "setitem(base, index, value)");
+    return nullptr;
+  }
+  PyObject* copy = PyObject_CallMethod(args[0], "clone", nullptr);
+  if (!copy) return nullptr;
+  if (PyObject_SetItem(copy, args[1], args[2]) < 0) {
+    Py_DECREF(copy);
+    return nullptr;
+  }
+  return copy;
+}
+
+PyMethodDef setitem_def = {"setitem", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setitem_impl)),
+                           METH_FASTCALL, "A copy of base with base[index] = value."};
+
+}  // namespace
+
+PyObject* functional_setitem() {
+  static PyObject* f = PyCFunction_New(&setitem_def, nullptr);
+  return f;
+}
+
 PyObject* tensor_slot(int i) {
   return PyCapsule_New(reinterpret_cast<void*>(static_cast<intptr_t>(i) + 1), kSlot, nullptr);
 }

@@ -17,6 +17,10 @@ struct TorchCall {
 int register_torch_call(PyObject* fn, PyObject* args, PyObject* kwargs, int output);
 const TorchCall& torch_call(int id);
 
+// setitem(base, index, value) -> a copy of base with base[index] = value: indexed assignment
+// into a tensor, as a function the graph can call (borrowed; lives for the process).
+PyObject* functional_setitem();
+
 // The marker standing for the i-th tensor input in a template (new reference).
 PyObject* tensor_slot(int i);
 
