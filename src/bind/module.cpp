@@ -9,6 +9,7 @@
 #include "bind/runtime/compiled_function.h"
 #include "bind/runtime/stats.h"
 #include "core/compile/disk_cache.h"
+#include "core/ops/registry.h"
 
 namespace nb = nanobind;
 using namespace kiln::bind;
@@ -88,6 +89,26 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs) {
   return d;
 }
 
+// The op registry, one dict per op (docs/ops.md is generated from this).
+nb::list ops_list() {
+  nb::list out;
+  for (const kiln::ops::OpDef* d : kiln::ops::all_ops()) {
+    nb::dict o;
+    o["name"] = d->name;
+    o["schema"] = d->schema.str();
+    static const char* kinds[] = {"source", "pointwise", "reduction", "view", "extern", "composite"};  // OpKind order
+    int k = static_cast<int>(d->kind);
+    o["kind"] = k >= 0 && k < 6 ? kinds[k] : "other";
+    o["lowering"] = d->decompose ? std::string("decomposed") : d->kind == kiln::ops::OpKind::Extern ? "extern " + d->aten
+                    : d->kind == kiln::ops::OpKind::View ? std::string("view (index remap)") : std::string("loop IR");
+    nb::list py;
+    for (const std::string& p : d->python) py.append(p);
+    o["python"] = py;
+    out.append(o);
+  }
+  return out;
+}
+
 nb::dict stats_dict() {
   const Stats& s = stats();
   nb::dict d, reasons;
@@ -121,6 +142,7 @@ NB_MODULE(_C, m) {
   m.def("explain", &explain);
   m.def("reset", &reset_all);
   m.def("stats", &stats_dict);
+  m.def("ops", &ops_list);
   m.def("is_compiled", [](nb::handle o) { return is_compiled_function(o.ptr()); });
   m.def("target", [](nb::handle o) { return nb::borrow(compiled_function_target(o.ptr())); });
   m.def("cache_dir", [] { return kiln::compile::cache_dir(); });

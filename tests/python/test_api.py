@@ -545,3 +545,16 @@ def test_cache_dir_follows_env():
         assert os.path.abspath(kiln.cache_dir()) == os.path.abspath(os.environ["KILN_CACHE_DIR"])
     else:
         assert isinstance(kiln.cache_dir(), str) and kiln.cache_dir()
+
+
+def test_ops_doc_is_the_registry():
+    # docs/ops.md is generated from kiln._C.ops(): regenerate it with tools/gen_ops_md.py
+    import importlib.util
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("gen_ops_md", root / "tools" / "gen_ops_md.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (root / "docs" / "ops.md").read_text() == gen.render()
+    names = {o["name"] for o in kiln._C.ops()}
+    assert {"add", "softmax", "conv2d", "slice", "select", "torch_call"} <= names

@@ -49,7 +49,12 @@ class Interpreter {
     for (size_t i = 0; i < args.locals.size(); ++i) {
       if (!args.locals[i]) continue;
       locals_[i] = wrap(args.locals[i], Source::local_(static_cast<int>(i), args.names[i]));
-      bool priv = args.private_slots && i < args.private_slots->size() && (*args.private_slots)[i];
+      // *args and **kwargs are made for this call: the frame's own, whatever the caller passed
+      auto* co = reinterpret_cast<PyCodeObject*>(code_);
+      const size_t star = static_cast<size_t>(co->co_argcount + co->co_kwonlyargcount);
+      bool packed = (i == star && (co->co_flags & CO_VARARGS)) ||
+                    (i == star + !!(co->co_flags & CO_VARARGS) && (co->co_flags & CO_VARKEYWORDS));
+      bool priv = packed || (args.private_slots && i < args.private_slots->size() && (*args.private_slots)[i]);
       Var::Kind k = locals_[i]->kind;
       if (priv && (k == Var::Kind::List || k == Var::Kind::Dict || k == Var::Kind::Tuple))
         locals_[i]->source = nullptr;  // its items keep their sources: graph inputs are read through them

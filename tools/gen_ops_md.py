@@ -1,0 +1,66 @@
+#!/usr/bin/env python
+"""Writes docs/ops.md from kiln's op registry (kiln._C.ops()).
+
+    python tools/gen_ops_md.py            # rewrites docs/ops.md
+    python tools/gen_ops_md.py --check    # fails if docs/ops.md is out of date (the tests run this)
+"""
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import kiln  # noqa: E402
+
+DTYPES = {
+    "pointwise": "float32, float64, integers, bool (float16/bfloat16 run eagerly)",
+    "reduction": "float32, float64, integers, bool (float16/bfloat16 run eagerly)",
+    "view": "any",
+    "extern": "those torch's kernel takes",
+    "composite": "as the ops it decomposes into",
+    "source": "float32, float64, integers, bool",
+}
+
+
+def render() -> str:
+    ops = sorted(kiln._C.ops(), key=lambda o: (o["kind"], o["name"]))
+    lines = [
+        "# Ops",
+        "",
+        "Generated from kiln's op registry by `python tools/gen_ops_md.py`; do not edit by hand.",
+        "Each op has one entry in `src/core/ops/` (schema, shape and dtype rule, and a lowering: loop IR,",
+        "a view's index remap, a decomposition into other ops, or an extern call of torch's kernel).",
+        "",
+        "Torch operators with no entry here still run inside the graph: capture records them as",
+        "`torch_call` extern nodes (the layout from meta tensors, the operator called at run time),",
+        "so `torch.cat`, `topk`, `sort`, `cumsum`, `interpolate`, `pad`, `einsum`,",
+        "`scaled_dot_product_attention`, advanced indexing and the rest never break the graph.",
+        "",
+        f"{len(ops)} ops.",
+        "",
+        "| op | kind | lowering | dtypes | Python spellings | schema |",
+        "|---|---|---|---|---|---|",
+    ]
+    for o in ops:
+        py = ", ".join(f"`{p}`" for p in o["python"]) or "(internal)"
+        lines.append(f"| `{o['name']}` | {o['kind']} | {o['lowering']} | {DTYPES.get(o['kind'], '')} | {py} | "
+                     f"`{o['schema']}` |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    path = os.path.join(REPO, "docs", "ops.md")
+    text = render()
+    if "--check" in sys.argv:
+        with open(path) as f:
+            if f.read() != text:
+                print("docs/ops.md is out of date: run python tools/gen_ops_md.py", file=sys.stderr)
+                return 1
+        return 0
+    with open(path, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
