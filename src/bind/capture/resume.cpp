@@ -108,6 +108,23 @@ void emit(std::string& code, int op, int arg) {
   code.push_back(static_cast<char>(arg & 0xff));
 }
 
+// code.replace(**kw) (new reference or nullptr with an error set); takes kw's reference.
+PyObject* code_replace(PyObject* code, PyObject* kw) {
+  PyObject* replace = PyObject_GetAttrString(code, "replace");
+  PyObject* empty = PyTuple_New(0);
+  PyObject* out = replace ? PyObject_Call(replace, empty, kw) : nullptr;
+  Py_DECREF(empty);
+  Py_XDECREF(replace);
+  Py_DECREF(kw);
+  return out;
+}
+
+// Sets kw[k] = v, taking v's reference.
+void set_item(PyObject* kw, const char* k, PyObject* v) {
+  PyDict_SetItemString(kw, k, v);
+  Py_DECREF(v);
+}
+
 }  // namespace
 
 bool in_exception_block(PyObject* code, int offset) {
@@ -130,20 +147,11 @@ PyObject* make_trampoline(PyObject* code, PyObject* holder) {
   emit(body, ops.UNARY_NEGATIVE, 0);
   emit(body, ops.RETURN_VALUE, 0);
   PyObject* kw = PyDict_New();
-  auto set = [&](const char* k, PyObject* v) {
-    PyDict_SetItemString(kw, k, v);
-    Py_DECREF(v);
-  };
-  set("co_code", PyBytes_FromStringAndSize(body.data(), static_cast<Py_ssize_t>(body.size())));
-  set("co_consts", consts);
-  set("co_exceptiontable", PyBytes_FromStringAndSize("", 0));
-  set("co_linetable", PyBytes_FromStringAndSize("", 0));
-  PyObject* replace = PyObject_GetAttrString(code, "replace");
-  PyObject* empty = PyTuple_New(0);
-  PyObject* t = replace ? PyObject_Call(replace, empty, kw) : nullptr;
-  Py_DECREF(empty);
-  Py_XDECREF(replace);
-  Py_DECREF(kw);
+  set_item(kw, "co_code", PyBytes_FromStringAndSize(body.data(), static_cast<Py_ssize_t>(body.size())));
+  set_item(kw, "co_consts", consts);
+  set_item(kw, "co_exceptiontable", PyBytes_FromStringAndSize("", 0));
+  set_item(kw, "co_linetable", PyBytes_FromStringAndSize("", 0));
+  PyObject* t = code_replace(code, kw);
   if (!t) PyErr_Clear();
   return t;
 }
@@ -226,10 +234,7 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
   qual = qual.substr(0, qual.size() - PyUnicode_GET_LENGTH(co->co_name)) + name;
 
   PyObject* kw = PyDict_New();
-  auto set = [&](const char* k, PyObject* v) {
-    PyDict_SetItemString(kw, k, v);
-    Py_DECREF(v);
-  };
+  auto set = [&](const char* k, PyObject* v) { set_item(kw, k, v); };
   set("co_code", PyBytes_FromStringAndSize(new_code.data(), static_cast<Py_ssize_t>(new_code.size())));
   set("co_argcount", PyLong_FromLong(nv + nstack));
   set("co_posonlyargcount", PyLong_FromLong(0));
@@ -241,12 +246,7 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
   set("co_linetable", PyBytes_FromStringAndSize(lines.data(), static_cast<Py_ssize_t>(lines.size())));
   set("co_name", PyUnicode_FromString(name.c_str()));
   set("co_qualname", PyUnicode_FromString(qual.c_str()));
-  PyObject* replace = PyObject_GetAttrString(code, "replace");
-  PyObject* empty = PyTuple_New(0);
-  PyObject* new_co = replace ? PyObject_Call(replace, empty, kw) : nullptr;
-  Py_DECREF(empty);
-  Py_XDECREF(replace);
-  Py_DECREF(kw);
+  PyObject* new_co = code_replace(code, kw);
   PyObject* f = new_co ? PyFunction_New(new_co, PyFunction_GET_GLOBALS(fn)) : nullptr;
   Py_XDECREF(new_co);
   if (f && PyFunction_GET_CLOSURE(fn) && PyFunction_SetClosure(f, PyFunction_GET_CLOSURE(fn)) < 0) Py_CLEAR(f);
