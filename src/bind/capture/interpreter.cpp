@@ -465,6 +465,9 @@ class Interpreter {
           inputs.push_back(nullptr);
           continue;
         }
+        if (b.op->tensors_only && !v->is_tensor())
+          unsupported("shape/dtype check of " + b.op->name + " failed: TypeError: " + b.op->name + "(): argument '" +
+                      p.name + "' must be Tensor, not " + (v->is_const() ? Py_TYPE(v->obj)->tp_name : "a value"));
         inputs.push_back(as_node(v, p.name.c_str()));
         continue;
       }

@@ -330,6 +330,19 @@ std::vector<OpDef> pointwise_ops() {
     c.python = {"torch.clone", "Tensor.clone", "Tensor.contiguous"};
     ops.push_back(c);
   }
+  // What torch has kernels for: no bool for arithmetic that needs a sign or an order of
+  // magnitude, floating point only for the activations.
+  for (OpDef& d : ops) {
+    static const char* no_bool[] = {"abs", "ceil", "floor", "trunc", "relu", "floor_divide", "remainder", "pow", "neg"};
+    static const char* float_only[] = {"elu", "hardsigmoid", "hardswish", "leaky_relu", "silu", "softplus"};
+    static const char* tensors_only[] = {"logical_and", "logical_or", "maximum", "minimum"};
+    for (const char* n : no_bool)
+      if (d.name == n) d.operands = OpDef::Operands::NoBool;
+    for (const char* n : float_only)
+      if (d.name == n) d.operands = OpDef::Operands::FloatOnly;
+    for (const char* n : tensors_only)
+      if (d.name == n) d.tensors_only = true;
+  }
   return ops;
 }
 

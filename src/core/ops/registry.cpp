@@ -205,6 +205,15 @@ bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs&
   }
   if (!broadcast_shapes(shapes, out.sizes, error)) return false;
   DType common = pointwise_common_dtype(in);
+  bool bad = (op.operands == OpDef::Operands::NoBool && common == DType::Bool) ||
+             (op.operands == OpDef::Operands::FloatOnly && !is_floating(common));
+  if (bad) {
+    std::string device = first_tensor && first_tensor->meta.device.type == DeviceType::CUDA ? "cuda" : "cpu";
+    static const char* torch_names[] = {"Bool", "Byte", "Char", "Short", "Int", "Long", "Half", "BFloat16", "Float", "Double"};
+    error = "NotImplementedError: \"" + op.name + "_" + device + "\" not implemented for '" +
+            torch_names[static_cast<int>(common)] + "'";
+    return false;
+  }
   switch (op.promotion) {
     case Promotion::Default: out.dtype = common; break;
     case Promotion::IntToFloat: out.dtype = is_floating(common) ? common : default_float(); break;

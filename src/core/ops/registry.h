@@ -86,6 +86,10 @@ struct OpDef {
   // t and flatten that decompose into views): in-place updates must see through it.
   bool may_alias = false;
   bool aliases() const { return may_alias || kind == OpKind::View; }
+  // Operand dtypes torch has no kernel for (eager raises NotImplementedError there).
+  enum class Operands { Any, NoBool, FloatOnly } operands = Operands::Any;
+  // Tensor parameters that take no Python number (torch.maximum(x, 2) is a TypeError).
+  bool tensors_only = false;
 };
 
 const OpDef* find_op(const std::string& name);
