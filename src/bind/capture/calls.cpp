@@ -1,0 +1,1216 @@
+#include "bind/capture/interpreter.h"
+#include "bind/capture/resume.h"
+#include "bind/capture/torch_call.h"
+#include "bind/runtime/compiled_function.h"
+#include "bind/torch/tensor_bridge.h"
+
+namespace kiln::bind::detail {
+
+bool Interpreter::to_int_list(PyObject* o, std::vector<int64_t>& out) {
+  if (PyLong_Check(o) && !PyBool_Check(o)) {
+    out.push_back(PyLong_AsLongLong(o));
+    return true;
+  }
+  if (!PySequence_Check(o) || PyUnicode_Check(o)) return false;
+  Py_ssize_t n = PySequence_Size(o);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* it = PySequence_GetItem(o, i);
+    bool ok = PyLong_Check(it) && !PyBool_Check(it);
+    if (ok) out.push_back(PyLong_AsLongLong(it));
+    Py_DECREF(it);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const std::vector<std::pair<std::string, VarPtr>>& kwargs) {
+  bool inplace = false;
+  const ops::Schema& s = b.op->schema;
+  std::vector<ir::Node*> inputs;
+  ir::Attrs attrs = b.fixed;
+  size_t pos = 0;
+  std::vector<bool> used_kw(kwargs.size(), false);
+  for (size_t pi = 0; pi < s.params.size(); ++pi) {
+    const ops::Param& p = s.params[pi];
+    if (attrs.has(p.name)) continue;
+    VarPtr v;
+    if (!p.kwarg_only && pos < args.size()) {
+      // int[] takes the rest of the positionals when given as varargs: x.view(2, 3).
+      if (p.type.rfind("int[]", 0) == 0 && args[pos]->is_const() && PyLong_Check(args[pos]->obj) &&
+          pos + 1 < args.size() && pi + 1 == s.params.size()) {
+        std::vector<VarPtr> rest(args.begin() + pos, args.end());
+        v = Var::tuple(rest);
+        pos = args.size();
+      } else {
+        v = args[pos++];
+      }
+    } else {
+      for (size_t k = 0; k < kwargs.size(); ++k) {
+        bool alias = (p.name == "self" && kwargs[k].first == "input");
+        if (kwargs[k].first == p.name || alias) {
+          v = kwargs[k].second;
+          used_kw[k] = true;
+        }
+      }
+    }
+    if (!v) {
+      if (!p.has_default) unsupported(b.op->name + "() missing argument '" + p.name + "'");
+      if (p.is_tensor()) {
+        if (p.type == "Tensor?") inputs.push_back(nullptr);
+        else unsupported("tensor default for " + p.name);
+      } else if (auto d = p.default_value()) {
+        attrs.set(p.name, *d);  // explicit, as FX prints defaults: shape rules see every argument
+      }
+      continue;
+    }
+    if (p.is_tensor()) {
+      if (p.type == "Tensor?" && v->is_const() && v->obj == Py_None) {
+        inputs.push_back(nullptr);
+        continue;
+      }
+      if (b.op->tensors_only && !v->is_tensor())
+        unsupported("shape/dtype check of " + b.op->name + " failed: TypeError: " + b.op->name + "(): argument '" +
+                    p.name + "' must be Tensor, not " + (v->is_const() ? Py_TYPE(v->obj)->tp_name : "a value"));
+      inputs.push_back(as_node(v, p.name.c_str()));
+      continue;
+    }
+    PyObject* o = const_obj(v, p.name.c_str());
+    if (o == Py_None) {
+      if (p.type.back() != '?' && !(p.has_default && p.dflt == "None")) unsupported(p.name + " must not be None");
+      continue;
+    }
+    if (p.type == "bool") {
+      if (!PyBool_Check(o)) unsupported(p.name + " must be a bool");
+      if (p.name == "inplace" && o == Py_True) {
+        inplace = true;  // F.relu(x, inplace=True): the op, then x takes the result
+        attrs.set(p.name, false);
+        continue;
+      }
+      attrs.set(p.name, o == Py_True);
+    } else if (p.is_int_list()) {
+      std::vector<int64_t> l;
+      if (!to_int_list(o, l)) unsupported(p.name + " must be a list of ints");
+      if (p.list_size() > 1 && l.size() == 1) l.assign(p.list_size(), l[0]);  // stride=2 -> [2, 2]
+      attrs.set(p.name, l);
+    } else if (p.type.rfind("int", 0) == 0) {
+      if (!PyLong_Check(o) || PyBool_Check(o)) unsupported(p.name + " must be an int");
+      attrs.set(p.name, static_cast<int64_t>(PyLong_AsLongLong(o)));
+    } else if (p.type.rfind("float", 0) == 0 || p.type == "Scalar" || p.type == "Scalar?") {
+      if (PyBool_Check(o)) attrs.set(p.name, o == Py_True);
+      else if (PyLong_Check(o)) attrs.set(p.name, static_cast<int64_t>(PyLong_AsLongLong(o)));
+      else if (PyFloat_Check(o)) attrs.set(p.name, PyFloat_AsDouble(o));
+      else unsupported(p.name + " must be a number");
+    } else if (p.type.rfind("ScalarType", 0) == 0) {
+      DType t;
+      if (!dtype_from_object(o, t)) unsupported(p.name + " must be a supported torch.dtype");
+      attrs.set(p.name, t);
+    } else if (p.type.rfind("str", 0) == 0) {
+      if (!PyUnicode_Check(o)) unsupported(p.name + " must be a str");
+      attrs.set(p.name, std::string(PyUnicode_AsUTF8(o)));
+    } else {
+      unsupported("argument type " + p.type);
+    }
+  }
+  if (pos < args.size()) unsupported(b.op->name + "() got too many positional arguments");
+  for (size_t k = 0; k < kwargs.size(); ++k)
+    if (!used_kw[k]) unsupported(b.op->name + "() got an unexpected keyword argument '" + kwargs[k].first + "'");
+  // Python numbers only as operands of ops with other tensor operands (torch.sin(2.0) is eager's).
+  bool any_tensor = false;
+  for (ir::Node* n : inputs) any_tensor |= n && !n->meta.wrapped_number;
+  if (!any_tensor) unsupported(b.op->name + "() called without tensor arguments");
+  if (inplace) {
+    const VarPtr& target = args.empty() ? kwargs.front().second : args.front();
+    if (!target->is_tensor()) unsupported("in-place " + b.op->name + " on a non-tensor");
+    check_inplace_target(target, b.op->name);
+    return mutate(target, add_node(b.op, inputs, attrs));
+  }
+  return Var::tensor(add_node(b.op, inputs, attrs));
+}
+
+VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
+  switch (fn->kind) {
+    case Var::Kind::Method:
+      if (fn->obj) {  // a base-class function reached through super()
+        args.insert(args.begin(), fn->self);
+        return inline_call(fn->obj, nullptr, std::move(args), kwargs);
+      }
+      if (fn->self->kind == Var::Kind::Tuple || fn->self->kind == Var::Kind::List)
+        return call_sequence_method(fn->self, fn->name, std::move(args), kwargs);
+      if (is_dict(fn->self)) return call_dict_method(fn->self, fn->name, std::move(args), kwargs);
+      if (fn->self->kind == Var::Kind::Module) return call_module_method(fn->self, fn->name, std::move(args), kwargs);
+      return call_tensor_method(fn->self, fn->name, std::move(args), kwargs);
+    case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
+    case Var::Kind::Function: return inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
+    case Var::Kind::Const:
+      if (fn->name == "grad_mode_exit") {  // the __exit__ of with torch.no_grad() and friends
+        root()->grad_mode_ = fn->self->obj == Py_True;
+        return Var::constant(Py_False);
+      }
+      return call_const(fn, std::move(args), kwargs);
+    default: unsupported("call of a non-callable value");
+  }
+}
+
+VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<VarPtr> args, const KwArgs& kwargs,
+                   const std::vector<VarPtr>* cells) {
+  auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(f));
+  std::string name = PyUnicode_AsUTF8(co->co_qualname);
+  if (depth_ >= 32) unsupported("inlining deeper than 32 calls (recursion?) at " + name);
+  if (co->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE))
+    unsupported(name + " is a coroutine");
+  Interpreter child(f, out_, this, std::move(f_source));
+  if (cells) {
+    int first_free = co->co_nlocalsplus - co->co_nfreevars;
+    for (size_t k = 0; k < cells->size(); ++k) child.locals_[first_free + k] = (*cells)[k];
+  }
+  const int npos = co->co_argcount, nkwonly = co->co_kwonlyargcount;
+  const bool varargs = co->co_flags & CO_VARARGS, varkw = co->co_flags & CO_VARKEYWORDS;
+  PyObject* varnames = PyCode_GetVarnames(co);
+  keep_.push_back(varnames);
+  auto slot_name = [&](int i) { return std::string(PyUnicode_AsUTF8(PyTuple_GET_ITEM(varnames, i))); };
+  std::vector<VarPtr>& L = child.locals_;
+  for (size_t i = 0; i < args.size() && i < static_cast<size_t>(npos); ++i) L[i] = args[i];
+  if (args.size() > static_cast<size_t>(npos)) {
+    if (!varargs) unsupported(name + "() takes " + std::to_string(npos) + " positional arguments");
+    L[npos + nkwonly] = Var::tuple(std::vector<VarPtr>(args.begin() + npos, args.end()));
+  } else if (varargs) {
+    L[npos + nkwonly] = Var::tuple({});
+  }
+  VarPtr extra = Var::dict();  // keywords no parameter takes: **kwargs
+  for (const auto& [k, v] : kwargs) {
+    int slot = -1;
+    for (int i = co->co_posonlyargcount; i < npos + nkwonly; ++i)
+      if (slot_name(i) == k) slot = i;
+    if (slot < 0) {
+      if (!varkw) unsupported(name + "() got an unexpected keyword argument '" + k + "'");
+      PyObject* key = PyUnicode_FromString(k.c_str());
+      dict_set(extra, key, v);
+      Py_DECREF(key);
+      continue;
+    }
+    if (L[slot]) unsupported(name + "() got multiple values for argument '" + k + "'");
+    L[slot] = v;
+  }
+  if (varkw) L[npos + nkwonly + varargs] = extra;
+  PyObject* defaults = PyFunction_GET_DEFAULTS(f);
+  Py_ssize_t ndef = defaults ? PyTuple_GET_SIZE(defaults) : 0;
+  for (int i = 0; i < npos; ++i) {
+    if (L[i]) continue;
+    Py_ssize_t d = i - (npos - ndef);
+    if (d < 0) unsupported(name + "() missing argument '" + slot_name(i) + "'");
+    PyObject* dv = PyTuple_GET_ITEM(defaults, d);
+    // Defaults can be reassigned (f.__defaults__ = ...): guarded like any other value read.
+    L[i] = child.fn_source_ ? wrap(dv, Source::item(Source::attr(child.fn_source_, "__defaults__"), d)) : Var::constant(dv);
+  }
+  PyObject* kwdefaults = PyFunction_GET_KW_DEFAULTS(f);
+  for (int i = npos; i < npos + nkwonly; ++i) {
+    if (L[i]) continue;
+    PyObject* v = kwdefaults ? PyDict_GetItemString(kwdefaults, slot_name(i).c_str()) : nullptr;
+    if (!v) unsupported(name + "() missing keyword argument '" + slot_name(i) + "'");
+    // Keyword-only defaults: the dict is guarded by identity (reassigning it recompiles).
+    if (child.fn_source_) out_.guards.add_identity(Source::attr(child.fn_source_, "__kwdefaults__"), kwdefaults);
+    L[i] = Var::constant(v);
+  }
+  VarPtr r = child.run_frame();
+  if (co->co_flags & CO_GENERATOR) {
+    // A generator runs to its end at once: the caller iterates over what it yielded.
+    VarPtr it = Var::tuple(std::move(child.yields_));
+    it->kind = Var::Kind::Iterator;
+    return it;
+  }
+  return r;
+}
+
+std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
+  if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Iterator) return v->items;
+  if (is_dict(v)) {
+    std::vector<VarPtr> keys;
+    for (auto& [k, unused] : dict_entries(v)) keys.push_back(Var::constant(k));
+    return keys;
+  }
+  if (v->is_const() && (PyAnySet_Check(v->obj) || PyUnicode_Check(v->obj) || PyDictViewSet_Check(v->obj) ||
+                        PyDictValues_Check(v->obj))) {
+    if (v->source) unsupported("iteration over a set or view the caller can see");
+    PyObject* fast = PySequence_List(v->obj);
+    if (!fast) real(nullptr);
+    keep_.push_back(fast);
+    std::vector<VarPtr> out;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fast); ++i) out.push_back(Var::constant(PyList_GET_ITEM(fast, i)));
+    return out;
+  }
+  if (v->kind == Var::Kind::Module) {
+    // Children in order, by name (Sequential may name them: OrderedDict construction); a
+    // ModuleDict or ParameterDict yields its keys, like a dict.
+    std::string type = Py_TYPE(v->obj)->tp_name;
+    bool keys = type == "ModuleDict" || type == "ParameterDict";
+    std::vector<VarPtr> out;
+    for (const std::string& n : module_keys(v))
+      out.push_back(keys ? real(PyUnicode_FromString(n.c_str())) : module_attr(v, n.c_str()));
+    return out;
+  }
+  if (v->is_const()) {
+    PyObject* o = v->obj;
+    if (!(PyRange_Check(o) || PyTuple_Check(o) || PyList_Check(o))) unsupported("iteration over a " + std::string(Py_TYPE(o)->tp_name));
+    Py_ssize_t n = PySequence_Size(o);
+    if (n > 10000) unsupported("loop of more than 10000 iterations");
+    std::vector<VarPtr> out;
+    for (Py_ssize_t i = 0; i < n; ++i) out.push_back(Var::steal_constant(PySequence_GetItem(o, i)));
+    return out;
+  }
+  unsupported("iteration over a tensor is not captured yet");
+}
+
+VarPtr Interpreter::iteration_builtin(PyObject* f, const std::vector<VarPtr>& args) {
+  std::vector<VarPtr> out;
+  if (f == builtin("reversed")) {
+    if (args.size() != 1) unsupported("reversed() takes one argument");
+    out = items_of(args[0]);
+    std::reverse(out.begin(), out.end());
+  } else if (f == builtin("enumerate")) {
+    if (args.empty() || args.size() > 2) unsupported("enumerate() with unusual arguments");
+    long start = args.size() == 2 ? PyLong_AsLong(const_obj(args[1], "start")) : 0;
+    std::vector<VarPtr> items = items_of(args[0]);
+    for (size_t i = 0; i < items.size(); ++i)
+      out.push_back(Var::tuple({Var::steal_constant(PyLong_FromLong(start + static_cast<long>(i))), items[i]}));
+  } else {
+    std::vector<std::vector<VarPtr>> seqs;
+    size_t n = SIZE_MAX;
+    for (const VarPtr& a : args) {
+      seqs.push_back(items_of(a));
+      n = std::min(n, seqs.back().size());
+    }
+    if (seqs.empty()) n = 0;
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<VarPtr> t;
+      for (auto& sq : seqs) t.push_back(sq[i]);
+      out.push_back(Var::tuple(std::move(t)));
+    }
+  }
+  VarPtr it = Var::tuple(std::move(out));
+  it->kind = Var::Kind::Iterator;
+  return it;
+}
+
+bool Interpreter::is_torch_internal(PyObject* f) {
+  PyObject* mod = PyObject_GetAttrString(f, "__module__");
+  if (!mod) PyErr_Clear();
+  std::string m = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : "";
+  bool torch = m == "torch" || m.rfind("torch.", 0) == 0;  // torchvision and others are user code here
+  Py_XDECREF(mod);
+  return torch;
+}
+
+VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
+  PyObject* f = fn->obj;
+  if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
+  if (f == builtin("super") && kwargs.empty()) return make_super(args);
+  if (!function_binding(f) && !args.empty() && args[0]->is_tensor()) {
+    // torch.relu_(x), torch.sigmoid_(x): the Tensor method of the same name
+    std::string n = callable_name(f);
+    if (n.rfind("torch.", 0) == 0 && n.size() > 7 && n.back() == '_' && n[n.size() - 2] != '_') {
+      std::string method = n.substr(n.rfind('.') + 1);
+      if (method_binding(method.substr(0, method.size() - 1))) {
+        std::vector<VarPtr> rest(args.begin() + 1, args.end());
+        return call_tensor_method(args[0], method, std::move(rest), kwargs);
+      }
+    }
+  }
+  if ((f == builtin("getattr") || f == builtin("hasattr")) && kwargs.empty() && args.size() >= 2 &&
+      (args[0]->kind == Var::Kind::Module || (args[0]->is_const() && args[0]->source)) && args[1]->is_const() &&
+      PyUnicode_Check(args[1]->obj)) {
+    // getattr(self, f"fc{i}"), getattr(cfg, "eps"): read as self.fc0 / cfg.eps would be, guarded
+    const char* attr = PyUnicode_AsUTF8(args[1]->obj);
+    int has = PyObject_HasAttrString(args[0]->obj, attr);
+    if (f == builtin("hasattr")) {
+      if (has) getattr(args[0], attr);
+      return Var::constant(has ? Py_True : Py_False);
+    }
+    if (!has && args.size() == 3) return args[2];
+    return getattr(args[0], attr);
+  }
+  if (VarPtr r = grad_mode_context(f, args, kwargs)) return r;
+  if (VarPtr r = builtin_over_trackers(f, args, kwargs)) return r;
+  static PyObject* partial_type = [] {
+    PyObject* ft = PyImport_ImportModule("functools");
+    PyObject* t = ft ? PyObject_GetAttrString(ft, "partial") : nullptr;
+    Py_XDECREF(ft);
+    PyErr_Clear();
+    return t;
+  }();
+  if (f == partial_type && !args.empty() && std::all_of(args.begin(), args.end(), [](auto& a) { return a->is_const() || a->kind == Var::Kind::Module; }) &&
+      std::all_of(kwargs.begin(), kwargs.end(), [](auto& kv) { return kv.second->is_const(); })) {
+    // functools.partial(g, ...) of values known here: a real partial, built now.
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]->obj));
+    PyObject* kw = PyDict_New();
+    for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), v->obj);
+    PyObject* p = PyObject_Call(partial_type, t, kw);
+    Py_DECREF(t);
+    Py_DECREF(kw);
+    return real(p);
+  }
+  if (partial_type && Py_TYPE(f) == reinterpret_cast<PyTypeObject*>(partial_type)) {
+    // functools.partial(g, *a, **k)(...): g(*a, ..., **k, ...); its fields are read-only.
+    PyObject* pargs = PyObject_GetAttrString(f, "args");
+    PyObject* pkw = PyObject_GetAttrString(f, "keywords");
+    keep_.push_back(pargs);
+    keep_.push_back(pkw);
+    std::vector<VarPtr> all;
+    for (Py_ssize_t i = 0; pargs && i < PyTuple_GET_SIZE(pargs); ++i) all.push_back(Var::constant(PyTuple_GET_ITEM(pargs, i)));
+    all.insert(all.end(), args.begin(), args.end());
+    KwArgs kw;
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (pkw && PyDict_Check(pkw) && PyDict_Next(pkw, &pos, &k, &v)) kw.emplace_back(PyUnicode_AsUTF8(k), Var::constant(v));
+    for (auto& x : kwargs) kw.push_back(x);
+    PyObject* inner = PyObject_GetAttrString(f, "func");
+    keep_.push_back(inner);
+    VarPtr g = fn->source ? wrap(inner, Source::attr(fn->source, "func")) : Var::constant(inner);
+    return call(g, std::move(all), std::move(kw));
+  }
+  if (is_compiled_function(f) && !compiled_function_disabled(f)) {
+    // A compiled function called from compiled code: its body is inlined into this graph.
+    PyObject* target = compiled_function_target(f);
+    if (PyFunction_Check(target) && fn->source)
+      return inline_call(target, Source::attr(fn->source, "__wrapped__"), std::move(args), kwargs);
+  }
+  if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
+  if (PyMethod_Check(f) && PyFunction_Check(PyMethod_GET_FUNCTION(f)) && !is_torch_internal(PyMethod_GET_FUNCTION(f))) {
+    // A bound method of a user object: inline its function with the receiver first.
+    if (!fn->source) unsupported("bound method with no known source");
+    VarPtr self = wrap(PyMethod_GET_SELF(f), Source::attr(fn->source, "__self__"));
+    args.insert(args.begin(), self);
+    return inline_call(PyMethod_GET_FUNCTION(f), Source::attr(fn->source, "__func__"), std::move(args), kwargs);
+  }
+  if (fn->source && !PyType_Check(f) && !PyCFunction_Check(f) &&
+      PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(f)), "__call__")) {
+    PyObject* call_attr = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(f)), "__call__");
+    bool python = call_attr && PyFunction_Check(call_attr);
+    Py_XDECREF(call_attr);
+    PyErr_Clear();
+    if (python) return call(getattr(fn, "__call__"), std::move(args), std::move(kwargs));  // obj(x): type(obj).__call__
+  }
+  std::string name = callable_name(f);
+  std::function<bool(const VarPtr&)> has_tensor = [&](const VarPtr& a) {
+    if (a->is_tensor()) return true;
+    if (a->kind == Var::Kind::Tuple || a->kind == Var::Kind::List) return std::any_of(a->items.begin(), a->items.end(), has_tensor);
+    return false;
+  };
+  bool any_tensor = std::any_of(args.begin(), args.end(), has_tensor) ||
+                    std::any_of(kwargs.begin(), kwargs.end(), [&](auto& kv) { return has_tensor(kv.second); });
+  static PyObject* torch_max = resolve_torch("max");
+  static PyObject* torch_min = resolve_torch("min");
+  if (f == torch_max || f == torch_min) {
+    name = f == torch_max ? "torch.max" : "torch.min";
+    if (args.size() == 1 && kwargs.empty())
+      return call_op(*function_binding(resolve_torch(name == "torch.max" ? "amax" : "amin")), args, {});
+    if (args.size() == 2 && args[1]->is_tensor() && kwargs.empty())
+      return call_op(*function_binding(resolve_torch(name == "torch.max" ? "maximum" : "minimum")), args, {});
+    unsupported(name + " with a dim returns (values, indices): not captured yet");
+  }
+  if ((f == builtin("zip") || f == builtin("enumerate") || f == builtin("reversed")) && kwargs.empty())
+    return iteration_builtin(f, args);
+  if (f == builtin("enumerate") && kwargs.size() == 1 && kwargs[0].first == "start" && args.size() == 1)
+    return iteration_builtin(f, {args[0], kwargs[0].second});
+  if (f == builtin("next") && (args.size() == 1 || args.size() == 2) && args[0]->kind == Var::Kind::Iterator) {
+    VarPtr& it = args[0];
+    if (it->items.empty()) {
+      if (args.size() == 2) return args[1];
+      unsupported("next() of an exhausted iterator: StopIteration");
+    }
+    VarPtr v = it->items.front();
+    it->items.erase(it->items.begin());
+    return v;
+  }
+  if (f == builtin("iter") && args.size() == 1 && kwargs.empty()) {
+    VarPtr it = Var::tuple(items_of(args[0]));
+    it->kind = Var::Kind::Iterator;
+    return it;
+  }
+  // Questions models ask about how they run: not scripted, not traced (eager's answers).
+  static const std::vector<PyObject*> answers_false = [this] {
+    std::vector<PyObject*> fs;
+    for (const char* path : {"torch.jit.is_scripting", "torch.jit.is_tracing", "torch._jit_internal.is_scripting",
+                             "torch._C._get_tracing_state", "torch.compiler.is_compiling",
+                             "torch.compiler.is_dynamo_compiling", "torch._utils.is_compiling"}) {
+      try {
+        fs.push_back(resolve_torch_path(path));
+      } catch (const Unsupported&) {
+      }
+    }
+    return fs;
+  }();
+  if (args.empty() && kwargs.empty() && std::find(answers_false.begin(), answers_false.end(), f) != answers_false.end())
+    return Var::constant(f == answers_false[3] ? Py_None : Py_False);
+  static PyObject* torch_assert = resolve_torch("_assert");
+  if (f == torch_assert && !args.empty() && args[0]->is_const()) {
+    if (!truth(args[0])) unsupported("torch._assert fails: eager raises");
+    return Var::constant(Py_None);
+  }
+  static PyObject* is_grad_enabled = resolve_torch("is_grad_enabled");
+  if (f == is_grad_enabled && args.empty()) return Var::constant(root()->grad_mode_ ? Py_True : Py_False);
+  if (f == builtin("type") && args.size() == 1 && args[0]->is_tensor() && args[0]->node->op_name() != "placeholder")
+    return Var::constant(resolve_torch("Tensor"));
+  if (f == builtin("callable") && args.size() == 1 && !args[0]->is_const())
+    return Var::constant(args[0]->kind == Var::Kind::Module || args[0]->kind == Var::Kind::Function ||
+                                 args[0]->kind == Var::Kind::Method
+                             ? Py_True
+                             : Py_False);
+  if (f == builtin("abs") && args.size() == 1 && args[0]->is_tensor())
+    return Var::tensor(add_node("abs", {args[0]->node}));
+  if (f == builtin("len") && args.size() == 1 && args[0]->kind == Var::Kind::Module)
+    return Var::steal_constant(PyLong_FromSsize_t(module_children(args[0])));
+  if (f == builtin("len") && args.size() == 1 && args[0]->is_tensor()) {
+    const ir::TensorMeta& m = args[0]->node->meta;
+    if (m.dim() == 0) unsupported("len() of a 0-d tensor");
+    return size_const(m.sizes[0]);
+  }
+  if (f == builtin("isinstance") && args.size() == 2 && args[0]->is_tensor()) {
+    PyObject* tensor_type = resolve_torch("Tensor");
+    return Var::constant(PyObject_IsSubclass(tensor_type, args[1]->obj) == 1 ? Py_True : Py_False);
+  }
+  static const std::vector<PyObject*> dropouts = [this] {
+    std::vector<PyObject*> fs;
+    for (const char* d : {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
+      fs.push_back(resolve_torch_path(std::string("torch.nn.functional.") + d));
+    return fs;
+  }();
+  if (std::find(dropouts.begin(), dropouts.end(), f) != dropouts.end() && !args.empty() && args[0]->is_tensor()) {
+    // F.dropout(x, p, training=False) is x; in training it draws random numbers (Python's)
+    VarPtr training;
+    for (auto& [k, v] : kwargs)
+      if (k == "training") training = v;
+    if (!training && args.size() >= 3) training = args[2];
+    if (training && training->is_const() && training->obj == Py_False) return args[0];
+  }
+  static const std::vector<PyObject*> torch_function_checks = [this] {
+    std::vector<PyObject*> fs;
+    for (const char* n : {"_has_torch_function", "_has_torch_function_unary", "_has_torch_function_variadic"})
+      fs.push_back(resolve_torch_path(std::string("torch._C.") + n));
+    return fs;
+  }();
+  if (std::find(torch_function_checks.begin(), torch_function_checks.end(), f) != torch_function_checks.end())
+    return Var::constant(Py_False);  // graph tensors are plain tensors (inputs' types are guarded)
+  static PyObject* dispatch_stack_len = resolve_torch_path("torch._C._len_torch_dispatch_stack");
+  if (f == dispatch_stack_len && args.empty()) return Var::steal_constant(PyLong_FromLong(0));  // no modes in a graph
+  if (any_tensor && is_torch_internal(f)) {
+    if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
+    // a torch Python helper that answers with Python values (a check, a size): inlined
+    return inline_call(f, fn->source, std::move(args), kwargs);
+  }
+  // torch's own Python helpers on Python values (F._none_or_dtype, ...): inlined like user code
+  if (!any_tensor && PyFunction_Check(f)) return inline_call(f, fn->source, std::move(args), kwargs);
+  static const std::vector<PyObject*> state_queries = [this] {
+    std::vector<PyObject*> fs;
+    for (const char* path : {"torch.is_autocast_enabled", "torch.is_autocast_cpu_enabled", "torch.get_default_dtype",
+                             "torch.is_inference_mode_enabled", "torch.get_autocast_gpu_dtype"}) {
+      try {
+        fs.push_back(resolve_torch_path(path));
+      } catch (const Unsupported&) {
+      }
+    }
+    return fs;
+  }();
+  if (!any_tensor && std::find(state_queries.begin(), state_queries.end(), f) != state_queries.end()) {
+    // torch's global modes, read as they are now (kiln does not compile under autocast)
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "argument")));
+    PyObject* r = PyObject_Call(f, t, nullptr);
+    Py_DECREF(t);
+    return real(r);
+  }
+  static PyObject* log_usage = resolve_torch_path("torch._C._log_api_usage_once");
+  if (f == log_usage) return Var::constant(Py_None);  // usage logging: nothing the program sees
+  if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
+  if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+  for (size_t i = 0; i < args.size(); ++i) {
+    PyObject* o = const_obj(args[i], "argument");
+    Py_INCREF(o);
+    PyTuple_SET_ITEM(tuple, i, o);
+  }
+  PyObject* kw = nullptr;
+  if (!kwargs.empty()) {
+    kw = PyDict_New();
+    for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), const_obj(v, "argument"));
+  }
+  PyObject* r = PyObject_Call(f, tuple, kw);
+  Py_DECREF(tuple);
+  Py_XDECREF(kw);
+  return real(r);
+}
+
+VarPtr Interpreter::grad_mode_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  static PyObject* no_grad = resolve_torch("no_grad");
+  static PyObject* enable_grad = resolve_torch("enable_grad");
+  static PyObject* inference_mode = resolve_torch("inference_mode");
+  static PyObject* set_grad_enabled = resolve_torch("set_grad_enabled");
+  bool mode;
+  if (f == no_grad && args.empty() && kwargs.empty()) mode = false;
+  else if (f == enable_grad && args.empty() && kwargs.empty()) mode = true;
+  else if (f == inference_mode && kwargs.empty() && args.size() <= 1)
+    mode = args.empty() ? false : !truth(args[0]);
+  else if (f == set_grad_enabled && kwargs.empty() && args.size() == 1)
+    unsupported("torch.set_grad_enabled() changes grad mode when called: not captured yet");
+  else return nullptr;
+  VarPtr v = Var::constant(mode ? Py_True : Py_False);
+  v->name = "grad_mode";
+  return v;
+}
+
+VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  auto tracker = [](const VarPtr& v) {
+    return v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Dict ||
+           v->kind == Var::Kind::Iterator;
+  };
+  if (!kwargs.empty()) return nullptr;
+  if ((f == builtin("list") || f == builtin("tuple")) && args.empty()) return Var::tuple({}, f == builtin("list"));
+  if (f == builtin("dict") && args.empty()) return Var::dict();
+  if (f == builtin("map") && args.size() >= 2 && std::any_of(args.begin() + 1, args.end(), tracker)) {
+    std::vector<std::vector<VarPtr>> cols;
+    for (size_t i = 1; i < args.size(); ++i) cols.push_back(items_of(args[i]));
+    size_t n = cols[0].size();
+    for (auto& c : cols) n = std::min(n, c.size());
+    std::vector<VarPtr> out;
+    for (size_t j = 0; j < n; ++j) {
+      std::vector<VarPtr> call_args;
+      for (auto& c : cols) call_args.push_back(c[j]);
+      out.push_back(call(args[0], std::move(call_args), {}));
+    }
+    VarPtr it = Var::tuple(std::move(out));
+    it->kind = Var::Kind::Iterator;
+    return it;
+  }
+  if (f == builtin("filter") && args.size() == 2 && (tracker(args[1]) || args[0]->kind == Var::Kind::Function)) {
+    std::vector<VarPtr> out;
+    for (const VarPtr& x : items_of(args[1])) {
+      bool keep = args[0]->is_const() && args[0]->obj == Py_None ? truth(x) : truth(call(args[0], {x}, {}));
+      if (keep) out.push_back(x);
+    }
+    VarPtr it = Var::tuple(std::move(out));
+    it->kind = Var::Kind::Iterator;
+    return it;
+  }
+  if (args.empty() || !tracker(args[0])) return nullptr;
+  const VarPtr& a = args[0];
+  if (f == builtin("len") && args.size() == 1 && a->kind != Var::Kind::Iterator)
+    return Var::steal_constant(PyLong_FromSize_t(a->items.size()));
+  if ((f == builtin("list") || f == builtin("tuple")) && args.size() == 1) return Var::tuple(items_of(a), f == builtin("list"));
+  if (f == builtin("dict") && args.size() == 1) {
+    VarPtr d = Var::dict();
+    if (a->kind == Var::Kind::Dict) {
+      for (auto& [k, v] : dict_entries(a)) dict_set(d, k, v);
+    } else {
+      for (const VarPtr& pair : items_of(a)) {
+        std::vector<VarPtr> kv = items_of(pair);
+        if (kv.size() != 2) unsupported("dict() of items that are not pairs");
+        dict_set(d, const_obj(kv[0], "dict key"), kv[1]);
+      }
+    }
+    return d;
+  }
+  if ((f == builtin("min") || f == builtin("max") || f == builtin("sorted") || f == builtin("set") ||
+       f == builtin("frozenset")) && args.size() == 1) {
+    // over values known here: Python computes it
+    std::vector<VarPtr> items = items_of(a);
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
+    for (size_t i = 0; i < items.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(items[i], "item")));
+    PyObject* r = PyObject_CallOneArg(f, t);
+    Py_DECREF(t);
+    return real(r);
+  }
+  if (f == builtin("sum") && (args.size() == 1 || args.size() == 2)) {
+    VarPtr acc = args.size() == 2 ? args[1] : Var::steal_constant(PyLong_FromLong(0));
+    for (const VarPtr& x : items_of(a)) acc = binary("NB_ADD", acc, x);
+    return acc;
+  }
+  if ((f == builtin("any") || f == builtin("all")) && args.size() == 1) {
+    bool any = f == builtin("any");
+    for (const VarPtr& x : items_of(a))
+      if (truth(x) == any) return Var::constant(any ? Py_True : Py_False);
+    return Var::constant(any ? Py_False : Py_True);
+  }
+  if (f == builtin("isinstance") && args.size() == 2) {
+    PyTypeObject* t = a->kind == Var::Kind::Tuple ? &PyTuple_Type : a->kind == Var::Kind::List ? &PyList_Type : &PyDict_Type;
+    int r = PyObject_IsSubclass(reinterpret_cast<PyObject*>(t), const_obj(args[1], "class"));
+    if (r < 0) real(nullptr);
+    return Var::constant(r ? Py_True : Py_False);
+  }
+  return nullptr;
+}
+
+bool Interpreter::private_container_method(PyObject* f) {
+  if (!PyCFunction_Check(f)) return false;
+  PyObject* self = PyCFunction_GET_SELF(f);
+  return self && (PyList_CheckExact(self) || PyDict_CheckExact(self) || PySet_CheckExact(self));
+}
+
+bool Interpreter::pure_callable(PyObject* f) {
+  static const char* names[] = {"len",   "abs",     "min",        "max",     "int",     "float",     "bool",
+                                "range", "tuple",   "list",       "round",   "pow",     "divmod",    "isinstance",
+                                "sum",   "any",     "all",        "str",     "hasattr", "getattr",   "set",
+                                "frozenset", "sorted", "callable", "repr",   "dict",    "issubclass", "chr", "ord"};
+  for (const char* n : names)
+    if (f == builtin(n)) return true;
+  if (f == builtin("type")) return true;  // type(obj) of a Python value
+  // Methods of strings, numbers and tuples (immutable receivers): "{}".format, "-".join, ...
+  if (PyCFunction_Check(f)) {
+    PyObject* self = PyCFunction_GET_SELF(f);
+    if (self && (PyUnicode_Check(self) || PyLong_Check(self) || PyFloat_Check(self) || PyTuple_Check(self) ||
+                 PyBytes_Check(self)))
+      return true;
+  }
+  PyObject* mod = PyObject_GetAttrString(f, "__module__");
+  if (!mod) PyErr_Clear();
+  bool math = mod && PyUnicode_Check(mod) && std::string(PyUnicode_AsUTF8(mod)) == "math";
+  Py_XDECREF(mod);
+  if (!math) {
+    // Builtin functions of the math module report no __module__ on some versions.
+    PyObject* self = PyCFunction_Check(f) ? PyCFunction_GET_SELF(f) : nullptr;
+    math = self && PyModule_Check(self) && std::string(PyModule_GetName(self)) == "math";
+    if (PyErr_Occurred()) PyErr_Clear();
+  }
+  if (math) return true;
+  DType t;
+  return dtype_from_object(f, t);
+}
+
+PyObject* Interpreter::builtin(const char* name) { return PyDict_GetItemString(builtins_, name); }
+
+PyObject* Interpreter::resolve_torch(const std::string& attr) {
+  static PyObject* torch = PyImport_ImportModule("torch");
+  PyObject* r = PyObject_GetAttrString(torch, attr.c_str());
+  if (!r) PyErr_Clear();
+  if (r) keep_.push_back(r);
+  return r;
+}
+
+std::string Interpreter::callable_name(PyObject* f) {
+  PyObject* mod = PyObject_GetAttrString(f, "__module__");
+  PyObject* qn = PyObject_GetAttrString(f, "__qualname__");
+  PyErr_Clear();
+  std::string m = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : "";
+  std::string q = qn && PyUnicode_Check(qn) ? PyUnicode_AsUTF8(qn) : Py_TYPE(f)->tp_name;
+  Py_XDECREF(mod);
+  Py_XDECREF(qn);
+  if (m == "torch" || m.empty()) return m.empty() ? q : "torch." + q;
+  return m + "." + q;
+}
+
+VarPtr Interpreter::size_const(const sym::Expr& e) {
+  auto c = e.as_const();
+  if (!c) unsupported("symbolic size");
+  return Var::steal_constant(PyLong_FromLongLong(*c));
+}
+
+VarPtr Interpreter::shape_tuple(const ir::TensorMeta& m) {
+  static PyObject* size_type = resolve_torch("Size");
+  PyObject* t = PyTuple_New(m.dim());
+  for (int64_t i = 0; i < m.dim(); ++i) {
+    auto c = m.sizes[i].as_const();
+    if (!c) unsupported("symbolic size");
+    PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(*c));
+  }
+  PyObject* size = PyObject_CallOneArg(size_type, t);
+  Py_DECREF(t);
+  return real(size);
+}
+
+VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  const ir::TensorMeta& m = self->node->meta;
+  if (name == "size") {
+    if (args.empty() && kwargs.empty()) return shape_tuple(m);
+    int64_t d = PyLong_AsLongLong(const_obj(args.empty() ? kwargs[0].second : args[0], "dim"));
+    std::string err;
+    if (!ops::wrap_dim(d, m.dim(), err)) unsupported(err);
+    return size_const(m.sizes[d]);
+  }
+  if (name == "dim" || name == "ndimension") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
+  if (name == "numel" || name == "nelement") return size_const(m.numel());
+  if (name == "is_contiguous") return Var::constant(m.strides == ir::contiguous_strides(m.sizes) ? Py_True : Py_False);
+  if (name == "element_size") return Var::steal_constant(PyLong_FromLong(dtype_size(m.dtype)));
+  if (name == "is_floating_point" && args.empty()) return Var::constant(is_floating(m.dtype) ? Py_True : Py_False);
+  if (name == "is_complex" && args.empty()) return Var::constant(Py_False);
+  if (name == "get_device" && args.empty())
+    return Var::steal_constant(PyLong_FromLong(m.device.type == DeviceType::CUDA ? m.device.index : -1));
+  if (name == "item" || name == "tolist" || name == "numpy" || name == "__bool__" || name == "nonzero")
+    unsupported("Tensor." + name + "() depends on tensor data");
+  if (name == "to" || name == "type") {
+    // Only dtype conversions: device moves and copies stay eager for now.
+    if (args.size() == 1 && kwargs.empty() && args[0]->is_const()) {
+      DType t;
+      if (dtype_from_object(args[0]->obj, t)) {
+        if (t == m.dtype) return self;
+      }
+    }
+  }
+  if (name == "contiguous" && args.empty() && m.strides == ir::contiguous_strides(m.sizes)) return self;
+  if ((name == "max" || name == "min") && args.empty() && kwargs.empty())  // over all elements
+    return call_op(*function_binding(resolve_torch(name == "max" ? "amax" : "amin")), {self}, {});
+  if (name == "where") {
+    // x.where(condition, y) == torch.where(condition, x, y)
+    if (args.size() != 2 || !kwargs.empty()) unsupported("Tensor.where() takes (condition, other)");
+    return call_op(*function_binding(resolve_torch_path("torch.where")), {args[0], self, args[1]}, {});
+  }
+  if (name.size() > 1 && name.back() == '_' && name[name.size() - 2] != '_') {
+    // x.add_(y), x.relu_(): the out-of-place op, then every alias of x takes the result.
+    std::string base = name.substr(0, name.size() - 1);
+    if (base == "copy" && args.size() == 1 && args[0]->is_tensor() && kwargs.empty()) {
+      // x.copy_(src): src broadcast to x's shape, in x's dtype
+      check_inplace_target(self, name);
+      ir::Node* src = args[0]->node;
+      if (src->meta.sizes != m.sizes) {
+        std::vector<int64_t> size;
+        for (const auto& e : m.sizes) {
+          auto c = e.as_const();
+          if (!c) unsupported("copy_ into a tensor of symbolic shape");
+          size.push_back(*c);
+        }
+        ir::Attrs a;
+        a.set("size", size);
+        src = add_node("expand", {src}, a);
+      }
+      if (src->meta.dtype != m.dtype) {
+        ir::Attrs a;
+        a.set("dtype", m.dtype);
+        src = add_node("convert", {src}, a);
+      }
+      return mutate(self, add_node("add", {src, g_->scalar(0.0, DType::Int64)}));
+    }
+    const OpBinding* ob = method_binding(base);
+    if (!ob || ob->op->kind == ops::OpKind::View || ob->op->aliases())
+      unsupported("Tensor." + name + "() is not captured yet");
+    check_inplace_target(self, name);
+    args.insert(args.begin(), self);
+    VarPtr r = call_op(*ob, std::move(args), kwargs);
+    return mutate(self, r->node);
+  }
+  const OpBinding* b = method_binding(name);
+  if (!b) {
+    PyObject* method = PyObject_GetAttrString(resolve_torch("Tensor"), name.c_str());
+    if (!method) {
+      PyErr_Clear();
+      unsupported("Tensor." + name + "() does not exist");
+    }
+    keep_.push_back(method);
+    args.insert(args.begin(), self);
+    return torch_extern(method, "Tensor." + name, args, kwargs);
+  }
+  // x.float() on a float32 x is x itself in eager (an alias, not a copy).
+  if (b->op->name == "convert" && args.empty() && b->fixed.get_dtype("dtype") == m.dtype) return self;
+  args.insert(args.begin(), self);
+  return call_op(*b, std::move(args), kwargs);
+}
+
+Py_ssize_t Interpreter::module_children(const VarPtr& mod) {
+  std::string type = Py_TYPE(mod->obj)->tp_name;
+  const char* store = type == "ParameterList" || type == "ParameterDict" ? "_parameters" : "_modules";
+  if (type != "ModuleList" && type != "Sequential" && type != "ModuleDict" && store[1] != 'p')
+    unsupported("len() or indexing of module " + type);
+  PyObject* children = PyObject_GetAttrString(mod->obj, store);
+  if (!children || !PyDict_Check(children)) unsupported("container module without _modules");
+  Py_ssize_t n = PyDict_Size(children);
+  Py_DECREF(children);
+  out_.guards.add_length(Source::attr(mod->source, store), n);
+  return n;
+}
+
+std::vector<std::string> Interpreter::module_keys(const VarPtr& mod) {
+  module_children(mod);
+  std::string type = Py_TYPE(mod->obj)->tp_name;
+  const char* store = type == "ParameterList" || type == "ParameterDict" ? "_parameters" : "_modules";
+  PyObject* children = PyObject_GetAttrString(mod->obj, store);
+  std::vector<std::string> names;
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(children, &pos, &key, &value)) names.push_back(PyUnicode_AsUTF8(key));
+  Py_DECREF(children);
+  for (const std::string& n : names) module_attr(mod, n.c_str());  // guards each child
+  return names;
+}
+
+VarPtr Interpreter::call_module_method(VarPtr mod, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  std::string type = Py_TYPE(mod->obj)->tp_name;
+  if ((type == "ModuleDict" || type == "ParameterDict") && args.empty() &&
+      (name == "keys" || name == "values" || name == "items")) {
+    std::vector<VarPtr> out;
+    for (const std::string& n : module_keys(mod)) {
+      VarPtr k = real(PyUnicode_FromString(n.c_str()));
+      if (name == "keys") out.push_back(k);
+      else if (name == "values") out.push_back(module_attr(mod, n.c_str()));
+      else out.push_back(Var::tuple({k, module_attr(mod, n.c_str())}));
+    }
+    return Var::tuple(std::move(out), true);
+  }
+  PyObject* key = PyUnicode_FromString(name.c_str());
+  PyObject* f = _PyType_Lookup(Py_TYPE(mod->obj), key);  // borrowed
+  Py_DECREF(key);
+  if (PyErr_Occurred()) PyErr_Clear();
+  if (!f || !PyFunction_Check(f)) unsupported("method " + name + " of module " + Py_TYPE(mod->obj)->tp_name);
+  args.insert(args.begin(), mod);
+  // type(self).<name>: the function itself, so its defaults and closure are guarded.
+  SourcePtr src = mod->source ? Source::attr(Source::attr(mod->source, "__class__"), name) : nullptr;
+  return inline_call(f, src, std::move(args), kwargs);
+}
+
+VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {
+  PyObject* v = PyObject_GetAttrString(mod->obj, name);
+  if (!v) {
+    PyErr_Clear();
+    unsupported(std::string("module has no attribute ") + name);
+  }
+  if (PyMethod_Check(v) && PyMethod_GET_SELF(v) == mod->obj) {
+    // Bound methods are made afresh at each access: track the method, not the object.
+    Py_DECREF(v);
+    return Var::method(mod, name);
+  }
+  VarPtr r = wrap(v, Source::attr(mod->source, name));
+  Py_DECREF(v);
+  return r;
+}
+
+VarPtr Interpreter::call_module(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  PyObject* m = mod->obj;
+  std::string type = Py_TYPE(m)->tp_name;
+  Interpreter* r = root();
+  if (!r->global_hooks_checked_) {
+    r->global_hooks_checked_ = true;
+    static PyObject* mm = [] {
+      PyObject* mod = PyImport_ImportModule("torch.nn.modules.module");
+      PyObject* d = mod ? PyModule_GetDict(mod) : nullptr;
+      Py_XINCREF(d);
+      Py_XDECREF(mod);
+      PyErr_Clear();
+      return d;
+    }();
+    for (const char* g : {"_global_forward_hooks", "_global_forward_pre_hooks"}) {
+      PyObject* d = mm ? PyDict_GetItemString(mm, g) : nullptr;
+      if (!d || !PyDict_Check(d)) continue;
+      if (PyDict_Size(d) > 0) unsupported("global module forward hooks are not captured yet");
+      out_.guards.add_length(Source::global(g, mm), 0);
+    }
+  }
+  std::vector<VarPtr> pre_hooks, post_hooks;
+  for (const char* h : {"_forward_pre_hooks", "_forward_hooks"}) {
+    PyObject* d = PyObject_GetAttrString(m, h);
+    if (!d) PyErr_Clear();
+    if (d && PyDict_Check(d)) {
+      keep_.push_back(d);
+      if (!mod->source) {
+        if (PyDict_Size(d)) unsupported("hooks on a module with no known source");
+      } else {
+        SourcePtr ds = Source::attr(mod->source, h);
+        out_.guards.add_length(ds, PyDict_Size(d));
+        PyObject *k, *v;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(d, &pos, &k, &v))
+          (h[9] == 'p' ? pre_hooks : post_hooks).push_back(wrap(v, Source::key_of(ds, k)));
+      }
+    } else {
+      Py_XDECREF(d);
+    }
+  }
+  if (!pre_hooks.empty() || !post_hooks.empty()) {
+    for (const char* h : {"_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs"}) {
+      PyObject* d = PyObject_GetAttrString(m, h);
+      if (!d) PyErr_Clear();
+      bool any = d && PyObject_Length(d) > 0;
+      Py_XDECREF(d);
+      PyErr_Clear();
+      if (any) unsupported("forward hooks with keyword arguments are not captured yet");
+    }
+  }
+  for (const VarPtr& hook : pre_hooks) {
+    VarPtr res = call(hook, {mod, Var::tuple(args)}, {});
+    if (res->is_const() && res->obj == Py_None) continue;
+    args = res->kind == Var::Kind::Tuple ? res->items : std::vector<VarPtr>{res};
+  }
+  VarPtr out = call_module_body(mod, args, kwargs);
+  for (const VarPtr& hook : post_hooks) {
+    VarPtr res = call(hook, {mod, Var::tuple(args), out}, {});
+    if (!(res->is_const() && res->obj == Py_None)) out = res;
+  }
+  return out;
+}
+
+VarPtr Interpreter::call_module_body(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  PyObject* m = mod->obj;
+  std::string type = Py_TYPE(m)->tp_name;
+  VarPtr training = module_attr(mod, "training");
+  bool train = training->obj == Py_True;
+  auto op = [&](const char* fn) { return call_op(*function_binding(resolve_torch_path(fn)), args, kwargs); };
+  if (type == "Linear") {
+    if (args.size() != 1 || !kwargs.empty()) unsupported("Linear called with extra arguments");
+    std::vector<VarPtr> a = {args[0], module_attr(mod, "weight"), module_attr(mod, "bias")};
+    return call_op(*function_binding(resolve_torch_path("torch.nn.functional.linear")), a, {});
+  }
+  if (type == "ReLU") {
+    bool inplace = module_attr(mod, "inplace")->obj == Py_True;
+    if (!inplace) return op("torch.relu");
+    if (args.size() != 1 || !args[0]->is_tensor()) unsupported("ReLU(inplace=True) on a non-tensor");
+    check_inplace_target(args[0], "relu");
+    return mutate(args[0], add_node("relu", {args[0]->node}));
+  }
+  if (type == "SiLU" || type == "Hardswish" || type == "Hardsigmoid" || type == "LeakyReLU" || type == "ELU" ||
+      type == "Softplus") {
+    if (args.size() != 1 || !kwargs.empty()) unsupported(type + " called with extra arguments");
+    static const std::unordered_map<std::string, std::pair<const char*, std::vector<const char*>>> fns = {
+        {"SiLU", {"torch.nn.functional.silu", {}}},
+        {"Hardswish", {"torch.nn.functional.hardswish", {}}},
+        {"Hardsigmoid", {"torch.nn.functional.hardsigmoid", {}}},
+        {"LeakyReLU", {"torch.nn.functional.leaky_relu", {"negative_slope"}}},
+        {"ELU", {"torch.nn.functional.elu", {"alpha"}}},
+        {"Softplus", {"torch.nn.functional.softplus", {"beta", "threshold"}}}};
+    const auto& [fn, params] = fns.at(type);
+    KwArgs kw;
+    for (const char* p : params) kw.emplace_back(p, module_attr(mod, p));
+    VarPtr r = call_op(*function_binding(resolve_torch_path(fn)), args, kw);
+    PyObject* inplace = PyObject_GetAttrString(m, "inplace");
+    if (!inplace) PyErr_Clear();
+    bool in_place = inplace == Py_True;
+    Py_XDECREF(inplace);
+    if (!in_place) return r;
+    if (!args[0]->is_tensor()) unsupported(type + "(inplace=True) on a non-tensor");
+    out_.guards.add_equals(Source::attr(mod->source, "inplace"), Py_True);
+    check_inplace_target(args[0], type);
+    return mutate(args[0], r->node);
+  }
+  if (type == "LayerNorm") {
+    std::vector<VarPtr> a = {args.at(0), module_attr(mod, "normalized_shape"), module_attr(mod, "weight"),
+                             module_attr(mod, "bias"), module_attr(mod, "eps")};
+    return call_op(*function_binding(resolve_torch_path("torch.nn.functional.layer_norm")), a, {});
+  }
+  if (type == "Embedding") {
+    if (module_attr(mod, "max_norm")->obj != Py_None) unsupported("Embedding with max_norm renormalizes its weight in place");
+    std::vector<VarPtr> a = {args.at(0), module_attr(mod, "weight"), module_attr(mod, "padding_idx")};
+    return call_op(*function_binding(resolve_torch_path("torch.nn.functional.embedding")), a, {});
+  }
+  if (type == "Sigmoid") return op("torch.sigmoid");
+  if (type == "Tanh") return op("torch.tanh");
+  if (type == "Identity") return args.at(0);
+  if (type == "Dropout") {
+    if (train) unsupported("Dropout in training mode is random: not captured yet");
+    return args.at(0);
+  }
+  if (type == "GELU") {
+    VarPtr approx = module_attr(mod, "approximate");
+    return call_op(*function_binding(resolve_torch_path("torch.nn.functional.gelu")), args, {{"approximate", approx}});
+  }
+  if (type == "Softmax" || type == "LogSoftmax") {
+    VarPtr dim = module_attr(mod, "dim");
+    if (dim->obj == Py_None) unsupported(type + " with dim=None");
+    std::vector<VarPtr> a = {args.at(0), dim};
+    return call_op(*function_binding(resolve_torch_path(type == "Softmax" ? "torch.softmax" : "torch.log_softmax")), a, {});
+  }
+  if (type == "Conv2d") {
+    if (args.size() != 1 || !kwargs.empty()) unsupported("Conv2d called with extra arguments");
+    VarPtr mode = module_attr(mod, "padding_mode");
+    if (!PyUnicode_Check(mode->obj) || std::string(PyUnicode_AsUTF8(mode->obj)) != "zeros")
+      unsupported("Conv2d with padding_mode other than 'zeros'");
+    VarPtr padding = module_attr(mod, "padding");
+    if (padding->is_const() && PyUnicode_Check(padding->obj)) unsupported("Conv2d with string padding");
+    std::vector<VarPtr> a = {args[0], module_attr(mod, "weight"), module_attr(mod, "bias"), module_attr(mod, "stride"),
+                             padding, module_attr(mod, "dilation"), module_attr(mod, "groups")};
+    return call_op(*function_binding(resolve_torch_path("torch.nn.functional.conv2d")), a, {});
+  }
+  if (type == "BatchNorm2d" || type == "BatchNorm1d") {
+    VarPtr mean = module_attr(mod, "running_mean"), var = module_attr(mod, "running_var");
+    bool no_stats = mean->is_const() && mean->obj == Py_None;
+    if (train || no_stats) unsupported(type + " in training mode (batch statistics) is not compiled yet");
+    std::vector<VarPtr> a = {args.at(0), mean, var, module_attr(mod, "weight"), module_attr(mod, "bias")};
+    return call_op(*function_binding(resolve_torch_path("torch.nn.functional.batch_norm")), a,
+                   {{"eps", module_attr(mod, "eps")}});
+  }
+  if (type == "MaxPool2d") {
+    if (module_attr(mod, "return_indices")->obj == Py_True) unsupported("MaxPool2d with return_indices");
+    VarPtr stride = module_attr(mod, "stride");
+    std::vector<VarPtr> a = {args.at(0), module_attr(mod, "kernel_size"), stride, module_attr(mod, "padding"),
+                             module_attr(mod, "dilation"), module_attr(mod, "ceil_mode")};
+    if (stride->is_const() && stride->obj == Py_None) a[2] = Var::tuple({});
+    return call_op(*function_binding(resolve_torch_path("torch.nn.functional.max_pool2d")), a, {});
+  }
+  if (type == "AdaptiveAvgPool2d") {
+    std::vector<VarPtr> a = {args.at(0), module_attr(mod, "output_size")};
+    return call_op(*function_binding(resolve_torch_path("torch.nn.functional.adaptive_avg_pool2d")), a, {});
+  }
+  if (type == "Flatten") {
+    std::vector<VarPtr> a = {args.at(0), module_attr(mod, "start_dim"), module_attr(mod, "end_dim")};
+    return call_op(*function_binding(resolve_torch_path("torch.flatten")), a, {});
+  }
+  static PyObject* sequential_forward = [] {
+    PyObject* nn = PyImport_ImportModule("torch.nn");
+    PyObject* seq = nn ? PyObject_GetAttrString(nn, "Sequential") : nullptr;
+    PyObject* fwd = seq ? PyObject_GetAttrString(seq, "forward") : nullptr;
+    Py_XDECREF(seq);
+    Py_XDECREF(nn);
+    PyErr_Clear();
+    return fwd;
+  }();
+  PyObject* own_forward = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(m)), "forward");
+  if (!own_forward) PyErr_Clear();
+  Py_XDECREF(own_forward);
+  if (type == "Sequential" || (own_forward && own_forward == sequential_forward)) {  // and subclasses that keep its forward
+    PyObject* children = PyObject_GetAttrString(m, "_modules");
+    if (!children || !PyDict_Check(children)) unsupported("Sequential without _modules");
+    VarPtr x = args.at(0);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    out_.guards.add_length(Source::attr(mod->source, "_modules"), PyDict_Size(children));
+    while (PyDict_Next(children, &pos, &key, &value)) {
+      VarPtr child = module_attr(mod, PyUnicode_AsUTF8(key));
+      x = call(child, {x}, {});
+    }
+    Py_DECREF(children);
+    return x;
+  }
+  // Any other module: inline its forward, with the module as self.
+  PyObject* forward = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(m)), "forward");
+  if (!forward) PyErr_Clear();
+  keep_.push_back(forward);
+  if (!forward || !PyFunction_Check(forward)) unsupported("module " + type + " has no Python forward");
+  // torch.nn's own modules with no rule above are inlined like user modules: their forwards
+  // call torch functions, which become ops or extern calls.
+  args.insert(args.begin(), mod);
+  return inline_call(forward, nullptr, std::move(args), kwargs);
+}
+
+PyObject* Interpreter::resolve_torch_path(const std::string& path) {
+  size_t dot = path.find('.');
+  PyObject* obj = PyImport_ImportModule(path.substr(0, dot).c_str());
+  while (obj && dot != std::string::npos) {
+    size_t next = path.find('.', dot + 1);
+    PyObject* child = PyObject_GetAttrString(obj, path.substr(dot + 1, next - dot - 1).c_str());
+    Py_DECREF(obj);
+    obj = child;
+    dot = next;
+  }
+  if (!obj) {
+    PyErr_Clear();
+    unsupported("cannot resolve " + path);
+  }
+  keep_.push_back(obj);
+  return obj;
+}
+
+VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  std::string leaf = name.substr(name.rfind('.') + 1);
+  // Random draws (their order against eager's RNG stream matters), device moves, data reads
+  // and autograd state stay in Python.
+  static const char* random[] = {"rand", "dropout", "bernoulli", "normal", "multinomial", "poisson", "exponential"};
+  static const char* refused[] = {"empty", "item", "tolist", "numpy", "to", "cuda", "cpu", "type", "data_ptr",
+                                  "backward", "register_hook", "requires_grad", "detach", "set_", "share_memory",
+                                  "pin_memory", "new_empty"};
+  for (const char* r : random)
+    if (leaf.find(r) != std::string::npos) unsupported("call to " + name + " draws random numbers: not captured yet");
+  for (const char* r : refused)
+    if (leaf == r) unsupported("call to " + name + " is not captured (device, data or autograd state)");
+  bool dunder = leaf.size() > 4 && leaf.rfind("__", 0) == 0 && leaf.substr(leaf.size() - 2) == "__";
+  if (!leaf.empty() && leaf.back() == '_' && !dunder) unsupported("in-place " + name + " is not captured yet");
+  for (auto& [k, v] : kwargs)
+    if (k == "out") unsupported(name + "(out=...) is not captured");
+  std::vector<ir::Node*> inputs;
+  std::function<PyObject*(const VarPtr&)> tmpl = [&](const VarPtr& v) -> PyObject* {
+    switch (v->kind) {
+      case Var::Kind::Tensor:
+        inputs.push_back(v->node);
+        return tensor_slot(static_cast<int>(inputs.size()) - 1);
+      case Var::Kind::Tuple:
+      case Var::Kind::List: {
+        PyObject* t = v->kind == Var::Kind::Tuple ? PyTuple_New(static_cast<Py_ssize_t>(v->items.size()))
+                                                  : PyList_New(static_cast<Py_ssize_t>(v->items.size()));
+        for (size_t i = 0; i < v->items.size(); ++i) {
+          PyObject* item = tmpl(v->items[i]);
+          if (v->kind == Var::Kind::Tuple) PyTuple_SET_ITEM(t, i, item);
+          else PyList_SET_ITEM(t, i, item);
+        }
+        return t;
+      }
+      case Var::Kind::Const: return Py_NewRef(v->obj);
+      default: unsupported("call to " + name + " with an argument kiln cannot pass");
+    }
+  };
+  PyObject* targs = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+  keep_.push_back(targs);
+  for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(targs, i, tmpl(args[i]));
+  PyObject* tkw = nullptr;
+  if (!kwargs.empty()) {
+    tkw = PyDict_New();
+    keep_.push_back(tkw);
+    for (auto& [k, v] : kwargs) {
+      PyObject* item = tmpl(v);
+      PyDict_SetItemString(tkw, k.c_str(), item);
+      Py_DECREF(item);
+    }
+  }
+  if (inputs.empty()) unsupported("call to " + name + " without tensor arguments");
+  // The layout of the result: the operator on meta tensors of the inputs' layouts.
+  static PyObject* empty_strided = resolve_torch("empty_strided");
+  std::vector<PyObject*> metas;
+  auto drop_metas = [&] {
+    for (PyObject* m : metas) Py_DECREF(m);
+  };
+  for (ir::Node* n : inputs) {
+    std::vector<int64_t> sizes, strides;
+    for (const auto& e : n->meta.sizes) sizes.push_back(e.as_const().value_or(-1));
+    for (const auto& e : n->meta.strides) strides.push_back(e.as_const().value_or(-1));
+    PyObject* sz = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
+    PyObject* st = PyTuple_New(static_cast<Py_ssize_t>(strides.size()));
+    for (size_t i = 0; i < sizes.size(); ++i) PyTuple_SET_ITEM(sz, i, PyLong_FromLongLong(sizes[i]));
+    for (size_t i = 0; i < strides.size(); ++i) PyTuple_SET_ITEM(st, i, PyLong_FromLongLong(strides[i]));
+    PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(n->meta.dtype), "device", "meta");
+    PyObject* a = PyTuple_Pack(2, sz, st);
+    PyObject* m = PyObject_Call(empty_strided, a, kw);
+    Py_DECREF(a);
+    Py_DECREF(kw);
+    Py_DECREF(sz);
+    Py_DECREF(st);
+    if (!m) {
+      drop_metas();
+      real(nullptr);
+    }
+    metas.push_back(m);
+  }
+  PyObject* margs = substitute(targs, metas.data());
+  PyObject* mkw = tkw ? substitute(tkw, metas.data()) : nullptr;
+  PyObject* r = PyObject_Call(f, margs, mkw);
+  Py_DECREF(margs);
+  Py_XDECREF(mkw);
+  drop_metas();
+  if (!r) {
+    PyErr_Clear();  // no meta kernel, or an error eager raises itself when the call runs there
+    unsupported("call to " + name + " (no layout from meta tensors)");
+  }
+  keep_.push_back(r);
+  auto all_tensors = [&] {
+    if (!PyTuple_Check(r)) return is_tensor(r);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r); ++i)
+      if (!is_tensor(PyTuple_GET_ITEM(r, i))) return false;
+    return PyTuple_GET_SIZE(r) > 0;
+  };
+  if (!all_tensors() && PyFunction_Check(f)) return nullptr;  // the caller inlines it instead
+  std::vector<PyObject*> results;
+  const bool tuple = PyTuple_Check(r);
+  if (tuple) for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r); ++i) results.push_back(PyTuple_GET_ITEM(r, i));
+  else results.push_back(r);
+  std::vector<VarPtr> outs;
+  for (size_t k = 0; k < results.size(); ++k) {
+    TensorInfo info;
+    std::string why;
+    if (!is_tensor(results[k]) || !tensor_info(results[k], info, why)) unsupported(name + " returns something other than tensors");
+    ir::Attrs a;
+    a.set("fn", static_cast<int64_t>(register_torch_call(f, targs, tkw, tuple ? static_cast<int>(k) : -1)));
+    a.set("target", name);
+    a.set("out_sizes", info.sizes);
+    a.set("out_strides", info.strides);
+    a.set("out_dtype", info.dtype);
+    PyObject* is_view = PyObject_CallMethod(results[k], "_is_view", nullptr);
+    if (is_view == Py_True) a.set("view", true);  // in-place updates must not go through it
+    Py_XDECREF(is_view);
+    PyErr_Clear();
+    outs.push_back(Var::tensor(add_node("torch_call", inputs, a)));
+  }
+  if (!tuple) return outs[0];
+  return Var::tuple(std::move(outs));
+}
+
+}  // namespace kiln::bind::detail

@@ -1,0 +1,243 @@
+#include "bind/capture/interpreter.h"
+#include "bind/capture/resume.h"
+#include "bind/capture/torch_call.h"
+#include "bind/runtime/compiled_function.h"
+#include "bind/torch/tensor_bridge.h"
+
+namespace kiln::bind::detail {
+
+Py_ssize_t Interpreter::dict_find(const VarPtr& d, PyObject* key) {
+  for (size_t i = 0; i < d->keys.size(); ++i) {
+    int eq = PyObject_RichCompareBool(d->keys[i], key, Py_EQ);
+    if (eq < 0) PyErr_Clear();
+    if (eq == 1) return static_cast<Py_ssize_t>(i);
+  }
+  return -1;
+}
+
+void Interpreter::dict_set(const VarPtr& d, PyObject* key, VarPtr v) {
+  Py_ssize_t i = dict_find(d, key);
+  if (i >= 0) {
+    d->items[i] = std::move(v);
+    return;
+  }
+  d->keys.push_back(Py_NewRef(key));
+  d->items.push_back(std::move(v));
+}
+
+std::vector<std::pair<PyObject*, VarPtr>> Interpreter::dict_entries(const VarPtr& d) {
+  std::vector<std::pair<PyObject*, VarPtr>> out;
+  if (d->kind == Var::Kind::Dict) {
+    for (size_t i = 0; i < d->keys.size(); ++i) out.emplace_back(d->keys[i], d->items[i]);
+    return out;
+  }
+  PyObject* o = const_obj(d, "dict");
+  if (!PyDict_Check(o)) unsupported("expected a dict");
+  if (d->source) out_.guards.add_length(d->source, PyDict_Size(o));
+  PyObject *k, *v;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(o, &pos, &k, &v)) {
+    keep_.push_back(Py_NewRef(k));
+    out.emplace_back(k, d->source ? wrap(v, Source::key_of(d->source, k)) : Var::constant(v));
+  }
+  return out;
+}
+
+bool Interpreter::is_dict(const VarPtr& v) { return v->kind == Var::Kind::Dict || (v->is_const() && PyDict_Check(v->obj)); }
+
+VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  const bool tracker = d->kind == Var::Kind::Dict;
+  if (name == "update" && tracker && !d->source && args.size() <= 1) {
+    if (!args.empty())
+      for (auto& [k, v] : dict_entries(args[0])) dict_set(d, k, v);
+    for (auto& [k, v] : kwargs) {
+      PyObject* key = PyUnicode_FromString(k.c_str());
+      dict_set(d, key, v);
+      Py_DECREF(key);
+    }
+    return Var::constant(Py_None);
+  }
+  if (!kwargs.empty()) unsupported("dict." + name + "() with keyword arguments");
+  auto key_var = [&](PyObject* k) { return Var::constant(k); };
+  if (name == "items" || name == "keys" || name == "values") {
+    std::vector<VarPtr> out;
+    for (auto& [k, v] : dict_entries(d)) {
+      if (name == "items") out.push_back(Var::tuple({key_var(k), v}));
+      else out.push_back(name == "keys" ? key_var(k) : v);
+    }
+    return Var::tuple(std::move(out), true);
+  }
+  if (name == "get" && (args.size() == 1 || args.size() == 2)) {
+    // Reading every entry guards the dict's exact key set, so a missing key stays missing.
+    PyObject* key = const_obj(args[0], "dict key");
+    for (auto& [k, v] : dict_entries(d)) {
+      int eq = PyObject_RichCompareBool(k, key, Py_EQ);
+      if (eq < 0) real(nullptr);
+      if (eq == 1) return v;
+    }
+    return args.size() == 2 ? args[1] : Var::constant(Py_None);
+  }
+  if (name == "copy" && args.empty()) {
+    VarPtr c = Var::dict();
+    for (auto& [k, v] : dict_entries(d)) dict_set(c, k, v);
+    return c;
+  }
+  if (!tracker || d->source) unsupported("dict." + name + "() on a dict the caller can see");
+  if (name == "clear" && args.empty()) {
+    for (PyObject* k : d->keys) Py_DECREF(k);
+    d->keys.clear();
+    d->items.clear();
+    return Var::constant(Py_None);
+  }
+  if (name == "pop" && (args.size() == 1 || args.size() == 2)) {
+    Py_ssize_t i = dict_find(d, const_obj(args[0], "dict key"));
+    if (i < 0) {
+      if (args.size() == 2) return args[1];
+      unsupported("KeyError in dict.pop");
+    }
+    VarPtr v = d->items[i];
+    Py_DECREF(d->keys[i]);
+    d->keys.erase(d->keys.begin() + i);
+    d->items.erase(d->items.begin() + i);
+    return v;
+  }
+  if (name == "setdefault" && (args.size() == 1 || args.size() == 2)) {
+    PyObject* key = const_obj(args[0], "dict key");
+    Py_ssize_t i = dict_find(d, key);
+    if (i >= 0) return d->items[i];
+    VarPtr v = args.size() == 2 ? args[1] : Var::constant(Py_None);
+    dict_set(d, key, v);
+    return v;
+  }
+  unsupported("dict." + name + "() is not captured yet");
+}
+
+VarPtr Interpreter::real(PyObject* r) {
+  if (!r) {
+    std::string msg = "Python operation raised";
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    if (v) {
+      PyObject* s = PyObject_Str(v);
+      if (s) msg += ": " + std::string(PyUnicode_AsUTF8(s));
+      Py_XDECREF(s);
+    }
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+    unsupported(msg);
+  }
+  return Var::steal_constant(r);
+}
+
+void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, const VarPtr& value) {
+  if (container->kind == Var::Kind::Dict && !container->source) {
+    dict_set(container, const_obj(key, "dict key"), value);
+    return;
+  }
+  if (container->kind == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj)) {
+    Py_ssize_t n = static_cast<Py_ssize_t>(container->items.size()), i = PyLong_AsSsize_t(key->obj);
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) unsupported("list assignment index out of range");
+    container->items[i] = value;
+    return;
+  }
+  if (container->is_tensor()) {
+    // x[idx] = v on a tensor only the graph sees: a copy with the assignment, which every
+    // name of x then holds (like any in-place op)
+    check_inplace_target(container, "indexed assignment");
+    VarPtr r = torch_extern(functional_setitem(), "setitem", {container, key, value}, {});
+    mutate(container, r->node);
+    return;
+  }
+  if (container->is_const() && !container->source &&
+      (PyList_CheckExact(container->obj) || PyDict_CheckExact(container->obj))) {
+    // a list or dict made during capture by a Python call (list(x.shape)): nobody else holds it
+    if (PyObject_SetItem(container->obj, const_obj(key, "key"), const_obj(value, "value")) < 0) real(nullptr);
+    return;
+  }
+  unsupported("item assignment into an object the caller can see");
+}
+
+VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  const bool list = seq->kind == Var::Kind::List;
+  if (!kwargs.empty()) unsupported(name + "() with keyword arguments");
+  static const char* mutating[] = {"append", "extend", "insert", "pop", "clear", "reverse", "remove", "sort"};
+  bool mutates = std::any_of(std::begin(mutating), std::end(mutating), [&](const char* m) { return name == m; });
+  if (mutates && !list) unsupported("tuple has no attribute " + name);
+  if (mutates && seq->source) unsupported("list." + name + "() on a list the caller can see");
+  auto& items = seq->items;
+  if (name == "append" && args.size() == 1) {
+    items.push_back(args[0]);
+    return Var::constant(Py_None);
+  }
+  if (name == "extend" && args.size() == 1) {
+    for (const VarPtr& v : items_of(args[0])) items.push_back(v);
+    return Var::constant(Py_None);
+  }
+  if (name == "insert" && args.size() == 2 && args[0]->is_const() && PyLong_Check(args[0]->obj)) {
+    Py_ssize_t n = static_cast<Py_ssize_t>(items.size()), i = PyLong_AsSsize_t(args[0]->obj);
+    i = i < 0 ? std::max<Py_ssize_t>(0, i + n) : std::min(i, n);
+    items.insert(items.begin() + i, args[1]);
+    return Var::constant(Py_None);
+  }
+  if (name == "pop" && args.size() <= 1) {
+    Py_ssize_t n = static_cast<Py_ssize_t>(items.size());
+    Py_ssize_t i = args.empty() ? n - 1 : (args[0]->is_const() && PyLong_Check(args[0]->obj) ? PyLong_AsSsize_t(args[0]->obj) : -n - 1);
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) unsupported("pop index out of range");
+    VarPtr v = items[i];
+    items.erase(items.begin() + i);
+    return v;
+  }
+  if (name == "clear" && args.empty()) {
+    items.clear();
+    return Var::constant(Py_None);
+  }
+  if (name == "reverse" && args.empty()) {
+    std::reverse(items.begin(), items.end());
+    return Var::constant(Py_None);
+  }
+  if (name == "copy" && args.empty() && list) return Var::tuple(items, true);
+  auto equal_at = [&](size_t i, const VarPtr& x) {
+    if (items[i]->is_tensor() || x->is_tensor()) return items[i]->is_tensor() && x->is_tensor() && items[i]->node == x->node;
+    int eq = PyObject_RichCompareBool(const_obj(items[i], "item"), const_obj(x, "item"), Py_EQ);
+    if (eq < 0) real(nullptr);
+    return eq == 1;
+  };
+  if ((name == "remove" || name == "index") && args.size() == 1) {
+    for (size_t i = 0; i < items.size(); ++i)
+      if (equal_at(i, args[0])) {
+        if (name == "index") return Var::steal_constant(PyLong_FromSize_t(i));
+        items.erase(items.begin() + i);
+        return Var::constant(Py_None);
+      }
+    unsupported(std::string(list ? "list." : "tuple.") + name + "(x): x not in the sequence");
+  }
+  if (name == "count" && args.size() == 1) {
+    size_t n = 0;
+    for (size_t i = 0; i < items.size(); ++i) n += equal_at(i, args[0]);
+    return Var::steal_constant(PyLong_FromSize_t(n));
+  }
+  if (name == "sort" && args.empty()) {
+    // Sorting values known here: Python's own sort over them, then the trackers in that order.
+    PyObject* vals = const_obj(seq, "list item");
+    PyObject* order = PyList_New(0);
+    for (Py_ssize_t i = 0; i < PySequence_Size(vals); ++i) {
+      PyObject* pair = Py_BuildValue("(On)", PySequence_Fast_GET_ITEM(vals, i), i);
+      PyList_Append(order, pair);
+      Py_DECREF(pair);
+    }
+    keep_.push_back(order);
+    if (PyList_Sort(order) < 0) real(nullptr);
+    std::vector<VarPtr> sorted;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order); ++i)
+      sorted.push_back(items[PyLong_AsSsize_t(PyTuple_GET_ITEM(PyList_GET_ITEM(order, i), 1))]);
+    items = std::move(sorted);
+    return Var::constant(Py_None);
+  }
+  unsupported(std::string(list ? "list." : "tuple.") + name + "() is not captured yet");
+}
+
+}  // namespace kiln::bind::detail

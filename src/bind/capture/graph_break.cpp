@@ -1,0 +1,252 @@
+#include "bind/capture/interpreter.h"
+#include "bind/capture/resume.h"
+#include "bind/capture/torch_call.h"
+#include "bind/runtime/compiled_function.h"
+#include "bind/torch/tensor_bridge.h"
+
+namespace kiln::bind::detail {
+
+bool Interpreter::breakable(const Instr& in) {
+  switch (in.op) {
+    case OP_BINARY_SUBSCR:
+    case OP_BINARY_SLICE:
+    case OP_STORE_SUBSCR:
+    case OP_STORE_SLICE:
+    case OP_DELETE_SUBSCR:
+    case OP_STORE_ATTR:
+    case OP_BINARY_OP:
+    case OP_CALL:
+    case OP_POP_JUMP_IF_FALSE:
+    case OP_POP_JUMP_IF_TRUE:
+    case OP_POP_JUMP_FORWARD_IF_FALSE:
+    case OP_POP_JUMP_FORWARD_IF_TRUE: return true;
+    default: return false;
+  }
+}
+
+bool Interpreter::in_loop(const CodeInfo& ci, size_t pc) {
+  std::vector<char> seen(ci.instrs.size(), 0);
+  std::vector<size_t> work = {pc + 1};
+  while (!work.empty()) {
+    size_t i = work.back();
+    work.pop_back();
+    if (i >= ci.instrs.size() || seen[i]) continue;
+    if (i == pc) return true;
+    seen[i] = 1;
+    const std::string& name = ci.opnames[i];
+    const Instr& x = ci.instrs[i];
+    bool jumps = name.find("JUMP") != std::string::npos || name == "FOR_ITER";
+    if (jumps && x.jump_target >= 0) {
+      auto t = ci.by_offset.find(x.jump_target);
+      if (t != ci.by_offset.end()) work.push_back(t->second);
+    }
+    bool ends = name == "JUMP_FORWARD" || name == "JUMP_BACKWARD" || name == "JUMP_BACKWARD_NO_INTERRUPT" ||
+                name == "RETURN_VALUE" || name == "RETURN_CONST" || name == "RAISE_VARARGS" || name == "RERAISE";
+    if (!ends) work.push_back(i + 1);
+  }
+  return false;
+}
+
+VarPtr Interpreter::clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr>& memo) {
+  if (!v) return v;
+  switch (v->kind) {
+    case Var::Kind::Const:
+    case Var::Kind::Module:
+    case Var::Kind::Function:
+    case Var::Kind::Null: return v;
+    default: break;
+  }
+  auto it = memo.find(v.get());
+  if (it != memo.end()) return it->second;
+  auto c = std::make_shared<Var>(Var{v->kind});
+  memo[v.get()] = c;
+  c->node = v->node;
+  c->name = v->name;
+  c->source = v->source;
+  for (PyObject* k : v->keys) c->keys.push_back(Py_NewRef(k));
+  for (const VarPtr& x : v->items) c->items.push_back(clone(x, memo));
+  c->self = clone(v->self, memo);
+  return c;
+}
+
+Interpreter::Snapshot Interpreter::snapshot() const {
+  Snapshot s;
+  std::unordered_map<const Var*, VarPtr> memo;
+  for (const VarPtr& v : stack_) s.stack.push_back(clone(v, memo));
+  for (const VarPtr& v : locals_) s.locals.push_back(clone(v, memo));
+  s.kwnames = kwnames_;
+  return s;
+}
+
+OutSpec Interpreter::break_spec(const VarPtr& v) {
+  OutSpec s = break_spec_of(v);
+  if (s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy) {
+    auto [it, fresh] = break_memo_.emplace(v.get(), static_cast<int>(break_memo_.size()));
+    s.memo = it->second;
+  }
+  return s;
+}
+
+OutSpec Interpreter::break_spec_of(const VarPtr& v) {
+  OutSpec s;
+  switch (v->kind) {
+    case Var::Kind::Tensor: return output_spec(v);
+    case Var::Kind::Tuple:
+    case Var::Kind::List:
+      // A container read from the frame must stay the caller's object.
+      if (v->source) {
+        s.kind = OutSpec::Kind::Source;
+        s.source = v->source;
+        return s;
+      }
+      s.kind = v->kind == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
+      for (auto& item : v->items) s.items.push_back(break_spec(item));
+      return s;
+    case Var::Kind::Const:
+    case Var::Kind::Module:
+      s.kind = !v->source && (PyDict_CheckExact(v->obj) || PyList_CheckExact(v->obj) || PySet_CheckExact(v->obj))
+                   ? OutSpec::Kind::Copy
+                   : OutSpec::Kind::Const;
+      Py_INCREF(v->obj);
+      s.value = v->obj;
+      return s;
+    case Var::Kind::Null: s.kind = OutSpec::Kind::Null; return s;
+    case Var::Kind::Method:
+      if (v->obj) {  // a base-class function reached through super(): bind it to the receiver
+        if (!(v->self->kind == Var::Kind::Module || v->self->is_const())) unsupported("super() method of this receiver");
+        s.kind = OutSpec::Kind::Const;
+        s.value = PyMethod_New(v->obj, v->self->obj);
+        return s;
+      }
+      s.kind = OutSpec::Kind::Method;
+      s.value = PyUnicode_FromString(v->name.c_str());
+      s.items.push_back(break_spec(v->self));
+      return s;
+    case Var::Kind::Iterator: unsupported("graph break inside a loop kiln unrolls");
+    case Var::Kind::Dict:
+      if (v->source) {
+        s.kind = OutSpec::Kind::Source;
+        s.source = v->source;
+        return s;
+      }
+      return dict_spec(v, true);
+    case Var::Kind::Cell:
+      // A cell of the frame: the resume function makes a new one (MAKE_CELL) around this.
+      if (!v->items[0]) unsupported("an empty closure cell at a graph break");
+      return break_spec(v->items[0]);
+    case Var::Kind::Function:
+      if (!v->rebuildable) unsupported("a function closing over tensors at a graph break");
+      s.kind = OutSpec::Kind::Const;
+      s.value = Py_NewRef(v->obj);
+      return s;
+  }
+  unsupported("a value kiln cannot rebuild at a graph break");
+}
+
+bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, const Snapshot& before, const std::string& why) {
+  if (PyErr_Occurred()) PyErr_Clear();
+  if (pc + 1 >= ci.instrs.size()) return false;
+  if (in_loop(ci, pc)) return false;  // each iteration would resume anew
+  if (in_exception_block(code_, in.offset)) return false;
+  auto* co = reinterpret_cast<PyCodeObject*>(code_);
+  const int nv = co->co_nlocals;
+  for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i)
+    if (before.locals[i]) return false;  // a bound cell: closures made before would lose it
+  auto brk = std::make_unique<GraphBreak>();
+  brk->reason = why;
+  brk->location = location();
+  size_t operands;
+  if (in.op == OP_CALL) {
+    brk->kind = GraphBreak::Kind::Call;
+    operands = static_cast<size_t>(in.arg) + 2;
+    if (!before.kwnames.empty()) {
+      brk->kwnames = PyTuple_New(static_cast<Py_ssize_t>(before.kwnames.size()));
+      for (size_t k = 0; k < before.kwnames.size(); ++k)
+        PyTuple_SET_ITEM(brk->kwnames, k, PyUnicode_FromString(before.kwnames[k].c_str()));
+    }
+  } else if (in.op == OP_BINARY_SUBSCR || in.op == OP_BINARY_SLICE) {
+    brk->kind = GraphBreak::Kind::Subscr;
+    operands = in.op == OP_BINARY_SLICE ? 3 : 2;
+  } else if (in.op == OP_STORE_SUBSCR || in.op == OP_STORE_SLICE) {
+    brk->kind = GraphBreak::Kind::StoreSubscr;
+    operands = in.op == OP_STORE_SLICE ? 4 : 3;
+  } else if (in.op == OP_DELETE_SUBSCR) {
+    brk->kind = GraphBreak::Kind::DeleteSubscr;
+    operands = 2;
+  } else if (in.op == OP_STORE_ATTR) {
+    brk->kind = GraphBreak::Kind::StoreAttr;
+    operands = 2;
+    brk->name = Py_NewRef(in.argval);
+  } else if (in.op == OP_BINARY_OP) {
+    brk->kind = GraphBreak::Kind::BinaryOp;
+    operands = 2;
+    if (in.arg < 0 || static_cast<size_t>(in.arg) >= ci.nb_ops.size()) return false;
+    brk->binary_op = ci.nb_ops[in.arg];
+  } else {
+    brk->kind = GraphBreak::Kind::Jump;
+    operands = 1;
+    if (before.stack.empty() || !before.stack.back()->is_tensor()) return false;
+    brk->jump_if_true = in.op == OP_POP_JUMP_IF_TRUE || in.op == OP_POP_JUMP_FORWARD_IF_TRUE;
+  }
+  if (before.stack.size() < operands) return false;
+  if (in.op == OP_CALL) {
+    // super() without arguments reads its frame: it cannot run from outside one.
+    const VarPtr& f = before.stack[before.stack.size() - operands];
+    const VarPtr& g = before.stack[before.stack.size() - operands + 1];
+    for (const VarPtr& c : {f, g})
+      if (c->is_const() && c->obj == builtin("super")) return false;
+  }
+  const size_t below = before.stack.size() - operands;
+  ResumeShape shape;
+  try {
+    for (size_t i = 0; i < before.stack.size(); ++i) {
+      OutSpec spec = break_spec(before.stack[i]);
+      if (i < below) {
+        shape.stack_is_null.push_back(spec.kind == OutSpec::Kind::Null);
+        brk->stack.push_back(std::move(spec));
+      } else {
+        brk->operands.push_back(std::move(spec));
+      }
+    }
+    for (int i = 0; i < nv; ++i) {
+      OutSpec spec;
+      if (before.locals[i]) spec = break_spec(before.locals[i]);
+      else spec.kind = OutSpec::Kind::Unbound;
+      shape.local_unbound.push_back(spec.kind == OutSpec::Kind::Unbound);
+      brk->locals.push_back(std::move(spec));
+    }
+  } catch (const Unsupported&) {
+    return false;
+  }
+  std::vector<int> targets = {ci.instrs[pc + 1].offset};
+  switch (brk->kind) {
+    case GraphBreak::Kind::Call:
+    case GraphBreak::Kind::Subscr:
+    case GraphBreak::Kind::BinaryOp: shape.stack_is_null.push_back(false); break;  // the result
+    case GraphBreak::Kind::Jump: targets.push_back(in.jump_target); break;
+    default: break;
+  }
+  for (int t : targets) {
+    std::string error;
+    shape.offset = t;
+    PyObject* f = make_resume_function(fn_, shape, error);
+    if (!f) return false;
+    brk->resume.push_back(f);
+  }
+  brk->memo_slots = static_cast<int>(break_memo_.size());
+  out_.graph_break = std::move(brk);
+  return true;
+}
+
+OutSpec Interpreter::dict_spec(const VarPtr& v, bool at_break) {
+  OutSpec s;
+  s.kind = OutSpec::Kind::Dict;
+  s.value = PyTuple_New(static_cast<Py_ssize_t>(v->keys.size()));
+  for (size_t i = 0; i < v->keys.size(); ++i) {
+    PyTuple_SET_ITEM(s.value, i, Py_NewRef(v->keys[i]));
+    s.items.push_back(at_break ? break_spec(v->items[i]) : output_spec(v->items[i]));
+  }
+  return s;
+}
+
+}  // namespace kiln::bind::detail

@@ -1,0 +1,294 @@
+// The symbolic interpreter behind capture() (capture.h): one instance per frame it interprets,
+// the root one for the function being compiled and a child for each inlined call.
+//
+// Its member functions live in files by topic: interpreter.cpp (the frame loop and the opcode
+// dispatch), calls.cpp (calls, inlining, builtins, extern calls of torch operators),
+// objects.cpp (attributes, modules, closures, super()), containers.cpp (dicts, lists, tuples),
+// operators.cpp (Python operators and in-place updates) and graph_break.cpp (breaks and the
+// values a resume function is handed).
+#pragma once
+#include <Python.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "bind/capture/bytecode.h"
+#include "bind/capture/capture.h"
+#include "bind/capture/torch_ops.h"
+#include "bind/capture/variables.h"
+#include "core/ops/registry.h"
+
+namespace kiln::bind::detail {
+
+// A reason to stop capturing, carried to the top of the interpreter loop.
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] inline void unsupported(const std::string& why) { throw Unsupported(why); }
+
+inline bool is_python_scalar(PyObject* o) { return PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o); }
+
+class Interpreter {
+ public:
+  // The root interpreter of a capture, or (with `parent`) one that inlines a call: it shares
+  // the graph, the guards and the graph inputs of the root.
+  Interpreter(PyObject* fn, CaptureResult& out, Interpreter* parent = nullptr, SourcePtr fn_source = nullptr)
+      : fn_(fn), out_(out), code_(PyFunction_GET_CODE(fn)), globals_(PyFunction_GET_GLOBALS(fn)),
+        parent_(parent), fn_source_(std::move(fn_source)) {
+    builtins_ = PyEval_GetBuiltins();
+    if (!parent) out_.graph = std::make_unique<ir::Graph>();
+    g_ = out_.graph.get();
+    depth_ = parent ? parent->depth_ + 1 : 0;
+    auto* co = reinterpret_cast<PyCodeObject*>(code_);
+    filename_ = PyUnicode_AsUTF8(co->co_filename);
+    locals_.assign(co->co_nlocalsplus, nullptr);
+  }
+
+  // Captures a call of the root function with these arguments.
+  void run(const BoundArgs& args);
+
+  // Interprets the frame until it returns; the value it returns.
+  VarPtr run_frame();
+
+  Interpreter* root();
+
+  // Where capture is: the innermost instruction, inlined calls included.
+  std::string location() const;
+
+ private:
+  static constexpr int kReturn = -2;
+  using KwArgs = std::vector<std::pair<std::string, VarPtr>>;
+
+  // ---- values read from the frame: wrap and guard ----
+  VarPtr wrap(PyObject* v, SourcePtr src);
+
+  static bool is_nn_module(PyObject* v);
+
+  // ---- the stack ----
+  VarPtr pop();
+
+  void push(VarPtr v);
+
+  VarPtr& peek(size_t i);
+
+  // ---- graph building ----
+  ir::Node* add_node(const ops::OpDef* op, std::vector<ir::Node*> inputs, ir::Attrs attrs);
+
+  ir::Node* add_node(const std::string& op, std::vector<ir::Node*> inputs, ir::Attrs attrs = {});
+
+  ir::Node* as_node(const VarPtr& v, const char* what);
+
+  // Python value of a constant, or capture stops.
+  PyObject* const_obj(const VarPtr& v, const char* what);
+
+  // ---- dicts made in the frame: constant keys, tracked values ----
+  static Py_ssize_t dict_find(const VarPtr& d, PyObject* key);
+
+  static void dict_set(const VarPtr& d, PyObject* key, VarPtr v);
+
+  // The entries of a dict value: a tracker's, or a real dict's. Values of a dict read from
+  // the frame are guarded like any read (and so is its length).
+  std::vector<std::pair<PyObject*, VarPtr>> dict_entries(const VarPtr& d);
+
+  bool is_dict(const VarPtr& v);
+
+  VarPtr call_dict_method(const VarPtr& d, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+
+  // Runs a real Python operation on constants: it is what the eager code would compute.
+  VarPtr real(PyObject* r);
+
+  // ---- binding Python arguments to an op's schema ----
+  bool to_int_list(PyObject* o, std::vector<int64_t>& out);
+
+  VarPtr call_op(const OpBinding& b, std::vector<VarPtr> args, const std::vector<std::pair<std::string, VarPtr>>& kwargs);
+
+  // ---- calls ----
+
+  VarPtr call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs);
+
+  // Inlines a call of a Python function: its frame is interpreted into the same graph.
+  // `cells`: for a function made in the frame, its closure cells (trackers).
+  VarPtr inline_call(PyObject* f, SourcePtr f_source, std::vector<VarPtr> args, const KwArgs& kwargs,
+                     const std::vector<VarPtr>* cells = nullptr);
+
+  // The items of a value that a loop could walk at capture time.
+  std::vector<VarPtr> items_of(const VarPtr& v);
+
+  // zip / enumerate / reversed over values known at capture time: tuples of trackers.
+  VarPtr iteration_builtin(PyObject* f, const std::vector<VarPtr>& args);
+
+  static bool is_torch_internal(PyObject* f);
+
+  VarPtr call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs);
+
+  // torch.no_grad() and friends, for `with`: a marker holding the grad mode the block runs in.
+  VarPtr grad_mode_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+
+  // Builtins applied to lists, tuples, dicts and iterators of trackers.
+  VarPtr builtin_over_trackers(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+
+  // A method of a list, dict or set made during capture (no source: nobody else holds it): it
+  // may change that object for real, which is the value the frame then holds.
+  static bool private_container_method(PyObject* f);
+
+  // Builtins and math functions whose result depends only on their arguments.
+  bool pure_callable(PyObject* f);
+
+  PyObject* builtin(const char* name);
+
+  PyObject* resolve_torch(const std::string& attr);
+
+  std::string callable_name(PyObject* f);
+
+  VarPtr size_const(const sym::Expr& e);
+
+  VarPtr shape_tuple(const ir::TensorMeta& m);
+
+  VarPtr call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+
+  // Number of children of a container module, guarded.
+  Py_ssize_t module_children(const VarPtr& mod);
+
+  // The names of a container module's children (ModuleList, Sequential, ModuleDict,
+  // ParameterList, ParameterDict), in order; each read through module_attr, so guarded.
+  std::vector<std::string> module_keys(const VarPtr& mod);
+
+  // self.helper(x) on a module: the class's function, inlined with the module as self.
+  VarPtr call_module_method(VarPtr mod, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+
+  VarPtr module_attr(const VarPtr& mod, const char* name);
+
+  // A module call as nn.Module.__call__ makes it: forward pre-hooks, forward, forward hooks
+  // (each inlined; the hook dicts are guarded, so adding or removing a hook recompiles).
+  VarPtr call_module(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs);
+
+  VarPtr call_module_body(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs);
+
+  PyObject* resolve_torch_path(const std::string& path);
+
+  // ---- attributes ----
+  // ---- closures and functions made in the frame ----
+  bool is_own_cell(int slot) const;
+
+  // A free variable of a real closure (the root function's, or an inlined real function's).
+  VarPtr read_free_var(const Instr& in);
+
+  // def / lambda / comprehension inside the frame. The real function object carries code,
+  // globals and constant defaults; the cells stay trackers (their contents may be tensors).
+  VarPtr make_function(const VarPtr& code, const VarPtr& defaults, const VarPtr& kwdefaults, const VarPtr& closure);
+
+  void store_subscript(const VarPtr& container, const VarPtr& key, const VarPtr& value);
+
+  // super() and super(cls, self): a real super object that remembers the receiver's tracker,
+  // so that super().forward(x) inlines the base class's function with the same `self`.
+  VarPtr make_super(const std::vector<VarPtr>& args);
+
+  VarPtr super_attr(const VarPtr& sup, const std::string& name);
+
+  VarPtr getattr(VarPtr base, const std::string& name);
+
+  // Methods of lists and tuples. A list only this frame can see changes in the trackers; one the
+  // caller can see (a global, an argument) changes for real, so that call runs in Python.
+  VarPtr call_sequence_method(const VarPtr& seq, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+
+  // ---- in-place updates ----
+  // An in-place op on a tensor only the graph can see is the out-of-place op whose result
+  // every name of that tensor now holds: the tracker is shared by all its aliases (locals,
+  // containers), so rebinding it updates them all. Memory others can observe (inputs,
+  // parameters, views and tensors with views) is not captured yet.
+  void check_inplace_target(const VarPtr& a, const std::string& what);
+
+  VarPtr mutate(const VarPtr& a, ir::Node* result);
+
+  // ---- operators ----
+  VarPtr binary(const std::string& nb, VarPtr a, VarPtr b);
+
+  VarPtr compare(const std::string& op, VarPtr a, VarPtr b);
+
+  bool truth(const VarPtr& v);
+
+  VarPtr subscript(VarPtr base, VarPtr index);
+
+  // ---- graph breaks ----
+  // Only the function kiln was asked to run breaks; a failure inside an inlined call surfaces
+  // at the CALL of its outermost caller, which then runs that call in Python.
+  static bool breakable(const Instr& in);
+
+  // Whether normal control flow (exception handlers aside: 3.12 jumps back from a with
+  // block's handler) can come back to instruction pc.
+  static bool in_loop(const CodeInfo& ci, size_t pc);
+
+  struct Snapshot {
+    std::vector<VarPtr> stack, locals;
+    std::vector<std::string> kwnames;
+  };
+
+  // Trackers are shared and updated in place (in-place ops, list appends), so a snapshot copies
+  // them, keeping aliases among them aliases.
+  static VarPtr clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr>& memo);
+
+  Snapshot snapshot() const;
+
+  // How the runtime rebuilds a value of the frame at a break. A mutable container tracked by
+  // one tracker becomes one object, however many names and stack slots hold it.
+  OutSpec break_spec(const VarPtr& v);
+
+  OutSpec break_spec_of(const VarPtr& v);
+
+  // Ends the capture at `in` with a graph break, if the frame can resume after it; false
+  // leaves the original failure to end the capture (the whole call then runs eagerly).
+  bool graph_break(const Instr& in, const CodeInfo& ci, size_t pc, const Snapshot& before, const std::string& why);
+
+  OutSpec dict_spec(const VarPtr& v, bool at_break);
+
+  // x[...] with ints, slices, None and Ellipsis: a chain of select / slice / unsqueeze views.
+  // Tensor and list indices (advanced indexing) are not captured yet.
+  VarPtr index_tensor(const VarPtr& base, const VarPtr& index);
+
+  // A torch operator with no registry entry: an extern `torch_call` node in the graph. Its
+  // result's layout comes from running it on meta tensors now; the runtime calls it for real.
+  // nullptr: `f` is a Python function whose result is not tensors (the caller inlines it).
+  VarPtr torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+
+  // ---- output ----
+  OutSpec output_spec(const VarPtr& v);
+
+  // ---- the dispatch ----
+  int step(const Instr& in, const CodeInfo& ci);
+
+  PyObject* fn_;
+  CaptureResult& out_;
+  PyObject* code_;
+  PyObject* globals_;
+  PyObject* builtins_;
+  ir::Graph* g_;
+  std::string filename_;
+  std::vector<VarPtr> locals_;
+  std::vector<VarPtr> stack_;
+  std::vector<std::string> kwnames_;
+  std::vector<PyObject*> keep_;
+  int current_line_ = 0;
+  size_t steps_ = 0;
+  Interpreter* parent_ = nullptr;
+  SourcePtr fn_source_;   // where the inlined function came from (closure cells are read through it)
+  int depth_ = 0;
+  VarPtr return_value_;
+  std::vector<VarPtr> yields_;        // a generator's values, produced all at once
+  std::unordered_map<const Var*, int> break_memo_;  // break_spec's tracker -> object ids
+  bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
+  bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded
+  std::unordered_set<const ir::Node*> needs_grad_;  // root: nodes autograd would track
+
+ public:
+  ~Interpreter() {
+    for (PyObject* o : keep_) Py_DECREF(o);
+  }};
+
+}  // namespace kiln::bind::detail

@@ -1,0 +1,209 @@
+#include "bind/capture/interpreter.h"
+#include "bind/capture/resume.h"
+#include "bind/capture/torch_call.h"
+#include "bind/runtime/compiled_function.h"
+#include "bind/torch/tensor_bridge.h"
+
+namespace kiln::bind::detail {
+
+bool Interpreter::is_own_cell(int slot) const {
+  auto* co = reinterpret_cast<PyCodeObject*>(code_);
+  return slot < co->co_nlocalsplus - co->co_nfreevars;
+}
+
+VarPtr Interpreter::read_free_var(const Instr& in) {
+  auto* co = reinterpret_cast<PyCodeObject*>(code_);
+  int first_free = co->co_nlocalsplus - co->co_nfreevars;
+  if (in.arg < first_free) unsupported("read of an unbound cell variable");
+  PyObject* closure = PyFunction_GET_CLOSURE(fn_);
+  Py_ssize_t k = in.arg - first_free;
+  PyObject* v = closure ? PyCell_GET(PyTuple_GET_ITEM(closure, k)) : nullptr;
+  if (!v) unsupported("read of an empty closure cell");
+  PyObject* name = PyTuple_GET_ITEM(co->co_localsplusnames, in.arg);
+  SourcePtr src;
+  if (!parent_) src = Source::closure(k, PyUnicode_AsUTF8(name));
+  else if (fn_source_) src = Source::attr(Source::item(Source::attr(fn_source_, "__closure__"), k), "cell_contents");
+  // A function reached through super() or a made function has no source of its own: its
+  // cells (__class__ above all) are read as they are.
+  else return Var::constant(v);
+  return wrap(v, src);
+}
+
+VarPtr Interpreter::make_function(const VarPtr& code, const VarPtr& defaults, const VarPtr& kwdefaults, const VarPtr& closure) {
+  PyObject* co = const_obj(code, "code");
+  if (!PyCode_Check(co)) unsupported("MAKE_FUNCTION without a code object");
+  PyObject* f = PyFunction_New(co, globals_);
+  if (!f) real(nullptr);
+  VarPtr fv = Var::steal_constant(f);
+  fv->kind = Var::Kind::Function;
+  if (defaults && PyFunction_SetDefaults(f, const_obj(defaults, "default argument")) < 0) real(nullptr);
+  if (kwdefaults && PyFunction_SetKwDefaults(f, const_obj(kwdefaults, "keyword default")) < 0) real(nullptr);
+  fv->rebuildable = true;
+  if (closure) {
+    if (closure->kind != Var::Kind::Tuple) unsupported("malformed closure");
+    PyObject* cells = PyTuple_New(static_cast<Py_ssize_t>(closure->items.size()));
+    for (size_t i = 0; i < closure->items.size(); ++i) {
+      const VarPtr& c = closure->items[i];
+      if (c->kind != Var::Kind::Cell) unsupported("malformed closure cell");
+      fv->items.push_back(c);
+      const VarPtr& content = c->items[0];
+      bool constant = content && (content->is_const() || content->kind == Var::Kind::Module);
+      if (!constant) fv->rebuildable = false;
+      PyTuple_SET_ITEM(cells, i, PyCell_New(constant ? content->obj : nullptr));
+    }
+    int rc = PyFunction_SetClosure(f, cells);
+    Py_DECREF(cells);
+    if (rc < 0) real(nullptr);
+  }
+  return fv;
+}
+
+VarPtr Interpreter::make_super(const std::vector<VarPtr>& args) {
+  VarPtr self;
+  PyObject* cls = nullptr;
+  if (args.size() == 2) {
+    cls = const_obj(args[0], "super() class");
+    self = args[1];
+  } else if (args.empty()) {
+    auto* co = reinterpret_cast<PyCodeObject*>(code_);
+    PyObject* frees = PyCode_GetFreevars(co);
+    Py_ssize_t k = -1;
+    for (Py_ssize_t i = 0; frees && i < PyTuple_GET_SIZE(frees); ++i)
+      if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(frees, i), "__class__") == 0) k = i;
+    Py_XDECREF(frees);
+    PyObject* closure = PyFunction_GET_CLOSURE(fn_);
+    if (k < 0 || !closure) unsupported("super() outside a method");
+    cls = PyCell_GET(PyTuple_GET_ITEM(closure, k));
+    self = locals_.empty() ? nullptr : locals_[0];
+  } else {
+    unsupported("super() with one argument");
+  }
+  if (!cls || !self || !(self->kind == Var::Kind::Module || self->is_const())) unsupported("super() of this receiver");
+  VarPtr v = real(PyObject_CallFunctionObjArgs(builtin("super"), cls, self->obj, nullptr));
+  v->self = self;
+  return v;
+}
+
+VarPtr Interpreter::super_attr(const VarPtr& sup, const std::string& name) {
+  PyObject* a = PyObject_GetAttrString(sup->obj, name.c_str());
+  if (!a) return real(nullptr);
+  if (PyMethod_Check(a) && PyFunction_Check(PyMethod_GET_FUNCTION(a))) {
+    VarPtr m = Var::method(sup->self, name);
+    m->obj = Py_NewRef(PyMethod_GET_FUNCTION(a));
+    Py_DECREF(a);
+    return m;
+  }
+  return Var::steal_constant(a);
+}
+
+VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
+  if (base->is_const() && base->self && PyObject_TypeCheck(base->obj, &PySuper_Type)) return super_attr(base, name);
+  if (base->is_tensor()) {
+    const ir::TensorMeta& m = base->node->meta;
+    if (name == "shape") return shape_tuple(m);
+    if (name == "dtype") return Var::constant(torch_dtype_object(m.dtype));
+    if (name == "device") return Var::constant(torch_device_object(m.device));
+    if (name == "ndim") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
+    if (name == "is_cuda") return Var::constant(m.device.type == DeviceType::CUDA ? Py_True : Py_False);
+    if (name == "T" || name == "mT") {
+      std::vector<int64_t> perm;
+      if (name == "T") for (int64_t i = m.dim(); i-- > 0;) perm.push_back(i);
+      else {
+        for (int64_t i = 0; i < m.dim(); ++i) perm.push_back(i);
+        if (m.dim() < 2) unsupported("mT of a tensor with fewer than 2 dims");
+        std::swap(perm[m.dim() - 1], perm[m.dim() - 2]);
+      }
+      ir::Attrs a;
+      a.set("dims", perm);
+      return Var::tensor(add_node("permute", {base->node}, a));
+    }
+    if (name == "requires_grad") return Var::constant(root()->needs_grad_.count(base->node) ? Py_True : Py_False);
+    // kiln's tensors are dense, strided, plain: the layout flags models test
+    if (name == "is_nested" || name == "is_sparse" || name == "is_quantized" || name == "is_meta" ||
+        name == "is_mkldnn" || name == "is_complex_" )
+      return Var::constant(Py_False);
+    if (name == "layout") return Var::constant(resolve_torch("strided"));
+    return Var::method(base, name);
+  }
+  if (base->kind == Var::Kind::Module) return module_attr(base, name.c_str());
+  if (base->is_const() && PyDict_CheckExact(base->obj) &&
+      (name == "items" || name == "keys" || name == "values" || name == "get" || name == "copy"))
+    return Var::method(base, name);  // entries read through dict_entries, guarded
+  if (base->is_const()) {
+    PyObject* v = PyObject_GetAttrString(base->obj, name.c_str());
+    if (!v) return real(nullptr);
+    // Attributes of Python modules (torch.sin) are stable; other objects' are guarded, and so
+    // are a module's mutable containers (a registry list someone may append to).
+    bool container = PyList_Check(v) || PyDict_Check(v) || PyAnySet_Check(v);
+    if (base->source && (!PyModule_Check(base->obj) || container)) {
+      VarPtr r = wrap(v, Source::attr(base->source, name));
+      Py_DECREF(v);
+      return r;
+    }
+    return Var::steal_constant(v);
+  }
+  if (base->kind == Var::Kind::Tuple || base->kind == Var::Kind::List || base->kind == Var::Kind::Dict)
+    return Var::method(base, name);
+  unsupported("attribute " + name + " of a value");
+}
+
+VarPtr Interpreter::index_tensor(const VarPtr& base, const VarPtr& index) {
+  std::vector<VarPtr> parts = index->kind == Var::Kind::Tuple ? index->items : std::vector<VarPtr>{index};
+  if (index->is_const() && PyTuple_Check(index->obj)) {
+    parts.clear();
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(index->obj); ++i) parts.push_back(Var::constant(PyTuple_GET_ITEM(index->obj, i)));
+  }
+  int64_t consumed = 0;
+  for (const VarPtr& p : parts) {
+    if (!p->is_const()) {
+      // advanced indexing (tensors, lists of tensors): torch's own __getitem__ as an extern
+      static PyObject* getitem = PyObject_GetAttrString(resolve_torch("Tensor"), "__getitem__");
+      return torch_extern(getitem, "Tensor.__getitem__", {base, index}, {});
+    }
+    PyObject* o = p->obj;
+    if (o == Py_None || o == Py_Ellipsis) continue;
+    if (PyBool_Check(o) || !(PyLong_Check(o) || PySlice_Check(o)))
+      unsupported("indexing a tensor with a " + std::string(Py_TYPE(o)->tp_name) + " is not captured yet");
+    ++consumed;
+  }
+  ir::Node* x = base->node;
+  const int64_t rank = x->meta.dim();
+  if (consumed > rank)
+    unsupported("shape/dtype check of index failed: IndexError: too many indices for tensor of dimension " + std::to_string(rank));
+  int64_t dim = 0;
+  bool seen_ellipsis = false;
+  for (const VarPtr& p : parts) {
+    PyObject* o = p->obj;
+    if (o == Py_Ellipsis) {
+      if (seen_ellipsis) unsupported("an index can only have a single ellipsis");
+      seen_ellipsis = true;
+      dim += rank - consumed;
+      continue;
+    }
+    ir::Attrs a;
+    a.set("dim", dim);
+    if (o == Py_None) {
+      x = add_node("unsqueeze", {x}, a);
+      ++dim;
+    } else if (PyLong_Check(o)) {
+      a.set("index", static_cast<int64_t>(PyLong_AsLongLong(o)));
+      x = add_node("select", {x}, a);
+    } else {
+      auto* sl = reinterpret_cast<PySliceObject*>(o);
+      auto attr = [&](PyObject* v, const char* k) {
+        if (v == Py_None) return;
+        if (!PyLong_Check(v)) unsupported("slice bounds must be integers");
+        a.set(k, static_cast<int64_t>(PyLong_AsLongLong(v)));
+      };
+      attr(sl->start, "start");
+      attr(sl->stop, "end");
+      attr(sl->step, "step");
+      bool whole = sl->start == Py_None && sl->stop == Py_None && sl->step == Py_None;
+      if (!whole) x = add_node("slice", {x}, a);
+      ++dim;
+    }
+  }
+  return Var::tensor(x);
+}
+
+}  // namespace kiln::bind::detail

@@ -1,0 +1,161 @@
+#include "bind/capture/interpreter.h"
+#include "bind/capture/resume.h"
+#include "bind/capture/torch_call.h"
+#include "bind/runtime/compiled_function.h"
+#include "bind/torch/tensor_bridge.h"
+
+namespace kiln::bind::detail {
+
+void Interpreter::check_inplace_target(const VarPtr& a, const std::string& what) {
+  const ir::Node* n = a->node;
+  if (n->op_name() == "placeholder") unsupported("in-place " + what + " on an input mutates the caller's tensor: not captured yet");
+  if (n->op->aliases() || n->attrs.get_bool("view")) unsupported("in-place " + what + " on a view: not captured yet");
+  for (const ir::Node* u : n->users)
+    if (u->op->aliases() || u->attrs.get_bool("view")) unsupported("in-place " + what + " on a tensor that has views: not captured yet");
+}
+
+VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
+  if (result->meta.dtype != a->node->meta.dtype || result->meta.sizes != a->node->meta.sizes) {
+    // torch keeps the tensor's dtype and shape in place: a result that changes either is an error
+    // there (or a cast), which eager reports.
+    unsupported("in-place result of another dtype or shape");
+  }
+  a->node = result;
+  return a;
+}
+
+VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
+  bool inplace = nb.rfind("NB_INPLACE_", 0) == 0;
+  std::string base = inplace ? nb.substr(11) : nb.substr(3);
+  if (a->is_tensor() || b->is_tensor()) {
+    if (inplace && a->is_tensor()) check_inplace_target(a, base);
+    static const std::unordered_map<std::string, std::string> ops = {
+        {"ADD", "add"}, {"SUBTRACT", "sub"}, {"MULTIPLY", "mul"}, {"TRUE_DIVIDE", "div"},
+        {"FLOOR_DIVIDE", "floor_divide"}, {"REMAINDER", "remainder"}, {"POWER", "pow"}, {"MATRIX_MULTIPLY", "matmul"}};
+    auto it = ops.find(base);
+    if (it == ops.end()) unsupported("operator " + base + " on tensors is not captured yet");
+    if (a->kind == Var::Kind::Tuple || b->kind == Var::Kind::Tuple) unsupported("tensor operator with a tuple");
+    ir::Node* r = add_node(it->second, {as_node(a, "operand"), as_node(b, "operand")});
+    if (inplace && a->is_tensor()) return mutate(a, r);
+    return Var::tensor(r);
+  }
+  const bool seq_a = a->kind == Var::Kind::Tuple || a->kind == Var::Kind::List;
+  const bool seq_b = b->kind == Var::Kind::Tuple || b->kind == Var::Kind::List;
+  if ((seq_a || seq_b) && !(a->is_const() && b->is_const())) {
+    if (base == "ADD" && a->kind == b->kind) {  // (x,) + rest, [a] + [b]
+      if (inplace && a->kind == Var::Kind::List) {
+        if (a->source) unsupported("+= on a list the caller can see");
+        for (const VarPtr& x : b->items) a->items.push_back(x);
+        return a;
+      }
+      std::vector<VarPtr> items = a->items;
+      items.insert(items.end(), b->items.begin(), b->items.end());
+      return Var::tuple(std::move(items), a->kind == Var::Kind::List);
+    }
+    if (base == "MULTIPLY" && (seq_a != seq_b)) {  // [x] * 3
+      const VarPtr& seq = seq_a ? a : b;
+      PyObject* n = const_obj(seq_a ? b : a, "repeat count");
+      if (!PyLong_Check(n)) unsupported("sequence repeated by a non-integer");
+      std::vector<VarPtr> items;
+      for (long k = 0; k < PyLong_AsLong(n); ++k) items.insert(items.end(), seq->items.begin(), seq->items.end());
+      return Var::tuple(std::move(items), seq->kind == Var::Kind::List);
+    }
+  }
+  static const std::unordered_map<std::string, binaryfunc> py = {
+      {"ADD", PyNumber_Add}, {"SUBTRACT", PyNumber_Subtract}, {"MULTIPLY", PyNumber_Multiply},
+      {"TRUE_DIVIDE", PyNumber_TrueDivide}, {"FLOOR_DIVIDE", PyNumber_FloorDivide}, {"REMAINDER", PyNumber_Remainder},
+      {"AND", PyNumber_And}, {"OR", PyNumber_Or}, {"XOR", PyNumber_Xor}, {"LSHIFT", PyNumber_Lshift},
+      {"RSHIFT", PyNumber_Rshift}, {"MATRIX_MULTIPLY", PyNumber_MatrixMultiply}};
+  PyObject *x = const_obj(a, "operand"), *y = const_obj(b, "operand");
+  if (base == "POWER") return real(PyNumber_Power(x, y, Py_None));
+  auto it = py.find(base);
+  if (it == py.end()) unsupported("operator " + nb);
+  return real(it->second(x, y));
+}
+
+VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
+  if (a->is_tensor() || b->is_tensor()) {
+    static const std::unordered_map<std::string, std::string> ops = {{"<", "lt"}, {"<=", "le"}, {"==", "eq"},
+                                                                     {"!=", "ne"}, {">", "gt"}, {">=", "ge"}};
+    return Var::tensor(add_node(ops.at(op), {as_node(a, "operand"), as_node(b, "operand")}));
+  }
+  static const std::unordered_map<std::string, int> cmp = {{"<", Py_LT}, {"<=", Py_LE}, {"==", Py_EQ},
+                                                          {"!=", Py_NE}, {">", Py_GT}, {">=", Py_GE}};
+  return real(PyObject_RichCompare(const_obj(a, "operand"), const_obj(b, "operand"), cmp.at(op)));
+}
+
+bool Interpreter::truth(const VarPtr& v) {
+  if (v->is_tensor()) unsupported("data-dependent branch on a tensor value");
+  if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Dict) return !v->items.empty();
+  if (v->kind == Var::Kind::Module || v->kind == Var::Kind::Function) return true;
+  int r = PyObject_IsTrue(const_obj(v, "condition"));
+  if (r < 0) real(nullptr);
+  return r == 1;
+}
+
+VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
+  if (base->kind == Var::Kind::Tuple || base->kind == Var::Kind::List) {
+    if (index->is_const() && PyLong_Check(index->obj)) {
+      Py_ssize_t i = PyLong_AsSsize_t(index->obj), n = static_cast<Py_ssize_t>(base->items.size());
+      if (i < 0) i += n;
+      if (i < 0 || i >= n) unsupported("index out of range");
+      return base->items[i];
+    }
+    if (index->is_const() && PySlice_Check(index->obj)) {
+      Py_ssize_t start, stop, step, n = static_cast<Py_ssize_t>(base->items.size());
+      if (PySlice_Unpack(index->obj, &start, &stop, &step) < 0) real(nullptr);
+      Py_ssize_t len = PySlice_AdjustIndices(n, &start, &stop, step);
+      std::vector<VarPtr> items;
+      for (Py_ssize_t k = 0; k < len; ++k) items.push_back(base->items[start + k * step]);
+      return Var::tuple(std::move(items), base->kind == Var::Kind::List);
+    }
+    unsupported("subscript of a container with a non-constant index");
+  }
+  if (base->kind == Var::Kind::Dict) {
+    Py_ssize_t i = dict_find(base, const_obj(index, "dict key"));
+    if (i < 0) unsupported("KeyError: a key the dict does not have");
+    return base->items[i];
+  }
+  if (base->is_tensor()) return index_tensor(base, index);
+  if (base->kind == Var::Kind::Module && index->is_const() && PyUnicode_Check(index->obj)) {
+    module_children(base);  // ModuleDict["name"], ParameterDict["name"]
+    return module_attr(base, PyUnicode_AsUTF8(index->obj));
+  }
+  if (base->kind == Var::Kind::Module && index->is_const() && PySlice_Check(index->obj)) {
+    std::vector<std::string> names = module_keys(base);
+    Py_ssize_t start, stop, step, n = static_cast<Py_ssize_t>(names.size());
+    if (PySlice_Unpack(index->obj, &start, &stop, &step) < 0) real(nullptr);
+    Py_ssize_t len = PySlice_AdjustIndices(n, &start, &stop, step);
+    std::vector<VarPtr> items;
+    for (Py_ssize_t k = 0; k < len; ++k) items.push_back(module_attr(base, names[start + k * step].c_str()));
+    return Var::tuple(std::move(items), true);
+  }
+  if (base->kind == Var::Kind::Module) {
+    // self.layers[i] on a ModuleList/Sequential: the child module, guarded like any other.
+    if (!index->is_const() || !PyLong_Check(index->obj)) unsupported("module indexed by a non-integer");
+    Py_ssize_t n = module_children(base), i = PyLong_AsSsize_t(index->obj);
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) unsupported("module index out of range");
+    PyObject* children = PyObject_GetAttrString(base->obj, "_modules");
+    PyObject *key, *value;
+    Py_ssize_t pos = 0, k = 0;
+    std::string name;
+    while (PyDict_Next(children, &pos, &key, &value))
+      if (k++ == i) name = PyUnicode_AsUTF8(key);
+    Py_DECREF(children);
+    return module_attr(base, name.c_str());
+  }
+  PyObject* container = const_obj(base, "container");
+  PyObject* key = const_obj(index, "index");
+  PyObject* v = PyObject_GetItem(container, key);
+  if (!v) return real(nullptr);
+  // An item of a container read from the frame (a config dict, a list) is guarded itself.
+  if (base->source && (PyDict_Check(container) || PyList_Check(container)) && !PySlice_Check(key)) {
+    VarPtr r = wrap(v, Source::key_of(base->source, key));
+    Py_DECREF(v);
+    return r;
+  }
+  return Var::steal_constant(v);
+}
+
+}  // namespace kiln::bind::detail
