@@ -300,11 +300,93 @@ bool Interpreter::is_torch_internal(PyObject* f) {
   return torch;
 }
 
+namespace {
+
+// The object at a dotted path ("torch.jit.is_scripting"), or nullptr; the reference is kept
+// for the life of the process (the tables below hold these pointers).
+PyObject* object_at(const std::string& path) {
+  size_t dot = path.find('.');
+  PyObject* obj = PyImport_ImportModule(path.substr(0, dot).c_str());
+  while (obj && dot != std::string::npos) {
+    size_t next = path.find('.', dot + 1);
+    PyObject* child = PyObject_GetAttrString(obj, path.substr(dot + 1, next - dot - 1).c_str());
+    Py_DECREF(obj);
+    obj = child;
+    dot = next;
+  }
+  if (!obj) PyErr_Clear();
+  return obj;
+}
+
+}  // namespace
+
+// torch calls whose answer capture knows (questions about how the code runs, checks, no-ops).
+const std::unordered_map<PyObject*, Interpreter::Known>& Interpreter::known_torch_calls() {
+  static const auto* table = [] {
+    auto* t = new std::unordered_map<PyObject*, Known>();
+    const std::pair<const char*, Known> entries[] = {
+        {"torch.jit.is_scripting", Known::False},           {"torch.jit.is_tracing", Known::False},
+        {"torch._jit_internal.is_scripting", Known::False}, {"torch.compiler.is_compiling", Known::False},
+        {"torch.compiler.is_dynamo_compiling", Known::False}, {"torch._utils.is_compiling", Known::False},
+        {"torch._C._get_tracing_state", Known::None},       {"torch._assert", Known::Assert},
+        {"torch.is_grad_enabled", Known::GradEnabled},      {"torch._C._has_torch_function", Known::False},
+        {"torch._C._has_torch_function_unary", Known::False}, {"torch._C._has_torch_function_variadic", Known::False},
+        {"torch._C._len_torch_dispatch_stack", Known::Zero}, {"torch._C._log_api_usage_once", Known::NoOp},
+        {"torch.is_autocast_enabled", Known::StateQuery},   {"torch.is_autocast_cpu_enabled", Known::StateQuery},
+        {"torch.get_default_dtype", Known::StateQuery},     {"torch.is_inference_mode_enabled", Known::StateQuery},
+        {"torch.get_autocast_gpu_dtype", Known::StateQuery}, {"torch.nn.functional.dropout", Known::Dropout},
+        {"torch.nn.functional.dropout1d", Known::Dropout},  {"torch.nn.functional.dropout2d", Known::Dropout},
+        {"torch.nn.functional.dropout3d", Known::Dropout},  {"torch.nn.functional.alpha_dropout", Known::Dropout},
+        {"torch.nn.functional.feature_alpha_dropout", Known::Dropout},
+    };
+    for (const auto& [path, k] : entries)
+      if (PyObject* o = object_at(path)) t->emplace(o, k);
+    return t;
+  }();
+  return *table;
+}
+
+// nullptr: no answer here (the call goes on as any other).
+VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs,
+                                     bool any_tensor) {
+  switch (k) {
+    case Known::False:  // not scripted, not traced, plain tensors only (eager's answers)
+      return Var::constant(Py_False);
+    case Known::None: return args.empty() ? Var::constant(Py_None) : nullptr;
+    case Known::Zero: return args.empty() ? Var::steal_constant(PyLong_FromLong(0)) : nullptr;  // no modes in a graph
+    case Known::NoOp: return Var::constant(Py_None);  // usage logging: nothing the program sees
+    case Known::GradEnabled: return args.empty() ? Var::constant(root()->grad_mode_ ? Py_True : Py_False) : nullptr;
+    case Known::Assert:
+      if (args.empty() || !args[0]->is_const()) return nullptr;
+      if (!truth(args[0])) unsupported("torch._assert fails: eager raises");
+      return Var::constant(Py_None);
+    case Known::StateQuery: {
+      // torch's global modes, read as they are now (kiln does not compile under autocast)
+      if (any_tensor || !kwargs.empty()) return nullptr;
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+      for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "argument")));
+      PyObject* r = PyObject_Call(f, t, nullptr);
+      Py_DECREF(t);
+      return real(r);
+    }
+    case Known::Dropout: {
+      // F.dropout(x, p, training=False) is x; in training it draws random numbers (Python's)
+      if (args.empty() || !args[0]->is_tensor()) return nullptr;
+      VarPtr training;
+      for (auto& [name, v] : kwargs)
+        if (name == "training") training = v;
+      if (!training && args.size() >= 3) training = args[2];
+      return training && training->is_const() && training->obj == Py_False ? args[0] : nullptr;
+    }
+  }
+  return nullptr;
+}
+
 VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
   PyObject* f = fn->obj;
   if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
   if (f == builtin("super") && kwargs.empty()) return make_super(args);
-  if (!function_binding(f) && !args.empty() && args[0]->is_tensor()) {
+  if (!args.empty() && args[0]->is_tensor()) {
     // torch.relu_(x), torch.sigmoid_(x): the Tensor method of the same name
     std::string n = callable_name(f);
     if (n.rfind("torch.", 0) == 0 && n.size() > 7 && n.back() == '_' && n[n.size() - 2] != '_') {
@@ -398,6 +480,8 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   };
   bool any_tensor = std::any_of(args.begin(), args.end(), has_tensor) ||
                     std::any_of(kwargs.begin(), kwargs.end(), [&](auto& kv) { return has_tensor(kv.second); });
+  if (auto known = known_torch_calls().find(f); known != known_torch_calls().end())
+    if (VarPtr r = known_torch_call(known->second, f, args, kwargs, any_tensor)) return r;
   static PyObject* torch_max = resolve_torch("max");
   static PyObject* torch_min = resolve_torch("min");
   if (f == torch_max || f == torch_min) {
@@ -427,28 +511,6 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     it->kind = Var::Kind::Iterator;
     return it;
   }
-  // Questions models ask about how they run: not scripted, not traced (eager's answers).
-  static const std::vector<PyObject*> answers_false = [this] {
-    std::vector<PyObject*> fs;
-    for (const char* path : {"torch.jit.is_scripting", "torch.jit.is_tracing", "torch._jit_internal.is_scripting",
-                             "torch._C._get_tracing_state", "torch.compiler.is_compiling",
-                             "torch.compiler.is_dynamo_compiling", "torch._utils.is_compiling"}) {
-      try {
-        fs.push_back(resolve_torch_path(path));
-      } catch (const Unsupported&) {
-      }
-    }
-    return fs;
-  }();
-  if (args.empty() && kwargs.empty() && std::find(answers_false.begin(), answers_false.end(), f) != answers_false.end())
-    return Var::constant(f == answers_false[3] ? Py_None : Py_False);
-  static PyObject* torch_assert = resolve_torch("_assert");
-  if (f == torch_assert && !args.empty() && args[0]->is_const()) {
-    if (!truth(args[0])) unsupported("torch._assert fails: eager raises");
-    return Var::constant(Py_None);
-  }
-  static PyObject* is_grad_enabled = resolve_torch("is_grad_enabled");
-  if (f == is_grad_enabled && args.empty()) return Var::constant(root()->grad_mode_ ? Py_True : Py_False);
   if (f == builtin("type") && args.size() == 1 && args[0]->is_tensor() && args[0]->node->op_name() != "placeholder")
     return Var::constant(resolve_torch("Tensor"));
   if (f == builtin("callable") && args.size() == 1 && !args[0]->is_const())
@@ -469,30 +531,6 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     PyObject* tensor_type = resolve_torch("Tensor");
     return Var::constant(PyObject_IsSubclass(tensor_type, args[1]->obj) == 1 ? Py_True : Py_False);
   }
-  static const std::vector<PyObject*> dropouts = [this] {
-    std::vector<PyObject*> fs;
-    for (const char* d : {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
-      fs.push_back(resolve_torch_path(std::string("torch.nn.functional.") + d));
-    return fs;
-  }();
-  if (std::find(dropouts.begin(), dropouts.end(), f) != dropouts.end() && !args.empty() && args[0]->is_tensor()) {
-    // F.dropout(x, p, training=False) is x; in training it draws random numbers (Python's)
-    VarPtr training;
-    for (auto& [k, v] : kwargs)
-      if (k == "training") training = v;
-    if (!training && args.size() >= 3) training = args[2];
-    if (training && training->is_const() && training->obj == Py_False) return args[0];
-  }
-  static const std::vector<PyObject*> torch_function_checks = [this] {
-    std::vector<PyObject*> fs;
-    for (const char* n : {"_has_torch_function", "_has_torch_function_unary", "_has_torch_function_variadic"})
-      fs.push_back(resolve_torch_path(std::string("torch._C.") + n));
-    return fs;
-  }();
-  if (std::find(torch_function_checks.begin(), torch_function_checks.end(), f) != torch_function_checks.end())
-    return Var::constant(Py_False);  // graph tensors are plain tensors (inputs' types are guarded)
-  static PyObject* dispatch_stack_len = resolve_torch_path("torch._C._len_torch_dispatch_stack");
-  if (f == dispatch_stack_len && args.empty()) return Var::steal_constant(PyLong_FromLong(0));  // no modes in a graph
   if (any_tensor && is_torch_internal(f)) {
     if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
     // a torch Python helper that answers with Python values (a check, a size): inlined
@@ -500,27 +538,6 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   }
   // torch's own Python helpers on Python values (F._none_or_dtype, ...): inlined like user code
   if (!any_tensor && PyFunction_Check(f)) return inline_call(f, fn->source, std::move(args), kwargs);
-  static const std::vector<PyObject*> state_queries = [this] {
-    std::vector<PyObject*> fs;
-    for (const char* path : {"torch.is_autocast_enabled", "torch.is_autocast_cpu_enabled", "torch.get_default_dtype",
-                             "torch.is_inference_mode_enabled", "torch.get_autocast_gpu_dtype"}) {
-      try {
-        fs.push_back(resolve_torch_path(path));
-      } catch (const Unsupported&) {
-      }
-    }
-    return fs;
-  }();
-  if (!any_tensor && std::find(state_queries.begin(), state_queries.end(), f) != state_queries.end()) {
-    // torch's global modes, read as they are now (kiln does not compile under autocast)
-    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
-    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "argument")));
-    PyObject* r = PyObject_Call(f, t, nullptr);
-    Py_DECREF(t);
-    return real(r);
-  }
-  static PyObject* log_usage = resolve_torch_path("torch._C._log_api_usage_once");
-  if (f == log_usage) return Var::constant(Py_None);  // usage logging: nothing the program sees
   if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
   if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));

@@ -128,6 +128,11 @@ class Interpreter {
 
   VarPtr call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs);
 
+  // torch calls with an answer at capture time, and what it is
+  enum class Known { False, None, Zero, NoOp, GradEnabled, Assert, StateQuery, Dropout };
+  static const std::unordered_map<PyObject*, Known>& known_torch_calls();
+  VarPtr known_torch_call(Known k, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool any_tensor);
+
   // torch.no_grad() and friends, for `with`: a marker holding the grad mode the block runs in.
   VarPtr grad_mode_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
