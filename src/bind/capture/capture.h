@@ -38,6 +38,13 @@ struct OutSpec {
   std::vector<OutSpec> items;    // Tuple / List; Method: the receiver
   SourcePtr source;              // Source
   OutSpec() = default;
+  // The value re-read from the frame: the caller's own container, unchanged.
+  static OutSpec from_source(SourcePtr src) {
+    OutSpec s;
+    s.kind = Kind::Source;
+    s.source = std::move(src);
+    return s;
+  }
   OutSpec(const OutSpec& o)
       : kind(o.kind), index(o.index), memo(o.memo), value(o.value), items(o.items), source(o.source) {
     Py_XINCREF(value);

@@ -94,11 +94,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
     case Var::Kind::Tuple:
     case Var::Kind::List:
       // A container read from the frame must stay the caller's object.
-      if (v->source) {
-        s.kind = OutSpec::Kind::Source;
-        s.source = v->source;
-        return s;
-      }
+      if (v->source) return OutSpec::from_source(v->source);
       s.kind = v->kind == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
       for (auto& item : v->items) s.items.push_back(break_spec(item));
       return s;
@@ -124,11 +120,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       return s;
     case Var::Kind::Iterator: unsupported("graph break inside a loop kiln unrolls");
     case Var::Kind::Dict:
-      if (v->source) {
-        s.kind = OutSpec::Kind::Source;
-        s.source = v->source;
-        return s;
-      }
+      if (v->source) return OutSpec::from_source(v->source);
       return dict_spec(v, true);
     case Var::Kind::Cell:
       // A cell of the frame: the resume function makes a new one (MAKE_CELL) around this.

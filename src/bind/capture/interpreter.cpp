@@ -244,11 +244,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
     }
     case Var::Kind::Tuple:
     case Var::Kind::List:
-      if (v->source) {  // the caller's own list or tuple, unchanged
-        s.kind = OutSpec::Kind::Source;
-        s.source = v->source;
-        return s;
-      }
+      if (v->source) return OutSpec::from_source(v->source);  // the caller's own list or tuple, unchanged
       s.kind = v->kind == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
       for (auto& item : v->items) s.items.push_back(output_spec(item));
       return s;
@@ -258,11 +254,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       s.value = v->obj;
       return s;
     case Var::Kind::Dict:
-      if (v->source) {
-        s.kind = OutSpec::Kind::Source;
-        s.source = v->source;
-        return s;
-      }
+      if (v->source) return OutSpec::from_source(v->source);
       return dict_spec(v, false);
     case Var::Kind::Function:
       if (!v->rebuildable) unsupported("returns a function closing over tensors");
