@@ -311,17 +311,18 @@ PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, con
     if (!build(s)) return done(nullptr);
     resume_args.push_back(owned.back());
   }
+  // The instruction's operands (nullptr for a CALL's NULL slot).
+  std::vector<PyObject*> ops;
+  for (const OutSpec& s : b.operands) {
+    if (s.kind == OutSpec::Kind::Null) {
+      ops.push_back(nullptr);
+      continue;
+    }
+    if (!build(s)) return done(nullptr);
+    ops.push_back(owned.back());
+  }
   PyObject* resume_fn;
   if (b.kind == GraphBreak::Kind::Call) {
-    std::vector<PyObject*> ops;
-    for (const OutSpec& s : b.operands) {
-      if (s.kind == OutSpec::Kind::Null) {
-        ops.push_back(nullptr);
-        continue;
-      }
-      if (!build(s)) return done(nullptr);
-      ops.push_back(owned.back());
-    }
     PyObject* callable = ops[0] ? ops[0] : ops[1];
     std::vector<PyObject*> args(ops.begin() + (ops[0] ? 1 : 2), ops.end());
     size_t nkw = b.kwnames ? static_cast<size_t>(PyTuple_GET_SIZE(b.kwnames)) : 0;
@@ -335,17 +336,10 @@ PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, con
     resume_args.push_back(result);
     resume_fn = e.resume[0];
   } else if (b.kind == GraphBreak::Kind::Jump) {
-    PyObject* cond = build(b.operands[0]);
-    if (!cond) return done(nullptr);
-    int t = PyObject_IsTrue(cond);
+    int t = PyObject_IsTrue(ops[0]);
     if (t < 0) return done(nullptr);
     resume_fn = e.resume[(t == 1) == b.jump_if_true ? 1 : 0];
   } else {
-    std::vector<PyObject*> ops;
-    for (const OutSpec& s : b.operands) {
-      if (!build(s)) return done(nullptr);
-      ops.push_back(owned.back());
-    }
     PyObject* result = nullptr;
     int rc = 0;
     {
