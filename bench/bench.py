@@ -9,6 +9,8 @@ Rows:
   softmax    torch.softmax(x, dim=-1), 4096 x 4096 float32
   attention  softmax(q @ k^T / sqrt(d)) @ v; CPU: (4, 8, 256, 64), GPU: (16, 8, 1024, 64)
   resnet18   torchvision resnet18 (random weights, eval), batch 4 x 3 x 224 x 224
+  bert_1x8   Hugging Face BertModel, bert-base config (random weights, eval), batch 1 x 8 tokens
+  bert_8x128 the same model, batch 8 x 128 tokens (attention mask of ones)
 
 What is measured, per row:
   per call   median over --repeat samples after warm-up; a sample times enough back-to-back
@@ -45,13 +47,15 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "@@kiln-bench "
-ROW_NAMES = ("sincos", "gelu", "softmax", "attention", "resnet18")
+ROW_NAMES = ("sincos", "gelu", "softmax", "attention", "resnet18", "bert_1x8", "bert_8x128")
 ROW_TITLES = {
     "sincos": "sin+cos, 1 element",
     "gelu": "GELU (tanh), 16M float32",
     "softmax": "softmax, 4096x4096 float32",
     "attention": "attention {shape} float32",
     "resnet18": "torchvision resnet18, batch 4 x 224x224",
+    "bert_1x8": "BERT-base (transformers), batch 1 x 8 tokens",
+    "bert_8x128": "BERT-base (transformers), batch 8 x 128 tokens",
 }
 OVERHEAD_CALLS = 2000
 
@@ -105,6 +109,14 @@ def build_row(name: str, device: str):
         import torchvision
         torch.manual_seed(0)
         return torchvision.models.resnet18().to(device).eval(), (randn(4, 3, 224, 224),)
+    if name.startswith("bert_"):
+        import transformers
+        torch.manual_seed(0)
+        batch, seq = (int(n) for n in name[5:].split("x"))
+        model = transformers.BertModel(transformers.BertConfig()).to(device).eval()  # bert-base sizes
+        ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=g).to(device)
+        mask = torch.ones(batch, seq, dtype=torch.long, device=device)
+        return model, (ids, mask)
     raise ValueError(name)
 
 

@@ -2566,8 +2566,8 @@ def dataclass_built_inside(x):
     return x * cfg.scale + cfg.shift + x * other.scale
 
 
-def test_dataclass_instances_built_inside_runs_in_python():
-    runs_in_python(dataclass_built_inside, lambda: (x48(),), "call to")
+def test_dataclass_instances_built_inside():
+    check(dataclass_built_inside, x48())
 
 
 class Slotted:

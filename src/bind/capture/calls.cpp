@@ -130,6 +130,7 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
 VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
   switch (fn->kind) {
     case Var::Kind::Method:
+      if (fn->self->kind == Var::Kind::Record) return call_record_method(fn->self, fn->name, args, kwargs);
       if (fn->obj) {  // a base-class function reached through super()
         args.insert(args.begin(), fn->self);
         return inline_call(fn->obj, nullptr, std::move(args), kwargs);
@@ -326,8 +327,8 @@ const std::unordered_map<PyObject*, Interpreter::Known>& Interpreter::known_torc
     auto* t = new std::unordered_map<PyObject*, Known>();
     const std::pair<const char*, Known> entries[] = {
         {"torch.jit.is_scripting", Known::False},           {"torch.jit.is_tracing", Known::False},
-        {"torch._jit_internal.is_scripting", Known::False}, {"torch.compiler.is_compiling", Known::False},
-        {"torch.compiler.is_dynamo_compiling", Known::False}, {"torch._utils.is_compiling", Known::False},
+        {"torch._jit_internal.is_scripting", Known::False}, {"torch.compiler.is_compiling", Known::True},
+        {"torch.compiler.is_dynamo_compiling", Known::True}, {"torch._utils.is_compiling", Known::True},
         {"torch._C._get_tracing_state", Known::None},       {"torch._assert", Known::Assert},
         {"torch.is_grad_enabled", Known::GradEnabled},      {"torch._C._has_torch_function", Known::False},
         {"torch._C._has_torch_function_unary", Known::False}, {"torch._C._has_torch_function_variadic", Known::False},
@@ -352,6 +353,8 @@ VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<Var
   switch (k) {
     case Known::False:  // not scripted, not traced, plain tensors only (eager's answers)
       return Var::constant(Py_False);
+    case Known::True:  // being compiled: as under torch.compile, code takes its graph-friendly path
+      return args.empty() ? Var::constant(Py_True) : nullptr;
     case Known::None: return args.empty() ? Var::constant(Py_None) : nullptr;
     case Known::Zero: return args.empty() ? Var::steal_constant(PyLong_FromLong(0)) : nullptr;  // no modes in a graph
     case Known::NoOp: return Var::constant(Py_None);  // usage logging: nothing the program sees
@@ -386,6 +389,26 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   PyObject* f = fn->obj;
   if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
   if (f == builtin("super") && kwargs.empty()) return make_super(args);
+  if (PyType_Check(f))
+    if (VarPtr r = make_record(f, args, kwargs)) return r;
+  if (!args.empty() && args[0]->kind == Var::Kind::Record) {
+    // builtins that ask a dataclass instance about itself
+    const VarPtr& rec = args[0];
+    if (f == builtin("isinstance") && args.size() == 2)
+      return Var::constant(PyObject_IsSubclass(rec->obj, const_obj(args[1], "class")) == 1 ? Py_True : Py_False);
+    if (f == builtin("type") && args.size() == 1) return Var::constant(rec->obj);
+    if (f == builtin("len") && args.size() == 1 && PyObject_IsSubclass(rec->obj, reinterpret_cast<PyObject*>(&PyDict_Type)) == 1)
+      return Var::steal_constant(PyLong_FromSize_t(rec->view.size()));
+    if ((f == builtin("hasattr") || f == builtin("getattr")) && args.size() >= 2) {
+      std::string attr = PyUnicode_AsUTF8(const_obj(args[1], "attribute name"));
+      bool has = std::any_of(rec->keys.begin(), rec->keys.end(),
+                             [&](PyObject* k) { return PyUnicode_CompareWithASCIIString(k, attr.c_str()) == 0; }) ||
+                 PyObject_HasAttrString(rec->obj, attr.c_str());
+      if (f == builtin("hasattr")) return Var::constant(has ? Py_True : Py_False);
+      if (!has && args.size() == 3) return args[2];
+      return record_attr(rec, attr);
+    }
+  }
   if (!args.empty() && args[0]->is_tensor()) {
     // torch.relu_(x), torch.sigmoid_(x): the Tensor method of the same name
     std::string n = callable_name(f);
@@ -402,7 +425,8 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
       PyUnicode_Check(args[1]->obj)) {
     // getattr(self, f"fc{i}"), getattr(cfg, "eps"): read as self.fc0 / cfg.eps would be, guarded
     const char* attr = PyUnicode_AsUTF8(args[1]->obj);
-    int has = PyObject_HasAttrString(args[0]->obj, attr);
+    const AttrStore* logged = logged_attr(args[0]->obj, attr);
+    int has = logged ? logged->value != nullptr : PyObject_HasAttrString(args[0]->obj, attr);
     if (f == builtin("hasattr")) {
       if (has) getattr(args[0], attr);
       return Var::constant(has ? Py_True : Py_False);
@@ -411,6 +435,24 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     return getattr(args[0], attr);
   }
   if (VarPtr r = grad_mode_context(f, args, kwargs)) return r;
+  if (PyMethod_Check(f) && args.empty() && kwargs.empty()) {
+    // @torch.no_grad() on a function: its wrapper enters `ctx.clone()`, a fresh context like ctx
+    PyObject* self = PyMethod_GET_SELF(f);
+    PyObject* fname = PyObject_GetAttrString(PyMethod_GET_FUNCTION(f), "__name__");
+    bool clone = fname && PyUnicode_Check(fname) && PyUnicode_CompareWithASCIIString(fname, "clone") == 0;
+    Py_XDECREF(fname);
+    PyErr_Clear();
+    static PyObject* inference_mode = resolve_torch("inference_mode");
+    PyObject* cls = reinterpret_cast<PyObject*>(Py_TYPE(self));
+    if (clone && cls == inference_mode) {
+      PyObject* m = PyObject_GetAttrString(self, "mode");
+      if (!m) real(nullptr);
+      keep_.push_back(m);
+      if (VarPtr r = grad_mode_context(cls, {Var::constant(m)}, {})) return r;
+    } else if (clone) {
+      if (VarPtr r = grad_mode_context(cls, {}, {})) return r;
+    }
+  }
   if (VarPtr r = builtin_over_trackers(f, args, kwargs)) return r;
   static PyObject* partial_type = [] {
     PyObject* ft = PyImport_ImportModule("functools");
@@ -450,6 +492,22 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     VarPtr g = fn->source ? wrap(inner, Source::attr(fn->source, "func")) : Var::constant(inner);
     return call(g, std::move(all), std::move(kw));
   }
+  static PyObject* signature = object_at("inspect.signature");
+  if (f == signature && args.size() == 1 && kwargs.empty()) {
+    // inspect.signature(fn): a property of the code, never of tensors; asked of the real callable
+    const VarPtr& a = args[0];
+    PyObject* target = nullptr;
+    if (a->kind == Var::Kind::Method && a->self->kind == Var::Kind::Module && !a->obj)
+      target = PyObject_GetAttrString(a->self->obj, a->name.c_str());
+    else if (a->is_const() || a->kind == Var::Kind::Function || a->kind == Var::Kind::Module)
+      target = Py_NewRef(a->obj);
+    if (target) {
+      PyObject* r = PyObject_CallOneArg(signature, target);
+      Py_DECREF(target);
+      return real(r);
+    }
+    if (PyErr_Occurred()) real(nullptr);
+  }
   if (is_compiled_function(f) && !compiled_function_disabled(f)) {
     // A compiled function called from compiled code: its body is inlined into this graph.
     PyObject* target = compiled_function_target(f);
@@ -459,6 +517,16 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
   if (PyMethod_Check(f) && PyFunction_Check(PyMethod_GET_FUNCTION(f)) && !is_torch_internal(PyMethod_GET_FUNCTION(f))) {
     // A bound method of a user object: inline its function with the receiver first.
+    static PyObject* environ = object_at("os.environ");
+    if (PyMethod_GET_SELF(f) == environ && kwargs.empty()) {
+      // os.environ.get("FLAG", "0"): read now, as torch.compile does (changing it later does not
+      // recompile)
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+      for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "argument")));
+      PyObject* r = PyObject_Call(f, t, nullptr);
+      Py_DECREF(t);
+      return real(r);
+    }
     if (!fn->source) unsupported("bound method with no known source");
     VarPtr self = wrap(PyMethod_GET_SELF(f), Source::attr(fn->source, "__self__"));
     args.insert(args.begin(), self);
@@ -527,14 +595,31 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (m.dim() == 0) unsupported("len() of a 0-d tensor");
     return size_const(m.sizes[0]);
   }
+  if (f == builtin("hasattr") && args.size() == 2 && args[0]->is_tensor() && args[1]->is_const() &&
+      PyUnicode_Check(args[1]->obj)) {
+    // the attributes of its class (as torch.compile, kiln does not guard attributes set on a tensor)
+    PyObject* tensor_type = resolve_torch("Tensor");
+    return Var::constant(PyObject_HasAttr(tensor_type, args[1]->obj) ? Py_True : Py_False);
+  }
   if (f == builtin("isinstance") && args.size() == 2 && args[0]->is_tensor()) {
     PyObject* tensor_type = resolve_torch("Tensor");
-    return Var::constant(PyObject_IsSubclass(tensor_type, args[1]->obj) == 1 ? Py_True : Py_False);
+    int r = PyObject_IsSubclass(tensor_type, const_obj(args[1], "isinstance() class"));
+    if (r < 0) real(nullptr);
+    return Var::constant(r == 1 ? Py_True : Py_False);
   }
   if (any_tensor && is_torch_internal(f)) {
     if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
     // a torch Python helper that answers with Python values (a check, a size): inlined
     return inline_call(f, fn->source, std::move(args), kwargs);
+  }
+  if (!any_tensor && is_torch_internal(f) && !PyFunction_Check(f)) {
+    // factories: a tensor from Python values alone, made by the graph at each call
+    static const char* factories[] = {"arange", "zeros", "ones",     "full",     "tensor", "as_tensor",
+                                      "eye",    "linspace", "logspace", "scalar_tensor"};
+    std::string leaf = name.substr(name.rfind('.') + 1);
+    for (const char* fac : factories)
+      if (leaf == fac)
+        if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
   }
   // torch's own Python helpers on Python values (F._none_or_dtype, ...): inlined like user code
   if (!any_tensor && PyFunction_Check(f)) return inline_call(f, fn->source, std::move(args), kwargs);
@@ -666,10 +751,13 @@ bool Interpreter::pure_callable(PyObject* f) {
   static const char* names[] = {"len",   "abs",     "min",        "max",     "int",     "float",     "bool",
                                 "range", "tuple",   "list",       "round",   "pow",     "divmod",    "isinstance",
                                 "sum",   "any",     "all",        "str",     "hasattr", "getattr",   "set",
-                                "frozenset", "sorted", "callable", "repr",   "dict",    "issubclass", "chr", "ord"};
+                                "frozenset", "sorted", "callable", "repr",   "dict",    "issubclass", "chr", "ord", "slice"};
   for (const char* n : names)
     if (f == builtin(n)) return true;
   if (f == builtin("type")) return true;  // type(obj) of a Python value
+  static PyObject* finfo = resolve_torch("finfo");
+  static PyObject* iinfo = resolve_torch("iinfo");
+  if (f == finfo || f == iinfo) return true;  // limits of a dtype
   // Methods of strings, numbers and tuples (immutable receivers): "{}".format, "-".join, ...
   if (PyCFunction_Check(f)) {
     PyObject* self = PyCFunction_GET_SELF(f);
@@ -752,14 +840,50 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     return Var::steal_constant(PyLong_FromLong(m.device.type == DeviceType::CUDA ? m.device.index : -1));
   if (name == "item" || name == "tolist" || name == "numpy" || name == "__bool__" || name == "nonzero")
     unsupported("Tensor." + name + "() depends on tensor data");
-  if (name == "to" || name == "type") {
-    // Only dtype conversions: device moves and copies stay eager for now.
-    if (args.size() == 1 && kwargs.empty() && args[0]->is_const()) {
-      DType t;
-      if (dtype_from_object(args[0]->obj, t)) {
-        if (t == m.dtype) return self;
+  if (name == "to") {
+    // x.to(dtype), x.to(device), x.to(other), with dtype=/device=/non_blocking=: a conversion, or x
+    // itself where nothing changes. Device moves and copy=True stay eager.
+    std::optional<DType> dtype;
+    bool same_device = true, plain = true;
+    auto take = [&](const VarPtr& v) {
+      if (v->is_tensor()) {
+        dtype = v->node->meta.dtype;
+        same_device = same_device && v->node->meta.device == m.device;
+        return;
       }
+      PyObject* o = const_obj(v, "Tensor.to argument");
+      DType t;
+      if (o == Py_None) return;
+      if (dtype_from_object(o, t)) {
+        dtype = t;
+        return;
+      }
+      static PyObject* device_type = resolve_torch("device");
+      PyObject* d = PyObject_CallOneArg(device_type, o);
+      if (!d) {
+        PyErr_Clear();
+        plain = false;
+        return;
+      }
+      same_device = same_device && PyObject_RichCompareBool(d, torch_device_object(m.device), Py_EQ) == 1;
+      Py_DECREF(d);
+    };
+    for (const VarPtr& a : args) take(a);
+    for (auto& [k, v] : kwargs) {
+      if (k == "dtype" || k == "device") take(v);
+      else if (k == "copy" && v->is_const() && v->obj == Py_True) plain = false;
+      else if (k != "non_blocking" && k != "copy" && k != "memory_format") plain = false;
     }
+    if (plain && same_device) {
+      if (!dtype || *dtype == m.dtype) return self;
+      ir::Attrs a;
+      a.set("dtype", *dtype);
+      return Var::tensor(add_node("convert", {self->node}, a));
+    }
+  }
+  if (name == "type" && args.size() == 1 && kwargs.empty() && args[0]->is_const()) {
+    DType t;
+    if (dtype_from_object(args[0]->obj, t) && t == m.dtype) return self;
   }
   if (name == "contiguous" && args.empty() && m.strides == ir::contiguous_strides(m.sizes)) return self;
   if ((name == "max" || name == "min") && args.empty() && kwargs.empty())  // over all elements
@@ -1159,7 +1283,21 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
       Py_DECREF(item);
     }
   }
-  if (inputs.empty()) unsupported("call to " + name + " without tensor arguments");
+  // A factory (arange, zeros, full, tensor, ...): its layout from the same call on the meta
+  // device; the device it would make the tensor on, from its `device` argument or torch's default.
+  PyObject* factory_device = nullptr;
+  if (inputs.empty()) {
+    static PyObject* device_type = resolve_torch("device");
+    static PyObject* default_device = resolve_torch("get_default_device");
+    PyObject* dev = tkw ? PyDict_GetItemString(tkw, "device") : nullptr;
+    factory_device = dev && dev != Py_None ? PyObject_CallOneArg(device_type, dev) : PyObject_CallNoArgs(default_device);
+    if (!factory_device) real(nullptr);
+    keep_.push_back(factory_device);
+    if (!tkw) {
+      tkw = PyDict_New();
+      keep_.push_back(tkw);
+    }
+  }
   // The layout of the result: the operator on meta tensors of the inputs' layouts.
   static PyObject* empty_strided = resolve_torch("empty_strided");
   std::vector<PyObject*> metas;
@@ -1189,6 +1327,11 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   }
   PyObject* margs = substitute(targs, metas.data());
   PyObject* mkw = tkw ? substitute(tkw, metas.data()) : nullptr;
+  if (factory_device) {
+    PyObject* meta = PyUnicode_FromString("meta");
+    PyDict_SetItemString(mkw, "device", meta);
+    Py_DECREF(meta);
+  }
   PyObject* r = PyObject_Call(f, margs, mkw);
   Py_DECREF(margs);
   Py_XDECREF(mkw);
@@ -1220,6 +1363,17 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     a.set("out_sizes", info.sizes);
     a.set("out_strides", info.strides);
     a.set("out_dtype", info.dtype);
+    if (factory_device) {
+      PyObject* type = PyObject_GetAttrString(factory_device, "type");
+      PyObject* index = PyObject_GetAttrString(factory_device, "index");
+      bool cuda = type && PyUnicode_CompareWithASCIIString(type, "cuda") == 0;
+      bool cpu = type && PyUnicode_CompareWithASCIIString(type, "cpu") == 0;
+      int64_t at = index && index != Py_None ? PyLong_AsLongLong(index) : 0;
+      Py_XDECREF(type);
+      Py_XDECREF(index);
+      if (!cuda && !cpu) unsupported(name + " on a device kiln does not compile for");
+      a.set("out_device", cuda ? at : int64_t{-1});
+    }
     PyObject* is_view = PyObject_CallMethod(results[k], "_is_view", nullptr);
     if (is_view == Py_True) a.set("view", true);  // in-place updates must not go through it
     Py_XDECREF(is_view);

@@ -31,6 +31,7 @@ struct OutSpec {
     Method,   // getattr(items[0], value): a bound method
     Null,     // the NULL of CALL's calling convention (stack only)
     Unbound,  // a local not assigned yet (locals only)
+    Construct,  // value(**items[0]): a dataclass instance made anew (items[0] is a Dict spec)
   } kind = Kind::Const;
   int index = 0;                 // Graph: which graph output
   int memo = -1;                 // at a break: values one tracker stands for are one object

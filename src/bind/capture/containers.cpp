@@ -132,6 +132,7 @@ VarPtr Interpreter::real(PyObject* r) {
 }
 
 void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, const VarPtr& value) {
+  if (container->kind == Var::Kind::Record) return record_store(container, const_obj(key, "key"), value, true);
   if (container->kind == Var::Kind::Dict && !container->source) {
     dict_set(container, const_obj(key, "dict key"), value);
     return;

@@ -61,6 +61,8 @@ VarPtr Interpreter::clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr
   auto c = std::make_shared<Var>(Var{v->kind});
   memo[v.get()] = c;
   c->node = v->node;
+  c->obj = Py_XNewRef(v->obj);
+  c->view = v->view;
   c->name = v->name;
   c->source = v->source;
   for (PyObject* k : v->keys) c->keys.push_back(Py_NewRef(k));
@@ -75,12 +77,14 @@ Interpreter::Snapshot Interpreter::snapshot() const {
   for (const VarPtr& v : stack_) s.stack.push_back(clone(v, memo));
   for (const VarPtr& v : locals_) s.locals.push_back(clone(v, memo));
   s.kwnames = kwnames_;
+  s.attr_stores = parent_ ? 0 : attr_stores_.size();
   return s;
 }
 
 OutSpec Interpreter::break_spec(const VarPtr& v) {
   OutSpec s = break_spec_of(v);
-  if (s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy) {
+  if (s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy ||
+      s.kind == OutSpec::Kind::Construct) {
     auto [it, fresh] = break_memo_.emplace(v.get(), static_cast<int>(break_memo_.size()));
     s.memo = it->second;
   }
@@ -126,6 +130,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       // A cell of the frame: the resume function makes a new one (MAKE_CELL) around this.
       if (!v->items[0]) unsupported("an empty closure cell at a graph break");
       return break_spec(v->items[0]);
+    case Var::Kind::Record: return record_spec(v, true);
     case Var::Kind::Function:
       if (!v->rebuildable) unsupported("a function closing over tensors at a graph break");
       s.kind = OutSpec::Kind::Const;
@@ -140,6 +145,14 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   if (pc + 1 >= ci.instrs.size()) return false;
   if (in_loop(ci, pc)) return false;  // each iteration would resume anew
   if (in_exception_block(code_, in.offset)) return false;
+  // The instruction runs for real at the break: its own logged stores are dropped, and the
+  // graph before it may leave no store undone (they are not replayed yet).
+  attr_stores_.resize(before.attr_stores);
+  try {
+    check_stores_undone(attr_stores_.size());
+  } catch (const Unsupported&) {
+    return false;
+  }
   auto* co = reinterpret_cast<PyCodeObject*>(code_);
   const int nv = co->co_nlocals;
   for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i)

@@ -23,7 +23,9 @@ void Interpreter::run(const BoundArgs& args) {
       locals_[i]->source = nullptr;  // its items keep their sources: graph inputs are read through them
   }
   VarPtr r = run_frame();
-  if (r) out_.output = output_spec(r);  // else the capture ended in a graph break
+  if (!r) return;  // the capture ended in a graph break
+  check_stores_undone(attr_stores_.size());
+  out_.output = output_spec(r);
 }
 
 VarPtr Interpreter::run_frame() {
@@ -256,6 +258,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
     case Var::Kind::Dict:
       if (v->source) return OutSpec::from_source(v->source);
       return dict_spec(v, false);
+    case Var::Kind::Record: return record_spec(v, false);
     case Var::Kind::Function:
       if (!v->rebuildable) unsupported("returns a function closing over tensors");
       s.kind = OutSpec::Kind::Const;
@@ -430,7 +433,28 @@ int Interpreter::step(const Instr& in, const CodeInfo& ci) {
     }
     case OP_LOAD_ASSERTION_ERROR: unsupported("an assert fails (or depends on tensor data): eager raises");
     case OP_RAISE_VARARGS: unsupported("raise: eager raises the exception");
-    case OP_STORE_ATTR: unsupported("attribute assignment on an object the caller can see");
+    case OP_STORE_ATTR: {
+      VarPtr obj = pop(), value = pop();
+      store_attr(obj, PyUnicode_AsUTF8(in.argval), value);
+      return -1;
+    }
+    case OP_DELETE_ATTR: store_attr(pop(), PyUnicode_AsUTF8(in.argval), nullptr); return -1;
+    case OP_IMPORT_NAME: {
+      // `import torch` inside a function: a module already imported is only looked up
+      VarPtr fromlist = pop(), level = pop();
+      PyObject* name = in.argval;
+      PyObject* modules = PyImport_GetModuleDict();
+      if (!PyDict_GetItemWithError(modules, name)) unsupported("import of a module not yet imported");
+      push(real(PyImport_ImportModuleLevelObject(name, globals_, nullptr, const_obj(fromlist, "fromlist"),
+                                                 PyLong_AsLong(const_obj(level, "level")))));
+      return -1;
+    }
+    case OP_IMPORT_FROM: {
+      PyObject* a = PyObject_GetAttr(const_obj(peek(1), "module"), in.argval);
+      if (!a) unsupported("import of a name the module does not have");
+      push(Var::steal_constant(a));
+      return -1;
+    }
     case OP_STORE_SLICE: {
       VarPtr stop = pop(), start = pop(), container = pop(), value = pop();
       PyObject* sl = PySlice_New(const_obj(start, "slice"), const_obj(stop, "slice"), nullptr);

@@ -129,7 +129,7 @@ class Interpreter {
   VarPtr call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs);
 
   // torch calls with an answer at capture time, and what it is
-  enum class Known { False, None, Zero, NoOp, GradEnabled, Assert, StateQuery, Dropout };
+  enum class Known { False, True, None, Zero, NoOp, GradEnabled, Assert, StateQuery, Dropout };
   static const std::unordered_map<PyObject*, Known>& known_torch_calls();
   VarPtr known_torch_call(Known k, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool any_tensor);
 
@@ -203,6 +203,36 @@ class Interpreter {
   // caller can see (a global, an argument) changes for real, so that call runs in Python.
   VarPtr call_sequence_method(const VarPtr& seq, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
 
+  // ---- attribute stores on objects kiln does not track (attr_stores.cpp) ----
+  // `obj.name = value` on a config, a module or a global object is logged, not done: later reads
+  // in the capture see the logged value. A store the function undoes before it returns (the
+  // try/finally that sets a flag and restores it) leaves nothing to do; one that would leave the
+  // object changed is not replayed yet, so that call runs eagerly.
+  struct AttrStore {
+    PyObject* obj;      // owned by keep_
+    std::string name;
+    VarPtr value;       // nullptr: deleted
+  };
+  void store_attr(const VarPtr& obj, const std::string& name, VarPtr value);
+
+  // The logged value of obj.name, if a store in this capture set it. `deleted`: a del did.
+  const AttrStore* logged_attr(PyObject* obj, const std::string& name);
+
+  // Raises Unsupported if a logged store leaves its object other than the function found it.
+  void check_stores_undone(size_t upto);
+
+  // ---- dataclass instances made in the frame (records.cpp) ----
+  // cls(...) of a dataclass with the generated __init__: a Record tracker of its fields. A
+  // dataclass that is also a dict (transformers' ModelOutput protocol) maps its non-None fields,
+  // in field order, and indexes like the tuple of them. nullptr: cls is not such a class.
+  VarPtr make_record(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  VarPtr record_attr(const VarPtr& rec, const std::string& name);
+  void record_store(const VarPtr& rec, PyObject* name, VarPtr value, bool item);
+  VarPtr record_subscript(const VarPtr& rec, const VarPtr& key);
+  VarPtr call_record_method(const VarPtr& rec, const std::string& name, const std::vector<VarPtr>& args,
+                            const KwArgs& kwargs);
+  OutSpec record_spec(const VarPtr& rec, bool at_break);
+
   // ---- in-place updates ----
   // An in-place op on a tensor only the graph can see is the out-of-place op whose result
   // every name of that tensor now holds: the tracker is shared by all its aliases (locals,
@@ -233,6 +263,7 @@ class Interpreter {
   struct Snapshot {
     std::vector<VarPtr> stack, locals;
     std::vector<std::string> kwnames;
+    size_t attr_stores = 0;  // the root's log of attribute stores, as long as it was
   };
 
   // Trackers are shared and updated in place (in-place ops, list appends), so a snapshot copies
@@ -290,6 +321,7 @@ class Interpreter {
   bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded
   std::unordered_set<const ir::Node*> needs_grad_;  // root: nodes autograd would track
+  std::vector<AttrStore> attr_stores_;  // root: the attribute-store log, in program order
 
  public:
   ~Interpreter() {

@@ -93,10 +93,21 @@ VarPtr Interpreter::super_attr(const VarPtr& sup, const std::string& name) {
     Py_DECREF(a);
     return m;
   }
+  if (PyCFunction_Check(a) && PyCFunction_GET_SELF(a) == sup->self->obj && PyDict_Check(sup->self->obj) &&
+      (name == "get" || name == "keys" || name == "items" || name == "values")) {
+    // super().get(k) in a dict subclass: dict's own read of the entries, guarded like any read
+    Py_DECREF(a);
+    return Var::method(sup->self, name);
+  }
   return Var::steal_constant(a);
 }
 
 VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
+  if ((base->is_const() || base->kind == Var::Kind::Module) && base->obj)
+    if (const AttrStore* st = logged_attr(base->obj, name)) {
+      if (!st->value) unsupported("read of attribute " + name + " deleted during capture: AttributeError");
+      return st->value;
+    }
   if (base->is_const() && base->self && PyObject_TypeCheck(base->obj, &PySuper_Type)) return super_attr(base, name);
   if (base->is_tensor()) {
     const ir::TensorMeta& m = base->node->meta;
@@ -126,6 +137,7 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
     return Var::method(base, name);
   }
   if (base->kind == Var::Kind::Module) return module_attr(base, name.c_str());
+  if (base->kind == Var::Kind::Record) return record_attr(base, name);
   if (base->is_const() && PyDict_CheckExact(base->obj) &&
       (name == "items" || name == "keys" || name == "values" || name == "get" || name == "copy"))
     return Var::method(base, name);  // entries read through dict_entries, guarded

@@ -32,6 +32,21 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
     static const std::unordered_map<std::string, std::string> ops = {
         {"ADD", "add"}, {"SUBTRACT", "sub"}, {"MULTIPLY", "mul"}, {"TRUE_DIVIDE", "div"},
         {"FLOOR_DIVIDE", "floor_divide"}, {"REMAINDER", "remainder"}, {"POWER", "pow"}, {"MATRIX_MULTIPLY", "matmul"}};
+    if (base == "AND" || base == "OR" || base == "XOR") {
+      // On bool tensors (masks) the logical ops; on integers torch's bitwise kernels, extern.
+      auto is_bool = [](const VarPtr& v) {
+        return v->is_tensor() ? v->node->meta.dtype == DType::Bool : v->is_const() && PyBool_Check(v->obj);
+      };
+      if (is_bool(a) && is_bool(b)) {
+        const char* op = base == "AND" ? "logical_and" : base == "OR" ? "logical_or" : "ne";
+        ir::Node* r = add_node(op, {as_node(a, "operand"), as_node(b, "operand")});
+        if (inplace && a->is_tensor()) return mutate(a, r);
+        return Var::tensor(r);
+      }
+      if (inplace) unsupported("in-place bitwise operator on integer tensors is not captured yet");
+      std::string fn = base == "AND" ? "bitwise_and" : base == "OR" ? "bitwise_or" : "bitwise_xor";
+      return torch_extern(resolve_torch(fn), "torch." + fn, {a, b}, {});
+    }
     auto it = ops.find(base);
     if (it == ops.end()) unsupported("operator " + base + " on tensors is not captured yet");
     if (a->kind == Var::Kind::Tuple || b->kind == Var::Kind::Tuple) unsupported("tensor operator with a tuple");
@@ -117,6 +132,7 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
     return base->items[i];
   }
   if (base->is_tensor()) return index_tensor(base, index);
+  if (base->kind == Var::Kind::Record) return record_subscript(base, index);
   if (base->kind == Var::Kind::Module && index->is_const() && PyUnicode_Check(index->obj)) {
     module_children(base);  // ModuleDict["name"], ParameterDict["name"]
     return module_attr(base, PyUnicode_AsUTF8(index->obj));

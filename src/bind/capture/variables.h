@@ -28,6 +28,8 @@ struct Var {
     Cell,      // a closure cell of the frame: items[0] is its content (nullptr while empty)
     Function,  // a function made in the frame (def, lambda, comprehension): obj is a real
                // function for its code, defaults and globals; items are its closure cells
+    Record,    // an instance of a dataclass made in the frame (records.cpp): obj is the class,
+               // keys/items its attributes, fields first; view the keys of its mapping
   } kind;
   PyObject* obj = nullptr;      // Const / Module (owned)
   ir::Node* node = nullptr;     // Tensor
@@ -36,6 +38,7 @@ struct Var {
   std::string name;             // Method
   SourcePtr source;             // where it was read from, when it came from the frame
   std::vector<PyObject*> keys;  // Dict: one per item (owned)
+  std::vector<size_t> view;     // Record of a mapping dataclass: its keys, as indices into keys
   bool rebuildable = false;     // Function: obj is complete (real cells with the values), so a
                                 // graph break can hand it to Python
 

@@ -124,7 +124,7 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
     std::vector<bool> fresh;
     auto is_fresh = [](const OutSpec& s) {
       return s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy ||
-             s.kind == OutSpec::Kind::Tuple;
+             s.kind == OutSpec::Kind::Tuple || s.kind == OutSpec::Kind::Construct;
     };
     for (const OutSpec& s : b->locals) fresh.push_back(is_fresh(s));
     for (const OutSpec& s : b->stack)
@@ -234,6 +234,15 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
         Py_DECREF(item);
       }
       return d;
+    }
+    case OutSpec::Kind::Construct: {
+      PyObject* kw = build_output(spec.items[0], outs, frame, memo);
+      if (!kw) return nullptr;
+      PyObject* empty = PyTuple_New(0);
+      PyObject* r = PyObject_Call(spec.value, empty, kw);
+      Py_DECREF(empty);
+      Py_DECREF(kw);
+      return r;
     }
     case OutSpec::Kind::Null:
     case OutSpec::Kind::Unbound: break;

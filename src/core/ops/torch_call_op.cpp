@@ -2,7 +2,7 @@
 //
 // Capture works out the result's layout (it runs the operator on meta tensors) and records it
 // in the node's attributes; the runtime calls the operator itself. The node's inputs are the
-// tensors the call takes, in the order the runtime substitutes them into its arguments
+// tensors the call takes (none for a factory, which names its device in `out_device`), in the order the runtime substitutes them into its arguments
 // (`fn` names that call in the binding layer's table; `target` is for printing).
 #include "core/ops/registry.h"
 
@@ -21,6 +21,10 @@ std::vector<OpDef> torch_call_ops() {
             out.device = i->meta.device;
             break;
           }
+        if (in.empty() && a.has("out_device")) {  // a factory: no input to take the device from
+          int64_t d = a.get_int("out_device");
+          out.device = d < 0 ? Device{} : Device{DeviceType::CUDA, static_cast<int>(d)};
+        }
         for (int64_t s : a.get_ints("out_sizes")) out.sizes.push_back(s);
         for (int64_t s : a.get_ints("out_strides")) out.strides.push_back(s);
         return true;

@@ -1,0 +1,65 @@
+// Attribute stores on objects capture does not track: logged, read back, and checked undone.
+#include "bind/capture/interpreter.h"
+
+namespace kiln::bind::detail {
+
+void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr value) {
+  if (obj->kind == Var::Kind::Record) {
+    if (!value) unsupported("del of a dataclass field");
+    PyObject* key = PyUnicode_FromString(name.c_str());
+    record_store(obj, key, std::move(value), false);
+    Py_DECREF(key);
+    return;
+  }
+  if (!(obj->is_const() || obj->kind == Var::Kind::Module) || !obj->obj)
+    unsupported("attribute assignment on a value kiln does not track");
+  keep_.push_back(Py_NewRef(obj->obj));
+  root()->attr_stores_.push_back(AttrStore{obj->obj, name, std::move(value)});
+}
+
+const Interpreter::AttrStore* Interpreter::logged_attr(PyObject* obj, const std::string& name) {
+  auto& log = root()->attr_stores_;
+  for (auto it = log.rbegin(); it != log.rend(); ++it)
+    if (it->obj == obj && it->name == name) return &*it;
+  return nullptr;
+}
+
+namespace {
+
+// Whether `v` is what obj.name holds now: the same object, or an equal Python scalar.
+bool holds(PyObject* obj, const std::string& name, const VarPtr& v) {
+  PyObject* now = PyObject_GetAttrString(obj, name.c_str());
+  if (!now) {
+    PyErr_Clear();
+    return !v;
+  }
+  bool same = false;
+  if (v && v->is_const()) {
+    same = now == v->obj;
+    if (!same && Py_TYPE(now) == Py_TYPE(v->obj) && is_python_scalar(now)) {
+      int eq = PyObject_RichCompareBool(now, v->obj, Py_EQ);
+      if (eq < 0) PyErr_Clear();
+      same = eq == 1;
+    }
+  } else if (v && v->kind == Var::Kind::Module) {
+    same = now == v->obj;
+  }
+  Py_DECREF(now);
+  return same;
+}
+
+}  // namespace
+
+void Interpreter::check_stores_undone(size_t upto) {
+  auto& log = root()->attr_stores_;
+  for (size_t i = 0; i < upto && i < log.size(); ++i) {
+    bool last = true;  // only the last store of each attribute decides
+    for (size_t j = i + 1; j < upto && j < log.size(); ++j)
+      if (log[j].obj == log[i].obj && log[j].name == log[i].name) last = false;
+    if (last && !holds(log[i].obj, log[i].name, log[i].value))
+      unsupported("attribute assignment on an object the caller can see (" + std::string(Py_TYPE(log[i].obj)->tp_name) + "." +
+                  log[i].name + " would stay changed; such stores are not replayed yet)");
+  }
+}
+
+}  // namespace kiln::bind::detail

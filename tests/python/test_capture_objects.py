@@ -1,0 +1,215 @@
+"""Capture of the Python objects model code builds around its tensors: dataclass outputs,
+attribute stores it undoes, registries, factories, imports, signature checks."""
+import dataclasses
+import inspect
+from collections import OrderedDict
+from typing import Optional
+
+import pytest
+import torch
+
+import kiln
+
+
+def _one_graph(fn, *args, **kwargs):
+    e = kiln.explain(fn)(*args, **kwargs)
+    assert e.graph_count == 1 and not e.break_reasons, e
+    return e
+
+
+@dataclasses.dataclass
+class Point:
+    x: torch.Tensor
+    y: Optional[torch.Tensor] = None
+    scale: float = 2.0
+
+
+class Output(OrderedDict):
+    """transformers' ModelOutput protocol: a dict of the fields that are not None."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                self[f.name] = v
+
+    def __getitem__(self, k):
+        return dict(self.items())[k] if isinstance(k, str) else self.to_tuple()[k]
+
+    def __setitem__(self, k, v):
+        super().__setitem__(k, v)
+        super().__setattr__(k, v)
+
+    def __setattr__(self, name, value):
+        if name in {f.name for f in dataclasses.fields(self)} and value is not None:
+            super().__setitem__(name, value)
+        super().__setattr__(name, value)
+
+    def to_tuple(self):
+        return tuple(self[k] for k in self.keys())
+
+
+@dataclasses.dataclass
+class Out(Output):
+    last: torch.Tensor = None
+    pooled: Optional[torch.Tensor] = None
+    hidden: Optional[tuple] = None
+
+
+def test_dataclass_fields_read_and_returned():
+    def f(a):
+        p = Point(a.sin(), y=a.cos())
+        q = Point(p.x * p.scale)
+        return Point(q.x + p.y, scale=q.scale + 1.0)
+
+    a = torch.randn(5)
+    _one_graph(f, a)
+    out, ref = kiln.compile(f)(a), f(a)
+    assert type(out) is Point and out.scale == ref.scale and out.y is None
+    torch.testing.assert_close(out.x, ref.x)
+
+
+def test_mapping_dataclass_skips_none_fields():
+    def f(a):
+        o = Out(last=a.relu(), hidden=None)
+        first = o[0] * 2
+        o.pooled = a.mean(-1)
+        n = len(o)
+        return Out(last=first + o["pooled"].unsqueeze(-1) * n, pooled=o.to_tuple()[1])
+
+    a = torch.randn(3, 4)
+    _one_graph(f, a)
+    out, ref = kiln.compile(f)(a), f(a)
+    assert type(out) is Out and list(out.keys()) == list(ref.keys()) == ["last", "pooled"]
+    for k in ref.keys():
+        torch.testing.assert_close(out[k], ref[k])
+
+
+def test_dataclass_isinstance_hasattr_getattr():
+    def f(a):
+        p = Point(a)
+        k = 1.0 if isinstance(p, Point) and hasattr(p, "scale") and not hasattr(p, "nope") else 0.0
+        return p.x * k + getattr(p, "scale") + getattr(p, "nope", 3.0)
+
+    a = torch.randn(4)
+    _one_graph(f, a)
+    torch.testing.assert_close(kiln.compile(f)(a), f(a))
+
+
+class Config:
+    def __init__(self):
+        self.is_causal = False
+        self.scale = 1.5
+
+
+CFG = Config()
+
+
+def test_attribute_store_undone_before_return_is_captured():
+    def run(a):
+        return a * CFG.scale + (1.0 if CFG.is_causal else 0.0)
+
+    def f(a):
+        old = CFG.is_causal
+        CFG.is_causal = True
+        try:
+            y = run(a)
+        finally:
+            CFG.is_causal = old
+        return y
+
+    a = torch.randn(4)
+    _one_graph(f, a)
+    torch.testing.assert_close(kiln.compile(f)(a), f(a))
+    assert CFG.is_causal is False
+
+
+def test_attribute_store_left_changed_runs_eagerly_with_a_reason():
+    cfg = Config()
+
+    def f(a):
+        cfg.scale = cfg.scale + 1.0
+        return a * cfg.scale
+
+    a = torch.randn(4)
+    out = kiln.compile(f)(a)
+    assert cfg.scale == 2.5  # the store happened once, in Python
+    torch.testing.assert_close(out, a * 2.5)
+    e = kiln.explain(f)(a)
+    assert any("scale" in b["reason"] for b in e.break_reasons), e
+
+
+class Registry(dict):
+    def get(self, model):
+        return super().get(type(model).__name__) or {}
+
+
+REGISTRY = Registry()
+REGISTRY["Linear"] = {"hidden": 1}
+
+
+def test_dict_subclass_method_with_super_get():
+    m = torch.nn.Linear(4, 4)
+
+    def f(a):
+        flags = REGISTRY.get(m)
+        return m(a) * len(flags)
+
+    a = torch.randn(2, 4)
+    with torch.no_grad():
+        _one_graph(f, a)
+        torch.testing.assert_close(kiln.compile(f)(a), f(a))
+
+
+def test_import_inside_function_and_is_compiling():
+    def f(a):
+        import math
+        from torch import compiler
+        return a * math.pi if compiler.is_compiling() else a
+
+    a = torch.randn(3)
+    _one_graph(f, a)
+    torch.testing.assert_close(kiln.compile(f)(a), a * 3.141592653589793)  # the compiled path, as torch.compile
+
+
+def test_factories_inside_the_graph():
+    def f(a):
+        n = a.shape[-1]
+        causal = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
+        bias = torch.full((n, n), torch.finfo(a.dtype).min) * (~causal)
+        return a @ torch.ones(n, n) + bias + torch.zeros(n, dtype=a.dtype) + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    a = torch.randn(4, 4)
+    _one_graph(f, a)
+    torch.testing.assert_close(kiln.compile(f)(a), f(a))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_tensor_to_same_device_and_dtype(device):
+    def f(a, b):
+        return a.to(b.device) + a.to(b) + a.to(device=b.device, dtype=torch.float64).float() + a.to(b, copy=False)
+
+    a, b = torch.randn(5, device=device), torch.randn(5, device=device)
+    _one_graph(f, a, b)
+    torch.testing.assert_close(kiln.compile(f)(a, b), f(a, b))
+
+
+def test_signature_of_a_module_method():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def chunk(self, x):
+            return self.fc(x).relu()
+
+        def forward(self, x):
+            n = len(inspect.signature(self.chunk).parameters)
+            return self.chunk(x) * n
+
+    m = Block().eval()
+    a = torch.randn(2, 4)
+    with torch.no_grad():
+        _one_graph(m, a)
+        torch.testing.assert_close(kiln.compile(m)(a), m(a))

@@ -1,0 +1,116 @@
+"""Hugging Face transformers models, small random configs: one graph, no break, eager's outputs.
+
+The models run as transformers ships them: the forward decorators (config defaults, output
+capture with its context variable and try/finally), the attention-implementation registry,
+mask helpers and the ModelOutput dataclasses are captured, not patched. GPT-2 and Llama run with
+use_cache=False: the KV-cache objects (DynamicCache) are not captured yet.
+"""
+import pytest
+import torch
+
+import kiln
+
+T = pytest.importorskip("transformers")
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])]
+
+VOCAB = 96
+
+
+def _config(name):
+    if name == "bert":
+        return T.BertModel, T.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=64, max_position_embeddings=64)
+    if name == "distilbert":
+        return T.DistilBertModel, T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                                     max_position_embeddings=64)
+    if name == "roberta":
+        return T.RobertaModel, T.RobertaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=4, intermediate_size=64, max_position_embeddings=66)
+    if name == "gpt2":
+        return T.GPT2LMHeadModel, T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                               use_cache=False, bos_token_id=0, eos_token_id=0)
+    if name == "t5":
+        return T.T5Model, T.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                     use_cache=False)
+    if name == "llama":
+        return T.LlamaForCausalLM, T.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                 max_position_embeddings=64, use_cache=False)
+    raise ValueError(name)
+
+
+def _inputs(name, batch, seq, device, mask):
+    kw = {"input_ids": torch.randint(0, VOCAB, (batch, seq), device=device)}
+    if mask:
+        m = torch.ones(batch, seq, dtype=torch.long, device=device)
+        m[0, seq // 2:] = 0  # padding in the first sequence
+        kw["attention_mask"] = m
+    if name == "t5":
+        kw["decoder_input_ids"] = torch.randint(0, VOCAB, (batch, max(seq - 3, 1)), device=device)
+    return kw
+
+
+def _tensors(out):
+    return [v for v in out.to_tuple() if isinstance(v, torch.Tensor)]
+
+
+MODELS = ["bert", "distilbert", "roberta", "gpt2", "t5", "llama"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", MODELS)
+def test_model_one_graph_equal_to_eager(name, device):
+    cls, cfg = _config(name)
+    torch.manual_seed(0)
+    model = cls(cfg).to(device).eval()
+    with torch.no_grad():
+        kw = _inputs(name, 2, 8, device, mask=False)
+        e = kiln.explain(model)(**kw)
+        assert e.graph_count == 1 and not e.break_reasons, e
+        compiled = kiln.compile(model, fullgraph=True)
+        # float32 throughout; GPU matmuls without TF32 for the comparison
+        tol = 1e-4
+        for batch, seq, mask in [(2, 8, False), (2, 8, True), (3, 5, False)]:
+            kw = _inputs(name, batch, seq, device, mask)
+            ref = model(**kw)
+            out = compiled(**kw)
+            assert type(out) is type(ref)
+            assert list(out.keys()) == list(ref.keys())
+            for a, b in zip(_tensors(out), _tensors(ref)):
+                torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_bert_return_dict_false_and_tuple_indexing():
+    cls, cfg = _config("bert")
+    model = cls(cfg).eval()
+
+    def f(ids, mask):
+        out = model(input_ids=ids, attention_mask=mask)
+        return out[0].sum(-1) + out["pooler_output"].mean(-1, keepdim=True), model(input_ids=ids, return_dict=False)
+
+    ids = torch.randint(0, VOCAB, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    with torch.no_grad():
+        e = kiln.explain(f)(ids, mask)
+        assert e.graph_count == 1 and not e.break_reasons, e
+        ref, out = f(ids, mask), kiln.compile(f)(ids, mask)
+        torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=1e-4)
+        assert isinstance(out[1], tuple) and len(out[1]) == len(ref[1])
+        for a, b in zip(out[1], ref[1]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_embedding_index_out_of_range_raises_like_eager():
+    cls, cfg = _config("bert")
+    model = cls(cfg).eval()
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        compiled(input_ids=torch.randint(0, VOCAB, (1, 4)))
+        bad = torch.full((1, 4), VOCAB + 5)
+        with pytest.raises(IndexError) as eager:
+            model(input_ids=bad)
+        with pytest.raises(IndexError) as ours:
+            compiled(input_ids=bad)
+        assert str(ours.value) == str(eager.value)
