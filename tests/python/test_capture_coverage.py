@@ -2211,8 +2211,8 @@ def calls_no_grad_decorated(x):
     return _no_grad_helper(x) + x
 
 
-def test_no_grad_decorated_helper_runs_in_python():
-    runs_in_python(calls_no_grad_decorated, lambda: (x48(),), "call to")
+def test_no_grad_decorated_helper():
+    check(calls_no_grad_decorated, x48())
 
 
 def grad_enabled_branch(x):

@@ -213,3 +213,18 @@ def test_signature_of_a_module_method():
     with torch.no_grad():
         _one_graph(m, a)
         torch.testing.assert_close(kiln.compile(m)(a), m(a))
+
+
+def test_null_contexts_change_nothing():
+    import contextlib
+
+    def f(a):
+        with contextlib.nullcontext():
+            b = a.sin()
+        with torch.autocast("cpu", enabled=False):
+            c = b * 2
+        return c + 1
+
+    a = torch.randn(4)
+    _one_graph(f, a)
+    torch.testing.assert_close(kiln.compile(f)(a), f(a))

@@ -642,6 +642,26 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   return real(r);
 }
 
+bool Interpreter::is_null_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  static PyObject* nullcontext = object_at("contextlib.nullcontext");
+  static PyObject* autocast = resolve_torch("autocast");
+  static PyObject* autocast_enabled = resolve_torch("is_autocast_enabled");
+  if (f == nullcontext) return args.empty() && kwargs.empty();
+  if (f != autocast || args.size() != 1 || !args[0]->is_const() || !PyUnicode_Check(args[0]->obj)) return false;
+  // torch.autocast(device, enabled=False) where autocast is off already (kiln compiles no autocast region)
+  bool disabled = false;
+  for (auto& [k, v] : kwargs) {
+    if (k == "enabled") disabled = v->is_const() && v->obj == Py_False;
+    else if (k != "dtype" && k != "cache_enabled") return false;
+  }
+  if (!disabled) return false;
+  PyObject* on = PyObject_CallOneArg(autocast_enabled, args[0]->obj);
+  bool off = on == Py_False;
+  Py_XDECREF(on);
+  PyErr_Clear();
+  return off;
+}
+
 VarPtr Interpreter::grad_mode_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   static PyObject* no_grad = resolve_torch("no_grad");
   static PyObject* enable_grad = resolve_torch("enable_grad");
@@ -654,6 +674,7 @@ VarPtr Interpreter::grad_mode_context(PyObject* f, const std::vector<VarPtr>& ar
     mode = args.empty() ? false : !truth(args[0]);
   else if (f == set_grad_enabled && kwargs.empty() && args.size() == 1)
     unsupported("torch.set_grad_enabled() changes grad mode when called: not captured yet");
+  else if (is_null_context(f, args, kwargs)) mode = root()->grad_mode_;  // changes nothing
   else return nullptr;
   VarPtr v = Var::constant(mode ? Py_True : Py_False);
   v->name = "grad_mode";

@@ -335,7 +335,7 @@ int Interpreter::step(const Instr& in, const CodeInfo& ci) {
       return -1;
     case OP_BEFORE_WITH: {
       VarPtr ctx = pop();
-      if (ctx->name != "grad_mode") unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/set_grad_enabled");
+      if (ctx->name != "grad_mode") unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/nullcontext/autocast(enabled=False)");
       VarPtr exit = Var::constant(Py_None);
       exit->name = "grad_mode_exit";
       exit->self = Var::constant(root()->grad_mode_ ? Py_True : Py_False);

@@ -136,6 +136,10 @@ class Interpreter {
   // torch.no_grad() and friends, for `with`: a marker holding the grad mode the block runs in.
   VarPtr grad_mode_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
+  // contextlib.nullcontext(), torch.autocast(..., enabled=False) outside autocast: a `with`
+  // that changes nothing (entered as a grad-mode block that keeps the mode).
+  bool is_null_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+
   // Builtins applied to lists, tuples, dicts and iterators of trackers.
   VarPtr builtin_over_trackers(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
