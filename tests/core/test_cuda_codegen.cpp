@@ -109,3 +109,26 @@ TEST(CudaCodegen, BoolAndNarrowReductionsAndSizeOneReductionsCompile) {
   g.outputs().push_back(g.must_add("sum", {x}, attrs({{"dim", std::vector<int64_t>{1}}})));
   expect_compiles(g, 1);
 }
+
+TEST(CudaCodegen, FusedCastsToSixteenBitFloatsRoundAndCompile) {
+  ir::Graph g;
+  ir::Node* x = g.placeholder("x", cuda_meta(DType::Float32, {1000}));
+  ir::Node* h = g.must_add("convert", {x}, attrs({{"dtype", DType::Float16}}));
+  ir::Node* b = g.must_add("convert", {x}, attrs({{"dtype", DType::BFloat16}}));
+  ir::Node* hf = g.must_add("convert", {h}, attrs({{"dtype", DType::Float32}}));
+  ir::Node* bf = g.must_add("convert", {b}, attrs({{"dtype", DType::Float32}}));
+  g.outputs().push_back(g.must_add("add", {hf, bf}));
+  pipeline::run_graph_passes(g);
+  loop::Program p;
+  std::string err;
+  ASSERT_TRUE(lower::lower_graph(g, p, err)) << err;
+  schedule::schedule(p);
+  std::string src = codegen::generate_cuda(p).source;
+  EXPECT_NE(src.find("kiln_round_f16(t"), std::string::npos) << src;
+  EXPECT_NE(src.find("kiln_round_bf16(t"), std::string::npos) << src;
+  ir::Graph g2;
+  ir::Node* y = g2.placeholder("x", cuda_meta(DType::Float32, {1000}));
+  ir::Node* yh = g2.must_add("convert", {y}, attrs({{"dtype", DType::Float16}}));
+  g2.outputs().push_back(g2.must_add("convert", {g2.must_add("mul", {yh, yh})}, attrs({{"dtype", DType::Float32}})));
+  expect_compiles(g2, 1);
+}

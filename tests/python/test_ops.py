@@ -1145,6 +1145,54 @@ def test_conversion_in_expression(device):
     check(c_roundtrip, make(SHAPE, F32, device) * 5)
 
 
+def c_through_half(x):
+    return x.half().float() * 2
+
+
+def c_through_bfloat16(x):
+    return (x.to(torch.bfloat16) + 1).float()
+
+
+def c_half_arith(x, y):
+    # The product is a float16 value: eager rounds it before the float32 add.
+    return (x.half() * y.half()).float() + x
+
+
+def _narrow_edge_values(device):
+    # float16's extremes and subnormals, halfway cases of both types, inf, nan and -0.
+    f16 = torch.finfo(torch.float16)
+    special = torch.tensor([0.0, -0.0, 1.0, 65504.0, 65519.9, 65520.0, -65520.0, 70000.0, f16.tiny,
+                            f16.tiny / 3, 2.0 ** -24 * 1.5, 2.0 ** -24 * 2.5, -(2.0 ** -25), 2.0 ** -26,
+                            1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8,
+                            3.4e38, float("inf"), -float("inf"), float("nan")])
+    spread = torch.randn(4000) * torch.logspace(-9, 6, 4000)
+    return torch.cat([special, spread]).to(device)
+
+
+@pytest.mark.parametrize("fn", [c_through_half, c_through_bfloat16], ids=lambda f: f.__name__)
+def test_fused_cast_to_16_bit_float_rounds(device, fn):
+    # The narrow value never reaches memory in the fused kernel, so the kernel must round it
+    # as the store would: results equal eager's bit for bit.
+    x = _narrow_edge_values(device)
+    got = kiln.compile(fn)(x)
+    torch.testing.assert_close(got, fn(x), rtol=0, atol=0, equal_nan=True)
+    check(fn, make((300,), F32, device) * 100)
+
+
+def test_fused_16_bit_arithmetic_rounds(device):
+    x, y = make((500,), F32, device) * 30, make((500,), F32, device) * 30
+    torch.testing.assert_close(kiln.compile(c_half_arith)(x, y), c_half_arith(x, y), rtol=0, atol=0)
+    check(c_half_arith, x, y)
+
+
+def test_integer_and_double_to_half(device):
+    # 2049 is not a float16 (the neighbours are 2048 and 2050): the fused cast must say 2048.
+    i = torch.arange(2040, 2060, device=device)
+    check(lambda t: t.half().float() + 0, i, rtol=0, atol=0)
+    d = make((400,), F64, device) * 10
+    check(lambda t: t.half().double() * 1, d, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Non-contiguous, offset and expanded inputs
 # ---------------------------------------------------------------------------------------------

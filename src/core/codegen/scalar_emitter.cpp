@@ -70,6 +70,8 @@ const char* fn_name(SOp op) {
     case SOp::Sqrt: return "kiln_sqrt";
     case SOp::Rsqrt: return "kiln_rsqrt";
     case SOp::Erf: return "kiln_erf";
+    case SOp::RoundF16: return "kiln_round_f16";
+    case SOp::RoundBF16: return "kiln_round_bf16";
     case SOp::Floor: return "kiln_floor";
     case SOp::Ceil: return "kiln_ceil";
     case SOp::Trunc: return "kiln_trunc";

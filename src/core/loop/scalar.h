@@ -22,7 +22,7 @@ namespace kiln::loop {
   X(Tanh, "tanh") X(Sigmoid, "sigmoid") X(Relu, "relu") X(Abs, "abs") X(Sqrt, "sqrt") \
   X(Rsqrt, "rsqrt") X(Erf, "erf") X(Not, "logical_not") X(Floor, "floor") X(Ceil, "ceil") \
   X(Trunc, "trunc") X(Reciprocal, "reciprocal") X(Exp2, "exp2") X(Log2, "log2") \
-  X(Expm1, "expm1") X(Log1p, "log1p")
+  X(Expm1, "expm1") X(Log1p, "log1p") X(RoundF16, "round_f16") X(RoundBF16, "round_bf16")
 
 #define KILN_SCALAR_BINARY(X) \
   X(Add, "add") X(Sub, "sub") X(Mul, "mul") X(Div, "div") X(FloorDiv, "floordiv") \

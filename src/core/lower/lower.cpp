@@ -133,7 +133,11 @@ class Lowering {
     v.read = [s, n, ins, out_sizes, t](const Exprs& idx) {
       std::vector<SRef> args;
       for (const Value& in : ins) args.push_back(in.read(broadcast_index(in.sizes, out_sizes, idx)));
-      return s->cast(n->op->scalar(*s, args, *n), compute_dtype(t));
+      SRef r = s->cast(n->op->scalar(*s, args, *n), compute_dtype(t));
+      // A 16-bit float result lives on in a float register when fused: round it as a store would.
+      if (t == DType::Float16) r = s->unary(loop::SOp::RoundF16, r);
+      if (t == DType::BFloat16) r = s->unary(loop::SOp::RoundBF16, r);
+      return r;
     };
     values_[n] = v;
     if (must_realize(n, v)) realize(values_[n], BufferKind::Temp, n);

@@ -46,6 +46,25 @@ KILN_UNARY_F(kiln_abs, __builtin_fabsf(x), __builtin_fabs(x))
 KILN_UNARY_F(kiln_reciprocal, 1.0f / x, 1.0 / x)
 #undef KILN_UNARY_F
 
+// A value cast to float16 / bfloat16 inside a fused kernel stays in a float register, yet
+// must carry only the precision the narrow type has: round to nearest even, overflow to inf,
+// float16's subnormals in steps of 2^-24. Bit arithmetic, so no header is needed.
+static inline unsigned kiln_f2u(float x) { unsigned u; __builtin_memcpy(&u, &x, 4); return u; }
+static inline float kiln_u2f(unsigned u) { float x; __builtin_memcpy(&x, &u, 4); return x; }
+static inline float kiln_round_f16(float x) {
+  unsigned u = kiln_f2u(x), sign = u & 0x80000000u, a = u ^ sign;
+  if (a >= 0x7f800000u) return x;                           // inf, nan
+  if (a >= 0x477ff000u) return kiln_u2f(sign | 0x7f800000u);  // past 65504 + half an ulp
+  if (a >= 0x38800000u) return kiln_u2f(sign | ((a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu));
+  float r = (kiln_u2f(a) + 0.5f) - 0.5f;                      // subnormal: 2^-24 is the ulp of 0.5
+  return kiln_u2f(sign | kiln_f2u(r));
+}
+static inline float kiln_round_bf16(float x) {
+  unsigned u = kiln_f2u(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return x;            // nan
+  return kiln_u2f((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+
 // Integer forms: rounding is the identity, abs and the rest as torch defines them.
 template <typename T> static inline T kiln_floor(T x) { return x; }
 template <typename T> static inline T kiln_ceil(T x) { return x; }
