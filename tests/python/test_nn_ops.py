@@ -94,3 +94,70 @@ def test_module_block_is_one_graph(device):
         e = kiln.explain(m)(ids)
         assert e.graph_count == 1 and not e.break_reasons, e
         torch.testing.assert_close(kiln.compile(m)(ids), m(ids), rtol=1e-4, atol=1e-5)
+
+
+def _decomposed(fn, *args):
+    """The graph kiln captured for fn holds no extern call: the norm was decomposed."""
+    e = kiln.explain(fn)(*args)
+    assert e.graph_count == 1 and not e.break_reasons, e
+    assert "extern" not in str(e) and "torch_call" not in str(e), e
+
+
+@pytest.mark.parametrize("shape,norm", [((4, 16), (16,)), ((2, 5, 8), (8,)), ((2, 3, 4, 6), (4, 6)), ((3, 1), (1,))])
+def test_rms_norm(device, shape, norm):
+    x = torch.randn(*shape, device=device) * 3
+    w = torch.randn(*norm, device=device)
+    check(lambda x, w: F.rms_norm(x, norm, w, eps=1e-6), x, w, rtol=1e-4, atol=1e-5)
+    check(lambda x: F.rms_norm(x, norm), x, rtol=1e-4, atol=1e-5)  # eps: float32's epsilon
+    check(lambda x: torch.rms_norm(x, list(norm), None, 1e-3) + 1, x, rtol=1e-4, atol=1e-5)
+    _decomposed(lambda x, w: F.rms_norm(x, norm, w), x, w)
+
+
+def test_rms_norm_module_and_float64(device):
+    m = nn.RMSNorm(12, eps=1e-5).to(device).requires_grad_(False)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(12))
+    check(m, torch.randn(2, 5, 12, device=device), rtol=1e-4, atol=1e-5)
+    m64 = nn.RMSNorm([3, 4]).double().to(device).requires_grad_(False)
+    check(m64, torch.randn(2, 3, 4, device=device, dtype=torch.float64))
+
+
+def test_rms_norm_shape_mismatch_raises_like_eager():
+    x = torch.randn(2, 5)
+    with pytest.raises(RuntimeError):
+        F.rms_norm(x, (4,))
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        kiln.compile(lambda x: F.rms_norm(x, (4,)))(x)
+
+
+@pytest.mark.parametrize("shape,groups", [((2, 6, 5, 7), 3), ((2, 6, 5, 7), 6), ((3, 8, 10), 2), ((4, 4), 1), ((1, 6, 3, 2, 2), 2)])
+def test_group_norm(device, shape, groups):
+    x = torch.randn(*shape, device=device) * 2 + 1
+    c = shape[1]
+    w, b = torch.randn(c, device=device), torch.randn(c, device=device)
+    check(lambda x, w, b: F.group_norm(x, groups, w, b, eps=1e-6), x, w, b, rtol=1e-4, atol=1e-5)
+    check(lambda x: F.group_norm(x, groups) * 2, x, rtol=1e-4, atol=1e-5)
+    _decomposed(lambda x, w, b: F.group_norm(x, groups, w, b), x, w, b)
+
+
+def test_group_norm_module_fuses_with_activation(device):
+    m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU()).to(device).eval().requires_grad_(False)
+    with torch.no_grad():
+        m[1].weight.copy_(torch.randn(8))
+        m[1].bias.copy_(torch.randn(8))
+    check(m, torch.randn(2, 4, 9, 9, device=device), rtol=1e-4, atol=1e-5)
+
+
+def test_group_norm_bad_groups_raise_like_eager():
+    x = torch.randn(2, 6, 4)
+    for groups in (4, 0, -2):  # RuntimeError, ZeroDivisionError, RuntimeError
+        with pytest.raises(Exception) as eager:
+            F.group_norm(x, groups)
+        with pytest.raises(Exception) as compiled:
+            kiln.compile(lambda x: F.group_norm(x, groups))(x)
+        assert type(compiled.value) is type(eager.value) and str(compiled.value) == str(eager.value)
+    one = torch.randn(1, 2)  # one value per group: F.group_norm's own ValueError
+    with pytest.raises(ValueError):
+        F.group_norm(one, 2)
+    with pytest.raises(ValueError):
+        kiln.compile(lambda x: F.group_norm(x, 2))(one)

@@ -60,25 +60,92 @@ Node* decompose_batch_norm(Graph& g, Node* n) {
   return y;
 }
 
+// The normalized dims of layer_norm / rms_norm: the trailing ones, matching normalized_shape.
+Ints trailing_norm_dims(const char* op, Node* x, const Ints& shape) {
+  int64_t k = static_cast<int64_t>(shape.size()), r = x->meta.dim();
+  bool ok = k > 0 && k <= r;
+  for (int64_t i = 0; ok && i < k; ++i) ok = x->meta.sizes[r - k + i].is_const(shape[i]);
+  if (!ok)
+    throw std::runtime_error("RuntimeError: Given normalized_shape=" + ir::attr_str(shape) + ", expected input with shape [*" +
+                             (std::string(op) == "layer_norm" ? ", " : "") + ir::attr_str(shape).substr(1) +
+                             ", but got input of size" + sym::str(x->meta.sizes));
+  if (!is_floating(x->meta.dtype)) throw std::runtime_error(std::string("kiln: ") + op + " of an integer tensor");
+  Ints dims;
+  for (int64_t i = r - k; i < r; ++i) dims.push_back(i);
+  return dims;
+}
+
 // layer_norm over the trailing dims named by normalized_shape: (x - mean) / sqrt(var + eps).
 Node* decompose_layer_norm(Graph& g, Node* n) {
   Node *x = n->inputs[0], *w = n->inputs.size() > 1 ? n->inputs[1] : nullptr, *b = n->inputs.size() > 2 ? n->inputs[2] : nullptr;
-  Ints shape = n->attrs.get_ints("normalized_shape");
-  int64_t k = static_cast<int64_t>(shape.size()), r = x->meta.dim();
-  if (k == 0 || k > r) throw std::runtime_error("RuntimeError: layer_norm: bad normalized_shape");
-  for (int64_t i = 0; i < k; ++i)
-    if (!x->meta.sizes[r - k + i].is_const(shape[i]))
-      throw std::runtime_error("RuntimeError: Given normalized_shape=" + ir::attr_str(shape) + ", expected input with shape [*, " +
-                               ir::attr_str(shape).substr(1) + ", but got input of size" + sym::str(x->meta.sizes));
-  if (!is_floating(x->meta.dtype)) throw std::runtime_error("kiln: layer_norm of an integer tensor");
-  Ints dims;
-  for (int64_t i = r - k; i < r; ++i) dims.push_back(i);
+  Ints dims = trailing_norm_dims("layer_norm", x, n->attrs.get_ints("normalized_shape"));
   Node* mean = g.must_add("mean", {x}, A({{"dim", dims}, {"keepdim", true}}));
   Node* centered = g.must_add("sub", {x, mean});
   Node* var = g.must_add("mean", {g.must_add("mul", {centered, centered})}, A({{"dim", dims}, {"keepdim", true}}));
   Node* y = g.must_add("mul", {centered, g.must_add("rsqrt", {g.must_add("add", {var, g.scalar(n->attrs.get_float("eps", 1e-5), DType::Float64)})})});
   if (w) y = g.must_add("mul", {y, w});
   if (b) y = g.must_add("add", {y, b});
+  return y;
+}
+
+// rms_norm as torch's composite computes it: in float for 16-bit inputs, x * rsqrt(mean(x^2) +
+// eps) cast back to the input's type, then times the weight. eps defaults to the machine
+// epsilon of the type the arithmetic is done in.
+Node* decompose_rms_norm(Graph& g, Node* n) {
+  Node *x = n->inputs[0], *w = n->inputs.size() > 1 ? n->inputs[1] : nullptr;
+  Ints dims = trailing_norm_dims("rms_norm", x, n->attrs.get_ints("normalized_shape"));
+  DType t = x->meta.dtype, ct = compute_dtype(t);
+  double eps = n->attrs.has("eps") ? n->attrs.get_float("eps") : ct == DType::Float64 ? 2.220446049250313e-16 : 1.1920928955078125e-07;
+  Node* xc = ct == t ? x : g.must_add("convert", {x}, A({{"dtype", ct}}));
+  Node* ms = g.must_add("mean", {g.must_add("mul", {xc, xc})}, A({{"dim", dims}, {"keepdim", true}}));
+  Node* y = g.must_add("mul", {xc, g.must_add("rsqrt", {g.must_add("add", {ms, g.scalar(eps, DType::Float64)})})});
+  if (ct != t) y = g.must_add("convert", {y}, A({{"dtype", t}}));
+  return w ? g.must_add("mul", {y, w}) : y;
+}
+
+// group_norm: channels split into groups, each (sample, group) normalized over its channels
+// and all spatial positions, then a per-channel affine.
+Node* decompose_group_norm(Graph& g, Node* n) {
+  Node *x = n->inputs[0], *w = n->inputs.size() > 1 ? n->inputs[1] : nullptr, *b = n->inputs.size() > 2 ? n->inputs[2] : nullptr;
+  int64_t r = x->meta.dim(), groups = n->attrs.get_int("num_groups");
+  if (r < 2) throw std::runtime_error("RuntimeError: Expected at least 2 dimensions for input tensor but received " + std::to_string(r));
+  Ints sizes;
+  for (const Expr& e : x->meta.sizes) {
+    auto c = e.as_const();
+    if (!c) throw std::runtime_error("kiln: group_norm over symbolic sizes is not compiled yet");
+    sizes.push_back(*c);
+  }
+  int64_t c = sizes[1];
+  if (groups == 0) throw std::runtime_error("ZeroDivisionError: integer division or modulo by zero");
+  if (groups < 0) throw std::runtime_error("RuntimeError: Expected num groups to be greater than 0, got " + std::to_string(groups));
+  if (c % groups != 0)
+    throw std::runtime_error("RuntimeError: Expected number of channels in input to be divisible by num_groups, but got input of shape " +
+                             ir::attr_str(sizes) + " and num_groups=" + std::to_string(groups));
+  // F.group_norm's own check (_verify_batch_size): one value per group statistic is refused.
+  Ints stat_shape = {sizes[0] * c / groups, groups};
+  stat_shape.insert(stat_shape.end(), sizes.begin() + 2, sizes.end());
+  int64_t per_stat = stat_shape[0];
+  for (int64_t i = 2; i < r; ++i) per_stat *= sizes[i];
+  if (per_stat == 1)
+    throw std::runtime_error("ValueError: Expected more than 1 value per channel when training, got input size " + ir::attr_str(stat_shape));
+  if (!is_floating(x->meta.dtype)) throw std::runtime_error("kiln: group_norm of an integer tensor");
+  for (Node* p : {w, b})
+    if (p && !(p->meta.dim() == 1 && p->meta.sizes[0].is_const(c)))
+      throw std::runtime_error("RuntimeError: Expected weight to be a vector of size equal to the number of channels in input, but got weight of shape " +
+                               sym::str(p->meta.sizes) + " and input of shape " + ir::attr_str(sizes));
+  Ints split = {sizes[0], groups, c / groups}, dims;
+  split.insert(split.end(), sizes.begin() + 2, sizes.end());
+  for (int64_t i = 2; i < static_cast<int64_t>(split.size()); ++i) dims.push_back(i);
+  Node* xg = g.must_add("reshape", {x}, A({{"shape", split}}));
+  Node* mean = g.must_add("mean", {xg}, A({{"dim", dims}, {"keepdim", true}}));
+  Node* centered = g.must_add("sub", {xg, mean});
+  Node* var = g.must_add("mean", {g.must_add("mul", {centered, centered})}, A({{"dim", dims}, {"keepdim", true}}));
+  Node* yg = g.must_add("mul", {centered, g.must_add("rsqrt", {g.must_add("add", {var, g.scalar(n->attrs.get_float("eps", 1e-5), DType::Float64)})})});
+  Node* y = g.must_add("reshape", {yg}, A({{"shape", sizes}}));
+  Ints per_channel(r, 1);
+  per_channel[1] = c;
+  if (w) y = g.must_add("mul", {y, g.must_add("reshape", {w}, A({{"shape", per_channel}}))});
+  if (b) y = g.must_add("add", {y, g.must_add("reshape", {b}, A({{"shape", per_channel}}))});
   return y;
 }
 
@@ -172,6 +239,26 @@ std::vector<OpDef> nn_ops() {
   ln.python = {"torch.nn.functional.layer_norm", "torch.layer_norm"};
   infer_by_decomposition(ln);
   ops.push_back(ln);
+
+  OpDef rms;
+  rms.name = "rms_norm";
+  rms.schema = Schema::parse("rms_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, float? eps=None)");
+  rms.kind = OpKind::Composite;
+  rms.promotion = Promotion::None;
+  rms.decompose = decompose_rms_norm;
+  rms.python = {"torch.nn.functional.rms_norm", "torch.rms_norm"};
+  infer_by_decomposition(rms);
+  ops.push_back(rms);
+
+  OpDef gn;
+  gn.name = "group_norm";
+  gn.schema = Schema::parse("group_norm(Tensor input, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05)");
+  gn.kind = OpKind::Composite;
+  gn.promotion = Promotion::None;
+  gn.decompose = decompose_group_norm;
+  gn.python = {"torch.nn.functional.group_norm", "torch.group_norm"};
+  infer_by_decomposition(gn);
+  ops.push_back(gn);
 
   // torch's embedding takes (weight, indices); F.embedding takes (input, weight): the composite
   // binds the Python order and calls the extern in torch's.
