@@ -119,6 +119,8 @@ struct BoundArgs {
   // Parameters holding containers no one else holds (a resume function's lists and dicts,
   // rebuilt for it at the break): capture may change them like locals of its own.
   const std::vector<bool>* private_slots = nullptr;
+  // What guard checks read from sources, reused by the input fetch of the same call.
+  SourceMemo* memo = nullptr;
 };
 
 // Binds args/kwargs to `fn`'s parameters like CPython does. False with a Python error set

@@ -77,7 +77,117 @@ std::string Source::str() const {
   return "?";
 }
 
-PyObject* eval_source(const Source& s, const FrameView& f) {
+PyObject* SourceMemo::find(const Source* s) const {
+  auto it = values_.find(s);
+  return it == values_.end() ? nullptr : it->second;
+}
+
+void SourceMemo::put(const Source* s, PyObject* v) {
+  auto [it, added] = values_.emplace(s, v);
+  if (added) Py_INCREF(v);
+}
+
+void SourceMemo::clear() {
+  if (!Py_IsInitialized()) return;
+  for (auto& [s, v] : values_) Py_DECREF(v);
+  values_.clear();
+}
+
+namespace {
+
+// torch.nn.Module keeps parameters, buffers and submodules in three dicts and finds them in
+// a Python __getattr__, reached only after the generic lookup has failed and built an
+// AttributeError. For a module whose class keeps Module's lookup, reading the dicts directly
+// gives the same answer at a fraction of the cost; ModuleList's __getitem__ likewise.
+struct ModuleLookups {
+  PyObject* module_getattr = nullptr;     // torch.nn.Module.__getattr__
+  PyObject* object_getattribute = nullptr;  // object.__getattribute__
+  PyObject* modulelist_getitem = nullptr;  // torch.nn.ModuleList.__getitem__
+  PyObject* names[3] = {nullptr, nullptr, nullptr};  // "_parameters", "_buffers", "_modules"
+  PyObject* getattr_name = nullptr;
+  PyObject* getattribute_name = nullptr;
+  PyObject* getitem_name = nullptr;
+};
+
+const ModuleLookups* module_lookups() {
+  static ModuleLookups* m = [] {
+    auto* l = new ModuleLookups;
+    PyObject* mod = PyImport_ImportModule("torch.nn.modules.module");
+    PyObject* cont = mod ? PyImport_ImportModule("torch.nn.modules.container") : nullptr;
+    PyObject* module_cls = mod ? PyObject_GetAttrString(mod, "Module") : nullptr;
+    PyObject* list_cls = cont ? PyObject_GetAttrString(cont, "ModuleList") : nullptr;
+    if (module_cls && list_cls && PyType_Check(module_cls) && PyType_Check(list_cls)) {
+      l->getattr_name = PyUnicode_InternFromString("__getattr__");
+      l->getattribute_name = PyUnicode_InternFromString("__getattribute__");
+      l->getitem_name = PyUnicode_InternFromString("__getitem__");
+      l->module_getattr = PyDict_GetItem(reinterpret_cast<PyTypeObject*>(module_cls)->tp_dict, l->getattr_name);
+      l->modulelist_getitem = PyDict_GetItem(reinterpret_cast<PyTypeObject*>(list_cls)->tp_dict, l->getitem_name);
+      l->object_getattribute = PyDict_GetItem(PyBaseObject_Type.tp_dict, l->getattribute_name);
+      Py_XINCREF(l->module_getattr);
+      Py_XINCREF(l->modulelist_getitem);
+      Py_XINCREF(l->object_getattribute);
+      const char* names[3] = {"_parameters", "_buffers", "_modules"};
+      for (int i = 0; i < 3; ++i) l->names[i] = PyUnicode_InternFromString(names[i]);
+    }
+    Py_XDECREF(module_cls);
+    Py_XDECREF(list_cls);
+    Py_XDECREF(cont);
+    Py_XDECREF(mod);
+    PyErr_Clear();
+    return l;
+  }();
+  return m->module_getattr && m->object_getattribute && m->modulelist_getitem ? m : nullptr;
+}
+
+// The instance dict of a module whose attribute lookup is Module's own, else nullptr. Borrowed.
+PyObject* plain_module_dict(PyObject* obj, const ModuleLookups& l) {
+  PyTypeObject* tp = Py_TYPE(obj);
+  if (_PyType_Lookup(tp, l.getattr_name) != l.module_getattr) return nullptr;
+  if (_PyType_Lookup(tp, l.getattribute_name) != l.object_getattribute) return nullptr;
+  PyObject** dp = _PyObject_GetDictPtr(obj);
+  return dp && *dp && PyDict_Check(*dp) ? *dp : nullptr;
+}
+
+// New reference to obj.name, or nullptr with no error when the fast path does not apply.
+PyObject* module_attr(PyObject* obj, PyObject* name) {
+  const ModuleLookups* l = module_lookups();
+  PyObject* dict = l ? plain_module_dict(obj, *l) : nullptr;
+  if (!dict || _PyType_Lookup(Py_TYPE(obj), name)) return nullptr;  // class attributes: generic path
+  PyObject* v = PyDict_GetItem(dict, name);
+  for (int i = 0; !v && i < 3; ++i) {
+    PyObject* d = PyDict_GetItem(dict, l->names[i]);
+    if (d && PyDict_Check(d)) v = PyDict_GetItem(d, name);
+  }
+  return Py_XNewRef(v);
+}
+
+PyObject* modulelist_item(PyObject* obj, Py_ssize_t index) {
+  const ModuleLookups* l = module_lookups();
+  PyObject* dict = l ? plain_module_dict(obj, *l) : nullptr;
+  if (!dict || _PyType_Lookup(Py_TYPE(obj), l->getitem_name) != l->modulelist_getitem) return nullptr;
+  PyObject* mods = PyDict_GetItem(dict, l->names[2]);
+  if (!mods || !PyDict_Check(mods)) return nullptr;
+  Py_ssize_t n = PyDict_Size(mods);
+  if (index < 0) index += n;
+  if (index < 0 || index >= n) return nullptr;  // the generic path raises IndexError
+  PyObject* key = PyUnicode_FromFormat("%zd", index);
+  PyObject* v = key ? PyDict_GetItem(mods, key) : nullptr;
+  Py_XDECREF(key);
+  return Py_XNewRef(v);
+}
+
+PyObject* eval_uncached(const Source& s, const FrameView& f);
+
+// New reference; the memo, when there is one, keeps what was read for the sources after.
+PyObject* eval_memo(const Source& s, const FrameView& f) {
+  if (s.kind == Source::Kind::Local || !f.memo) return eval_uncached(s, f);
+  if (PyObject* v = f.memo->find(&s)) return Py_NewRef(v);
+  PyObject* v = eval_uncached(s, f);
+  if (v) f.memo->put(&s, v);
+  return v;
+}
+
+PyObject* eval_uncached(const Source& s, const FrameView& f) {
   switch (s.kind) {
     case Source::Kind::Local: {
       PyObject* v = f.locals[s.local];
@@ -95,23 +205,25 @@ PyObject* eval_source(const Source& s, const FrameView& f) {
       return v;
     }
     case Source::Kind::Attr: {
-      PyObject* base = eval_source(*s.base, f);
+      PyObject* base = eval_memo(*s.base, f);
       if (!base) return nullptr;
-      PyObject* v = PyObject_GetAttr(base, s.key);
+      PyObject* v = module_attr(base, s.key);
+      if (!v) v = PyObject_GetAttr(base, s.key);
       Py_DECREF(base);
       if (!v) PyErr_Clear();
       return v;
     }
     case Source::Kind::Item: {
-      PyObject* base = eval_source(*s.base, f);
+      PyObject* base = eval_memo(*s.base, f);
       if (!base) return nullptr;
-      PyObject* v = PySequence_GetItem(base, s.index);
+      PyObject* v = modulelist_item(base, s.index);
+      if (!v) v = PySequence_GetItem(base, s.index);
       Py_DECREF(base);
       if (!v) PyErr_Clear();
       return v;
     }
     case Source::Kind::Key: {
-      PyObject* base = eval_source(*s.base, f);
+      PyObject* base = eval_memo(*s.base, f);
       if (!base) return nullptr;
       PyObject* v = PyObject_GetItem(base, s.key);
       Py_DECREF(base);
@@ -127,5 +239,9 @@ PyObject* eval_source(const Source& s, const FrameView& f) {
   }
   return nullptr;
 }
+
+}  // namespace
+
+PyObject* eval_source(const Source& s, const FrameView& f) { return eval_memo(s, f); }
 
 }  // namespace kiln::bind

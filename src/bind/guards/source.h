@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 
 namespace kiln::bind {
 
@@ -33,12 +34,31 @@ struct Source {
   std::string str() const;  // "L['x']", "G['torch']", "L['self'].fc1.weight", "L['xs'][0]"
 };
 
+// Values already read from sources during one call. A model's guards and inputs name a few
+// thousand sources that share long prefixes (L['self'].encoder.layer[3]....): with the memo
+// each prefix is walked once per call rather than once per source.
+class SourceMemo {
+ public:
+  SourceMemo() = default;
+  SourceMemo(const SourceMemo&) = delete;
+  SourceMemo& operator=(const SourceMemo&) = delete;
+  ~SourceMemo() { clear(); }
+  PyObject* find(const Source* s) const;  // borrowed, or nullptr
+  void put(const Source* s, PyObject* v);  // keeps its own reference
+  // Forget everything: before Python code that may change what sources read runs (capture).
+  void clear();
+
+ private:
+  std::unordered_map<const Source*, PyObject*> values_;
+};
+
 // The frame a source is evaluated in.
 struct FrameView {
   PyObject* const* locals;
   PyObject* globals;
   PyObject* builtins;
   PyObject* closure = nullptr;  // the function's tuple of cells, if any
+  SourceMemo* memo = nullptr;   // shared by the guard checks and input fetches of one call
 };
 
 // New reference, or nullptr with no Python error set when the value is gone.

@@ -110,7 +110,9 @@ PyObject* on_frame(PyObject* func, PyObject* const* args, PyObject** trampoline)
   if (!t_cfg) return nullptr;
   FrameCache* c = cache_for(PyFunction_GET_CODE(func));
   if (!c) return nullptr;
+  SourceMemo memo;
   BoundArgs bound;
+  bound.memo = &memo;
   bound.locals.assign(args, args + c->nargs);
   bool failed;
   Entry* e = select_entry(*c, func, bound, failed);

@@ -393,7 +393,7 @@ PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, con
 
 PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
   const auto& sources = e.capture.input_sources;
-  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn)};
+  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn), bound.memo};
   PyObject* stack_inputs[16];
   std::vector<PyObject*> heap_inputs;
   PyObject** inputs = stack_inputs;
@@ -410,6 +410,8 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
       break;
     }
   }
+  // Outputs are built after the graph and any break ran: read their sources afresh.
+  fv.memo = nullptr;
   PyObject* result = nullptr;
   if (ok) {
     std::vector<PyObject*> outs;
@@ -447,7 +449,7 @@ CodeCache::CodeCache(PyObject* code, const CompileConfig& c) : cfg(c) {
 
 Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) {
   failed = false;
-  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn)};
+  FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn), bound.memo};
   for (auto& e : c.entries)
     if (e->capture.guards.check(fv, nullptr)) {
       ++stats().cache_hits_memory;
@@ -472,6 +474,8 @@ Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) 
     if (st.recompile_reasons.size() > 64) st.recompile_reasons.erase(st.recompile_reasons.begin());
     log("recompiles", c.name + ": recompiling: " + why);
   }
+  // Capture runs Python code and creates and frees sources: what the memo holds may be stale.
+  if (bound.memo) bound.memo->clear();
   if (bound.names.empty()) bound.names = c.names;
   if (!c.private_params.empty()) bound.private_slots = &c.private_params;
   c.entries.push_back(build_entry(fn, bound, c.cfg, c.name));
@@ -527,7 +531,9 @@ PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   State* st = reinterpret_cast<CompiledFunctionObject*>(self)->state;
   if (st->cfg.disable || !PyFunction_Check(st->fn)) return PyObject_Vectorcall(st->fn, args, nargsf, kwnames);
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  SourceMemo memo;
   BoundArgs bound;
+  bound.memo = &memo;
   std::vector<PyObject*> owned;
   if (st->simple && !kwnames && nargs == st->argcount) {
     bound.locals.assign(args, args + nargs);

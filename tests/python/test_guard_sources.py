@@ -1,0 +1,125 @@
+"""Guards and graph inputs read module attributes through a fast path (parameters, buffers and
+submodules straight from the module's dicts, shared prefixes read once per call). These tests
+change a model between calls in each way that path could miss, and compare with eager."""
+import torch
+import torch.nn as nn
+
+import kiln
+
+
+def _same(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.register_buffer("shift", torch.randn(6))
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) + self.shift
+
+
+class Net(nn.Module):
+    def __init__(self, n=3):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(n))
+        self.scale = 2.0
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.blocks[-1](x) * self.scale
+
+
+def _fresh(net, x):
+    with torch.no_grad():
+        return net(x)
+
+
+def test_parameter_buffer_and_submodule_replacements_are_seen():
+    net = Net().eval().requires_grad_(False)
+    f = kiln.compile(net)
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        _same(f(x), _fresh(net, x))
+        net.blocks[1].fc.weight = nn.Parameter(torch.randn(6, 6), requires_grad=False)  # a new parameter object
+        _same(f(x), _fresh(net, x))
+        net.blocks[2].shift = torch.randn(6)  # a buffer reassigned
+        _same(f(x), _fresh(net, x))
+        net.blocks[0] = Block().requires_grad_(False)  # a ModuleList slot replaced
+        _same(f(x), _fresh(net, x))
+        net.blocks[-1].fc = nn.Linear(6, 6).requires_grad_(False)  # a submodule replaced
+        _same(f(x), _fresh(net, x))
+        net.scale = 3.0  # a plain attribute in the instance dict
+        _same(f(x), _fresh(net, x))
+        net.blocks.append(Block().requires_grad_(False))  # the list grows: the loop is longer
+        _same(f(x), _fresh(net, x))
+
+
+def test_in_place_parameter_update_is_seen_without_recompile():
+    net = Net().eval().requires_grad_(False)
+    f = kiln.compile(net)
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        f(x)
+        before = kiln.stats()["recompiles"]
+        net.blocks[1].fc.weight.mul_(-1)
+        _same(f(x), _fresh(net, x))
+        assert kiln.stats()["recompiles"] == before
+
+
+class Redirecting(nn.Module):
+    """A module with a __getattr__ of its own: the fast path must leave it to Python."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(5, 5)
+        self.use_alt = False
+        self.alt = nn.Linear(5, 5)
+
+    def __getattr__(self, name):
+        if name == "proj":
+            return self.alt if self.__dict__["use_alt"] else self.inner
+        return super().__getattr__(name)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def test_module_with_its_own_getattr():
+    m = Redirecting().eval().requires_grad_(False)
+    f = kiln.compile(m)
+    x = torch.randn(3, 5)
+    with torch.no_grad():
+        _same(f(x), m(x))
+        m.use_alt = True
+        _same(f(x), m(x))
+
+
+class ShadowingProperty(nn.Module):
+    """A property on the class wins over a submodule of the same name in Module's lookup."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.pick_b = False
+
+    @property
+    def chosen(self):
+        return self.b if self.pick_b else self.a
+
+    def forward(self, x):
+        return self.chosen(x)
+
+
+def test_property_is_read_through_python():
+    m = ShadowingProperty().eval().requires_grad_(False)
+    f = kiln.compile(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        _same(f(x), m(x))
+        m.pick_b = True
+        _same(f(x), m(x))
