@@ -123,3 +123,23 @@ def test_property_is_read_through_python():
         _same(f(x), m(x))
         m.pick_b = True
         _same(f(x), m(x))
+
+
+SCALE = 1.5
+
+
+def _helper(x):
+    return x * SCALE + len(_helper.__code__.co_varnames)
+
+
+def test_guards_are_not_repeated_and_code_contents_are_not_guarded():
+    def f(x):
+        return _helper(x) + _helper(x * 2) + _helper(x + 1)
+
+    x = torch.randn(5)
+    e = kiln.explain(f)(x)
+    assert len(e.guards) == len(set(e.guards)), "\n".join(e.guards)
+    # The helper's code object is identity-guarded; what lies inside it cannot change.
+    assert any("__code__ is" in g for g in e.guards), "\n".join(e.guards)
+    assert not any("co_varnames" in g for g in e.guards), "\n".join(e.guards)
+    torch.testing.assert_close(kiln.compile(f)(x), f(x))

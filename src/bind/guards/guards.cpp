@@ -34,40 +34,51 @@ GuardSet::~GuardSet() {
   for (Guard& g : guards_) Py_XDECREF(g.expected);
 }
 
+bool GuardSet::needed(const Guard& g) {
+  if (g.source)
+    for (const Source* a = g.source->base.get(); a; a = a->base.get())
+      if (fixed_roots_.count(a->str())) return false;
+  return seen_.insert(g.str()).second;
+}
+
 void GuardSet::add_tensor(SourcePtr s, const TensorInfo& info) {
   Guard g{Guard::Kind::Tensor, std::move(s)};
   g.tensor = info;
-  guards_.push_back(std::move(g));
+  if (needed(g)) guards_.push_back(std::move(g));
 }
 void GuardSet::add_type(SourcePtr s, PyObject* type) {
   Guard g{Guard::Kind::Type, std::move(s)};
-  Py_INCREF(type);
   g.expected = type;
+  if (!needed(g)) return;
+  Py_INCREF(type);
   guards_.push_back(std::move(g));
 }
 void GuardSet::add_equals(SourcePtr s, PyObject* value) {
   Guard g{Guard::Kind::Equals, std::move(s)};
-  Py_INCREF(value);
   g.expected = value;
+  if (!needed(g)) return;
+  Py_INCREF(value);
   guards_.push_back(std::move(g));
 }
 void GuardSet::add_identity(SourcePtr s, PyObject* obj) {
-  for (const Guard& g : guards_)
-    if (g.kind == Guard::Kind::Identity && g.source->str() == s->str()) return;
+  // An identity guard's str() names the type, not the object: two objects of one type at one
+  // source are the same source read twice, so the first guard is the one to keep.
   Guard g{Guard::Kind::Identity, std::move(s)};
-  Py_INCREF(obj);
   g.expected = obj;
+  if (!needed(g)) return;
+  if (PyCode_Check(obj)) fixed_roots_.insert(g.source->str());
+  Py_INCREF(obj);
   guards_.push_back(std::move(g));
 }
 void GuardSet::add_length(SourcePtr s, Py_ssize_t n) {
   Guard g{Guard::Kind::Length, std::move(s)};
   g.length = n;
-  guards_.push_back(std::move(g));
+  if (needed(g)) guards_.push_back(std::move(g));
 }
 void GuardSet::add_grad_mode(bool enabled) {
   Guard g{Guard::Kind::GradMode, nullptr};
   g.flag = enabled;
-  guards_.push_back(std::move(g));
+  if (needed(g)) guards_.push_back(std::move(g));
 }
 
 bool GuardSet::check(const FrameView& f, std::string* why) const {

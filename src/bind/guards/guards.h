@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "bind/guards/source.h"
@@ -52,7 +53,13 @@ class GuardSet {
   std::vector<std::string> strs() const;
 
  private:
+  // False when the guard adds nothing: the same check is there already, or the value lies
+  // inside a code object whose identity is guarded (code objects never change).
+  bool needed(const Guard& g);
+
   std::vector<Guard> guards_;
+  std::unordered_set<std::string> seen_;          // str() of each guard kept
+  std::unordered_set<std::string> fixed_roots_;   // sources of identity-guarded code objects
 };
 
 }  // namespace kiln::bind
