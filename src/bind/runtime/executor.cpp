@@ -125,9 +125,68 @@ struct PreparedProgram {
   std::vector<bool> extern_output;  // buffers that extern ops allocate themselves
   std::vector<std::vector<int64_t>> sizes, strides;  // of each buffer, resolved once
   std::vector<ViewPlan> outputs;
+  // Lifetimes, per step: tensors of kiln's own made just before the step that first touches
+  // them, and every buffer no later step reads dropped right after its last step, as eager
+  // frees what it no longer needs. Holding a whole model's intermediates to the end of the
+  // call made the allocator hand out fresh pages on every call.
+  std::vector<std::vector<int>> make_before, drop_after;            // buffers
+  std::vector<std::vector<int>> make_slot_before, drop_slot_after;  // reuse slots
   bool has_cuda = false;
   PyObject* raw_stream_fn = nullptr;  // torch._C._cuda_getCurrentRawStream
 };
+
+namespace {
+
+void plan_lifetimes(const loop::Program& p, PreparedProgram& prep) {
+  size_t nb = p.buffers.size(), ns = p.steps.size();
+  std::vector<int> first(nb, -1), last(nb, -1);
+  auto touch = [&](int b, int step) {
+    if (b < 0) return;
+    if (first[b] < 0) first[b] = step;
+    last[b] = step;
+  };
+  for (size_t i = 0; i < ns; ++i) {
+    const loop::Step& st = p.steps[i];
+    if (st.kind == loop::Step::Kind::Kernel) {
+      for (int b : p.kernels[st.index].buffers) touch(b, static_cast<int>(i));
+    } else {
+      const loop::Extern& e = p.externs[st.index];
+      for (const loop::BufferView& v : e.inputs) touch(v.buffer, static_cast<int>(i));
+      touch(e.output, static_cast<int>(i));
+    }
+  }
+  std::vector<bool> keep(nb, false);  // graph inputs and whatever the outputs view
+  for (int b : p.inputs) keep[b] = true;
+  for (const loop::Output& o : p.outputs)
+    if (o.input_alias < 0 && o.view.buffer >= 0) keep[o.view.buffer] = true;
+  prep.make_before.assign(ns + 1, {});
+  prep.drop_after.assign(ns, {});
+  prep.make_slot_before.assign(ns + 1, {});
+  prep.drop_slot_after.assign(ns, {});
+  std::vector<int> slot_first(p.num_slots, -1), slot_last(p.num_slots, -1);
+  for (const loop::Buffer& b : p.buffers) {
+    if (!b.live) continue;
+    int f = first[b.id], l = last[b.id];
+    if (b.kind == loop::BufferKind::Temp && b.slot >= 0) {
+      if (f < 0) continue;
+      int& sf = slot_first[b.slot];
+      sf = sf < 0 ? f : std::min(sf, f);
+      slot_last[b.slot] = std::max(slot_last[b.slot], l);
+      continue;
+    }
+    bool own = b.kind == loop::BufferKind::Output || (b.kind == loop::BufferKind::Temp && b.slot < 0);
+    // An output nothing writes (f < 0) is still made, before the first step.
+    if (own && !prep.extern_output[b.id]) prep.make_before[f < 0 ? 0 : f].push_back(b.id);
+    if (!keep[b.id] && l >= 0 && b.kind != loop::BufferKind::Input) prep.drop_after[l].push_back(b.id);
+  }
+  for (int s = 0; s < p.num_slots; ++s) {
+    if (slot_first[s] < 0) continue;
+    prep.make_slot_before[slot_first[s]].push_back(s);
+    prep.drop_slot_after[slot_last[s]].push_back(s);
+  }
+}
+
+}  // namespace
 
 std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& cg, std::string& error) {
   auto prep = std::make_shared<PreparedProgram>();
@@ -161,6 +220,7 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
     prep->externs.push_back(std::move(plan));
   }
   for (const loop::Output& o : p.outputs) prep->outputs.push_back(o.input_alias >= 0 ? ViewPlan{} : plan_view(o.view));
+  plan_lifetimes(p, *prep);
   prep->has_cuda = p.device.type == DeviceType::CUDA;
   if (prep->has_cuda) {
     PyObject* c = PyImport_ImportModule("torch._C");
@@ -181,24 +241,33 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
   try {
     std::vector<at::Tensor> tensors(p.buffers.size());
     std::vector<void*> ptrs(p.buffers.size(), nullptr);
+    std::vector<int> slot_of(p.buffers.size(), -1);
     for (size_t i = 0; i < p.inputs.size(); ++i) {
       const at::Tensor& t = THPVariable_Unpack(inputs[i]);
       tensors[p.inputs[i]] = t;
       ptrs[p.inputs[i]] = t.data_ptr();
     }
     const auto options = at::TensorOptions().device(device_of(p.device));
-    for (const loop::Buffer& b : p.buffers) {
-      // Outputs, and temporaries that extern ops read (slot -1), are tensors of their own.
-      bool own = b.live && (b.kind == loop::BufferKind::Output || (b.kind == loop::BufferKind::Temp && b.slot < 0));
-      if (!own || prep.extern_output[b.id]) continue;
-      at::Tensor t = at::empty_strided(prep.sizes[b.id], prep.strides[b.id], options.dtype(scalar_type(b.dtype)));
-      ptrs[b.id] = t.data_ptr();
-      tensors[b.id] = std::move(t);
-    }
     std::vector<at::Tensor> slots(prep.slot_bytes.size());
-    for (size_t s = 0; s < slots.size(); ++s) slots[s] = at::empty({prep.slot_bytes[s]}, options.dtype(at::kByte));
+    // Outputs, and temporaries that extern ops read (slot -1), are tensors of their own; the
+    // other temporaries live in reuse slots.
+    auto make = [&](size_t step) {
+      for (int id : prep.make_before[step]) {
+        const loop::Buffer& b = p.buffers[id];
+        tensors[id] = at::empty_strided(prep.sizes[id], prep.strides[id], options.dtype(scalar_type(b.dtype)));
+        ptrs[id] = tensors[id].data_ptr();
+      }
+      for (int s : prep.make_slot_before[step]) slots[s] = at::empty({prep.slot_bytes[s]}, options.dtype(at::kByte));
+    };
+    auto drop = [&](size_t step) {
+      for (int id : prep.drop_after[step]) {
+        tensors[id].reset();
+        ptrs[id] = nullptr;
+      }
+      for (int s : prep.drop_slot_after[step]) slots[s].reset();
+    };
     for (const loop::Buffer& b : p.buffers)
-      if (b.kind == loop::BufferKind::Temp && b.slot >= 0) ptrs[b.id] = slots[b.slot].data_ptr();
+      if (b.kind == loop::BufferKind::Temp && b.slot >= 0 && b.live) slot_of[b.id] = b.slot;
 
     void* stream = nullptr;
     if (prep.has_cuda) {
@@ -211,55 +280,60 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
     }
 
     std::vector<void*> args;
-    for (const loop::Step& st : p.steps) {
+    auto run_step = [&](const loop::Step& st) -> bool {
       if (st.kind == loop::Step::Kind::Kernel) {
         const loop::Kernel& k = p.kernels[st.index];
         const pipeline::CompiledKernel& ck = cg.kernels[st.index];
         args.clear();
-        for (int b : k.buffers) args.push_back(ptrs[b]);
+        for (int b : k.buffers) args.push_back(slot_of[b] >= 0 ? slots[slot_of[b]].data_ptr() : ptrs[b]);
         if (ck.cpu_fn) {
           ck.cpu_fn(args.data());
-        } else {
-          std::vector<void*> argp;
-          for (void*& a : args) argp.push_back(&a);
-          std::string err;
-          if (!compile::cuda_launch(ck.cuda_fn, ck.grid, 1, 1, ck.block, 1, 1, 0, stream, argp.data(), err)) {
-            PyErr_SetString(PyExc_RuntimeError, ("kiln: kernel launch failed: " + err).c_str());
-            return false;
-          }
+          return true;
         }
-        continue;
+        std::vector<void*> argp;
+        for (void*& a : args) argp.push_back(&a);
+        std::string err;
+        if (!compile::cuda_launch(ck.cuda_fn, ck.grid, 1, 1, ck.block, 1, 1, 0, stream, argp.data(), err)) {
+          PyErr_SetString(PyExc_RuntimeError, ("kiln: kernel launch failed: " + err).c_str());
+          return false;
+        }
+        return true;
       }
       const loop::Extern& e = p.externs[st.index];
       ExternPlan& plan = prep.externs[st.index];
+      at::Tensor r;
       if (!plan.op) {
-        at::Tensor r;
         if (!run_torch_call(e, plan, tensors, r)) return false;
-        ptrs[e.output] = r.data_ptr();
-        tensors[e.output] = std::move(r);
-        continue;
-      }
-      torch::jit::Stack stack;
-      size_t next_input = 0;
-      for (const ops::Param& param : plan.def->schema.params) {
-        if (param.is_tensor()) {
-          const ViewPlan& v = plan.inputs[next_input++];
-          if (v.buffer < 0) stack.emplace_back();
-          else stack.emplace_back(view_of(tensors[v.buffer], v));
-        } else if (const ir::AttrValue* a = e.attrs.find(param.name)) {
-          stack.push_back(attr_ivalue(*a));
-        } else if (auto d = param.default_value()) {
-          stack.push_back(attr_ivalue(*d));
-        } else {
-          stack.emplace_back();  // None
+      } else {
+        torch::jit::Stack stack;
+        size_t next_input = 0;
+        for (const ops::Param& param : plan.def->schema.params) {
+          if (param.is_tensor()) {
+            const ViewPlan& v = plan.inputs[next_input++];
+            if (v.buffer < 0) stack.emplace_back();
+            else stack.emplace_back(view_of(tensors[v.buffer], v));
+          } else if (const ir::AttrValue* a = e.attrs.find(param.name)) {
+            stack.push_back(attr_ivalue(*a));
+          } else if (auto d = param.default_value()) {
+            stack.push_back(attr_ivalue(*d));
+          } else {
+            stack.emplace_back();  // None
+          }
         }
+        plan.op->callBoxed(&stack);
+        r = stack[0].toTensor();
+        if (!r.strides().equals(plan.out_strides)) r = r.contiguous();
       }
-      plan.op->callBoxed(&stack);
-      at::Tensor r = stack[0].toTensor();
-      if (!r.strides().equals(plan.out_strides)) r = r.contiguous();
       ptrs[e.output] = r.data_ptr();
       tensors[e.output] = std::move(r);
+      return true;
+    };
+    for (size_t si = 0; si < p.steps.size(); ++si) {
+      make(si);
+      if (!run_step(p.steps[si])) return false;
+      drop(si);
     }
+    make(p.steps.size());  // outputs no step writes
 
     if (cg.take_error && cg.take_error()) {
       PyErr_SetString(PyExc_RuntimeError, "ZeroDivisionError");
