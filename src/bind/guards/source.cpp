@@ -120,9 +120,10 @@ const ModuleLookups* module_lookups() {
       l->getattr_name = PyUnicode_InternFromString("__getattr__");
       l->getattribute_name = PyUnicode_InternFromString("__getattribute__");
       l->getitem_name = PyUnicode_InternFromString("__getitem__");
-      l->module_getattr = PyDict_GetItem(reinterpret_cast<PyTypeObject*>(module_cls)->tp_dict, l->getattr_name);
-      l->modulelist_getitem = PyDict_GetItem(reinterpret_cast<PyTypeObject*>(list_cls)->tp_dict, l->getitem_name);
-      l->object_getattribute = PyDict_GetItem(PyBaseObject_Type.tp_dict, l->getattribute_name);
+      // _PyType_Lookup, not tp_dict: from 3.12 a static builtin type's tp_dict is NULL.
+      l->module_getattr = _PyType_Lookup(reinterpret_cast<PyTypeObject*>(module_cls), l->getattr_name);
+      l->modulelist_getitem = _PyType_Lookup(reinterpret_cast<PyTypeObject*>(list_cls), l->getitem_name);
+      l->object_getattribute = _PyType_Lookup(&PyBaseObject_Type, l->getattribute_name);
       Py_XINCREF(l->module_getattr);
       Py_XINCREF(l->modulelist_getitem);
       Py_XINCREF(l->object_getattribute);
