@@ -99,3 +99,32 @@ TEST(Pipeline, TransposedInputAddsWithoutCopies) {
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 6; ++j) ASSERT_EQ(bufs[out][i * 6 + j], bufs[0][i * 6 + j] + bufs[1][j * 4 + i]);
 }
+
+// A batch-4 activation has only 4 points in its first dim: the threads must split the leading
+// dims together (collapse), and the per-channel affine + relu must still be exact.
+TEST(Pipeline, SmallBatchPointwiseSplitsLeadingDimsAcrossThreads) {
+  ir::Graph g;
+  ir::Node* x = g.placeholder("x", f32({4, 16, 40, 40}));
+  ir::Node* w = g.placeholder("w", f32({16, 1, 1}));
+  g.outputs().push_back(g.must_add("relu", {g.must_add("mul", {x, w})}));
+  pipeline::CompiledGraph cg;
+  std::string err;
+  ASSERT_TRUE(pipeline::compile_graph(g, {}, cg, err)) << err;
+  ASSERT_EQ(cg.kernels.size(), 1u) << cg.source;
+  EXPECT_NE(cg.source.find("#pragma omp parallel for schedule(static) collapse(2)"), std::string::npos) << cg.source;
+  std::vector<std::vector<float>> bufs(cg.program.buffers.size());
+  const size_t n = 4 * 16 * 40 * 40;
+  bufs[0].resize(n);
+  bufs[1].resize(16);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (auto& v : bufs[0]) v = nd(rng);
+  for (auto& v : bufs[1]) v = nd(rng);
+  int out = cg.program.outputs[0].view.buffer;
+  bufs[out].resize(n);
+  run(cg, bufs);
+  for (size_t i = 0; i < n; ++i) {
+    float ref = std::max(0.0f, bufs[0][i] * bufs[1][(i / 1600) % 16]);
+    ASSERT_EQ(bufs[out][i], ref) << i;
+  }
+}

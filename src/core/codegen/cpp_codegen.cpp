@@ -17,6 +17,10 @@ using sym::Expr;
 
 // Work below this many scalar evaluations runs on one thread: forking the team costs more.
 constexpr int64_t kParallelThreshold = 32768;
+// Iterations the threads share: enough for a machine of many cores. A conv activation of
+// batch 4 has only 4 points in its first dim, so the leading dims are collapsed until there
+// are at least this many.
+constexpr int64_t kParallelChunks = 256;
 
 std::string acc_init(ops::ReduceOp op, DType t) {
   switch (op) {
@@ -72,14 +76,31 @@ class KernelWriter {
     bool pointwise_only = true;
     for (const Stage& st : k_.stages) pointwise_only &= st.vars.empty();
 
+    // How many leading dims the threads split: the fewest that give kParallelChunks
+    // iterations, leaving a pointwise kernel's innermost dim to the vector unit.
+    size_t n = k_.vars.size(), collapse = 1;
+    if (parallel && n > 1) {
+      size_t limit = pointwise_only ? n - 1 : n;
+      int64_t iters = 1;
+      for (collapse = 0; collapse < limit;) {
+        auto c = k_.ranges[collapse].as_const();
+        ++collapse;
+        if (!c) break;
+        iters *= *c;
+        if (iters >= kParallelChunks) break;
+      }
+    }
+    std::string split = collapse > 1 ? " collapse(" + std::to_string(collapse) + ")" : "";
+
     ScalarEmitter em(p_, out_, [](int acc) { return "acc" + std::to_string(acc); });
     std::string indent = "  ";
-    for (size_t d = 0; d < k_.vars.size(); ++d) {
-      bool innermost = d + 1 == k_.vars.size();
+    for (size_t d = 0; d < n; ++d) {
+      bool innermost = d + 1 == n;
       if (d == 0 && parallel) {
-        out_ += indent + (innermost && pointwise_only ? "#pragma omp parallel for simd schedule(static)\n"
-                                                       : "#pragma omp parallel for schedule(static)\n");
-      } else if (innermost && pointwise_only) {
+        bool simd = pointwise_only && collapse == n;
+        out_ += indent + (simd ? "#pragma omp parallel for simd schedule(static)" : "#pragma omp parallel for schedule(static)") +
+                split + "\n";
+      } else if (innermost && pointwise_only && !(parallel && d < collapse)) {
         out_ += indent + "#pragma omp simd\n";
       }
       const std::string v = k_.vars[d].name();
