@@ -114,17 +114,17 @@ TEST(Pipeline, SmallBatchPointwiseSplitsLeadingDimsAcrossThreads) {
   EXPECT_NE(cg.source.find("#pragma omp parallel for schedule(static) collapse(2)"), std::string::npos) << cg.source;
   std::vector<std::vector<float>> bufs(cg.program.buffers.size());
   const size_t n = 4 * 16 * 40 * 40;
-  bufs[0].resize(n);
-  bufs[1].resize(16);
+  const int xb = cg.program.inputs[0], wb = cg.program.inputs[1], out = cg.program.outputs[0].view.buffer;
+  bufs[xb].resize(n);
+  bufs[wb].resize(16);
+  bufs[out].resize(n);
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
-  for (auto& v : bufs[0]) v = nd(rng);
-  for (auto& v : bufs[1]) v = nd(rng);
-  int out = cg.program.outputs[0].view.buffer;
-  bufs[out].resize(n);
+  for (auto& v : bufs[xb]) v = nd(rng);
+  for (auto& v : bufs[wb]) v = nd(rng);
   run(cg, bufs);
   for (size_t i = 0; i < n; ++i) {
-    float ref = std::max(0.0f, bufs[0][i] * bufs[1][(i / 1600) % 16]);
+    float ref = std::max(0.0f, bufs[xb][i] * bufs[wb][(i / 1600) % 16]);
     ASSERT_EQ(bufs[out][i], ref) << i;
   }
 }

@@ -124,19 +124,79 @@ def test_attribute_store_undone_before_return_is_captured():
     assert CFG.is_causal is False
 
 
-def test_attribute_store_left_changed_runs_eagerly_with_a_reason():
+def test_attribute_store_left_changed_is_replayed_after_the_graph():
+    cfg, twin = Config(), Config()
+
+    def f(a, c):
+        c.scale = c.scale + 1.0
+        return a * c.scale
+
+    compiled = kiln.compile(f)
+    for _ in range(3):
+        a = torch.randn(4)
+        torch.testing.assert_close(compiled(a, cfg), f(a, twin))
+        assert cfg.scale == twin.scale  # stored once per call, as in Python
+    assert cfg.scale == 4.5
+    e = kiln.explain(f)(torch.randn(4), Config())
+    assert e.graph_count == 1 and not e.break_reasons, e
+
+
+class Cached(torch.nn.Module):
+    """Keeps its last activation and a call count on itself, as some models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+        self.last = None
+        self.calls = 0
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x))
+        self.last = h * 2
+        self.calls = self.calls + 1
+        if hasattr(self, "stale"):
+            del self.stale
+        return h + 1
+
+
+def test_tensor_and_counter_stored_on_a_module_are_replayed():
+    m, twin = Cached().eval(), Cached().eval()
+    twin.load_state_dict(m.state_dict())
+    m.stale = twin.stale = 1
+    compiled = kiln.compile(m)
+    with torch.no_grad():
+        x = torch.randn(3, 6)
+        _one_graph(Cached().eval(), x)
+        out = compiled(x)
+        torch.testing.assert_close(out, twin(x))
+        torch.testing.assert_close(m.last, twin.last)
+        assert m.calls == twin.calls == 1 and not hasattr(m, "stale")
+        x2 = torch.randn(3, 6)
+        torch.testing.assert_close(compiled(x2), twin(x2))
+        torch.testing.assert_close(m.last, twin.last)
+        assert m.calls == twin.calls == 2
+
+
+def test_store_is_done_before_the_code_after_a_graph_break_runs():
     cfg = Config()
+    seen = []
+
+    def peek(c):
+        seen.append(c.scale)  # print-like: kiln runs it in Python, at a graph break
 
     def f(a):
-        cfg.scale = cfg.scale + 1.0
-        return a * cfg.scale
+        cfg.scale = 7.0
+        y = a * 2
+        peek(cfg)
+        return y + cfg.scale
 
     a = torch.randn(4)
-    out = kiln.compile(f)(a)
-    assert cfg.scale == 2.5  # the store happened once, in Python
-    torch.testing.assert_close(out, a * 2.5)
     e = kiln.explain(f)(a)
-    assert any("scale" in b["reason"] for b in e.break_reasons), e
+    assert e.graph_count == 2 and e.break_reasons, e  # a break at peek(cfg)
+    cfg.scale, seen[:] = 1.5, []
+    out = kiln.compile(f)(a)
+    torch.testing.assert_close(out, a * 2 + 7.0)
+    assert seen == [7.0] and cfg.scale == 7.0
 
 
 class Registry(dict):

@@ -2,9 +2,13 @@
 
 The models run as transformers ships them: the forward decorators (config defaults, output
 capture with its context variable and try/finally), the attention-implementation registry,
-mask helpers and the ModelOutput dataclasses are captured, not patched. GPT-2 and Llama run with
-use_cache=False: the KV-cache objects (DynamicCache) are not captured yet.
+mask helpers and the ModelOutput dataclasses are captured, not patched. GPT-2, T5 and Llama run
+with use_cache=False in the first test: a DynamicCache made inside forward is not captured yet.
+A decoding step given a cache made outside (as generate() makes it) is captured: the cache's
+layers are updated by attribute stores that kiln replays after the graph.
 """
+import copy
+
 import pytest
 import torch
 
@@ -114,3 +118,28 @@ def test_embedding_index_out_of_range_raises_like_eager():
         with pytest.raises(IndexError) as ours:
             compiled(input_ids=bad)
         assert str(ours.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_decoding_step_with_a_kv_cache_is_one_graph(name, device):
+    cls, cfg = _config(name)
+    torch.manual_seed(0)
+    model = cls(cfg).to(device).eval()
+    compiled = kiln.compile(model, fullgraph=True)
+    with torch.no_grad():
+        prompt = torch.randint(0, VOCAB, (2, 6), device=device)
+        cache_eager = model(prompt, use_cache=True).past_key_values  # the prompt pass, eagerly
+        cache_kiln = copy.deepcopy(cache_eager)
+        step = torch.randint(0, VOCAB, (2, 1), device=device)
+        e = kiln.explain(model)(step, past_key_values=copy.deepcopy(cache_eager), use_cache=True)
+        assert e.graph_count == 1 and not e.break_reasons, e
+        for _ in range(3):  # each step grows the cache by one position (a recompile per length)
+            ref = model(step, past_key_values=cache_eager, use_cache=True)
+            out = compiled(step, past_key_values=cache_kiln, use_cache=True)
+            torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+            assert out.past_key_values is cache_kiln
+            for a, b in zip(cache_kiln.layers, cache_eager.layers):
+                torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-4)
+            step = ref.logits[:, -1:].argmax(-1)

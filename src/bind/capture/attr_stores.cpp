@@ -14,7 +14,7 @@ void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr 
   if (!(obj->is_const() || obj->kind == Var::Kind::Module) || !obj->obj)
     unsupported("attribute assignment on a value kiln does not track");
   keep_.push_back(Py_NewRef(obj->obj));
-  root()->attr_stores_.push_back(AttrStore{obj->obj, name, std::move(value)});
+  root()->attr_stores_.push_back(AttrStore{obj->obj, name, std::move(value), obj->source});
 }
 
 const Interpreter::AttrStore* Interpreter::logged_attr(PyObject* obj, const std::string& name) {
@@ -50,16 +50,23 @@ bool holds(PyObject* obj, const std::string& name, const VarPtr& v) {
 
 }  // namespace
 
-void Interpreter::check_stores_undone(size_t upto) {
+std::vector<StoreReplay> Interpreter::store_replays(size_t upto, bool at_break) {
   auto& log = root()->attr_stores_;
+  std::vector<StoreReplay> out;
   for (size_t i = 0; i < upto && i < log.size(); ++i) {
     bool last = true;  // only the last store of each attribute decides
     for (size_t j = i + 1; j < upto && j < log.size(); ++j)
       if (log[j].obj == log[i].obj && log[j].name == log[i].name) last = false;
-    if (last && !holds(log[i].obj, log[i].name, log[i].value))
+    if (!last || holds(log[i].obj, log[i].name, log[i].value)) continue;
+    if (!log[i].source)
       unsupported("attribute assignment on an object the caller can see (" + std::string(Py_TYPE(log[i].obj)->tp_name) + "." +
-                  log[i].name + " would stay changed; such stores are not replayed yet)");
+                  log[i].name + " would stay changed, and kiln has no source to redo the store on)");
+    StoreReplay r{log[i].source, log[i].name, {}};
+    if (log[i].value) r.value = at_break ? break_spec(log[i].value) : output_spec(log[i].value);
+    else r.value.kind = OutSpec::Kind::Unbound;
+    out.push_back(std::move(r));
   }
+  return out;
 }
 
 }  // namespace kiln::bind::detail

@@ -100,6 +100,14 @@ struct GraphBreak {
   }
 };
 
+// An attribute store the captured code leaves done: setattr(object at `object`, name, value)
+// (delattr when value is Unbound), after the graph ran and before the output is built.
+struct StoreReplay {
+  SourcePtr object;
+  std::string name;
+  OutSpec value;
+};
+
 struct CaptureResult {
   bool ok = false;
   std::string reason;            // why capture stopped (when !ok)
@@ -108,6 +116,7 @@ struct CaptureResult {
   std::vector<SourcePtr> input_sources;  // one per graph placeholder
   GuardSet guards;
   OutSpec output;                // the return value, unless the capture ends in a break
+  std::vector<StoreReplay> replays;  // attribute stores to do after the graph, in program order
   std::unique_ptr<GraphBreak> graph_break;
   std::string captured_text;     // the graph as captured, before any pass
 };

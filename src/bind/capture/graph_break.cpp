@@ -145,14 +145,9 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   if (pc + 1 >= ci.instrs.size()) return false;
   if (in_loop(ci, pc)) return false;  // each iteration would resume anew
   if (in_exception_block(code_, in.offset)) return false;
-  // The instruction runs for real at the break: its own logged stores are dropped, and the
-  // graph before it may leave no store undone (they are not replayed yet).
+  // The instruction runs for real at the break: its own logged stores are dropped; those of
+  // the graph before it are replayed before it runs.
   attr_stores_.resize(before.attr_stores);
-  try {
-    check_stores_undone(attr_stores_.size());
-  } catch (const Unsupported&) {
-    return false;
-  }
   auto* co = reinterpret_cast<PyCodeObject*>(code_);
   const int nv = co->co_nlocals;
   for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i)
@@ -220,6 +215,7 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
       shape.local_unbound.push_back(spec.kind == OutSpec::Kind::Unbound);
       brk->locals.push_back(std::move(spec));
     }
+    out_.replays = store_replays(attr_stores_.size(), true);
   } catch (const Unsupported&) {
     return false;
   }

@@ -24,7 +24,7 @@ void Interpreter::run(const BoundArgs& args) {
   }
   VarPtr r = run_frame();
   if (!r) return;  // the capture ended in a graph break
-  check_stores_undone(attr_stores_.size());
+  out_.replays = store_replays(attr_stores_.size(), false);
   out_.output = output_spec(r);
 }
 

@@ -210,20 +210,24 @@ class Interpreter {
   // ---- attribute stores on objects kiln does not track (attr_stores.cpp) ----
   // `obj.name = value` on a config, a module or a global object is logged, not done: later reads
   // in the capture see the logged value. A store the function undoes before it returns (the
-  // try/finally that sets a flag and restores it) leaves nothing to do; one that would leave the
-  // object changed is not replayed yet, so that call runs eagerly.
+  // try/finally that sets a flag and restores it) leaves nothing to do; one that leaves the
+  // object changed becomes a StoreReplay, done for real after the graph ran (before the
+  // instruction at a graph break), on the object re-read from its source.
   struct AttrStore {
     PyObject* obj;      // owned by keep_
     std::string name;
     VarPtr value;       // nullptr: deleted
+    SourcePtr source;   // where the object was read from (nullptr: nowhere kiln can re-read)
   };
   void store_attr(const VarPtr& obj, const std::string& name, VarPtr value);
 
   // The logged value of obj.name, if a store in this capture set it. `deleted`: a del did.
   const AttrStore* logged_attr(PyObject* obj, const std::string& name);
 
-  // Raises Unsupported if a logged store leaves its object other than the function found it.
-  void check_stores_undone(size_t upto);
+  // The stores among the first `upto` logged that leave their object changed, as replays
+  // (values built by output_spec, or by break_spec at a graph break). Unsupported where an
+  // object has no source to re-read it from.
+  std::vector<StoreReplay> store_replays(size_t upto, bool at_break);
 
   // ---- dataclass instances made in the frame (records.cpp) ----
   // cls(...) of a dataclass with the generated __init__: a Record tracker of its fields. A

@@ -282,6 +282,29 @@ PyObject* binary_op(const std::string& name, PyObject* a, PyObject* b) {
 // Python bounds its own recursion, so that runaway recursion raises instead of overflowing.
 thread_local int t_break_depth = 0;
 
+// Does the attribute stores the captured code left done (StoreReplay), in program order.
+bool replay_stores(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame, std::vector<PyObject*>* memo) {
+  for (const StoreReplay& r : e.capture.replays) {
+    PyObject* obj = eval_source(*r.object, frame);
+    if (!obj) {
+      if (!PyErr_Occurred())
+        PyErr_Format(PyExc_RuntimeError, "kiln: %s vanished between guard and use", r.object->str().c_str());
+      return false;
+    }
+    int rc;
+    if (r.value.kind == OutSpec::Kind::Unbound) {
+      rc = PyObject_DelAttrString(obj, r.name.c_str());
+    } else {
+      PyObject* v = build_output(r.value, outs, frame, memo);
+      rc = v ? PyObject_SetAttrString(obj, r.name.c_str(), v) : -1;
+      Py_XDECREF(v);
+    }
+    Py_DECREF(obj);
+    if (rc < 0) return false;
+  }
+  return true;
+}
+
 PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame);
 
 PyObject* run_break(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame) {
@@ -330,6 +353,7 @@ PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, con
     if (!build(s)) return done(nullptr);
     ops.push_back(owned.back());
   }
+  if (!replay_stores(e, outs, frame, &memo)) return done(nullptr);
   PyObject* resume_fn;
   if (b.kind == GraphBreak::Kind::Call) {
     PyObject* callable = ops[0] ? ops[0] : ops[1];
@@ -423,7 +447,8 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
       ran = run_program(*e.compiled, *e.prepared, inputs, outs);
     }
     if (ran) {
-      result = e.capture.graph_break ? run_break(e, outs, fv) : build_output(e.capture.output, outs, fv);
+      if (e.capture.graph_break) result = run_break(e, outs, fv);
+      else if (replay_stores(e, outs, fv, nullptr)) result = build_output(e.capture.output, outs, fv);
       for (PyObject* o : outs) Py_DECREF(o);
     }
   } else {

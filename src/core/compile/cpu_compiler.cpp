@@ -230,6 +230,12 @@ std::shared_ptr<SharedLibrary> SharedLibrary::open(const std::string& path, std:
     error = "kiln: cannot load " + path + ": " + (msg ? msg : "unknown dlopen error");
     return nullptr;
   }
+  // The OpenMP runtime a kernel library brings in keeps its worker threads alive after each
+  // parallel region: were it unloaded with the last kernel library (a process that has no
+  // other use for it, such as the core's tests), those threads would run unmapped code.
+  // RTLD_NOLOAD | RTLD_NODELETE pins the copy already loaded, whichever it is.
+  static bool pinned = false;
+  if (!pinned) pinned = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) != nullptr;
   return std::shared_ptr<SharedLibrary>(new SharedLibrary(handle, path));
 }
 
