@@ -146,7 +146,9 @@ Node* decompose_mean(Graph& g, Node* n) {
   return g.must_add("div", {s, g.scalar(static_cast<double>(*c), DType::Int64)});
 }
 
-OpDef composite(const std::string& name, const std::string& schema, DecomposeFn fn, std::vector<std::string> py) {
+}  // namespace
+
+OpDef composite_op(const std::string& name, const std::string& schema, DecomposeFn fn, std::vector<std::string> py) {
   OpDef d;
   d.name = name;
   d.schema = Schema::parse(schema);
@@ -154,10 +156,9 @@ OpDef composite(const std::string& name, const std::string& schema, DecomposeFn 
   d.promotion = Promotion::None;
   d.decompose = std::move(fn);
   d.python = std::move(py);
+  infer_by_decomposition(d);
   return d;
 }
-
-}  // namespace
 
 void infer_by_decomposition(OpDef& d) {
   DecomposeFn fn = d.decompose;
@@ -182,19 +183,19 @@ void infer_by_decomposition(OpDef& d) {
 
 std::vector<OpDef> composite_ops() {
   std::vector<OpDef> ops;
-  ops.push_back(composite("matmul", "matmul(Tensor self, Tensor other)", decompose_matmul,
+  ops.push_back(composite_op("matmul", "matmul(Tensor self, Tensor other)", decompose_matmul,
                           {"torch.matmul", "Tensor.matmul", "Tensor.__matmul__"}));
-  ops.push_back(composite("linear", "linear(Tensor input, Tensor weight, Tensor? bias=None)", decompose_linear,
+  ops.push_back(composite_op("linear", "linear(Tensor input, Tensor weight, Tensor? bias=None)", decompose_linear,
                           {"torch.nn.functional.linear"}));
-  ops.push_back(composite("softmax", "softmax(Tensor self, int dim, *, ScalarType? dtype=None)",
+  ops.push_back(composite_op("softmax", "softmax(Tensor self, int dim, *, ScalarType? dtype=None)",
                           [](Graph& g, Node* n) { return decompose_softmax(g, n, false); },
                           {"torch.softmax", "torch.nn.functional.softmax", "Tensor.softmax", "torch.special.softmax"}));
-  ops.push_back(composite("log_softmax", "log_softmax(Tensor self, int dim, *, ScalarType? dtype=None)",
+  ops.push_back(composite_op("log_softmax", "log_softmax(Tensor self, int dim, *, ScalarType? dtype=None)",
                           [](Graph& g, Node* n) { return decompose_softmax(g, n, true); },
                           {"torch.log_softmax", "torch.nn.functional.log_softmax", "Tensor.log_softmax"}));
-  ops.push_back(composite("mean", "mean(Tensor self, int[]? dim=None, bool keepdim=False, *, ScalarType? dtype=None)",
+  ops.push_back(composite_op("mean", "mean(Tensor self, int[]? dim=None, bool keepdim=False, *, ScalarType? dtype=None)",
                           decompose_mean, {"torch.mean", "Tensor.mean"}));
-  ops.push_back(composite(
+  ops.push_back(composite_op(
       "t", "t(Tensor self)",
       [](Graph& g, Node* n) -> Node* {
         Node* x = n->inputs[0];
@@ -206,7 +207,7 @@ std::vector<OpDef> composite_ops() {
       },
       {"torch.t", "Tensor.t"}));
   ops.back().may_alias = true;
-  ops.push_back(composite(
+  ops.push_back(composite_op(
       "flatten", "flatten(Tensor self, int start_dim=0, int end_dim=-1)",
       [](Graph& g, Node* n) -> Node* {
         Node* x = n->inputs[0];
@@ -223,7 +224,7 @@ std::vector<OpDef> composite_ops() {
       },
       {"torch.flatten", "Tensor.flatten"}));
   ops.back().may_alias = true;
-  ops.push_back(composite(
+  ops.push_back(composite_op(
       "clamp", "clamp(Tensor self, Scalar? min=None, Scalar? max=None)",
       [](Graph& g, Node* n) -> Node* {
         // maximum/minimum with Python-number bounds: torch's promotion and NaN propagation.
@@ -242,7 +243,7 @@ std::vector<OpDef> composite_ops() {
         return x;
       },
       {"torch.clamp", "torch.clip", "Tensor.clamp", "Tensor.clip"}));
-  ops.push_back(composite(
+  ops.push_back(composite_op(
       "masked_fill", "masked_fill(Tensor self, Tensor mask, Tensor value)",
       [](Graph& g, Node* n) -> Node* {
         Node *x = n->inputs[0], *mask = n->inputs[1], *value = n->inputs[2];
@@ -253,7 +254,6 @@ std::vector<OpDef> composite_ops() {
         return r;
       },
       {"torch.masked_fill", "Tensor.masked_fill"}));
-  for (OpDef& d : ops) infer_by_decomposition(d);
   return ops;
 }
 

@@ -219,46 +219,18 @@ std::vector<OpDef> nn_ops() {
         return true;
       },
       {"torch.nn.functional.adaptive_avg_pool2d", "torch.adaptive_avg_pool2d"}));
-  OpDef bn;
-  bn.name = "batch_norm";
-  bn.schema = Schema::parse(
-      "batch_norm(Tensor input, Tensor? running_mean, Tensor? running_var, Tensor? weight=None, Tensor? bias=None, bool training=False, float momentum=0.1, float eps=1e-05)");
-  bn.kind = OpKind::Composite;
-  bn.promotion = Promotion::None;
-  bn.decompose = decompose_batch_norm;
-  bn.python = {"torch.nn.functional.batch_norm"};
-  infer_by_decomposition(bn);
-  ops.push_back(bn);
-
-  OpDef ln;
-  ln.name = "layer_norm";
-  ln.schema = Schema::parse("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05)");
-  ln.kind = OpKind::Composite;
-  ln.promotion = Promotion::None;
-  ln.decompose = decompose_layer_norm;
-  ln.python = {"torch.nn.functional.layer_norm", "torch.layer_norm"};
-  infer_by_decomposition(ln);
-  ops.push_back(ln);
-
-  OpDef rms;
-  rms.name = "rms_norm";
-  rms.schema = Schema::parse("rms_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, float? eps=None)");
-  rms.kind = OpKind::Composite;
-  rms.promotion = Promotion::None;
-  rms.decompose = decompose_rms_norm;
-  rms.python = {"torch.nn.functional.rms_norm", "torch.rms_norm"};
-  infer_by_decomposition(rms);
-  ops.push_back(rms);
-
-  OpDef gn;
-  gn.name = "group_norm";
-  gn.schema = Schema::parse("group_norm(Tensor input, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05)");
-  gn.kind = OpKind::Composite;
-  gn.promotion = Promotion::None;
-  gn.decompose = decompose_group_norm;
-  gn.python = {"torch.nn.functional.group_norm", "torch.group_norm"};
-  infer_by_decomposition(gn);
-  ops.push_back(gn);
+  ops.push_back(composite_op(
+      "batch_norm",
+      "batch_norm(Tensor input, Tensor? running_mean, Tensor? running_var, Tensor? weight=None, Tensor? bias=None, bool training=False, float momentum=0.1, float eps=1e-05)",
+      decompose_batch_norm, {"torch.nn.functional.batch_norm"}));
+  ops.push_back(composite_op(
+      "layer_norm", "layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05)",
+      decompose_layer_norm, {"torch.nn.functional.layer_norm", "torch.layer_norm"}));
+  ops.push_back(composite_op("rms_norm", "rms_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, float? eps=None)",
+                             decompose_rms_norm, {"torch.nn.functional.rms_norm", "torch.rms_norm"}));
+  ops.push_back(composite_op(
+      "group_norm", "group_norm(Tensor input, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05)",
+      decompose_group_norm, {"torch.nn.functional.group_norm", "torch.group_norm"}));
 
   // torch's embedding takes (weight, indices); F.embedding takes (input, weight): the composite
   // binds the Python order and calls the extern in torch's.

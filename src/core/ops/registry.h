@@ -121,6 +121,11 @@ OpDef extern_op(const std::string& name, const std::string& schema, const std::s
 
 // Gives a composite op the shape rule of its decomposition (run on a scratch graph).
 void infer_by_decomposition(OpDef& d);
+
+// An op rewritten into simpler ones by `decompose` (no promotion of its own); its shape rule
+// is the decomposition's, given by infer_by_decomposition.
+OpDef composite_op(const std::string& name, const std::string& schema, DecomposeFn decompose,
+                   std::vector<std::string> python);
 std::vector<OpDef> source_ops();
 
 }  // namespace kiln::ops
