@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/python_objects.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
@@ -303,21 +304,6 @@ bool Interpreter::is_torch_internal(PyObject* f) {
 
 namespace {
 
-// The object at a dotted path ("torch.jit.is_scripting"), or nullptr; the reference is kept
-// for the life of the process (the tables below hold these pointers).
-PyObject* object_at(const std::string& path) {
-  size_t dot = path.find('.');
-  PyObject* obj = PyImport_ImportModule(path.substr(0, dot).c_str());
-  while (obj && dot != std::string::npos) {
-    size_t next = path.find('.', dot + 1);
-    PyObject* child = PyObject_GetAttrString(obj, path.substr(dot + 1, next - dot - 1).c_str());
-    Py_DECREF(obj);
-    obj = child;
-    dot = next;
-  }
-  if (!obj) PyErr_Clear();
-  return obj;
-}
 
 }  // namespace
 
@@ -454,13 +440,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     }
   }
   if (VarPtr r = builtin_over_trackers(f, args, kwargs)) return r;
-  static PyObject* partial_type = [] {
-    PyObject* ft = PyImport_ImportModule("functools");
-    PyObject* t = ft ? PyObject_GetAttrString(ft, "partial") : nullptr;
-    Py_XDECREF(ft);
-    PyErr_Clear();
-    return t;
-  }();
+  static PyObject* partial_type = object_at("functools.partial");
   if (f == partial_type && !args.empty() && std::all_of(args.begin(), args.end(), [](auto& a) { return a->is_const() || a->kind == Var::Kind::Module; }) &&
       std::all_of(kwargs.begin(), kwargs.end(), [](auto& kv) { return kv.second->is_const(); })) {
     // functools.partial(g, ...) of values known here: a real partial, built now.
@@ -1199,15 +1179,7 @@ VarPtr Interpreter::call_module_body(VarPtr mod, std::vector<VarPtr> args, const
     std::vector<VarPtr> a = {args.at(0), module_attr(mod, "start_dim"), module_attr(mod, "end_dim")};
     return call_op(*function_binding(resolve_torch_path("torch.flatten")), a, {});
   }
-  static PyObject* sequential_forward = [] {
-    PyObject* nn = PyImport_ImportModule("torch.nn");
-    PyObject* seq = nn ? PyObject_GetAttrString(nn, "Sequential") : nullptr;
-    PyObject* fwd = seq ? PyObject_GetAttrString(seq, "forward") : nullptr;
-    Py_XDECREF(seq);
-    Py_XDECREF(nn);
-    PyErr_Clear();
-    return fwd;
-  }();
+  static PyObject* sequential_forward = object_at("torch.nn.Sequential.forward");
   PyObject* own_forward = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(m)), "forward");
   if (!own_forward) PyErr_Clear();
   Py_XDECREF(own_forward);

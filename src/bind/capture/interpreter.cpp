@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/python_objects.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
@@ -149,12 +150,7 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
 }
 
 bool Interpreter::is_nn_module(PyObject* v) {
-  static PyObject* module_type = [] {
-    PyObject* m = PyImport_ImportModule("torch.nn");
-    PyObject* t = m ? PyObject_GetAttrString(m, "Module") : nullptr;
-    Py_XDECREF(m);
-    return t;
-  }();
+  static PyObject* module_type = object_at("torch.nn.Module");
   return module_type && PyObject_IsInstance(v, module_type) == 1;
 }
 

@@ -8,6 +8,7 @@
 // transformers' ModelOutput: its mapping holds the fields that are not None, in field order,
 // integers index the tuple of those, and setting a field or an item updates both views.
 #include "bind/capture/interpreter.h"
+#include "bind/python_objects.h"
 
 namespace kiln::bind::detail {
 
@@ -16,13 +17,7 @@ namespace {
 bool is_none(const VarPtr& v) { return v && v->is_const() && v->obj == Py_None; }
 
 PyObject* dataclass_fields(PyObject* cls) {
-  static PyObject* fields = [] {
-    PyObject* m = PyImport_ImportModule("dataclasses");
-    PyObject* f = m ? PyObject_GetAttrString(m, "fields") : nullptr;
-    Py_XDECREF(m);
-    PyErr_Clear();
-    return f;
-  }();
+  static PyObject* fields = object_at("dataclasses.fields");
   PyObject* r = fields ? PyObject_CallOneArg(fields, cls) : nullptr;
   if (!r) PyErr_Clear();
   return r;
@@ -60,12 +55,7 @@ VarPtr Interpreter::make_record(PyObject* cls, const std::vector<VarPtr>& args, 
   bool initvars = all && PyDict_Check(all) && PyDict_Size(all) != PyTuple_GET_SIZE(fields);
   Py_XDECREF(all);
   if (initvars) unsupported(std::string("dataclass ") + type->tp_name + " with InitVar or ClassVar fields");
-  static PyObject* missing = [] {
-    PyObject* m = PyImport_ImportModule("dataclasses");
-    PyObject* v = m ? PyObject_GetAttrString(m, "MISSING") : nullptr;
-    Py_XDECREF(m);
-    return v;
-  }();
+  static PyObject* missing = object_at("dataclasses.MISSING");
   auto rec = std::make_shared<Var>(Var{Var::Kind::Record});
   rec->obj = Py_NewRef(cls);
   size_t pos = 0;

@@ -1,5 +1,7 @@
 #include "bind/guards/source.h"
 
+#include "bind/python_objects.h"
+
 namespace kiln::bind {
 
 SourcePtr Source::local_(int slot, const std::string& name) {
@@ -112,10 +114,8 @@ struct ModuleLookups {
 const ModuleLookups* module_lookups() {
   static ModuleLookups* m = [] {
     auto* l = new ModuleLookups;
-    PyObject* mod = PyImport_ImportModule("torch.nn.modules.module");
-    PyObject* cont = mod ? PyImport_ImportModule("torch.nn.modules.container") : nullptr;
-    PyObject* module_cls = mod ? PyObject_GetAttrString(mod, "Module") : nullptr;
-    PyObject* list_cls = cont ? PyObject_GetAttrString(cont, "ModuleList") : nullptr;
+    PyObject* module_cls = object_at("torch.nn.modules.module.Module");
+    PyObject* list_cls = object_at("torch.nn.modules.container.ModuleList");
     if (module_cls && list_cls && PyType_Check(module_cls) && PyType_Check(list_cls)) {
       l->getattr_name = PyUnicode_InternFromString("__getattr__");
       l->getattribute_name = PyUnicode_InternFromString("__getattribute__");
@@ -132,8 +132,6 @@ const ModuleLookups* module_lookups() {
     }
     Py_XDECREF(module_cls);
     Py_XDECREF(list_cls);
-    Py_XDECREF(cont);
-    Py_XDECREF(mod);
     PyErr_Clear();
     return l;
   }();

@@ -1,0 +1,19 @@
+#include "bind/python_objects.h"
+
+namespace kiln::bind {
+
+PyObject* object_at(const std::string& path) {
+  size_t dot = path.find('.');
+  PyObject* obj = PyImport_ImportModule(path.substr(0, dot).c_str());
+  while (obj && dot != std::string::npos) {
+    size_t next = path.find('.', dot + 1);
+    PyObject* child = PyObject_GetAttrString(obj, path.substr(dot + 1, next - dot - 1).c_str());
+    Py_DECREF(obj);
+    obj = child;
+    dot = next;
+  }
+  if (!obj) PyErr_Clear();
+  return obj;
+}
+
+}  // namespace kiln::bind
