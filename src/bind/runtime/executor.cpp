@@ -131,6 +131,7 @@ struct PreparedProgram {
   // call made the allocator hand out fresh pages on every call.
   std::vector<std::vector<int>> make_before, drop_after;            // buffers
   std::vector<std::vector<int>> make_slot_before, drop_slot_after;  // reuse slots
+  std::vector<int> slot_of;  // per buffer: the reuse slot it lives in, or -1
   bool has_cuda = false;
   PyObject* raw_stream_fn = nullptr;  // torch._C._cuda_getCurrentRawStream
 };
@@ -164,10 +165,12 @@ void plan_lifetimes(const loop::Program& p, PreparedProgram& prep) {
   prep.make_slot_before.assign(ns + 1, {});
   prep.drop_slot_after.assign(ns, {});
   std::vector<int> slot_first(p.num_slots, -1), slot_last(p.num_slots, -1);
+  prep.slot_of.assign(nb, -1);
   for (const loop::Buffer& b : p.buffers) {
     if (!b.live) continue;
     int f = first[b.id], l = last[b.id];
     if (b.kind == loop::BufferKind::Temp && b.slot >= 0) {
+      prep.slot_of[b.id] = b.slot;
       if (f < 0) continue;
       int& sf = slot_first[b.slot];
       sf = sf < 0 ? f : std::min(sf, f);
@@ -241,7 +244,6 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
   try {
     std::vector<at::Tensor> tensors(p.buffers.size());
     std::vector<void*> ptrs(p.buffers.size(), nullptr);
-    std::vector<int> slot_of(p.buffers.size(), -1);
     for (size_t i = 0; i < p.inputs.size(); ++i) {
       const at::Tensor& t = THPVariable_Unpack(inputs[i]);
       tensors[p.inputs[i]] = t;
@@ -266,8 +268,6 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       }
       for (int s : prep.drop_slot_after[step]) slots[s].reset();
     };
-    for (const loop::Buffer& b : p.buffers)
-      if (b.kind == loop::BufferKind::Temp && b.slot >= 0 && b.live) slot_of[b.id] = b.slot;
 
     void* stream = nullptr;
     if (prep.has_cuda) {
@@ -285,7 +285,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         const loop::Kernel& k = p.kernels[st.index];
         const pipeline::CompiledKernel& ck = cg.kernels[st.index];
         args.clear();
-        for (int b : k.buffers) args.push_back(slot_of[b] >= 0 ? slots[slot_of[b]].data_ptr() : ptrs[b]);
+        for (int b : k.buffers) args.push_back(prep.slot_of[b] >= 0 ? slots[prep.slot_of[b]].data_ptr() : ptrs[b]);
         if (ck.cpu_fn) {
           ck.cpu_fn(args.data());
           return true;
