@@ -1209,19 +1209,8 @@ VarPtr Interpreter::call_module_body(VarPtr mod, std::vector<VarPtr> args, const
 }
 
 PyObject* Interpreter::resolve_torch_path(const std::string& path) {
-  size_t dot = path.find('.');
-  PyObject* obj = PyImport_ImportModule(path.substr(0, dot).c_str());
-  while (obj && dot != std::string::npos) {
-    size_t next = path.find('.', dot + 1);
-    PyObject* child = PyObject_GetAttrString(obj, path.substr(dot + 1, next - dot - 1).c_str());
-    Py_DECREF(obj);
-    obj = child;
-    dot = next;
-  }
-  if (!obj) {
-    PyErr_Clear();
-    unsupported("cannot resolve " + path);
-  }
+  PyObject* obj = object_at(path);
+  if (!obj) unsupported("cannot resolve " + path);
   keep_.push_back(obj);
   return obj;
 }
