@@ -5,7 +5,8 @@
 The package is a thin shell: capture, guards, graph passes, lowering, scheduling, code
 generation and the kernel cache all live in the C++ extension ``kiln._C``.
 """
+from . import config
 from ._api import compile, explain, reset, stats, cache_dir, ExplainOutput, CompiledModule
 
-__all__ = ["compile", "explain", "reset", "stats", "cache_dir", "ExplainOutput", "CompiledModule"]
+__all__ = ["compile", "explain", "reset", "stats", "cache_dir", "config", "ExplainOutput", "CompiledModule"]
 __version__ = "0.1.0"

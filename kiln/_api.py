@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -34,6 +35,34 @@ _find_nvrtc_dirs()
 from . import _C  # noqa: E402  (after the environment the loader reads is set)
 
 _MODES = ("default", "lite", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Modes torch.compile has and kiln does not implement yet, and what kiln does instead.
+_MODES_NOT_YET = {
+    "reduce-overhead": "CUDA graphs are not implemented yet",
+    "max-autotune": "autotuned kernels and CUDA graphs are not implemented yet",
+    "max-autotune-no-cudagraphs": "autotuned kernels are not implemented yet",
+}
+_warned_modes: set = set()
+# kiln's own options, next to torch.compile's (torch._inductor.config's keys).
+_KILN_OPTIONS = {"cache_limit": int}
+
+
+def _check_options(options: dict) -> None:
+    # What torch.compile checks, with its messages: every key is an inductor config option and
+    # its value has that option's type.
+    from torch._inductor import config as inductor_config
+    known = inductor_config.get_config_copy()
+    for key, value in options.items():
+        name = key.replace("-", "_")
+        if name in _KILN_OPTIONS:
+            if not isinstance(value, _KILN_OPTIONS[name]) or isinstance(value, bool):
+                raise RuntimeError(f"Unexpected type of attr {key}, got {type(value).__name__} should be "
+                                   f"{_KILN_OPTIONS[name].__name__}")
+            continue
+        if name not in known:
+            raise RuntimeError(f"Unexpected optimization option {key}, known options are {list(known.keys())}")
+        if type(value) is not type(known[name]):
+            raise RuntimeError(f"Unexpected type of attr {key}, got {type(value).__name__} should be "
+                               f"{type(known[name]).__name__}")
 
 
 class CompiledModule(torch.nn.Module):
@@ -74,7 +103,7 @@ def _call_module(module, *args, **kwargs):
 def compile(
     model: Callable | None = None,
     *,
-    mode: str | None = "default",
+    mode: str | None = None,
     fullgraph: bool = False,
     dynamic: bool | None = None,
     backend: str | Callable = "inductor",
@@ -93,13 +122,20 @@ def compile(
     if not callable(model):
         # torch.compile's own check and message
         raise AssertionError(f"A callable function is expected, but {type(model)} is provided.")
+    if mode is not None and options is not None:
+        raise RuntimeError("Either mode or options can be specified, but both can't be specified at the same time.")
     mode = mode or "default"
     if mode not in _MODES:
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(_MODES)}")
     if options is not None and not isinstance(options, dict):
         raise TypeError("options must be a dict")
+    _check_options(options or {})
     if backend != "inductor":
         raise RuntimeError(f"kiln has one backend ('inductor'); got backend={backend!r}")
+    if mode in _MODES_NOT_YET and mode not in _warned_modes:
+        _warned_modes.add(mode)
+        warnings.warn(f"kiln: mode={mode!r}: {_MODES_NOT_YET[mode]}; kiln compiles as mode='default'",
+                      UserWarning, stacklevel=2)
     limit = int((options or {}).get("cache_limit", 8))
     if isinstance(model, torch.nn.Module):
         forward = type(model).forward

@@ -95,12 +95,7 @@ def _cases():
             cases.append(pytest.param(name, fn, arity, "empty", torch.float32, {"dim": 1}, id=f"{name}-empty"))
             continue
         for dtype in DTYPES:
-            marks = []
-            if name == "pow" and dtype == torch.int64:
-                marks = [pytest.mark.xfail(strict=True, reason="BUG: a negative integer exponent raises in eager "
-                                           "(\"Integers to negative integer powers are not allowed\"); kiln's "
-                                           "kernel has no error flag for it yet, as it has for integer division by zero")]
-            cases.append(pytest.param(name, fn, arity, "contiguous", dtype, {}, id=f"{name}-{dtype}", marks=marks))
+            cases.append(pytest.param(name, fn, arity, "contiguous", dtype, {}, id=f"{name}-{dtype}"))
         for layout in ("empty", "size1", "transposed", "expanded", "0d"):
             cases.append(pytest.param(name, fn, arity, layout, torch.float32, {}, id=f"{name}-{layout}"))
         if arity == 2:

@@ -142,11 +142,29 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
       if (fn->self->kind == Var::Kind::Module) return call_module_method(fn->self, fn->name, std::move(args), kwargs);
       return call_tensor_method(fn->self, fn->name, std::move(args), kwargs);
     case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
-    case Var::Kind::Function: return inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
+    case Var::Kind::Function: {
+      if (!fn->self) return inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
+      // a function decorated with @torch.no_grad() and friends: its body runs in that mode
+      bool& mode = root()->grad_mode_;
+      const bool saved = mode;
+      mode = fn->self->obj == Py_True;
+      VarPtr r = inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
+      mode = saved;
+      return r;
+    }
     case Var::Kind::Const:
       if (fn->name == "grad_mode_exit") {  // the __exit__ of with torch.no_grad() and friends
         root()->grad_mode_ = fn->self->obj == Py_True;
         return Var::constant(Py_False);
+      }
+      if (fn->name == "grad_mode" && args.size() == 1 && kwargs.empty() &&
+          (args[0]->kind == Var::Kind::Function || (args[0]->is_const() && PyFunction_Check(args[0]->obj)))) {
+        // torch.no_grad()(f), as a decorator: f, called in the context's grad mode
+        auto d = std::make_shared<Var>(Var{Var::Kind::Function});
+        d->obj = Py_NewRef(args[0]->obj);
+        d->items = args[0]->items;
+        d->self = fn;
+        return d;  // not rebuildable: a graph break or return cannot hand it to Python
       }
       return call_const(fn, std::move(args), kwargs);
     default: unsupported("call of a non-callable value");
@@ -538,7 +556,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
       return call_op(*function_binding(resolve_torch(name == "torch.max" ? "amax" : "amin")), args, {});
     if (args.size() == 2 && args[1]->is_tensor() && kwargs.empty())
       return call_op(*function_binding(resolve_torch(name == "torch.max" ? "maximum" : "minimum")), args, {});
-    unsupported(name + " with a dim returns (values, indices): not captured yet");
+    // with a dim: torch.return_types.max(values, indices), through torch's own kernel
   }
   if ((f == builtin("zip") || f == builtin("enumerate") || f == builtin("reversed")) && kwargs.empty())
     return iteration_builtin(f, args);
@@ -828,7 +846,10 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     if (args.empty() && kwargs.empty()) return shape_tuple(m);
     int64_t d = PyLong_AsLongLong(const_obj(args.empty() ? kwargs[0].second : args[0], "dim"));
     std::string err;
-    if (!ops::wrap_dim(d, m.dim(), err)) unsupported(err);
+    if (m.dim() == 0)  // wrap_dim lets scalars take dims 0 and -1; size() does not
+      unsupported("shape/dtype check of size failed: IndexError: Dimension specified as " + std::to_string(d) +
+                  " but tensor has no dimensions");
+    if (!ops::wrap_dim(d, m.dim(), err)) unsupported("shape/dtype check of size failed: " + err);
     return size_const(m.sizes[d]);
   }
   if (name == "dim" || name == "ndimension") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
@@ -917,7 +938,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
         a.set("dtype", m.dtype);
         src = add_node("convert", {src}, a);
       }
-      return mutate(self, add_node("add", {src, g_->scalar(0.0, DType::Int64)}));
+      return mutate(self, add_node("clone", {src}));  // a copy, not `src + 0`: -0.0 stays -0.0
     }
     const OpBinding* ob = method_binding(base);
     if (!ob || ob->op->kind == ops::OpKind::View || ob->op->aliases())
@@ -936,7 +957,8 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     }
     keep_.push_back(method);
     args.insert(args.begin(), self);
-    return torch_extern(method, "Tensor." + name, args, kwargs);
+    if (VarPtr r = torch_extern(method, "Tensor." + name, args, kwargs)) return r;
+    return inline_call(method, nullptr, std::move(args), kwargs);  // a Python method (Tensor.__len__)
   }
   // x.float() on a float32 x is x itself in eager (an alias, not a copy).
   if (b->op->name == "convert" && args.empty() && b->fixed.get_dtype("dtype") == m.dtype) return self;
@@ -1342,6 +1364,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     ir::Attrs a;
     a.set("fn", static_cast<int64_t>(register_torch_call(f, targs, tkw, tuple ? static_cast<int>(k) : -1)));
     a.set("target", name);
+    if (tuple) a.set("result", static_cast<int64_t>(k));
     a.set("out_sizes", info.sizes);
     a.set("out_strides", info.strides);
     a.set("out_dtype", info.dtype);
@@ -1363,7 +1386,9 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     outs.push_back(Var::tensor(add_node("torch_call", inputs, a)));
   }
   if (!tuple) return outs[0];
-  return Var::tuple(std::move(outs));
+  VarPtr t = Var::tuple(std::move(outs));
+  if (!PyTuple_CheckExact(r)) t->obj = Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(r)));  // (values, indices)
+  return t;
 }
 
 }  // namespace kiln::bind::detail

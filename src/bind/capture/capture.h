@@ -35,7 +35,8 @@ struct OutSpec {
   } kind = Kind::Const;
   int index = 0;                 // Graph: which graph output
   int memo = -1;                 // at a break: values one tracker stands for are one object
-  PyObject* value = nullptr;     // Const / Copy: the object; Method: the name (owned)
+  PyObject* value = nullptr;     // Const / Copy: the object; Method: the name; Tuple: a structseq
+                                 // type to build instead of a plain tuple, or nullptr (owned)
   std::vector<OutSpec> items;    // Tuple / List; Method: the receiver
   SourcePtr source;              // Source
   OutSpec() = default;

@@ -45,6 +45,14 @@ std::vector<std::pair<PyObject*, VarPtr>> Interpreter::dict_entries(const VarPtr
 
 bool Interpreter::is_dict(const VarPtr& v) { return v->kind == Var::Kind::Dict || (v->is_const() && PyDict_Check(v->obj)); }
 
+void Interpreter::refresh_dict_view(const VarPtr& view) {
+  view->items.clear();
+  for (auto& [k, v] : dict_entries(view->self)) {
+    if (view->name == "items") view->items.push_back(Var::tuple({Var::constant(k), v}));
+    else view->items.push_back(view->name == "keys" ? Var::constant(k) : v);
+  }
+}
+
 VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const bool tracker = d->kind == Var::Kind::Dict;
   if (name == "update" && tracker && !d->source && args.size() <= 1) {
@@ -60,12 +68,11 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
   if (!kwargs.empty()) unsupported("dict." + name + "() with keyword arguments");
   auto key_var = [&](PyObject* k) { return Var::constant(k); };
   if (name == "items" || name == "keys" || name == "values") {
-    std::vector<VarPtr> out;
-    for (auto& [k, v] : dict_entries(d)) {
-      if (name == "items") out.push_back(Var::tuple({key_var(k), v}));
-      else out.push_back(name == "keys" ? key_var(k) : v);
-    }
-    return Var::tuple(std::move(out), true);
+    VarPtr view = Var::tuple({}, true);
+    view->self = d;
+    view->name = name;
+    refresh_dict_view(view);
+    return view;
   }
   if (name == "get" && (args.size() == 1 || args.size() == 2)) {
     // Reading every entry guards the dict's exact key set, so a missing key stays missing.

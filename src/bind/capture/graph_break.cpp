@@ -99,7 +99,9 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
     case Var::Kind::List:
       // A container read from the frame must stay the caller's object.
       if (v->source) return OutSpec::from_source(v->source);
+      if (v->self) unsupported("a dict view (dict.keys(), values(), items()) at a graph break");
       s.kind = v->kind == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
+      s.value = Py_XNewRef(v->obj);  // a structseq's type
       for (auto& item : v->items) s.items.push_back(break_spec(item));
       return s;
     case Var::Kind::Const:

@@ -10,6 +10,8 @@ namespace kiln::bind::detail {
 void Interpreter::run(const BoundArgs& args) {
   grad_mode_ = grad_enabled();
   out_.guards.add_grad_mode(grad_mode_);
+  autocast_ = autocast_state();
+  out_.guards.add_autocast(autocast_);
   for (size_t i = 0; i < args.locals.size(); ++i) {
     if (!args.locals[i]) continue;
     locals_[i] = wrap(args.locals[i], Source::local_(static_cast<int>(i), args.names[i]));
@@ -73,6 +75,7 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     TensorInfo info;
     std::string why;
     if (!tensor_info(v, info, why)) unsupported("input " + src->str() + ": " + why);
+    if (info.meta) unsupported("input " + src->str() + ": tensor on device meta");
     out_.guards.add_tensor(src, info);
     const bool requires_grad = info.requires_grad;
     ir::TensorMeta m;
@@ -158,6 +161,7 @@ VarPtr Interpreter::pop() {
   if (stack_.empty()) unsupported("stack underflow");
   VarPtr v = stack_.back();
   stack_.pop_back();
+  if (v->kind == Var::Kind::List && v->self) refresh_dict_view(v);  // whoever reads it sees the dict now
   return v;
 }
 
@@ -165,9 +169,50 @@ void Interpreter::push(VarPtr v) { stack_.push_back(std::move(v)); }
 
 VarPtr& Interpreter::peek(size_t i) { return stack_[stack_.size() - i]; }
 
+void Interpreter::autocast_inputs(const ops::OpDef* op, std::vector<ir::Node*>& inputs, ir::Attrs& attrs) {
+  const ir::Node* first = nullptr;
+  for (ir::Node* n : inputs)
+    if (n && !n->meta.wrapped_number) {
+      first = n;
+      break;
+    }
+  if (!first) return;
+  const DeviceType device = first->meta.device.type;
+  const AutocastState& ac = root()->autocast_;
+  if (!ac.on(device)) return;
+  // torch casts the tensors autocast calls eligible: floating point, not float64, on its device
+  auto eligible = [&](const ir::Node* n) {
+    return n && !n->meta.wrapped_number && is_floating(n->meta.dtype) && n->meta.dtype != DType::Float64 &&
+           n->meta.device.type == device;
+  };
+  const ops::AutocastPolicy policy = device == DeviceType::CUDA ? op->autocast_cuda : op->autocast_cpu;
+  auto cast_all = [&](DType to) {
+    for (ir::Node*& n : inputs)
+      if (eligible(n) && n->meta.dtype != to) {
+        ir::Attrs a;
+        a.set("dtype", to);
+        n = add_node("convert", {n}, a);
+      }
+  };
+  switch (policy) {
+    case ops::AutocastPolicy::None: return;
+    case ops::AutocastPolicy::LowerPrecision: cast_all(ac.dtype(device)); return;
+    case ops::AutocastPolicy::Float32: cast_all(DType::Float32); return;
+    case ops::AutocastPolicy::Float32DtypeArg:
+      if (!attrs.get_dtype("dtype") && std::any_of(inputs.begin(), inputs.end(), eligible)) attrs.set("dtype", DType::Float32);
+      return;
+    case ops::AutocastPolicy::Unknown:
+      if (std::any_of(inputs.begin(), inputs.end(), eligible))
+        unsupported("under torch.autocast, " + (op->kind == ops::OpKind::Extern && attrs.has("target") ? attrs.get_str("target") : op->name) +
+                    " on floating tensors is not captured yet (kiln does not know autocast's cast for it)");
+      return;
+  }
+}
+
 ir::Node* Interpreter::add_node(const ops::OpDef* op, std::vector<ir::Node*> inputs, ir::Attrs attrs) {
   std::string err;
   Interpreter* r = root();
+  if (r->autocast_.any()) autocast_inputs(op, inputs, attrs);
   bool grad = r->grad_mode_ && std::any_of(inputs.begin(), inputs.end(), [&](ir::Node* i) { return r->needs_grad_.count(i); });
   ir::Node* n = g_->add(op, std::move(inputs), std::move(attrs), err);
   if (!n) unsupported("shape/dtype check of " + op->name + " failed: " + err);
@@ -243,7 +288,9 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
     case Var::Kind::Tuple:
     case Var::Kind::List:
       if (v->source) return OutSpec::from_source(v->source);  // the caller's own list or tuple, unchanged
+      if (v->self) unsupported("returns a dict view (dict.keys(), values(), items())");
       s.kind = v->kind == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
+      s.value = Py_XNewRef(v->obj);  // a structseq's type
       for (auto& item : v->items) s.items.push_back(output_spec(item));
       return s;
     case Var::Kind::Const:
@@ -655,12 +702,7 @@ int Interpreter::step(const Instr& in, const CodeInfo& ci) {
       else push(real(PyNumber_Negative(const_obj(a, "operand"))));
       return -1;
     }
-    case OP_UNARY_POSITIVE: {
-      VarPtr a = pop();
-      if (!a->is_tensor()) a = real(PyNumber_Positive(const_obj(a, "operand")));
-      push(a);
-      return -1;
-    }
+    case OP_UNARY_POSITIVE: push(positive(pop())); return -1;
     case OP_UNARY_NOT: push(Var::constant(truth(pop()) ? Py_False : Py_True)); return -1;
     case OP_UNARY_INVERT: {
       VarPtr a = pop();
@@ -675,9 +717,7 @@ int Interpreter::step(const Instr& in, const CodeInfo& ci) {
     case OP_CALL_INTRINSIC_1: {
       const std::string& n = in.argrepr;
       if (n == "INTRINSIC_UNARY_POSITIVE") {
-        VarPtr a = pop();
-        if (!a->is_tensor()) a = real(PyNumber_Positive(const_obj(a, "operand")));
-        push(a);
+        push(positive(pop()));
         return -1;
       }
       if (n == "INTRINSIC_LIST_TO_TUPLE") {

@@ -83,6 +83,11 @@ class Interpreter {
 
   ir::Node* add_node(const std::string& op, std::vector<ir::Node*> inputs, ir::Attrs attrs = {});
 
+  // Under torch.autocast: the casts autocast makes before `op` (its policy in the registry)
+  // become convert nodes on its inputs, or a dtype argument; an op whose policy kiln does not
+  // know stops capture when it has floating inputs.
+  void autocast_inputs(const ops::OpDef* op, std::vector<ir::Node*>& inputs, ir::Attrs& attrs);
+
   ir::Node* as_node(const VarPtr& v, const char* what);
 
   // Python value of a constant, or capture stops.
@@ -100,6 +105,10 @@ class Interpreter {
   bool is_dict(const VarPtr& v);
 
   VarPtr call_dict_method(const VarPtr& d, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+
+  // d.keys() / values() / items(): a List tracker with self = the dict and name = the method. A
+  // view is live, so its items are read from the dict again each time it is taken off the stack.
+  void refresh_dict_view(const VarPtr& view);
 
   // Runs a real Python operation on constants: it is what the eager code would compute.
   VarPtr real(PyObject* r);
@@ -257,6 +266,8 @@ class Interpreter {
 
   bool truth(const VarPtr& v);
 
+  VarPtr positive(const VarPtr& a);  // unary +
+
   VarPtr subscript(VarPtr base, VarPtr index);
 
   // ---- graph breaks ----
@@ -327,6 +338,7 @@ class Interpreter {
   std::vector<VarPtr> yields_;        // a generator's values, produced all at once
   std::unordered_map<const Var*, int> break_memo_;  // break_spec's tracker -> object ids
   bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
+  AutocastState autocast_;            // root: torch.autocast's state where capture is
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded
   std::unordered_set<const ir::Node*> needs_grad_;  // root: nodes autograd would track
   std::vector<AttrStore> attr_stores_;  // root: the attribute-store log, in program order

@@ -154,6 +154,17 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
     }
     return Var::steal_constant(v);
   }
+  if (base->kind == Var::Kind::Tuple && base->obj) {  // a structseq: its fields by name
+    PyObject* fields = PyObject_GetAttrString(base->obj, "__match_args__");
+    if (!fields) PyErr_Clear();
+    for (Py_ssize_t i = 0; fields && PyTuple_Check(fields) && i < PyTuple_GET_SIZE(fields); ++i)
+      if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(fields, i), name.c_str()) == 0 &&
+          static_cast<size_t>(i) < base->items.size()) {
+        Py_DECREF(fields);
+        return base->items[i];
+      }
+    Py_XDECREF(fields);
+  }
   if (base->kind == Var::Kind::Tuple || base->kind == Var::Kind::List || base->kind == Var::Kind::Dict)
     return Var::method(base, name);
   unsupported("attribute " + name + " of a value");

@@ -99,6 +99,13 @@ VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
   return real(PyObject_RichCompare(const_obj(a, "operand"), const_obj(b, "operand"), cmp.at(op)));
 }
 
+VarPtr Interpreter::positive(const VarPtr& a) {
+  if (!a->is_tensor()) return real(PyNumber_Positive(const_obj(a, "operand")));
+  if (a->node->meta.dtype == DType::Bool)
+    unsupported("shape/dtype check of positive failed: NotImplementedError: The `+` operator, on a bool tensor is not supported.");
+  return a;  // +x is x itself in eager too
+}
+
 bool Interpreter::truth(const VarPtr& v) {
   if (v->is_tensor()) unsupported("data-dependent branch on a tensor value");
   if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Dict) return !v->items.empty();

@@ -31,10 +31,11 @@ struct Var {
     Record,    // an instance of a dataclass made in the frame (records.cpp): obj is the class,
                // keys/items its attributes, fields first; view the keys of its mapping
   } kind;
-  PyObject* obj = nullptr;      // Const / Module (owned)
+  PyObject* obj = nullptr;      // Const / Module; Tuple: its structseq type (torch.return_types.max),
+                                // when it is not a plain tuple (owned)
   ir::Node* node = nullptr;     // Tensor
   std::vector<VarPtr> items;    // Tuple / List
-  VarPtr self;                  // Method
+  VarPtr self;                  // Method; List: the dict a view (keys/values/items) shows
   std::string name;             // Method
   SourcePtr source;             // where it was read from, when it came from the frame
   std::vector<PyObject*> keys;  // Dict: one per item (owned)

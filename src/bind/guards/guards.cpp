@@ -25,6 +25,7 @@ std::string Guard::str() const {
     case Kind::Identity: return "ID_MATCH: " + s + " is <" + Py_TYPE(expected)->tp_name + " object>";
     case Kind::Length: return "LENGTH_CHECK: len(" + s + ") == " + std::to_string(length);
     case Kind::GradMode: return std::string("GRAD_MODE: torch.is_grad_enabled() == ") + (flag ? "True" : "False");
+    case Kind::Autocast: return "AUTOCAST: " + autocast.str();
   }
   return "?";
 }
@@ -81,8 +82,21 @@ void GuardSet::add_grad_mode(bool enabled) {
   if (needed(g)) guards_.push_back(std::move(g));
 }
 
+void GuardSet::add_autocast(const AutocastState& state) {
+  Guard g{Guard::Kind::Autocast, nullptr};
+  g.autocast = state;
+  if (needed(g)) guards_.push_back(std::move(g));
+}
+
 bool GuardSet::check(const FrameView& f, std::string* why) const {
   for (const Guard& g : guards_) {
+    if (g.kind == Guard::Kind::Autocast) {
+      if (!(autocast_state() == g.autocast)) {
+        if (why) *why = g.str() + " failed (now " + autocast_state().str() + ")";
+        return false;
+      }
+      continue;
+    }
     if (g.kind == Guard::Kind::GradMode) {
       if (grad_enabled() != g.flag) {
         if (why) *why = g.str() + " failed";

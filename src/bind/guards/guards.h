@@ -21,12 +21,14 @@ struct Guard {
     Identity,  // value is expected (globals, modules, functions)
     Length,    // len(value) == length, for tuples/lists
     GradMode,  // torch.is_grad_enabled() == flag
+    Autocast,  // torch.autocast's state (on/off and dtype, per device type) == autocast
   } kind;
   SourcePtr source;
   TensorInfo tensor;
   PyObject* expected = nullptr;  // owned: Equals value, Identity object, Type type
   Py_ssize_t length = 0;
   bool flag = false;
+  AutocastState autocast;
 
   std::string str() const;
 };
@@ -46,6 +48,7 @@ class GuardSet {
   void add_identity(SourcePtr s, PyObject* obj);
   void add_length(SourcePtr s, Py_ssize_t n);
   void add_grad_mode(bool enabled);
+  void add_autocast(const AutocastState& state);
 
   // True when all hold. On failure, `why` (if given) names the first failing guard.
   bool check(const FrameView& f, std::string* why) const;

@@ -70,8 +70,14 @@ static PyObject* eval_frame(PyThreadState* ts, _PyInterpreterFrame* f, int throw
   if (!func || !PyFunction_Check(func)) return _PyEval_EvalFrameDefault(ts, f, throwflag);
 
   PyObject* trampoline = NULL;
+  int contain = 0;
   tls_offering = 0; /* kiln's own Python calls (dis, guards on modules) are not offered */
-  PyObject* result = g_callback(func, (PyObject* const*)f->localsplus, &trampoline);
+  PyObject* result = g_callback(func, (PyObject* const*)f->localsplus, &trampoline, &contain);
+  if (contain && !trampoline) { /* torch's compiler stack: neither it nor what it calls */
+    PyObject* out = _PyEval_EvalFrameDefault(ts, f, throwflag);
+    tls_offering = 1;
+    return out;
+  }
   tls_offering = 1;
   if (!trampoline) {
     if (result || PyErr_Occurred()) { /* a callback breaking its contract: run the frame */

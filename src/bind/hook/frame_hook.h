@@ -16,7 +16,8 @@ extern "C" {
  * error set and *trampoline NULL: the frame runs normally; or sets *trampoline (borrowed; a
  * code object laid out like the frame's, see make_trampoline) and returns the frame's result
  * (new reference) or NULL with the exception the frame raises. */
-typedef PyObject* (*kiln_frame_callback)(PyObject* func, PyObject* const* args, PyObject** trampoline);
+/* `contain`: set to 1 to run the frame with nothing below it offered (torch's compiler stack). */
+typedef PyObject* (*kiln_frame_callback)(PyObject* func, PyObject* const* args, PyObject** trampoline, int* contain);
 
 void kiln_hook_set_callback(kiln_frame_callback cb);
 

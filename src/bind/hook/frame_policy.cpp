@@ -12,8 +12,10 @@ namespace {
 
 thread_local const CompileConfig* t_cfg = nullptr;
 
-// What a code object's extra slot holds: nothing yet, "run as is", or a cache.
+// What a code object's extra slot holds: nothing yet, "run as is", "run as is and offer nothing
+// it calls", or a cache.
 char kSkip;
+char kContain;
 
 struct FrameCache : CodeCache {
   PyObject* trampoline = nullptr;
@@ -29,7 +31,7 @@ std::unordered_set<FrameCache*>& live_caches() {
 }
 
 void free_extra(void* p) {
-  if (!p || p == &kSkip) return;
+  if (!p || p == &kSkip || p == &kContain) return;
   auto* c = static_cast<FrameCache*>(p);
   live_caches().erase(c);
   delete c;
@@ -72,16 +74,47 @@ const std::vector<std::string>& skipped_dirs() {
   return dirs;
 }
 
-bool takes(PyCodeObject* co) {
+// Third-party packages live under the standard library's directory when Python is not a venv.
+bool in_site_packages(const std::string& file, size_t prefix) {
+  return file.compare(prefix, 14, "site-packages/") == 0 || file.compare(prefix, 14, "dist-packages/") == 0;
+}
+
+// torch's compiler stack (torch.compile'd callees, torch.cond and the other higher-order ops,
+// FX, export): these trace Python themselves, so nothing they call is offered to kiln either.
+bool contained(PyObject* func) {
+  PyObject* module = PyDict_GetItemString(PyFunction_GET_GLOBALS(func), "__name__");  // borrowed
+  if (!module || !PyUnicode_Check(module)) return false;
+  std::string m = PyUnicode_AsUTF8(module);
+  for (const char* prefix : {"torch._dynamo", "torch._higher_order_ops", "torch._inductor", "torch._functorch",
+                             "torch.fx", "torch._subclasses", "torch.export", "torch._export", "torch._prims",
+                             "torch._refs", "torch._decomp", "torch.compiler"}) {
+    size_t n = std::char_traits<char>::length(prefix);
+    if (m.compare(0, n, prefix) == 0 && (m.size() == n || m[n] == '.')) return true;
+  }
+  return false;
+}
+
+// Whether kiln takes frames of this function: not torch (by file, or by module for code torch
+// generates), not kiln, not the standard library, not code that dataclasses and namedtuple
+// generate with exec/eval ("<string>"), not generators or module bodies.
+bool takes(PyObject* func) {
+  auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(func));
   if (co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE)) return false;
   if (!(co->co_flags & CO_OPTIMIZED)) return false;  // module and class bodies
   std::string file = PyUnicode_AsUTF8(co->co_filename);
+  if (file == "<string>") return false;
   for (const std::string& dir : skipped_dirs())
-    if (file.rfind(dir, 0) == 0) return false;
+    if (file.rfind(dir, 0) == 0 && !in_site_packages(file, dir.size())) return false;
+  PyObject* module = PyDict_GetItemString(PyFunction_GET_GLOBALS(func), "__name__");  // borrowed
+  if (module && PyUnicode_Check(module)) {
+    std::string m = PyUnicode_AsUTF8(module);
+    if (m == "torch" || m.rfind("torch.", 0) == 0 || m == "kiln" || m.rfind("kiln.", 0) == 0) return false;
+  }
   return true;
 }
 
-FrameCache* cache_for(PyObject* code) {
+FrameCache* cache_for(PyObject* func, int* contain) {
+  PyObject* code = PyFunction_GET_CODE(func);
   void* extra = nullptr;
   Py_ssize_t idx = extra_index();
   if (idx < 0 || _PyCode_GetExtra(code, idx, &extra) < 0) {
@@ -89,8 +122,17 @@ FrameCache* cache_for(PyObject* code) {
     return nullptr;
   }
   if (extra == &kSkip) return nullptr;
+  if (extra == &kContain) {
+    *contain = 1;
+    return nullptr;
+  }
   if (extra) return static_cast<FrameCache*>(extra);
-  if (!takes(reinterpret_cast<PyCodeObject*>(code))) {
+  if (contained(func)) {
+    _PyCode_SetExtra(code, idx, &kContain);
+    *contain = 1;
+    return nullptr;
+  }
+  if (!takes(func)) {
     _PyCode_SetExtra(code, idx, &kSkip);
     return nullptr;
   }
@@ -106,9 +148,9 @@ FrameCache* cache_for(PyObject* code) {
   return c;
 }
 
-PyObject* on_frame(PyObject* func, PyObject* const* args, PyObject** trampoline) {
+PyObject* on_frame(PyObject* func, PyObject* const* args, PyObject** trampoline, int* contain) {
   if (!t_cfg) return nullptr;
-  FrameCache* c = cache_for(PyFunction_GET_CODE(func));
+  FrameCache* c = cache_for(func, contain);
   if (!c) return nullptr;
   SourceMemo memo;
   BoundArgs bound;
@@ -120,8 +162,13 @@ PyObject* on_frame(PyObject* func, PyObject* const* args, PyObject** trampoline)
     *trampoline = c->trampoline;  // the frame raises what kiln raised (fullgraph=True)
     return nullptr;
   }
-  // Frames that run eagerly, and frames with nothing to compute, run as they are.
-  if (!e || e->eager || (e->passthrough && !e->capture.graph_break)) return nullptr;
+  // Frames that run eagerly, and frames with nothing to compute, run as they are. A frame kiln
+  // was not asked to compile is counted, not warned about (the log has the reason).
+  if (!e || e->eager) {
+    record_eager_call(*c, e, false);
+    return nullptr;
+  }
+  if (e->passthrough && !e->capture.graph_break) return nullptr;
   *trampoline = c->trampoline;
   return run_entry(*e, func, bound);
 }
@@ -147,6 +194,7 @@ void reset_frame_caches() {
   for (FrameCache* c : live_caches()) {
     c->entries.clear();
     c->eager_forever = false;
+    c->warned = false;
   }
 }
 

@@ -29,12 +29,6 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void record_fallback(const std::string& reason) {
-  Stats& s = stats();
-  ++s.eager_fallbacks;
-  ++s.fallback_reasons[reason];
-}
-
 // Shape and dtype errors found while capturing are the user's errors: eager raises them.
 bool is_user_error(const std::string& reason) { return reason.rfind("shape/dtype check", 0) == 0; }
 
@@ -105,7 +99,6 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
     e->eager = true;
     e->reason = e->capture.reason;
     e->location = e->capture.location;
-    record_fallback(e->reason);
     log("fallback", name + ": runs eagerly: " + e->reason + " at " + e->location);
     record_explain(*e, name);
     return e;
@@ -159,7 +152,6 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
     e->eager = true;
     e->reason = "compilation failed: " + error;
     e->location = e->capture.location;
-    record_fallback(e->reason);
     log("fallback", name + ": runs eagerly: " + e->reason);
     e->compiled.reset();
     record_explain(*e, name);
@@ -219,6 +211,11 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
         }
         if (tuple) PyTuple_SET_ITEM(r, i, item);
         else PyList_SET_ITEM(r, i, item);
+      }
+      if (tuple && spec.value) {  // torch.return_types.max((values, indices))
+        PyObject* named = PyObject_CallOneArg(spec.value, r);
+        Py_DECREF(r);
+        return named;
       }
       return r;
     }
@@ -472,6 +469,45 @@ CodeCache::CodeCache(PyObject* code, const CompileConfig& c) : cfg(c) {
   Py_XDECREF(vn);
 }
 
+namespace {
+
+// For each cached entry, the first of its guards that fails on this call, as torch's recompile
+// logs give them: "entry 0: L['x'] size changed; entry 1: ...".
+std::string failed_guards(const CodeCache& c, const FrameView& fv) {
+  std::string out;
+  for (size_t i = 0; i < c.entries.size(); ++i) {
+    std::string why;
+    c.entries[i]->capture.guards.check(fv, &why);
+    out += (i ? "; entry " : "entry ") + std::to_string(i) + ": " + why;
+  }
+  return out;
+}
+
+}  // namespace
+
+void record_eager_call(CodeCache& c, const Entry* e, bool warn) {
+  if (e && is_user_error(e->reason)) return;  // the eager run raises the user's error itself
+  const std::string reason = e ? e->reason : "cache limit reached";
+  const std::string location = e ? e->location : "";
+  Stats& s = stats();
+  ++s.eager_fallbacks;
+  ++s.fallback_reasons[reason];
+  if (!warn || c.warned || fallback_warnings_silenced()) return;
+  c.warned = true;
+  std::string msg = "kiln: " + c.name + " runs eagerly: " + reason + (location.empty() ? "" : " (at " + location + ")");
+  if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) PyErr_Clear();  // a warning filter set to "error"
+}
+
+bool fallback_warnings_silenced() {
+  PyObject* config = PyImport_ImportModule("kiln.config");
+  PyObject* flag = config ? PyObject_GetAttrString(config, "suppress_fallback_warnings") : nullptr;
+  bool silenced = flag && PyObject_IsTrue(flag) == 1;
+  Py_XDECREF(flag);
+  Py_XDECREF(config);
+  PyErr_Clear();
+  return silenced;
+}
+
 Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) {
   failed = false;
   FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn), bound.memo};
@@ -483,16 +519,15 @@ Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) 
   if (c.eager_forever) return nullptr;
   if (static_cast<int>(c.entries.size()) >= c.cfg.cache_limit) {
     c.eager_forever = true;
-    record_fallback("cache limit reached");
-    std::string msg = "kiln: " + c.name + " was recompiled " + std::to_string(c.cfg.cache_limit) +
-                      " times (cache_limit); it now runs eagerly";
+    std::string msg = "kiln: " + c.name + " hit the cache limit (" + std::to_string(c.cfg.cache_limit) +
+                      " entries, cache_limit) and now runs eagerly; the guards that failed: " + failed_guards(c, fv);
     log("recompiles", msg);
-    if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) failed = true;
+    if (!fallback_warnings_silenced() && PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) failed = true;
+    c.warned = true;  // one warning for this code object
     return nullptr;
   }
   if (!c.entries.empty()) {
-    std::string why;
-    c.entries.back()->capture.guards.check(fv, &why);
+    std::string why = failed_guards(c, fv);
     Stats& st = stats();
     ++st.recompiles;
     st.recompile_reasons.push_back(c.name + ": " + why);
@@ -575,6 +610,7 @@ PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   PyObject* result = nullptr;
   if (!failed) {
     if (!e || e->eager) {
+      record_eager_call(*st, e, e != nullptr);  // the cache limit warned already
       result = eager(st, args, nargsf, kwnames);
     } else {
       HookPause pause;
@@ -679,6 +715,7 @@ void reset_all() {
   for (CompiledFunctionObject* o : live()) {
     o->state->entries.clear();
     o->state->eager_forever = false;
+    o->state->warned = false;
   }
   reset_frame_caches();
   stats() = Stats{};

@@ -61,6 +61,7 @@ struct CodeCache {
   CompileConfig cfg;
   std::vector<std::unique_ptr<Entry>> entries;
   bool eager_forever = false;  // the cache limit was reached
+  bool warned = false;         // the one warning about running eagerly was given
   std::string name;
   Py_ssize_t argcount = 0;
   Py_ssize_t nargs = 0;        // parameter slots: positional, keyword-only, *args, **kwargs
@@ -74,6 +75,13 @@ struct CodeCache {
 // The entry whose guards hold for these arguments, built on a miss. nullptr: run eagerly
 // (`failed`: with a Python error set, as fullgraph=True raises).
 Entry* select_entry(CodeCache& cache, PyObject* fn, BoundArgs& bound, bool& failed);
+
+// A call that runs entirely eagerly (e: its eager entry; nullptr: past the cache limit): counted
+// in kiln.stats(), and (with `warn`) one warning per code object with the reason, unless
+// kiln.config.suppress_fallback_warnings is set. A user's shape or dtype error is not a fallback:
+// the eager run raises it.
+void record_eager_call(CodeCache& cache, const Entry* e, bool warn);
+bool fallback_warnings_silenced();
 
 // Module-level API used by module.cpp.
 PyObject* make_compiled_function(PyObject* fn, const CompileConfig& cfg);  // new reference

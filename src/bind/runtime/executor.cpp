@@ -2,6 +2,7 @@
 #include "bind/runtime/executor.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <ATen/core/stack.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -242,6 +243,9 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
                  std::vector<PyObject*>& outputs) {
   const loop::Program& p = cg.program;
   try {
+    // The graph holds the casts torch.autocast makes (capture put them there): the extern ops
+    // it calls must not be cast again by autocast's dispatch keys.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     std::vector<at::Tensor> tensors(p.buffers.size());
     std::vector<void*> ptrs(p.buffers.size(), nullptr);
     for (size_t i = 0; i < p.inputs.size(); ++i) {

@@ -5,6 +5,7 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/tensor_dtypes.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 
 namespace kiln::bind {
@@ -34,6 +35,31 @@ c10::ScalarType to_torch(DType t) {
   return map[static_cast<int>(t)];
 }
 
+// torch.Tensor itself, and subclasses that switch __torch_function__ off (nn.Parameter): their
+// ops give plain tensors, as kiln's graph does. Any other subclass's __torch_function__ sees
+// (and may change) every op, so such inputs run eagerly.
+bool has_plain_torch_function(PyTypeObject* type) {
+  static PyObject* tensor_type = reinterpret_cast<PyObject*>(THPVariableClass);
+  if (reinterpret_cast<PyObject*>(type) == tensor_type) return true;
+  static PyObject* disabled = [] {
+    PyObject* c = PyImport_ImportModule("torch._C");
+    PyObject* f = c ? PyObject_GetAttrString(c, "_disabled_torch_function_impl") : nullptr;
+    Py_XDECREF(c);
+    PyErr_Clear();
+    return f;
+  }();
+  PyObject* tf = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__torch_function__");
+  if (!tf) {
+    PyErr_Clear();
+    return false;
+  }
+  // A classmethod read from the class is a bound method of it: compare what it binds.
+  PyObject* f = PyMethod_Check(tf) ? PyMethod_GET_FUNCTION(tf) : tf;
+  bool plain = f == disabled;
+  Py_DECREF(tf);
+  return plain;
+}
+
 }  // namespace
 
 bool is_tensor(PyObject* obj) { return THPVariable_Check(obj); }
@@ -49,10 +75,15 @@ bool tensor_info(PyObject* obj, TensorInfo& out, std::string& why) {
   if (t.is_quantized()) return why = "quantized tensor", false;
   if (t.is_nested()) return why = "nested tensor", false;
   if (t.is_neg() || t.is_conj()) return why = "tensor with a lazy negation/conjugation bit", false;
-  // meta: the layouts capture works out for torch_call results
+  if (t.key_set().has(c10::DispatchKey::Python)) return why = "tensor subclass with __torch_dispatch__", false;
+  if (!has_plain_torch_function(Py_TYPE(obj)))
+    return why = std::string("tensor subclass ") + Py_TYPE(obj)->tp_name + " (its __torch_function__ decides results)", false;
+  // meta: the layouts capture works out for torch_call results (inputs on meta are refused
+  // by the caller: kiln's kernels would read their memory)
   if (t.device().type() != c10::DeviceType::CPU && t.device().type() != c10::DeviceType::CUDA &&
       t.device().type() != c10::DeviceType::Meta)
     return why = "tensor on device " + t.device().str(), false;
+  out.meta = t.is_meta();
   out.dtype_supported = to_kiln(t.scalar_type(), out.dtype);
   if (!out.dtype_supported) return why = std::string("dtype ") + c10::toString(t.scalar_type()), false;
   out.device.type = t.is_cuda() ? DeviceType::CUDA : DeviceType::CPU;
@@ -121,5 +152,24 @@ bool dtype_from_object(PyObject* obj, DType& out) {
 }
 
 bool grad_enabled() { return c10::GradMode::is_enabled(); }
+
+AutocastState autocast_state() {
+  AutocastState s;
+  s.cpu = at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
+  s.cuda = at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
+  // Only the dtype of a device where autocast is on matters: the rest stay at their defaults,
+  // so a dtype set for a device autocast leaves off does not recompile.
+  if (s.cpu) to_kiln(at::autocast::get_autocast_dtype(c10::DeviceType::CPU), s.cpu_dtype);
+  if (s.cuda) to_kiln(at::autocast::get_autocast_dtype(c10::DeviceType::CUDA), s.cuda_dtype);
+  return s;
+}
+
+std::string AutocastState::str() const {
+  std::string out = "cpu=";
+  out += cpu ? dtype_name(cpu_dtype) : "off";
+  out += " cuda=";
+  out += cuda ? dtype_name(cuda_dtype) : "off";
+  return out;
+}
 
 }  // namespace kiln::bind

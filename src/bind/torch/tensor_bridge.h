@@ -17,6 +17,7 @@ struct TensorInfo {
   Device device;
   std::vector<int64_t> sizes, strides;
   bool requires_grad = false;
+  bool meta = false;  // on the meta device: a layout without memory
   PyTypeObject* type = nullptr;
 };
 
@@ -37,5 +38,17 @@ PyObject* torch_device_object(const Device& d);
 bool dtype_from_object(PyObject* obj, DType& out);
 
 bool grad_enabled();
+
+// torch.autocast's state for the device types kiln compiles for: whether it is on, and its dtype.
+struct AutocastState {
+  bool cpu = false, cuda = false;
+  DType cpu_dtype = DType::BFloat16, cuda_dtype = DType::Float16;
+  bool any() const { return cpu || cuda; }
+  bool on(DeviceType t) const { return t == DeviceType::CUDA ? cuda : cpu; }
+  DType dtype(DeviceType t) const { return t == DeviceType::CUDA ? cuda_dtype : cpu_dtype; }
+  bool operator==(const AutocastState&) const = default;
+  std::string str() const;
+};
+AutocastState autocast_state();
 
 }  // namespace kiln::bind

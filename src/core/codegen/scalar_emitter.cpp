@@ -105,6 +105,9 @@ const char* infix(SOp op) {
 }
 // Narrow integer arithmetic happens in int in C; cast back so results wrap as torch's do.
 bool narrow(DType t) { return t == DType::UInt8 || t == DType::Int8 || t == DType::Int16 || t == DType::Int32; }
+// Signed overflow is undefined in C++ (compilers fold `x + 1 > x` to true); torch's int32 and
+// int64 arithmetic wraps, so kiln's goes through unsigned arithmetic, which is defined to wrap.
+bool wraps(DType t) { return t == DType::Int32 || t == DType::Int64; }
 }  // namespace
 
 std::string ScalarEmitter::emit(SRef r, const std::string& indent) { return expr(r, indent); }
@@ -119,6 +122,16 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
     case SOp::Acc: return acc_name_(n.acc);
     case SOp::Load: e = p_.buffers[n.buffer].name + "[" + n.index.c_str() + "]"; break;
     case SOp::Cast: {
+      // float -> int32/int64 -> float: g++ (with -fno-trapping-math) folds the pair into trunc(),
+      // which keeps the sign of -0.25 in a -0.0 the integer in between never had. Written as
+      // trunc(x) + 0.0 here (+0.0 turns -0.0 into +0.0), so no fold can bring the sign back.
+      const SNode& src = p_.exprs[n.a];
+      if (is_floating(n.dtype) && (src.dtype == DType::Int32 || src.dtype == DType::Int64) && src.op == SOp::Cast &&
+          (p_.exprs[src.a].dtype == DType::Float32 || p_.exprs[src.a].dtype == DType::Float64)) {
+        DType from = p_.exprs[src.a].dtype;
+        e = "((" + ctype(n.dtype) + ")(kiln_trunc(" + expr(src.a, indent) + ") + " + literal(0.0, 0, from) + "))";
+        break;
+      }
       std::string a = expr(n.a, indent);
       e = n.dtype == DType::Bool ? "(" + a + " != 0)" : "((" + ctype(n.dtype) + ")" + a + ")";
       break;
@@ -128,7 +141,10 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
       e = "(" + c + " ? " + a + " : " + b + ")";
       break;
     }
-    case SOp::Neg: e = "(-" + expr(n.a, indent) + ")"; break;
+    case SOp::Neg:
+      e = wraps(n.dtype) ? "((" + ctype(n.dtype) + ")(0ULL - (unsigned long long)" + expr(n.a, indent) + "))"
+                         : "(-" + expr(n.a, indent) + ")";
+      break;
     case SOp::Not: e = "(!" + expr(n.a, indent) + ")"; break;
     default: {
       if (loop::sop_is_unary(n.op)) {
@@ -136,6 +152,8 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
       } else {
         std::string a = expr(n.a, indent), b = expr(n.b, indent);
         if (const char* f = fn_name(n.op)) e = std::string(f) + "(" + a + ", " + b + ")";
+        else if (wraps(n.dtype) && (n.op == SOp::Add || n.op == SOp::Sub || n.op == SOp::Mul))
+          e = "((" + ctype(n.dtype) + ")((unsigned long long)" + a + " " + infix(n.op) + " (unsigned long long)" + b + "))";
         else e = "(" + a + " " + infix(n.op) + " " + b + ")";
       }
       if (narrow(n.dtype) && !loop::sop_is_comparison(n.op)) e = "((" + ctype(n.dtype) + ")" + e + ")";

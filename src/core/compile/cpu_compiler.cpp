@@ -41,7 +41,8 @@ bool have_libmvec() {
 const std::vector<std::string>& compile_flags() {
   static const std::vector<std::string> flags = [] {
     std::vector<std::string> f = {"-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno",
-                                  "-fno-trapping-math", "-ffp-contract=off"};
+                                  "-fno-trapping-math", "-ffp-contract=off",
+                                  "-fwrapv"};  // signed overflow wraps, as torch's integer kernels do
     if (have_libmvec()) f.push_back("-DKILN_HAVE_MVEC");
     return f;
   }();

@@ -229,7 +229,9 @@ class Lowering {
     const Exprs& xs = x->meta.sizes;
     std::vector<int64_t> dims = n->attrs.get_ints("dim");
     std::vector<bool> reduced(xs.size(), dims.empty());
-    for (int64_t d : dims) reduced[(d + static_cast<int64_t>(xs.size())) % std::max<size_t>(xs.size(), 1)] = !xs.empty();
+    const auto rank = static_cast<int64_t>(xs.size());
+    if (rank > 0)  // a 0-d tensor takes dim 0 and -1, and reduces nothing
+      for (int64_t d : dims) reduced[(d + rank) % rank] = true;
     bool keepdim = n->attrs.get_bool("keepdim");
 
     int id = new_buffer(n, BufferKind::Temp, n->meta.sizes, n->meta.dtype);

@@ -43,7 +43,13 @@ Node* decompose_matmul(Graph& g, Node* n) {
       throw std::runtime_error("RuntimeError: inconsistent tensor size, expected tensor [" + a->meta.sizes[0].str() +
                                "] and src [" + b->meta.sizes[0].str() + "] to have the same number of elements, but got " +
                                a->meta.sizes[0].str() + " and " + b->meta.sizes[0].str() + " elements respectively");
-    return g.must_add("sum", {g.must_add("mul", {a, b})}, A({}));
+    // torch.dot: one dtype, with a kernel, and the result in it (a sum would widen int32)
+    if (a->meta.dtype != b->meta.dtype)
+      throw std::runtime_error(std::string("RuntimeError: dot : expected both vectors to have same dtype, but found ") +
+                               torch_dtype_name(a->meta.dtype) + " and " + torch_dtype_name(b->meta.dtype));
+    std::string err;
+    if (!has_matmul_kernel(a->meta, "dot", err)) throw std::runtime_error(err);
+    return g.must_add("sum", {g.must_add("mul", {a, b})}, A({{"dtype", a->meta.dtype}}));
   }
   if (da == 2 && db == 2) return g.must_add("mm", {a, b});
   if (da == 1 && db == 2) {

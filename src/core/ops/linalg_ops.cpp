@@ -4,6 +4,19 @@
 namespace kiln::ops {
 namespace {
 
+}  // namespace
+
+// torch's matrix products take no bool, and on CUDA floating point only.
+bool has_matmul_kernel(const TensorMeta& a, const std::string& op, std::string& err) {
+  bool cuda = a.device.type == DeviceType::CUDA;
+  if (a.dtype != DType::Bool && (!cuda || is_floating(a.dtype))) return true;
+  err = "NotImplementedError: \"" + op + (cuda ? "_cuda" : "_impl_cpu_") + "\" not implemented for '" +
+        torch_dtype_name(a.dtype) + "'";
+  return false;
+}
+
+namespace {
+
 std::string dims_str(const TensorMeta& m) {
   std::string s;
   for (size_t i = 0; i < m.sizes.size(); ++i) s += (i ? "x" : "") + m.sizes[i].str();
@@ -11,10 +24,12 @@ std::string dims_str(const TensorMeta& m) {
 }
 
 bool same_dtype(const TensorMeta& a, const TensorMeta& b, std::string& err) {
-  if (a.dtype == b.dtype) return true;
-  err = std::string("RuntimeError: expected m1 and m2 to have the same dtype, but got: ") + dtype_name(a.dtype) + " != " +
-        dtype_name(b.dtype);
-  return false;
+  if (a.dtype != b.dtype) {
+    err = std::string("RuntimeError: expected m1 and m2 to have the same dtype, but got: ") + dtype_name(a.dtype) +
+          " != " + dtype_name(b.dtype);
+    return false;
+  }
+  return has_matmul_kernel(a, "addmm", err);
 }
 
 bool same_device(const TensorMeta& a, const TensorMeta& b, std::string& err) {

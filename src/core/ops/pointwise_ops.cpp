@@ -59,6 +59,18 @@ OpDef add_like(const std::string& name, SOp op, std::vector<std::string> py) {
       err = "RuntimeError: Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.";
       return false;
     }
+    // torch checks alpha's Python type against the result's: a float alpha (even 1.0) for an
+    // integer result, and a bool alpha for a non-bool one, are errors.
+    if (const ir::AttrValue* alpha = a.find("alpha")) {
+      if (std::holds_alternative<double>(*alpha) && !is_floating(out.dtype)) {
+        err = "RuntimeError: For integral input tensors, argument alpha must not be a floating point number.";
+        return false;
+      }
+      if (std::holds_alternative<bool>(*alpha) && out.dtype != DType::Bool) {
+        err = "RuntimeError: Boolean alpha only supported for Boolean results.";
+        return false;
+      }
+    }
     return true;
   };
   d.scalar = [op](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
@@ -250,8 +262,21 @@ std::vector<OpDef> pointwise_ops() {
     };
     ops.push_back(div);
   }
-  ops.push_back(binary("floor_divide", SOp::FloorDiv, D, {"torch.floor_divide", "Tensor.floor_divide", "Tensor.__floordiv__"}));
-  ops.push_back(binary("remainder", SOp::Mod, D, {"torch.remainder", "Tensor.remainder", "Tensor.__mod__"}));
+  for (OpDef d : {binary("floor_divide", SOp::FloorDiv, D, {"torch.floor_divide", "Tensor.floor_divide", "Tensor.__floordiv__"}),
+                   binary("remainder", SOp::Mod, D, {"torch.remainder", "Tensor.remainder", "Tensor.__mod__"})}) {
+    // An integer division by a constant zero raises at capture, as eager raises whether or not
+    // the result is used (a zero inside a tensor is found by the kernel).
+    d.infer = [name = d.name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      if (!infer_pointwise(*find_op(name), in, a, out, err)) return false;
+      const Node* b = in[1];
+      if (!is_floating(out.dtype) && b->op->name == "scalar" && b->attrs.get_float("value") == 0) {
+        err = "RuntimeError: ZeroDivisionError";
+        return false;
+      }
+      return true;
+    };
+    ops.push_back(d);
+  }
   {
     OpDef pow = binary("pow", SOp::Pow, D, {"torch.pow", "Tensor.pow", "Tensor.__pow__"}, "pow(Tensor self, Tensor exponent)");
     pow.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
@@ -334,7 +359,7 @@ std::vector<OpDef> pointwise_ops() {
   // magnitude, floating point only for the activations.
   for (OpDef& d : ops) {
     static const char* no_bool[] = {"abs", "ceil", "floor", "trunc", "relu", "floor_divide", "remainder", "pow", "neg"};
-    static const char* float_only[] = {"elu", "hardsigmoid", "hardswish", "leaky_relu", "silu", "softplus"};
+    static const char* float_only[] = {"elu", "gelu", "hardsigmoid", "hardswish", "leaky_relu", "silu", "softplus"};
     static const char* tensors_only[] = {"logical_and", "logical_or", "maximum", "minimum"};
     for (const char* n : no_bool)
       if (d.name == n) d.operands = OpDef::Operands::NoBool;

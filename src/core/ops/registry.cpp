@@ -115,6 +115,7 @@ Registry& registry() {
         reg->ops.emplace(name, std::move(d));
       }
     }
+    set_autocast_policies(reg->ops);
     return reg;
   }();
   return *r;
@@ -146,6 +147,11 @@ OpDef extern_op(const std::string& name, const std::string& schema, const std::s
   d.aten = aten;
   d.python = std::move(python);
   return d;
+}
+
+const char* torch_dtype_name(DType t) {
+  static const char* names[] = {"Bool", "Byte", "Char", "Short", "Int", "Long", "Half", "BFloat16", "Float", "Double"};
+  return names[static_cast<int>(t)];
 }
 
 bool wrap_dim(int64_t& dim, int64_t rank, std::string& error) {
@@ -209,9 +215,7 @@ bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs&
              (op.operands == OpDef::Operands::FloatOnly && !is_floating(common));
   if (bad) {
     std::string device = first_tensor && first_tensor->meta.device.type == DeviceType::CUDA ? "cuda" : "cpu";
-    static const char* torch_names[] = {"Bool", "Byte", "Char", "Short", "Int", "Long", "Half", "BFloat16", "Float", "Double"};
-    error = "NotImplementedError: \"" + op.name + "_" + device + "\" not implemented for '" +
-            torch_names[static_cast<int>(common)] + "'";
+    error = "NotImplementedError: \"" + op.name + "_" + device + "\" not implemented for '" + torch_dtype_name(common) + "'";
     return false;
   }
   switch (op.promotion) {

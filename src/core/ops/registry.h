@@ -12,6 +12,7 @@
 // Adding an op is adding one entry to one of the tables in ops/*_ops.cpp.
 #pragma once
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,6 +70,15 @@ using ScalarFn = std::function<loop::SRef(loop::ScalarCtx& s, const std::vector<
 // Index remapping of a view: output index -> index into the input.
 using ViewFn = std::function<std::vector<Expr>(const std::vector<Expr>& out_index, const Node& n)>;
 
+// What torch.autocast does to an op's floating inputs (autocast_policy.cpp).
+enum class AutocastPolicy {
+  None,              // nothing: the op runs in its inputs' dtypes
+  LowerPrecision,    // inputs cast to autocast's dtype (float16 / bfloat16)
+  Float32,           // inputs cast to float32
+  Float32DtypeArg,   // dtype=float32 unless the call gives a dtype (softmax, sum, prod)
+  Unknown,           // may be on torch's lists: capture does not take it under autocast
+};
+
 struct OpDef {
   std::string name;
   Schema schema;
@@ -90,6 +100,11 @@ struct OpDef {
   enum class Operands { Any, NoBool, FloatOnly } operands = Operands::Any;
   // Tensor parameters that take no Python number (torch.maximum(x, 2) is a TypeError).
   bool tensors_only = false;
+  // Runs even when nothing uses its result: its kernel may raise what its shape rule cannot
+  // know (torch_call: torch's kernel rejects a dtype its meta kernel accepted), and eager
+  // raises that whether or not the result is used.
+  bool (*keep_unused)(const Node& n) = nullptr;
+  AutocastPolicy autocast_cuda = AutocastPolicy::None, autocast_cpu = AutocastPolicy::None;
 };
 
 const OpDef* find_op(const std::string& name);
@@ -101,6 +116,11 @@ bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs&
 bool infer_reduction(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error);
 // Normalises a possibly negative dim against rank; false (with torch's message) if out of range.
 bool wrap_dim(int64_t& dim, int64_t rank, std::string& error);
+void set_autocast_policies(std::map<std::string, OpDef>& ops);
+// Whether torch has a matrix-product kernel for a's dtype on a's device (else err, as torch's).
+bool has_matmul_kernel(const TensorMeta& a, const std::string& op, std::string& err);
+// torch's name of a dtype in its kernel errors: 'Float', 'Long', 'Bool', ...
+const char* torch_dtype_name(DType t);
 // The dtype a pointwise op computes in, from its inputs' promotion.
 DType pointwise_common_dtype(const std::vector<Node*>& in);
 DType default_float();

@@ -30,6 +30,11 @@ std::vector<OpDef> torch_call_ops() {
         return true;
       },
       {});
+  // One node per call is enough to raise: the first of a call's results (later ones may be
+  // tensors the kernel leaves undefined when unused, as attention's weights).
+  d.keep_unused = [](const Node& n) { return n.attrs.get_int("result", -1) <= 0; };
+  // torch_call stands for any torch operator: whether autocast casts its inputs is not known here
+  d.autocast_cuda = d.autocast_cpu = AutocastPolicy::Unknown;
   return {d};
 }
 

@@ -7,6 +7,8 @@ namespace kiln::passes {
 
 void dead_code_elimination(ir::Graph& g) {
   std::unordered_set<const ir::Node*> live(g.outputs().begin(), g.outputs().end());
+  for (const auto& n : g.nodes())
+    if (n->op->keep_unused && n->op->keep_unused(*n)) live.insert(n.get());
   for (auto it = g.nodes().rbegin(); it != g.nodes().rend(); ++it) {
     const ir::Node* n = it->get();
     if (!live.count(n)) continue;

@@ -86,13 +86,16 @@ extern "C" int kiln_take_error() {
 static inline void kiln_raise_div_by_zero() { __atomic_store_n(&kiln_error_flag, 1, __ATOMIC_RELAXED); }
 
 // Python semantics: floor division and a remainder with the divisor's sign.
+// INT_MIN / -1 traps on x86; torch wraps around (to INT_MIN), as negation does under -fwrapv.
 template <typename T> static inline T kiln_floordiv(T a, T b) {
   if (b == 0) return kiln_raise_div_by_zero(), (T)0;
+  if (b == (T)-1) return (T)-a;
   T q = a / b;
   return (q * b != a && ((a < 0) != (b < 0))) ? (T)(q - 1) : q;
 }
 template <typename T> static inline T kiln_truncdiv(T a, T b) {
   if (b == 0) return kiln_raise_div_by_zero(), (T)0;
+  if (b == (T)-1) return (T)-a;
   return (T)(a / b);
 }
 // Floating floor division as torch computes it: from fmod, so that 1.0 // 0.1 is 9, not 10.
@@ -112,6 +115,7 @@ KILN_FLOORDIV_F(double, __builtin_fmod, __builtin_floor, __builtin_copysign)
 #undef KILN_FLOORDIV_F
 template <typename T> static inline T kiln_mod(T a, T b) {
   if (b == 0) return kiln_raise_div_by_zero(), (T)0;
+  if (b == (T)-1) return (T)0;
   T r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
 }
@@ -125,11 +129,13 @@ static inline double kiln_mod(double a, double b) {
 }
 static inline float kiln_pow(float a, float b) { return __builtin_powf(a, b); }
 static inline double kiln_pow(double a, double b) { return __builtin_pow(a, b); }
+// Integer powers as torch's: a negative exponent gives 1 for base 1, +-1 for base -1, else 0.
 template <typename T> static inline T kiln_pow(T a, T b) {
+  if (b < 0) return a == 1 ? (T)1 : a == -1 ? (T)((b & 1) ? -1 : 1) : (T)0;
   T r = 1;
   while (b > 0) {
-    if (b & 1) r = (T)(r * a);
-    a = (T)(a * a);
+    if (b & 1) r = (T)((unsigned long long)r * (unsigned long long)a);  // wraps, as torch's
+    a = (T)((unsigned long long)a * (unsigned long long)a);
     b >>= 1;
   }
   return r;

@@ -56,12 +56,16 @@ template <typename T> __device__ __forceinline__ T kiln_max(T a, T b) { return (
 template <typename T> __device__ __forceinline__ T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
 // Integer division by zero does not trap on the GPU; like torch's CUDA kernels, kiln's give
 // an unspecified value there.
+// INT_MIN / -1 overflows; torch wraps around (to INT_MIN).
 template <typename T> __device__ __forceinline__ T kiln_floordiv(T a, T b) {
   if (b == 0) return (T)-1;
+  if (b == (T)-1) return (T)(0 - (unsigned long long)a);
   T q = a / b;
   return (q * b != a && ((a < 0) != (b < 0))) ? (T)(q - 1) : q;
 }
-template <typename T> __device__ __forceinline__ T kiln_truncdiv(T a, T b) { return b == 0 ? (T)-1 : (T)(a / b); }
+template <typename T> __device__ __forceinline__ T kiln_truncdiv(T a, T b) {
+  return b == 0 ? (T)-1 : b == (T)-1 ? (T)(0 - (unsigned long long)a) : (T)(a / b);
+}
 // Floating floor division as torch computes it: from fmod, so that 1.0 // 0.1 is 9, not 10.
 #define KILN_FLOORDIV_F(T, FMOD, FLOOR, COPYSIGN)                         \
   __device__ __forceinline__ T kiln_floordiv(T a, T b) {                 \
@@ -79,6 +83,7 @@ KILN_FLOORDIV_F(double, fmod, floor, copysign)
 #undef KILN_FLOORDIV_F
 template <typename T> __device__ __forceinline__ T kiln_mod(T a, T b) {
   if (b == 0) return (T)-1;
+  if (b == (T)-1) return (T)0;
   T r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
 }
@@ -92,11 +97,13 @@ __device__ __forceinline__ double kiln_mod(double a, double b) {
 }
 __device__ __forceinline__ float kiln_pow(float a, float b) { return powf(a, b); }
 __device__ __forceinline__ double kiln_pow(double a, double b) { return pow(a, b); }
+// Integer powers as torch's: a negative exponent gives 1 for base 1, +-1 for base -1, else 0.
 template <typename T> __device__ __forceinline__ T kiln_pow(T a, T b) {
+  if (b < 0) return a == 1 ? (T)1 : a == -1 ? (T)((b & 1) ? -1 : 1) : (T)0;
   T r = 1;
   while (b > 0) {
-    if (b & 1) r = (T)(r * a);
-    a = (T)(a * a);
+    if (b & 1) r = (T)((unsigned long long)r * (unsigned long long)a);  // wraps, as torch's
+    a = (T)((unsigned long long)a * (unsigned long long)a);
     b >>= 1;
   }
   return r;

@@ -1,0 +1,106 @@
+"""torch.autocast (issue 10, part 2): autocast's state is guarded, and under autocast kiln's graph
+makes the casts autocast's policy makes (matrix products in the lower precision type, CUDA's
+float32 ops in float32, reductions given dtype=float32), so results equal eager's under autocast,
+dtypes included. Graphs that need 16-bit kernels run through torch until kiln has its own."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from _helpers import assert_same
+
+pytestmark = pytest.mark.filterwarnings("ignore:kiln.*runs eagerly")
+
+
+def _devices():
+    out = [("cpu", torch.bfloat16)]
+    if torch.cuda.is_available():
+        out += [pytest.param("cuda", torch.float16, marks=pytest.mark.gpu),
+                pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)]
+    return out
+
+
+def _compare_under_autocast(fn, args, device, dtype):
+    cf = kiln.compile(fn)
+    with torch.autocast(device, dtype=dtype):
+        expected = fn(*args)
+        actual = cf(*args)
+        again = cf(*args)
+    assert_same(actual, expected, rtol=2e-2, atol=2e-2)
+    assert_same(again, expected, rtol=2e-2, atol=2e-2)
+    return cf
+
+
+@pytest.mark.parametrize("device,dtype", _devices())
+def test_an_entry_compiled_outside_autocast_is_not_reused_inside(device, dtype):
+    w = torch.randn(16, 16, device=device)
+
+    def fn(x):
+        return torch.relu(x @ w) + 1
+
+    x = torch.randn(8, 16, device=device)
+    cf = kiln.compile(fn)
+    assert_same(cf(x), fn(x))                      # compiled outside autocast: float32
+    with torch.autocast(device, dtype=dtype):
+        expected, actual = fn(x), cf(x)
+    assert actual.dtype == expected.dtype == dtype  # a new entry, made under autocast
+    assert_same(actual, expected, rtol=2e-2, atol=2e-2)
+    assert_same(cf(x), fn(x))                      # and outside again: the float32 entry
+
+
+@pytest.mark.parametrize("device,dtype", _devices())
+@pytest.mark.parametrize("name", ["linear", "matmul", "softmax", "exp_sum", "layer_norm", "mean_mix", "conv"])
+def test_results_and_dtypes_equal_eager_under_autocast(device, dtype, name):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 8).to(device)
+    ln = torch.nn.LayerNorm(16).to(device)
+    conv = torch.nn.Conv2d(3, 4, 3).to(device)
+    fns = {
+        "linear": (lambda x: F.gelu(lin(x)) * 2, (torch.randn(4, 16, device=device),)),
+        "matmul": (lambda a, b: (a @ b).sum(-1), (torch.randn(2, 4, 16, device=device), torch.randn(16, 5, device=device))),
+        "softmax": (lambda x: torch.softmax(x, -1) + x, (torch.randn(4, 16, device=device),)),
+        "exp_sum": (lambda x: x.exp().sum(0) + torch.log1p(x.abs()).mean(), (torch.randn(4, 16, device=device),)),
+        "layer_norm": (lambda x: ln(x) @ x.t(), (torch.randn(4, 16, device=device),)),
+        "mean_mix": (lambda x: (lin(x) + x[:, :8]).mean(), (torch.randn(4, 16, device=device),)),
+        "conv": (lambda x: torch.relu(conv(x)).sum((2, 3)), (torch.randn(2, 3, 8, 8, device=device),)),
+    }
+    fn, args = fns[name]
+    with torch.no_grad():
+        _compare_under_autocast(fn, args, device, dtype)
+
+
+def test_autocast_state_is_a_guard():
+    def fn(x):
+        return x * 2
+
+    x = torch.randn(4)
+    explained = kiln.explain(fn)(x)
+    assert any(g.startswith("AUTOCAST:") for g in explained.guards), explained.guards
+
+
+def test_transformer_block_under_autocast_is_not_nan():
+    torch.manual_seed(0)
+    block = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 6, 32)
+    cf = kiln.compile(block)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = block(x)
+        actual = cf(x)
+    assert not actual.isnan().any()
+    assert_same(actual, expected, rtol=5e-2, atol=5e-2)
+
+
+def test_disabled_autocast_block_inside_a_function():
+    w = torch.randn(8, 8)
+
+    def fn(x):
+        with torch.autocast("cpu", enabled=False):
+            y = x @ w
+        return y.relu()
+
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same(kiln.compile(fn)(x), fn(x))

@@ -1,0 +1,114 @@
+"""Never silent (issue 10, part 5): a call that runs entirely eagerly warns once per function with
+the reason, kiln.stats() counts every such call and every recompile, recompile reasons name the
+guard that failed on each cached entry, and torch.compile's mode/options/backend keywords
+behave as torch.compile's."""
+import warnings
+
+import pytest
+import torch
+
+import kiln
+
+
+def needs_grad(x, w):
+    return (x * w).sum()
+
+
+def test_a_call_that_runs_eagerly_warns_once_with_the_reason():
+    w = torch.randn(4, requires_grad=True)
+    cf = kiln.compile(needs_grad)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            x = torch.randn(4)
+            torch.testing.assert_close(cf(x, w), needs_grad(x, w))
+    mine = [w for w in caught if "kiln" in str(w.message) and "runs eagerly" in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in caught]
+    assert "requires grad" in str(mine[0].message)
+
+
+def test_suppress_fallback_warnings_silences_them():
+    def fn(x, w):
+        return x * w
+
+    w = torch.randn(3, requires_grad=True)
+    kiln.config.suppress_fallback_warnings = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            kiln.compile(fn)(torch.randn(3), w)
+    finally:
+        kiln.config.suppress_fallback_warnings = False
+
+
+def test_every_eager_call_is_counted():
+    def fn(x, w):
+        return x * w + 1
+
+    w = torch.randn(3, requires_grad=True)
+    cf = kiln.compile(fn)
+    before = kiln.stats()["eager_fallbacks"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(4):
+            cf(torch.randn(3), w)
+    assert kiln.stats()["eager_fallbacks"] - before == 4
+
+
+def test_a_users_shape_error_is_raised_not_counted_as_a_fallback():
+    cf = kiln.compile(lambda a, b: a + b)
+    before = kiln.stats()["eager_fallbacks"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs eagerly" warning either
+        with pytest.raises(RuntimeError, match="must match the size"):
+            cf(torch.randn(3), torch.randn(4))
+    assert kiln.stats()["eager_fallbacks"] == before
+
+
+def test_cache_limit_counts_recompiles_consistently_and_names_each_entrys_failed_guard():
+    def fn(x):
+        return x * 2
+
+    cf = kiln.compile(fn, options={"cache_limit": 3})
+    before = kiln.stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(2, 7):
+            x = torch.randn(n)
+            torch.testing.assert_close(cf(x), fn(x))
+    after = kiln.stats()
+    assert after["recompiles"] - before["recompiles"] == 2  # 3 entries: the first compile and 2 recompiles
+    limit = [str(w.message) for w in caught if "cache limit" in str(w.message)]
+    assert len(limit) == 1, limit
+    assert "3 entries" in limit[0] and "entry 0" in limit[0] and "entry 2" in limit[0]
+    reasons = [r for r in after["recompile_reasons"] if r.startswith(fn.__qualname__)]
+    assert reasons and "entry 0:" in reasons[-1] and "entry 1:" in reasons[-1], reasons
+    # calls past the limit run eagerly, and each is counted
+    assert after["eager_fallbacks"] - before["eager_fallbacks"] == 2
+
+
+def test_unknown_option_raises_as_torch_compile():
+    with pytest.raises(RuntimeError, match="Unexpected optimization option not_an_option, known options are"):
+        kiln.compile(lambda x: x, options={"not_an_option": 1})
+    with pytest.raises(RuntimeError, match="Unexpected type of attr max_autotune, got int should be bool"):
+        kiln.compile(lambda x: x, options={"max_autotune": 1})
+    kiln.compile(lambda x: x, options={"epilogue_fusion": True, "cache_limit": 4})
+
+
+def test_mode_and_options_together_raise_as_torch_compile():
+    with pytest.raises(RuntimeError, match="Either mode or options can be specified"):
+        kiln.compile(lambda x: x, mode="default", options={"cache_limit": 2})
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_a_mode_kiln_does_not_implement_warns_once_and_says_what_it_does(mode):
+    from kiln import _api
+    _api._warned_modes.discard(mode)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f = kiln.compile(lambda x: x + 1, mode=mode)
+        kiln.compile(lambda x: x + 2, mode=mode)
+    mine = [str(w.message) for w in caught if "kiln" in str(w.message)]
+    assert len(mine) == 1 and mode in mine[0] and "mode='default'" in mine[0], mine
+    x = torch.randn(5)
+    torch.testing.assert_close(f(x), x + 1)

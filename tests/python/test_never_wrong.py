@@ -1,0 +1,218 @@
+"""Regression tests for what a differential fuzzer and new users found (issue 10): process
+crashes, silently wrong results and exceptions that differed from eager. Each test is named
+after the behaviour it pins down; crashes run in a forked child (check(..., isolate=True) and
+run_forked), so a regression fails one test instead of killing the session."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from _helpers import assert_same, check, run_forked
+
+INT_MIN = {torch.int32: -2**31, torch.int64: -2**63}
+INT_MAX = {torch.int32: 2**31 - 1, torch.int64: 2**63 - 1}
+
+
+def same_error(fn, *args):
+    """kiln raises what eager raises: the same exception type and message."""
+    with pytest.raises(Exception) as eager:
+        fn(*args)
+    with pytest.raises(Exception) as compiled:
+        kiln.compile(fn)(*args)
+    assert type(compiled.value) is type(eager.value), f"kiln raised {compiled.value!r}, eager {eager.value!r}"
+    assert str(compiled.value) == str(eager.value)
+
+
+def bitwise_equal(actual, expected):
+    """Values equal bit for bit: -0.0 is not 0.0, and nan equals nan."""
+    assert_same(actual, expected)
+    assert torch.equal(actual.signbit(), expected.signbit()), f"sign bits differ: {actual} vs eager {expected}"
+
+
+# ---- process crashes ----
+
+@pytest.mark.parametrize("reduce", [
+    lambda x: x.sum(0), lambda x: x.sum(-1, keepdim=True), lambda x: x.amax(0), lambda x: x.amin(dim=(0,)),
+    lambda x: x.mean(0), lambda x: x.prod(0, dtype=torch.float64), lambda x: x.sum(dim=(0,), keepdim=True),
+])
+def test_reduction_over_dim_0_of_a_0d_tensor_returns_the_scalar(reduce):
+    check(reduce, torch.tensor(1.5), isolate=True)
+
+
+@pytest.mark.parametrize("dim", [0, -1, 1])
+def test_size_of_a_dim_of_a_0d_tensor_raises_index_error(dim):
+    run_forked(same_error, lambda x: x.size(dim), torch.tensor(1.5))
+
+
+def test_tensor_dunder_len_is_len():
+    check(lambda b: b.__len__() + b, torch.randn(10, 10), isolate=True)
+    run_forked(same_error, lambda b: b.__len__(), torch.tensor(2.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("op", ["floordiv", "mod"])  # eager's own trunc division traps on it
+def test_integer_division_of_int_min_by_minus_one_wraps(dtype, op):
+    fn = {"floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}[op]
+    a = torch.tensor([INT_MIN[dtype], 7, -7, INT_MAX[dtype]], dtype=dtype)
+    b = torch.tensor([-1, -1, 2, -1], dtype=dtype)
+    check(fn, a, b, isolate=True)
+
+
+def test_meta_tensors_run_eagerly_and_give_meta_results():
+    def fn(x):
+        return (x * 2 + 1).tanh()
+
+    def body():
+        x = torch.randn(3, 4, device="meta")
+        out = kiln.compile(fn)(x)
+        assert out.device.type == "meta" and out.shape == (3, 4) and out.dtype == torch.float32
+        assert kiln.explain(fn)(x).break_reasons, "a meta input must run eagerly, with a reason"
+    run_forked(body)
+
+
+def test_meta_mixed_with_cpu_raises_as_eager():
+    run_forked(same_error, lambda x, y: x + y, torch.randn(3, device="meta"), torch.randn(3))
+
+
+# ---- wrong results ----
+
+def test_integer_pow_with_negative_exponents_follows_torch():
+    base = torch.tensor([-2, -1, 0, 1, 2, 3, -1, 1])
+    exp = torch.tensor([-1, -1, 1, -5, -1, -2, -3, 0])
+    check(lambda a, b: a ** b, base, exp)
+    check(lambda x: 2 ** x, torch.tensor([-2, -1, 0, 2, 3]))
+    check(lambda x: (-1) ** x, torch.tensor([-3, -2, 0, 1]))
+
+
+def test_integer_pow_by_a_negative_python_int_raises():
+    same_error(lambda x: x ** -1, torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float64])
+def test_dot_of_1d_tensors_keeps_their_dtype(dtype):
+    check(lambda a, b: a @ b, torch.arange(1, 5, dtype=dtype), torch.arange(2, 6, dtype=dtype))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: 1 / x.long(), lambda x: torch.rsqrt(x.int()), lambda x: torch.signbit(x.int().float()),
+    lambda x: x.long().float() * -1 + 0 * x, lambda x: x.to(torch.int32).to(torch.float64),
+])
+def test_no_negative_zero_after_a_float_int_float_round_trip(fn):
+    x = torch.tensor([-0.25, 0.25, -0.75, -1.5, 2.5])
+    bitwise_equal(kiln.compile(fn)(x.clone()), fn(x.clone()))
+
+
+def test_copy_into_an_intermediate_keeps_negative_zero():
+    def fn(x, src):
+        y = x * 1
+        y.copy_(src)
+        return y
+    x, src = torch.zeros(4), torch.tensor([-0.0, 0.0, -1.0, 2.0])
+    bitwise_equal(kiln.compile(fn)(x, src), fn(x, src))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("fn", [
+    lambda x: (x * 2) // 2, lambda x: (x + 1) > x, lambda x: x + 1, lambda x: -x, lambda x: x * x - 3,
+    lambda x: (x - 1) < x,
+])
+def test_integer_overflow_wraps_around_as_torch(dtype, fn):
+    check(fn, torch.tensor([INT_MAX[dtype], INT_MIN[dtype], 0, -1, 12345], dtype=dtype))
+
+
+def test_plain_subclass_of_tensor_is_not_compiled_as_a_tensor():
+    class Scaled(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            out = super().__torch_function__(func, types, args, kwargs or {})
+            return out * 2 if func is torch.Tensor.add else out
+
+    def fn(x):
+        return (x + 1).relu()
+
+    x = torch.randn(8).as_subclass(Scaled)
+    expected, actual = fn(x), kiln.compile(fn)(x)
+    assert type(actual) is type(expected)
+    torch.testing.assert_close(actual.as_subclass(torch.Tensor), expected.as_subclass(torch.Tensor))
+    assert kiln.explain(fn)(x).break_reasons, "a tensor subclass with __torch_function__ must run eagerly"
+
+
+def test_parameter_inputs_still_compile():
+    w = torch.nn.Parameter(torch.randn(4), requires_grad=False)
+    check(lambda x: x * 2 + 1, w)
+
+
+def test_dict_views_are_live():
+    def fn(y):
+        d = {1: y}
+        k, v, it = d.keys(), d.values(), d.items()
+        d[4] = y * 2
+        total = sum(v)
+        return 4 in k, len(v), len(it), total, [key for key in k]
+    check(fn, torch.randn(3))
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0, True])
+def test_add_of_integer_tensors_with_a_float_or_bool_alpha_raises(alpha):
+    same_error(lambda a, b: torch.add(a, b, alpha=alpha), torch.tensor([1, 2]), torch.tensor([3, 4]))
+
+
+def test_add_of_integer_tensors_with_an_integer_alpha():
+    check(lambda a, b: torch.add(a, b, alpha=3), torch.tensor([1, 2]), torch.tensor([3, 4]))
+
+
+@pytest.mark.parametrize("a,b", [
+    (torch.tensor([True, False]), torch.tensor([True, True])),
+    (torch.randn(3), torch.tensor([1, 2, 3], dtype=torch.int32)),
+    (torch.randn(2, 3), torch.ones(3, 2, dtype=torch.int64)),
+    (torch.ones(2, 2, dtype=torch.bool), torch.ones(2, 2, dtype=torch.bool)),
+])
+def test_matmul_raises_where_torch_has_no_kernel(a, b):
+    same_error(lambda x, y: x @ y, a, b)
+
+
+def test_unary_plus_of_a_bool_tensor_raises():
+    same_error(lambda a: +a, torch.tensor([True, False]))
+
+
+# ---- exceptions that differed ----
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.max(1).values * 2, lambda x: x.min(0).indices + 1, lambda x: x.sort(1).values * 2,
+    lambda x: x.topk(2).indices + 1, lambda x: torch.max(x, 1).values - 1, lambda x: x.median(1).values,
+    lambda x: x.mode(1).values, lambda x: torch.min(x, dim=-1, keepdim=True)[0],
+])
+def test_values_and_indices_results_have_named_fields(fn):
+    check(fn, torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("name", ["max", "min", "sort", "topk"])
+def test_returned_values_and_indices_keep_their_torch_return_type(name):
+    fn = {"max": lambda x: x.max(0), "min": lambda x: torch.min(x, 1), "sort": lambda x: x.sort(),
+          "topk": lambda x: x.topk(2)}[name]
+    x = torch.randn(3, 4)
+    expected, actual = fn(x), kiln.compile(fn)(x)
+    assert type(actual) is type(expected)
+    assert_same(tuple(actual), tuple(expected))
+
+
+@pytest.mark.parametrize("fn,args", [
+    (lambda a, b: (a & b, a + 1)[1], (torch.randn(3), torch.randn(3))),
+    (lambda a: (a // 0, a + 1)[1], (torch.tensor([1, 2]),)),
+    (lambda a: (a % 0, a + 1)[1], (torch.tensor([1, 2]),)),
+    (lambda a: (F.gelu(a), a + 1)[1], (torch.tensor([1, 2]),)),
+    (lambda a, b: (a @ b, a + 1)[1], (torch.tensor([True]), torch.tensor([True]))),
+    (lambda a: (F.silu(a), a * 2)[1], (torch.tensor([1, 2]),)),
+])
+def test_an_unused_result_still_raises_its_error(fn, args):
+    same_error(fn, *args)
+
+
+def test_nested_function_decorated_with_no_grad():
+    def fn(x):
+        @torch.no_grad()
+        def inner(y):
+            return y * 2, torch.is_grad_enabled()
+        r, enabled = inner(x)
+        return r + 1, enabled, torch.is_grad_enabled()
+    check(fn, torch.randn(3))
