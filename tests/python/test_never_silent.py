@@ -112,3 +112,54 @@ def test_a_mode_kiln_does_not_implement_warns_once_and_says_what_it_does(mode):
     assert len(mine) == 1 and mode in mine[0] and "mode='default'" in mine[0], mine
     x = torch.randn(5)
     torch.testing.assert_close(f(x), x + 1)
+
+
+# ---- resources: code objects freed, the GIL released ----
+
+def test_a_compiled_then_dropped_function_frees_its_code_object():
+    import gc
+    import weakref
+    ns = {"torch": torch}
+    exec(compile("def fn(t):\n    return (t * 3.0 + 1.0).relu()\n", "<kiln-test-drop>", "exec"), ns)
+    fn = ns.pop("fn")
+    code = weakref.ref(fn.__code__)
+    cf = kiln.compile(fn)
+    x = torch.randn(8)
+    torch.testing.assert_close(cf(x), fn(x))
+    del fn, cf
+    gc.collect()
+    assert code() is None, "kiln keeps the code object of a dropped compiled function alive"
+
+
+def test_other_threads_run_while_a_kernel_runs():
+    import threading
+    import time
+
+    def fn(x):
+        for _ in range(8):
+            x = torch.sin(x) * 1.0001 + torch.cos(x)
+        return x
+
+    cf = kiln.compile(fn)
+    x = torch.randn(1 << 22)
+    cf(x)  # compiled
+    ticks, stop = [0], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0)
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        time.sleep(0.05)
+        before = ticks[0]
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.5:
+            cf(x)
+        during = ticks[0] - before
+    finally:
+        stop.set()
+        t.join()
+    assert during > 100, f"the other thread ran {during} times in 0.5 s of kernels: the GIL was held"

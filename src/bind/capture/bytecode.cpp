@@ -22,10 +22,21 @@ std::vector<std::string> string_list(PyObject* seq, bool second_of_pair) {
 
 }  // namespace
 
+CodeInfo::~CodeInfo() {
+  if (Py_IsInitialized()) Py_XDECREF(dis_list);
+}
+
+namespace {
+void free_code_info(void* p) { delete static_cast<CodeInfo*>(p); }
+}  // namespace
+
 const CodeInfo& decode(PyObject* code) {
-  static std::unordered_map<PyObject*, CodeInfo*> cache;  // code objects of compiled functions live long
-  auto it = cache.find(code);
-  if (it != cache.end()) return *it->second;
+  // Kept in the code object's extra slot, so it goes when the code object goes (functions
+  // compiled and dropped leave nothing behind).
+  static Py_ssize_t slot = _PyEval_RequestCodeExtraIndex(free_code_info);
+  void* extra = nullptr;
+  if (slot >= 0 && _PyCode_GetExtra(code, slot, &extra) == 0 && extra) return *static_cast<CodeInfo*>(extra);
+  PyErr_Clear();
   if (!g_dis) g_dis = PyImport_ImportModule("dis");
   static const std::unordered_map<std::string, int> names = {
 #define KILN_X(n) {#n, OP_##n},
@@ -33,11 +44,13 @@ const CodeInfo& decode(PyObject* code) {
 #undef KILN_X
   };
   auto* info = new CodeInfo();
-  Py_INCREF(code);
   PyObject* it_obj = PyObject_CallMethod(g_dis, "get_instructions", "O", code);
   info->dis_list = it_obj ? PySequence_List(it_obj) : nullptr;
   Py_XDECREF(it_obj);
-  if (!info->dis_list) throw std::runtime_error("dis.get_instructions failed");
+  if (!info->dis_list) {
+    delete info;
+    throw std::runtime_error("dis.get_instructions failed");
+  }
   PyObject* nb = PyObject_GetAttrString(g_dis, "_nb_ops");
   if (!nb) PyErr_Clear();
   info->nb_ops = string_list(nb, true);
@@ -80,7 +93,11 @@ const CodeInfo& decode(PyObject* code) {
     info->instrs.push_back(in);
     info->opnames.push_back(name);
   }
-  cache[code] = info;
+  if (slot < 0 || _PyCode_SetExtra(code, slot, info) < 0) {
+    PyErr_Clear();
+    static std::vector<CodeInfo*> unslotted;  // no extra slot left: kept for the process
+    unslotted.push_back(info);
+  }
   return *info;
 }
 

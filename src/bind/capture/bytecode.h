@@ -53,10 +53,14 @@ struct CodeInfo {
   std::vector<std::string> nb_ops;  // BINARY_OP argument names, from dis._nb_ops
   std::vector<std::string> cmp_ops;
   std::vector<std::string> opnames;  // OP_UNKNOWN instructions keep their name for messages
+  CodeInfo() = default;
+  CodeInfo(const CodeInfo&) = delete;
+  CodeInfo& operator=(const CodeInfo&) = delete;
+  ~CodeInfo();
 };
 
 
-// The decoded instructions of a code object, cached for the life of the process.
+// The decoded instructions of a code object, cached on the code object for its life.
 const CodeInfo& decode(PyObject* code);
 
 }  // namespace kiln::bind

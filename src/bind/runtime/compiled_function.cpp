@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <set>
 #include <unordered_map>
 
@@ -145,7 +146,15 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
   pipeline::CompileOptions opts;
   opts.mode = cfg.mode;
   opts.name = name + "_" + std::to_string(s.graphs_compiled);
-  bool ok = pipeline::compile_graph(*e->capture.graph, opts, *e->compiled, error);
+  bool ok;
+  {
+    // The core compiles without Python: other threads run meanwhile. Compiles themselves take
+    // turns (the core's caches expect one at a time, as under the GIL).
+    static std::mutex compiling;
+    GilRelease unlocked;
+    std::lock_guard<std::mutex> one_at_a_time(compiling);
+    ok = pipeline::compile_graph(*e->capture.graph, opts, *e->compiled, error);
+  }
   if (ok) e->prepared = prepare_program(*e->compiled, error);
   s.compile_seconds += since(t1);
   if (!ok || !e->prepared) {

@@ -291,6 +291,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         args.clear();
         for (int b : k.buffers) args.push_back(prep.slot_of[b] >= 0 ? slots[prep.slot_of[b]].data_ptr() : ptrs[b]);
         if (ck.cpu_fn) {
+          GilRelease unlocked;  // other Python threads run while the kernel does
           ck.cpu_fn(args.data());
           return true;
         }
@@ -324,7 +325,10 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
             stack.emplace_back();  // None
           }
         }
-        plan.op->callBoxed(&stack);
+        {
+          GilRelease unlocked;
+          plan.op->callBoxed(&stack);
+        }
         r = stack[0].toTensor();
         if (!r.strides().equals(plan.out_strides)) r = r.contiguous();
       }

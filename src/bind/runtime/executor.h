@@ -13,6 +13,19 @@ namespace kiln::bind {
 
 struct PreparedProgram;
 
+// Releases the GIL for a scope of pure C++ work (a kernel, an extern op, a compile), so other
+// Python threads run meanwhile; reacquired on every way out, exceptions included.
+class GilRelease {
+ public:
+  GilRelease() : state_(PyEval_SaveThread()) {}
+  ~GilRelease() { PyEval_RestoreThread(state_); }
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
 // Resolves what the run needs once: extern operator handles, slot sizes.
 std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& cg, std::string& error);
 
