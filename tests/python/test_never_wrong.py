@@ -216,3 +216,43 @@ def test_nested_function_decorated_with_no_grad():
         r, enabled = inner(x)
         return r + 1, enabled, torch.is_grad_enabled()
     check(fn, torch.randn(3))
+
+
+# ---- found by the differential fuzzer (tests/python/_fuzz.py) ----
+
+def test_softmax_of_a_0d_tensor_checks_its_dim():
+    same_error(lambda x: torch.softmax(x, 2), torch.tensor(1.0))
+    check(lambda x: torch.softmax(x, -1) + F.log_softmax(x, 0), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("fn,args", [
+    (lambda a: a - 0.0, (torch.tensor([True, False]),)),
+    (lambda a: a - False, (torch.randn(3),)),
+    (lambda a, b: a - b, (torch.randn(2), torch.tensor([True, False]))),
+])
+def test_subtraction_with_a_bool_operand_raises(fn, args):
+    same_error(fn, *args)
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.long().float(), lambda x: x.int().double(), lambda x: x.to(torch.int64) * 1.0])
+def test_float_int_float_round_trip_of_inf_nan_and_huge_values(fn):
+    x = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e20, -1e20, 3e9, -0.75, 2.5])
+    bitwise_equal(kiln.compile(fn)(x.clone()), fn(x.clone()))
+
+
+def test_clamp_minimum_maximum_keep_negative_zero_on_ties():
+    x = torch.tensor([-0.0, 0.0, -1.0, 1.0])
+    for fn in (lambda t: t.clamp(min=0), lambda t: t.clamp(max=0), lambda t: torch.maximum(t, torch.zeros(4)),
+               lambda t: torch.minimum(t, torch.zeros(4)), lambda t: t.clamp(False, 2)):
+        bitwise_equal(kiln.compile(fn)(x.clone()), fn(x.clone()))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x + 1, lambda x: (x * 2).relu(), lambda x: x.float(), lambda x: x.clone(), lambda x: torch.atan(x),
+    lambda x: torch.where(x > 0, x, -x), lambda x: x.contiguous() * 2,
+])
+def test_pointwise_results_of_a_transposed_input_keep_eagers_strides(fn):
+    x = torch.randn(4, 3, 5).permute(2, 0, 1)
+    expected, actual = fn(x), kiln.compile(fn)(x)
+    assert_same(actual, expected)
+    assert actual.stride() == expected.stride(), f"kiln {actual.stride()} vs eager {expected.stride()}"

@@ -122,14 +122,13 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
     case SOp::Acc: return acc_name_(n.acc);
     case SOp::Load: e = p_.buffers[n.buffer].name + "[" + n.index.c_str() + "]"; break;
     case SOp::Cast: {
-      // float -> int32/int64 -> float: g++ (with -fno-trapping-math) folds the pair into trunc(),
-      // which keeps the sign of -0.25 in a -0.0 the integer in between never had. Written as
-      // trunc(x) + 0.0 here (+0.0 turns -0.0 into +0.0), so no fold can bring the sign back.
+      // float -> int32/int64 -> float: one prelude helper (kiln_through_int32/64), so the CPU
+      // compiler cannot fold the pair into a trunc() that keeps -0.0, inf and nan (see preludes).
       const SNode& src = p_.exprs[n.a];
       if (is_floating(n.dtype) && (src.dtype == DType::Int32 || src.dtype == DType::Int64) && src.op == SOp::Cast &&
           (p_.exprs[src.a].dtype == DType::Float32 || p_.exprs[src.a].dtype == DType::Float64)) {
-        DType from = p_.exprs[src.a].dtype;
-        e = "((" + ctype(n.dtype) + ")(kiln_trunc(" + expr(src.a, indent) + ") + " + literal(0.0, 0, from) + "))";
+        e = "((" + ctype(n.dtype) + ")kiln_through_int" + (src.dtype == DType::Int32 ? "32(" : "64(") +
+            expr(src.a, indent) + "))";
         break;
       }
       std::string a = expr(n.a, indent);

@@ -189,7 +189,12 @@ class Lowering {
     b.dtype = t;
     b.device = n->meta.device;
     b.sizes = sizes;
-    b.strides = ir::contiguous_strides(sizes);
+    // A node's own value is laid out as its shape rule says where that layout is dense (eager's
+    // layout: a pointwise result of transposed inputs is transposed, a torch_call's is torch's);
+    // anything else realized is row-major.
+    const bool own_layout = sizes == n->meta.sizes && n->meta.strides.size() == sizes.size() &&
+                            n->meta.strides == ops::preserved_strides(n->meta);
+    b.strides = own_layout ? n->meta.strides : ir::contiguous_strides(sizes);
     b.kind = kind;
     return p_.add_buffer(b);
   }

@@ -127,14 +127,19 @@ void require_float(const Node* x, const std::string& op) {
 Node* decompose_softmax(Graph& g, Node* n, bool log) {
   Node* x = maybe_convert(g, n->inputs[0], n);
   require_float(x, log ? "log_softmax" : "softmax");
-  Ints dim{n->attrs.get_int("dim")};
+  int64_t d = n->attrs.get_int("dim");
+  std::string err;
+  if (!wrap_dim(d, x->meta.dim(), err)) throw std::runtime_error(err);
+  Ints dim{d};
   if (x->meta.dim() == 0) dim = {};
   Node* m = g.must_add("amax", {x}, A({{"dim", dim}, {"keepdim", true}}));
   Node* shifted = g.must_add("sub", {x, m});
   Node* e = g.must_add("exp", {shifted});
   Node* s = g.must_add("sum", {e}, A({{"dim", dim}, {"keepdim", true}}));
-  if (log) return g.must_add("sub", {shifted, g.must_add("log", {s})});
-  return g.must_add("div", {e, s});
+  Node* r = log ? g.must_add("sub", {shifted, g.must_add("log", {s})}) : g.must_add("div", {e, s});
+  // torch's softmax kernels write a row-major result, whatever the input's layout
+  if (r->meta.strides != ir::contiguous_strides(r->meta.sizes)) r = g.must_add("contiguous", {r});
+  return r;
 }
 
 Node* decompose_mean(Graph& g, Node* n) {

@@ -59,6 +59,10 @@ OpDef add_like(const std::string& name, SOp op, std::vector<std::string> py) {
       err = "RuntimeError: Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.";
       return false;
     }
+    if (name == "sub" && (in[0]->meta.dtype == DType::Bool || in[1]->meta.dtype == DType::Bool)) {
+      err = "RuntimeError: Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.";
+      return false;
+    }
     // torch checks alpha's Python type against the result's: a float alpha (even 1.0) for an
     // integer result, and a bool alpha for a non-bool one, are errors.
     if (const ir::AttrValue* alpha = a.find("alpha")) {
@@ -337,6 +341,7 @@ std::vector<OpDef> pointwise_ops() {
     c.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
       if (!infer_pointwise(*find_op("convert"), in, a, out, err)) return false;
       out.dtype = *a.get_dtype("dtype");
+      out.strides = preserved_strides(in[0]->meta);
       return true;
     };
     c.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) { return s.cast(a[0], compute_dtype(n.meta.dtype)); };
@@ -352,8 +357,23 @@ std::vector<OpDef> pointwise_ops() {
     c.schema = Schema::parse("clone(Tensor self)");
     c.kind = OpKind::Pointwise;
     c.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) { return a[0]; };
-    c.python = {"torch.clone", "Tensor.clone", "Tensor.contiguous"};
+    c.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      if (!infer_pointwise(*find_op("clone"), in, a, out, err)) return false;
+      out.strides = preserved_strides(in[0]->meta);
+      return true;
+    };
+    c.python = {"torch.clone", "Tensor.clone"};
+    OpDef contiguous = c;  // a copy laid out row-major, whatever the input's layout
+    contiguous.name = "contiguous";
+    contiguous.schema = Schema::parse("contiguous(Tensor self)");
+    contiguous.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      if (!infer_pointwise(*find_op("contiguous"), in, a, out, err)) return false;
+      out.strides = ir::contiguous_strides(out.sizes);
+      return true;
+    };
+    contiguous.python = {"Tensor.contiguous"};
     ops.push_back(c);
+    ops.push_back(contiguous);
   }
   // What torch has kernels for: no bool for arithmetic that needs a sign or an order of
   // magnitude, floating point only for the activations.

@@ -194,6 +194,87 @@ DType pointwise_common_dtype(const std::vector<Node*>& in) {
   return result_type(ops, default_float());
 }
 
+std::vector<Expr> pointwise_strides(const std::vector<Expr>& sizes, const std::vector<Node*>& in) {
+  // TensorIterator's rule: order the dims by the operands' strides (the first operand with a
+  // strict order decides; broadcast dims do not count; equal strides put the smaller dim
+  // inside), then lay the result out densely in that order. A transposed input's result is
+  // transposed too, as in eager.
+  const size_t rank = sizes.size();
+  std::vector<int64_t> shape(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    auto c = sizes[i].as_const();
+    if (!c) return ir::contiguous_strides(sizes);
+    shape[i] = *c;
+  }
+  std::vector<std::vector<int64_t>> strides;  // per tensor operand, broadcast to the result
+  for (const Node* n : in) {
+    if (!n || n->meta.wrapped_number) continue;
+    const TensorMeta& m = n->meta;
+    std::vector<int64_t> st(rank, 0);
+    const size_t off = rank - m.sizes.size();
+    for (size_t i = 0; i < m.sizes.size(); ++i) {
+      auto sz = m.sizes[i].as_const();
+      auto s = m.strides.size() == m.sizes.size() ? m.strides[i].as_const() : std::nullopt;
+      if (!sz || !s) return ir::contiguous_strides(sizes);
+      st[off + i] = (*sz == 1 && shape[off + i] != 1) ? 0 : *s;
+    }
+    strides.push_back(std::move(st));
+  }
+  auto should_swap = [&](size_t d0, size_t d1) {
+    for (const auto& st : strides) {
+      if (st[d0] == 0 || st[d1] == 0) continue;
+      if (st[d0] < st[d1]) return -1;
+      if (st[d0] > st[d1]) return 1;
+      if (shape[d0] > shape[d1]) return 1;
+    }
+    return 0;
+  };
+  std::vector<size_t> perm(rank);  // perm[0]: the innermost dim
+  for (size_t i = 0; i < rank; ++i) perm[i] = rank - 1 - i;
+  for (size_t i = 1; i < rank; ++i) {
+    size_t d1 = i;
+    for (size_t d0 = i; d0-- > 0;) {
+      int c = should_swap(perm[d0], perm[d1]);
+      if (c > 0) {
+        std::swap(perm[d0], perm[d1]);
+        d1 = d0;
+      } else if (c < 0) {
+        break;
+      }
+    }
+  }
+  bool identity = true;
+  for (size_t i = 0; i < rank; ++i) identity = identity && perm[i] == rank - 1 - i;
+  if (identity) return ir::contiguous_strides(sizes);
+  std::vector<Expr> out(rank);
+  int64_t next = 1;
+  for (size_t i = 0; i < rank; ++i) {
+    out[perm[i]] = Expr(next);
+    next *= shape[perm[i]];
+  }
+  return out;
+}
+
+std::vector<Expr> preserved_strides(const TensorMeta& x) {
+  // memory_format=torch.preserve_format (clone, .to()): a dense input's strides exactly, else
+  // contiguous.
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
+  for (size_t i = 0; i < x.sizes.size(); ++i) {
+    auto sz = x.sizes[i].as_const();
+    auto s = i < x.strides.size() ? x.strides[i].as_const() : std::nullopt;
+    if (!sz || !s) return ir::contiguous_strides(x.sizes);
+    if (*sz != 1) dims.emplace_back(*s, *sz);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expect = 1;
+  for (auto [s, sz] : dims) {
+    if (sz == 0) return ir::contiguous_strides(x.sizes);
+    if (s != expect) return ir::contiguous_strides(x.sizes);
+    expect *= sz;
+  }
+  return x.strides;
+}
+
 bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error) {
   std::vector<std::vector<Expr>> shapes;
   const Node* first_tensor = nullptr;
@@ -226,7 +307,7 @@ bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs&
     case Promotion::None: out.dtype = common; break;
   }
   out.device = first_tensor ? first_tensor->meta.device : Device{};
-  out.strides = ir::contiguous_strides(out.sizes);
+  out.strides = pointwise_strides(out.sizes, in);
   out.wrapped_number = false;
   return true;
 }

@@ -112,6 +112,10 @@ std::vector<const OpDef*> all_ops();
 
 // Shared shape rules the tables build on.
 bool broadcast_shapes(const std::vector<std::vector<Expr>>& shapes, std::vector<Expr>& out, std::string& error);
+// The strides of a pointwise result, as torch's TensorIterator lays it out from its operands'.
+std::vector<Expr> pointwise_strides(const std::vector<Expr>& sizes, const std::vector<Node*>& in);
+// The strides torch.preserve_format gives a copy of x (clone, .to()).
+std::vector<Expr> preserved_strides(const TensorMeta& x);
 bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error);
 bool infer_reduction(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error);
 // Normalises a possibly negative dim against rank; false (with torch's message) if out of range.

@@ -65,6 +65,17 @@ static inline float kiln_round_bf16(float x) {
   return kiln_u2f((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
 }
 
+// x converted to int32/int64 and back, as x86's conversion (what torch's CPU kernels run) gives
+// it: truncated in range, the lowest integer for nan and out of range. Written out because g++
+// (-fno-trapping-math) would fold (float)(long long)x into trunc(x), keeping -0.0, inf and nan;
+// + 0 turns the -0.0 of trunc(-0.25) into the +0.0 the integer has.
+#define KILN_THROUGH_INT(name, lo)                                                             \
+  static inline float name(float x) { return (x >= (float)(lo) && x < -(float)(lo)) ? kiln_trunc(x) + 0.0f : (float)(lo); } \
+  static inline double name(double x) { return (x >= (double)(lo) && x < -(double)(lo)) ? kiln_trunc(x) + 0.0 : (double)(lo); }
+KILN_THROUGH_INT(kiln_through_int32, -2147483648.0)
+KILN_THROUGH_INT(kiln_through_int64, -9223372036854775808.0)
+#undef KILN_THROUGH_INT
+
 // Integer forms: rounding is the identity, abs and the rest as torch defines them.
 template <typename T> static inline T kiln_floor(T x) { return x; }
 template <typename T> static inline T kiln_ceil(T x) { return x; }
@@ -73,8 +84,9 @@ template <typename T> static inline T kiln_abs(T x) { return x < 0 ? (T)-x : x; 
 template <typename T> static inline T kiln_relu(T x) { return x < (T)0 ? (T)0 : x; }
 
 // NaN-propagating max/min, as torch.maximum / amax.
-template <typename T> static inline T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
-template <typename T> static inline T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
+// Ties keep a, as std::max / std::min do in torch's kernels (clamp(-0.0, min=0) is -0.0).
+template <typename T> static inline T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? b : a)); }
+template <typename T> static inline T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (b < a ? b : a)); }
 
 // Integer division by zero must not trap: the kernel records it and the executor raises
 // torch's ZeroDivisionError after the call.

@@ -49,11 +49,17 @@ __device__ __forceinline__ float kiln_round_bf16(float x) {
 
 template <typename T> __device__ __forceinline__ T kiln_floor(T x) { return x; }
 template <typename T> __device__ __forceinline__ T kiln_ceil(T x) { return x; }
+// x converted to int32/int64 and back, as the GPU's conversion does it (saturating; nan is 0).
+__device__ __forceinline__ float kiln_through_int32(float x) { return (float)(int)x; }
+__device__ __forceinline__ double kiln_through_int32(double x) { return (double)(int)x; }
+__device__ __forceinline__ float kiln_through_int64(float x) { return (float)(long long)x; }
+__device__ __forceinline__ double kiln_through_int64(double x) { return (double)(long long)x; }
 template <typename T> __device__ __forceinline__ T kiln_trunc(T x) { return x; }
 template <typename T> __device__ __forceinline__ T kiln_abs(T x) { return x < 0 ? (T)-x : x; }
 template <typename T> __device__ __forceinline__ T kiln_relu(T x) { return x < (T)0 ? (T)0 : x; }
-template <typename T> __device__ __forceinline__ T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
-template <typename T> __device__ __forceinline__ T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
+// Ties keep a, as std::max / std::min do in torch's kernels (clamp(-0.0, min=0) is -0.0).
+template <typename T> __device__ __forceinline__ T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? b : a)); }
+template <typename T> __device__ __forceinline__ T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (b < a ? b : a)); }
 // Integer division by zero does not trap on the GPU; like torch's CUDA kernels, kiln's give
 // an unspecified value there.
 // INT_MIN / -1 overflows; torch wraps around (to INT_MIN).
