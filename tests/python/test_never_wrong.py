@@ -256,3 +256,67 @@ def test_pointwise_results_of_a_transposed_input_keep_eagers_strides(fn):
     expected, actual = fn(x), kiln.compile(fn)(x)
     assert_same(actual, expected)
     assert actual.stride() == expected.stride(), f"kiln {actual.stride()} vs eager {expected.stride()}"
+
+
+# ---- views share memory as in eager ----
+
+def _mutates_through_view(x):
+    t = x.view(-1)
+    t.fill_(3.0)
+    return x + 1
+
+
+def _whole_slice_then_inplace(x):
+    y = x + 0
+    v = y[:]
+    y.add_(1)
+    return v
+
+
+def _ellipsis_then_inplace(x):
+    y = x * 2
+    v = y[...]
+    v.mul_(3)
+    return y
+
+
+def test_inplace_write_through_a_view_of_an_input_changes_the_input():
+    x = torch.randn(3, 4)
+    x_eager = x.clone()
+    expected = _mutates_through_view(x_eager)
+    actual = kiln.compile(_mutates_through_view)(x)
+    assert_same(actual, expected)
+    assert_same(x, x_eager)
+
+
+@pytest.mark.parametrize("fn", [_whole_slice_then_inplace, _ellipsis_then_inplace])
+def test_whole_tensor_index_is_a_view_that_sees_later_inplace_writes(fn):
+    x = torch.randn(5)
+    assert_same(kiln.compile(fn)(x.clone()), fn(x.clone()))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a: a.view(-1), lambda a: a.t()[1:], lambda a: a[0], lambda a: a[:, 1:3].transpose(0, 1),
+    lambda a: a.unsqueeze(0).expand(2, 3, 4), lambda a: a[:], lambda a: (a.view(12), a * 2),
+])
+def test_returned_views_of_an_input_share_its_memory(fn):
+    a = torch.randn(3, 4)
+    out = kiln.compile(fn)(a)
+    view = out[0] if isinstance(out, tuple) else out
+    expected = fn(a)
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    assert view.shape == expected.shape and view.stride() == expected.stride()
+    assert view.data_ptr() == expected.data_ptr() and view.storage_offset() == expected.storage_offset()
+    if view.stride().count(0) == 0:
+        view.add_(1.0)  # the write reaches the caller's tensor, as eager's would
+        assert_same(view, fn(a)[0] if isinstance(out, tuple) else fn(a))
+
+
+def test_returned_view_of_a_result_aliases_that_result():
+    def f(x):
+        y = x * 2
+        return y, y.view(-1), y[...]
+    y, v, w = kiln.compile(f)(torch.randn(2, 3))
+    y.add_(1)
+    assert_same(v, y.view(-1))
+    assert_same(w, y)

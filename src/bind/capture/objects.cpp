@@ -226,6 +226,7 @@ VarPtr Interpreter::index_tensor(const VarPtr& base, const VarPtr& index) {
       ++dim;
     }
   }
+  if (x == base->node) x = add_node("alias", {x});  // eager's x[:] is a view, not x itself
   return Var::tensor(x);
 }
 

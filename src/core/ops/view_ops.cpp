@@ -259,6 +259,20 @@ std::vector<OpDef> view_ops() {
   expand.python = {"Tensor.expand"};
   ops.push_back(expand);
 
+  // x[:], x[...], x[()]: a new tensor over the same memory (aten::alias). Capture makes one so
+  // that an in-place update through either name is seen as an update of memory with views.
+  OpDef alias;
+  alias.name = "alias";
+  alias.schema = Schema::parse("alias(Tensor self)");
+  alias.kind = OpKind::View;
+  alias.infer = [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string&) {
+    out = in[0]->meta;
+    out.wrapped_number = false;
+    return true;
+  };
+  alias.view = [](const Exprs& idx, const Node&) { return idx; };
+  ops.push_back(alias);
+
   OpDef unsq;
   unsq.name = "unsqueeze";
   unsq.schema = Schema::parse("unsqueeze(Tensor self, int dim)");
