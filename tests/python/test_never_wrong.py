@@ -320,3 +320,39 @@ def test_returned_view_of_a_result_aliases_that_result():
     y.add_(1)
     assert_same(v, y.view(-1))
     assert_same(w, y)
+
+
+# ---- modules are matched by what calling them runs, never by class name ----
+
+class GELU(torch.nn.Module):  # timm's own GELU: same name as torch.nn.GELU, no `approximate`
+    def forward(self, x):
+        return F.gelu(x, approximate="tanh") * 2
+
+
+class Linear(torch.nn.Module):  # a user class named Linear with other semantics
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return x @ self.w - 1
+
+
+class KeepsLinearForward(torch.nn.Linear):
+    pass
+
+
+class OverridesReLU(torch.nn.ReLU):
+    def forward(self, x):
+        return super().forward(x) + 0.5
+
+
+@pytest.mark.parametrize("make", [GELU, Linear, lambda: KeepsLinearForward(4, 4), OverridesReLU,
+                                  lambda: torch.nn.Sequential(GELU(), Linear(), OverridesReLU())])
+def test_modules_are_matched_by_their_forward_not_their_class_name(make):
+    m = make().eval()
+    with torch.no_grad():
+        check(m, torch.randn(3, 4))
+        before = kiln.stats()["eager_fallbacks"]
+        kiln.compile(m)(torch.randn(3, 4))
+        assert kiln.stats()["eager_fallbacks"] == before

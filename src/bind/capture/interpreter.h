@@ -2,7 +2,8 @@
 // the root one for the function being compiled and a child for each inlined call.
 //
 // Its member functions live in files by topic: interpreter.cpp (the frame loop and the opcode
-// dispatch), calls.cpp (calls, inlining, builtins, extern calls of torch operators),
+// dispatch), calls.cpp (calls, inlining, builtins, extern calls of torch operators), modules.cpp
+// (nn.Module calls: hooks, torch.nn layers as ops, containers),
 // objects.cpp (attributes, modules, closures, super()), containers.cpp (dicts, lists, tuples),
 // operators.cpp (Python operators and in-place updates) and graph_break.cpp (breaks and the
 // values a resume function is handed).
@@ -36,6 +37,8 @@ struct Unsupported : std::runtime_error {
 inline bool is_python_scalar(PyObject* o) { return PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o); }
 
 class Interpreter {
+  friend struct ModuleRules;  // modules.cpp: torch.nn layers as ops
+
  public:
   // The root interpreter of a capture, or (with `parent`) one that inlines a call: it shares
   // the graph, the guards and the graph inputs of the root.
@@ -170,6 +173,9 @@ class Interpreter {
   VarPtr shape_tuple(const ir::TensorMeta& m);
 
   VarPtr call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+
+  // ModuleDict and ParameterDict (and subclasses): containers whose iteration yields keys.
+  static bool is_keyed_container(PyObject* m);
 
   // Number of children of a container module, guarded.
   Py_ssize_t module_children(const VarPtr& mod);

@@ -1,0 +1,352 @@
+// nn.Module calls and container modules during capture.
+//
+// A module call goes through nn.Module.__call__'s protocol (hooks, then forward). torch.nn's
+// common layers have a rule here that turns the call into one op with the module's parameters
+// and settings; the rules are keyed by the layer's `forward` function object, so a class matches
+// a rule exactly when calling it would run that forward: torch's class or a subclass that keeps
+// its forward. A user class that merely shares a name (timm's own `GELU`) or overrides forward
+// is inlined like any user module. Container modules are recognised by isinstance against
+// torch's classes, never by name.
+#include <unordered_map>
+
+#include "bind/capture/interpreter.h"
+#include "bind/python_objects.h"
+
+namespace kiln::bind::detail {
+
+namespace {
+
+PyObject* nn_class(const char* name) { return object_at(std::string("torch.nn.") + name); }
+
+bool instance_of(PyObject* obj, const char* nn_name) {
+  PyObject* cls = nn_class(nn_name);
+  if (!cls) {
+    PyErr_Clear();
+    return false;
+  }
+  int r = PyObject_IsInstance(obj, cls);
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+// The function `type(obj).forward` resolves to (borrowed), or nullptr.
+PyObject* forward_of(PyObject* obj) {
+  static PyObject* name = PyUnicode_InternFromString("forward");
+  PyObject* f = _PyType_Lookup(Py_TYPE(obj), name);
+  if (PyErr_Occurred()) PyErr_Clear();
+  return f;
+}
+
+}  // namespace
+
+// The module rules: each turns a call of one torch.nn layer into registry ops.
+struct ModuleRules {
+  using Rule = VarPtr (*)(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs& kw);
+
+  // forward function of the layer class -> its rule
+  static const std::unordered_map<PyObject*, Rule>& table() {
+    static const std::unordered_map<PyObject*, Rule> t = [] {
+      std::unordered_map<PyObject*, Rule> m;
+      auto add = [&](const char* cls, Rule r) {
+        PyObject* c = nn_class(cls);
+        PyObject* f = c ? PyObject_GetAttrString(c, "forward") : nullptr;  // kept for the process
+        if (!f) {
+          PyErr_Clear();
+          return;
+        }
+        m.emplace(f, r);
+      };
+      add("Linear", linear);
+      add("ReLU", relu);
+      add("SiLU", activation<Silu>);
+      add("Hardswish", activation<Hardswish>);
+      add("Hardsigmoid", activation<Hardsigmoid>);
+      add("LeakyReLU", activation<LeakyRelu>);
+      add("ELU", activation<Elu>);
+      add("Softplus", activation<Softplus>);
+      add("LayerNorm", layer_norm);
+      add("Embedding", embedding);
+      add("Sigmoid", unary<Sigmoid>);
+      add("Tanh", unary<Tanh>);
+      add("Identity", identity);
+      add("Dropout", dropout);
+      add("GELU", gelu);
+      add("Softmax", softmax<false>);
+      add("LogSoftmax", softmax<true>);
+      add("Conv2d", conv2d);
+      add("BatchNorm1d", batch_norm);
+      add("BatchNorm2d", batch_norm);
+      add("MaxPool2d", max_pool2d);
+      add("AdaptiveAvgPool2d", adaptive_avg_pool2d);
+      add("Flatten", flatten);
+      add("Sequential", sequential);
+      return m;
+    }();
+    return t;
+  }
+
+  static VarPtr fn(Interpreter& I, const char* path, std::vector<VarPtr> args, const Interpreter::KwArgs& kw = {}) {
+    return I.call_op(*function_binding(I.resolve_torch_path(path)), std::move(args), kw);
+  }
+  static std::string type_name(const VarPtr& mod) { return Py_TYPE(mod->obj)->tp_name; }
+  static void plain_call(const VarPtr& mod, const std::vector<VarPtr>& args, const Interpreter::KwArgs& kw) {
+    if (args.size() != 1 || !kw.empty()) unsupported(type_name(mod) + " called with extra arguments");
+  }
+
+  static VarPtr linear(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs& kw) {
+    plain_call(mod, args, kw);
+    return fn(I, "torch.nn.functional.linear", {args[0], I.module_attr(mod, "weight"), I.module_attr(mod, "bias")});
+  }
+  static VarPtr relu(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs& kw) {
+    if (I.module_attr(mod, "inplace")->obj != Py_True) return fn(I, "torch.relu", args, kw);
+    if (args.size() != 1 || !args[0]->is_tensor()) unsupported("ReLU(inplace=True) on a non-tensor");
+    I.check_inplace_target(args[0], "relu");
+    return I.mutate(args[0], I.add_node("relu", {args[0]->node}));
+  }
+
+  // Activations with settings: the functional form, the settings as keywords, and `inplace`.
+  struct Silu { static constexpr const char* f = "torch.nn.functional.silu"; static constexpr const char* p[] = {nullptr}; };
+  struct Hardswish { static constexpr const char* f = "torch.nn.functional.hardswish"; static constexpr const char* p[] = {nullptr}; };
+  struct Hardsigmoid { static constexpr const char* f = "torch.nn.functional.hardsigmoid"; static constexpr const char* p[] = {nullptr}; };
+  struct LeakyRelu { static constexpr const char* f = "torch.nn.functional.leaky_relu"; static constexpr const char* p[] = {"negative_slope", nullptr}; };
+  struct Elu { static constexpr const char* f = "torch.nn.functional.elu"; static constexpr const char* p[] = {"alpha", nullptr}; };
+  struct Softplus { static constexpr const char* f = "torch.nn.functional.softplus"; static constexpr const char* p[] = {"beta", "threshold", nullptr}; };
+  template <class A>
+  static VarPtr activation(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs& kw) {
+    plain_call(mod, args, kw);
+    Interpreter::KwArgs settings;
+    for (const char* const* p = A::p; *p; ++p) settings.emplace_back(*p, I.module_attr(mod, *p));
+    VarPtr r = fn(I, A::f, args, settings);
+    PyObject* inplace = PyObject_GetAttrString(mod->obj, "inplace");
+    if (!inplace) PyErr_Clear();
+    bool in_place = inplace == Py_True;
+    Py_XDECREF(inplace);
+    if (!in_place) return r;
+    if (!args[0]->is_tensor()) unsupported(type_name(mod) + "(inplace=True) on a non-tensor");
+    I.out_.guards.add_equals(Source::attr(mod->source, "inplace"), Py_True);
+    I.check_inplace_target(args[0], type_name(mod));
+    return I.mutate(args[0], r->node);
+  }
+
+  static VarPtr layer_norm(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
+    return fn(I, "torch.nn.functional.layer_norm",
+              {args.at(0), I.module_attr(mod, "normalized_shape"), I.module_attr(mod, "weight"), I.module_attr(mod, "bias"),
+               I.module_attr(mod, "eps")});
+  }
+  static VarPtr embedding(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
+    if (I.module_attr(mod, "max_norm")->obj != Py_None) unsupported("Embedding with max_norm renormalizes its weight in place");
+    return fn(I, "torch.nn.functional.embedding", {args.at(0), I.module_attr(mod, "weight"), I.module_attr(mod, "padding_idx")});
+  }
+  struct Sigmoid { static constexpr const char* f = "torch.sigmoid"; };
+  struct Tanh { static constexpr const char* f = "torch.tanh"; };
+  template <class U>
+  static VarPtr unary(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, const Interpreter::KwArgs& kw) {
+    return fn(I, U::f, args, kw);
+  }
+  static VarPtr identity(Interpreter&, const VarPtr&, std::vector<VarPtr>& args, const Interpreter::KwArgs&) { return args.at(0); }
+  static VarPtr dropout(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
+    if (I.module_attr(mod, "training")->obj == Py_True) unsupported("Dropout in training mode is random: not captured yet");
+    return args.at(0);
+  }
+  static VarPtr gelu(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
+    return fn(I, "torch.nn.functional.gelu", args, {{"approximate", I.module_attr(mod, "approximate")}});
+  }
+  template <bool Log>
+  static VarPtr softmax(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
+    VarPtr dim = I.module_attr(mod, "dim");
+    if (dim->obj == Py_None) unsupported(type_name(mod) + " with dim=None");
+    return fn(I, Log ? "torch.log_softmax" : "torch.softmax", {args.at(0), dim});
+  }
+  static VarPtr conv2d(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs& kw) {
+    plain_call(mod, args, kw);
+    VarPtr mode = I.module_attr(mod, "padding_mode");
+    if (!PyUnicode_Check(mode->obj) || std::string(PyUnicode_AsUTF8(mode->obj)) != "zeros")
+      unsupported("Conv2d with padding_mode other than 'zeros'");
+    VarPtr padding = I.module_attr(mod, "padding");
+    if (padding->is_const() && PyUnicode_Check(padding->obj)) unsupported("Conv2d with string padding");
+    return fn(I, "torch.nn.functional.conv2d",
+              {args[0], I.module_attr(mod, "weight"), I.module_attr(mod, "bias"), I.module_attr(mod, "stride"), padding,
+               I.module_attr(mod, "dilation"), I.module_attr(mod, "groups")});
+  }
+  static VarPtr batch_norm(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
+    VarPtr mean = I.module_attr(mod, "running_mean"), var = I.module_attr(mod, "running_var");
+    bool no_stats = mean->is_const() && mean->obj == Py_None;
+    if (I.module_attr(mod, "training")->obj == Py_True || no_stats)
+      unsupported(type_name(mod) + " in training mode (batch statistics) is not compiled yet");
+    return fn(I, "torch.nn.functional.batch_norm",
+              {args.at(0), mean, var, I.module_attr(mod, "weight"), I.module_attr(mod, "bias")}, {{"eps", I.module_attr(mod, "eps")}});
+  }
+  static VarPtr max_pool2d(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
+    if (I.module_attr(mod, "return_indices")->obj == Py_True) unsupported("MaxPool2d with return_indices");
+    VarPtr stride = I.module_attr(mod, "stride");
+    if (stride->is_const() && stride->obj == Py_None) stride = Var::tuple({});
+    return fn(I, "torch.nn.functional.max_pool2d",
+              {args.at(0), I.module_attr(mod, "kernel_size"), stride, I.module_attr(mod, "padding"), I.module_attr(mod, "dilation"),
+               I.module_attr(mod, "ceil_mode")});
+  }
+  static VarPtr adaptive_avg_pool2d(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
+    return fn(I, "torch.nn.functional.adaptive_avg_pool2d", {args.at(0), I.module_attr(mod, "output_size")});
+  }
+  static VarPtr flatten(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
+    return fn(I, "torch.flatten", {args.at(0), I.module_attr(mod, "start_dim"), I.module_attr(mod, "end_dim")});
+  }
+  // Sequential (and subclasses that keep its forward): each child called on the last result.
+  static VarPtr sequential(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
+    VarPtr x = args.at(0);
+    for (const std::string& name : I.module_keys(mod)) x = I.call(I.module_attr(mod, name.c_str()), {x}, {});
+    return x;
+  }
+};
+
+bool Interpreter::is_keyed_container(PyObject* m) { return instance_of(m, "ModuleDict") || instance_of(m, "ParameterDict"); }
+
+Py_ssize_t Interpreter::module_children(const VarPtr& mod) {
+  const bool params = instance_of(mod->obj, "ParameterList") || instance_of(mod->obj, "ParameterDict");
+  if (!params && !instance_of(mod->obj, "ModuleList") && !instance_of(mod->obj, "Sequential") &&
+      !instance_of(mod->obj, "ModuleDict"))
+    unsupported(std::string("len() or indexing of module ") + Py_TYPE(mod->obj)->tp_name);
+  const char* store = params ? "_parameters" : "_modules";
+  PyObject* children = PyObject_GetAttrString(mod->obj, store);
+  if (!children || !PyDict_Check(children)) {
+    Py_XDECREF(children);
+    PyErr_Clear();
+    unsupported("container module without " + std::string(store));
+  }
+  Py_ssize_t n = PyDict_Size(children);
+  Py_DECREF(children);
+  out_.guards.add_length(Source::attr(mod->source, store), n);
+  return n;
+}
+
+std::vector<std::string> Interpreter::module_keys(const VarPtr& mod) {
+  module_children(mod);
+  const bool params = instance_of(mod->obj, "ParameterList") || instance_of(mod->obj, "ParameterDict");
+  PyObject* children = PyObject_GetAttrString(mod->obj, params ? "_parameters" : "_modules");
+  std::vector<std::string> names;
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(children, &pos, &key, &value)) names.push_back(PyUnicode_AsUTF8(key));
+  Py_DECREF(children);
+  for (const std::string& n : names) module_attr(mod, n.c_str());  // guards each child
+  return names;
+}
+
+VarPtr Interpreter::call_module_method(VarPtr mod, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  if (is_keyed_container(mod->obj) && args.empty() && (name == "keys" || name == "values" || name == "items")) {
+    std::vector<VarPtr> out;
+    for (const std::string& n : module_keys(mod)) {
+      VarPtr k = real(PyUnicode_FromString(n.c_str()));
+      if (name == "keys") out.push_back(k);
+      else if (name == "values") out.push_back(module_attr(mod, n.c_str()));
+      else out.push_back(Var::tuple({k, module_attr(mod, n.c_str())}));
+    }
+    return Var::tuple(std::move(out), true);
+  }
+  PyObject* key = PyUnicode_FromString(name.c_str());
+  PyObject* f = _PyType_Lookup(Py_TYPE(mod->obj), key);  // borrowed
+  Py_DECREF(key);
+  if (PyErr_Occurred()) PyErr_Clear();
+  if (!f || !PyFunction_Check(f)) unsupported("method " + name + " of module " + Py_TYPE(mod->obj)->tp_name);
+  args.insert(args.begin(), mod);
+  // type(self).<name>: the function itself, so its defaults and closure are guarded.
+  SourcePtr src = mod->source ? Source::attr(Source::attr(mod->source, "__class__"), name) : nullptr;
+  return inline_call(f, src, std::move(args), kwargs);
+}
+
+VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {
+  PyObject* v = PyObject_GetAttrString(mod->obj, name);
+  if (!v) {
+    PyErr_Clear();
+    unsupported(std::string("module has no attribute ") + name);
+  }
+  if (PyMethod_Check(v) && PyMethod_GET_SELF(v) == mod->obj) {
+    // Bound methods are made afresh at each access: track the method, not the object.
+    Py_DECREF(v);
+    return Var::method(mod, name);
+  }
+  VarPtr r = wrap(v, Source::attr(mod->source, name));
+  Py_DECREF(v);
+  return r;
+}
+
+VarPtr Interpreter::call_module(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  PyObject* m = mod->obj;
+  Interpreter* r = root();
+  if (!r->global_hooks_checked_) {
+    r->global_hooks_checked_ = true;
+    static PyObject* mm = [] {
+      PyObject* mod = PyImport_ImportModule("torch.nn.modules.module");
+      PyObject* d = mod ? PyModule_GetDict(mod) : nullptr;
+      Py_XINCREF(d);
+      Py_XDECREF(mod);
+      PyErr_Clear();
+      return d;
+    }();
+    for (const char* g : {"_global_forward_hooks", "_global_forward_pre_hooks"}) {
+      PyObject* d = mm ? PyDict_GetItemString(mm, g) : nullptr;
+      if (!d || !PyDict_Check(d)) continue;
+      if (PyDict_Size(d) > 0) unsupported("global module forward hooks are not captured yet");
+      out_.guards.add_length(Source::global(g, mm), 0);
+    }
+  }
+  std::vector<VarPtr> pre_hooks, post_hooks;
+  for (const char* h : {"_forward_pre_hooks", "_forward_hooks"}) {
+    PyObject* d = PyObject_GetAttrString(m, h);
+    if (!d) PyErr_Clear();
+    if (d && PyDict_Check(d)) {
+      keep_.push_back(d);
+      if (!mod->source) {
+        if (PyDict_Size(d)) unsupported("hooks on a module with no known source");
+      } else {
+        SourcePtr ds = Source::attr(mod->source, h);
+        out_.guards.add_length(ds, PyDict_Size(d));
+        PyObject *k, *v;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(d, &pos, &k, &v))
+          (h[9] == 'p' ? pre_hooks : post_hooks).push_back(wrap(v, Source::key_of(ds, k)));
+      }
+    } else {
+      Py_XDECREF(d);
+    }
+  }
+  if (!pre_hooks.empty() || !post_hooks.empty()) {
+    for (const char* h : {"_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs"}) {
+      PyObject* d = PyObject_GetAttrString(m, h);
+      if (!d) PyErr_Clear();
+      bool any = d && PyObject_Length(d) > 0;
+      Py_XDECREF(d);
+      PyErr_Clear();
+      if (any) unsupported("forward hooks with keyword arguments are not captured yet");
+    }
+  }
+  for (const VarPtr& hook : pre_hooks) {
+    VarPtr res = call(hook, {mod, Var::tuple(args)}, {});
+    if (res->is_const() && res->obj == Py_None) continue;
+    args = res->kind == Var::Kind::Tuple ? res->items : std::vector<VarPtr>{res};
+  }
+  VarPtr out = call_module_body(mod, args, kwargs);
+  for (const VarPtr& hook : post_hooks) {
+    VarPtr res = call(hook, {mod, Var::tuple(args), out}, {});
+    if (!(res->is_const() && res->obj == Py_None)) out = res;
+  }
+  return out;
+}
+
+VarPtr Interpreter::call_module_body(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  PyObject* forward = forward_of(mod->obj);
+  const auto& rules = ModuleRules::table();
+  if (auto it = rules.find(forward); forward && it != rules.end()) {
+    // The class is torch's own, or keeps its forward: the rule reads what that forward reads.
+    // Its guards: the module is held by identity (wrap), so its class cannot change under them.
+    return it->second(*this, mod, args, kwargs);
+  }
+  if (!forward || !PyFunction_Check(forward))
+    unsupported(std::string("module ") + Py_TYPE(mod->obj)->tp_name + " has no Python forward");
+  keep_.push_back(Py_NewRef(forward));
+  // Any other module (torch.nn's own without a rule included): its forward inlined with the
+  // module as self; the torch functions it calls become ops or extern calls.
+  args.insert(args.begin(), mod);
+  return inline_call(forward, nullptr, std::move(args), kwargs);
+}
+
+}  // namespace kiln::bind::detail
