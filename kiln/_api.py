@@ -160,6 +160,9 @@ class ExplainOutput:
     loop_ir: str = ""
     source_path: str = ""
     compile_seconds: float = 0.0
+    # Every graph as capture made it, before any pass: also those of frames that then ran
+    # eagerly because compiling them failed (16-bit kernels, for now).
+    captured: str = ""
 
     def __str__(self) -> str:
         lines = [f"Graph Count: {self.graph_count}", f"Graph Break Count: {self.graph_break_count}",
@@ -202,7 +205,8 @@ def explain(fn: Callable, *extra_args, **extra_kwargs):
             graph_count=d["graph_count"], graph_break_count=d["graph_break_count"], op_count=d["op_count"],
             break_reasons=list(d["break_reasons"]), graphs=list(d["graphs"]), guards=list(d["guards"]),
             kernels=[_Kernel(k["name"], k["source"]) for k in d["kernels"]], loop_ir=d.get("loop_ir", ""),
-            source_path=d.get("source_path", ""), compile_seconds=d.get("compile_seconds", 0.0))
+            source_path=d.get("source_path", ""), compile_seconds=d.get("compile_seconds", 0.0),
+            captured=d.get("captured", ""))
 
     if extra_args or extra_kwargs:
         return run(*extra_args, **extra_kwargs)

@@ -356,3 +356,65 @@ def test_modules_are_matched_by_their_forward_not_their_class_name(make):
         before = kiln.stats()["eager_fallbacks"]
         kiln.compile(m)(torch.randn(3, 4))
         assert kiln.stats()["eager_fallbacks"] == before
+
+
+# ---- found by the fuzzer: aliasing through reshapes, externs and identity results ----
+
+def _view_of_4d_input_then_inplace(a):
+    t0 = a.view(-1)
+    t0.add_(1)
+    return torch.movedim(a, -3, -4) * 1
+
+
+def _extern_view_of_sliced_input_then_inplace(a):
+    t1 = torch.movedim(a, -1, -1).transpose(0, -1)
+    t1.clamp_(max=0)
+    return a.view(-1, a.shape[-1]).to(torch.int32)
+
+
+def _reshape_view_of_result_then_zero(b):
+    t2 = torch.clip(b.expand(4, 2, -1, -1, -1), -1, 1.0)
+    t3 = t2[0:, ...]
+    t4 = t2.view(-1)
+    t4.zero_()
+    return t3, t4
+
+
+def _type_as_itself_then_setitem(b):
+    t3 = b.sum()
+    t6 = t3.type_as(t3)
+    t3[None] = False
+    return t6
+
+
+def _twice(make_base, view=lambda t: t):
+    """Two equal inputs with the same layout: one for kiln, one for eager."""
+    base = make_base()
+    return view(base.clone()), view(base.clone())
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (_view_of_4d_input_then_inplace, lambda: _twice(lambda: torch.randn(2, 3, 4, 5))),
+    (_extern_view_of_sliced_input_then_inplace, lambda: _twice(lambda: torch.randn(10, 3) * 3, lambda t: t[::2])),
+    (_reshape_view_of_result_then_zero, lambda: _twice(lambda: torch.randn(3, 1, 2), lambda t: t.expand(3, 2, 2))),
+    (_type_as_itself_then_setitem, lambda: _twice(lambda: torch.randn(4))),
+])
+def test_inplace_updates_reach_every_alias(fn, inputs):
+    x_kiln, x_eager = inputs()
+    assert_same(kiln.compile(fn)(x_kiln), fn(x_eager))
+    assert_same(x_kiln, x_eager)
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.clone(), lambda x: x.to(torch.float64), lambda x: x.to(torch.bool),
+                                lambda x: torch.lt(x.to(torch.bool), x)])
+def test_copies_of_a_non_dense_input_keep_its_dim_order(fn):
+    x = torch.randint(-5, 5, (15, 7, 12, 5))[::3, :, ::3].movedim(2, 0)
+    assert kiln.compile(fn)(x).stride() == fn(x).stride()
+
+
+def test_a_torch_function_that_updates_its_input_in_place_is_not_taken_for_an_identity():
+    # F.hardtanh(x, inplace=True) returns x itself, changed; x.type_as(x) returns x unchanged
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU6(inplace=True)).eval()
+    with torch.no_grad():
+        x = torch.randn(2, 3, 8, 8) * 10
+        assert_same(kiln.compile(m)(x), m(x))

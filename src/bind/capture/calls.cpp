@@ -143,29 +143,34 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
       return call_tensor_method(fn->self, fn->name, std::move(args), kwargs);
     case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
     case Var::Kind::Function: {
-      if (!fn->self) return inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
-      // a function decorated with @torch.no_grad() and friends: its body runs in that mode
-      bool& mode = root()->grad_mode_;
-      const bool saved = mode;
-      mode = fn->self->obj == Py_True;
-      VarPtr r = inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
-      mode = saved;
+      if (!fn->mode) return inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
+      // a function decorated with @torch.no_grad(), @torch.autocast(...): its body runs in those modes
+      ModeChange saved = enter_modes(*fn->mode);
+      VarPtr r;
+      try {
+        r = inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
+      } catch (...) {
+        enter_modes(saved);
+        throw;
+      }
+      enter_modes(saved);
       return r;
     }
-    case Var::Kind::Const:
-      if (fn->name == "grad_mode_exit") {  // the __exit__ of with torch.no_grad() and friends
-        root()->grad_mode_ = fn->self->obj == Py_True;
-        return Var::constant(Py_False);
-      }
-      if (fn->name == "grad_mode" && args.size() == 1 && kwargs.empty() &&
+    case Var::Kind::ContextExit:  // with's __exit__(None, None, None): the modes before the block
+      enter_modes(*fn->mode);
+      return Var::constant(Py_False);
+    case Var::Kind::Context:
+      if (args.size() == 1 && kwargs.empty() &&
           (args[0]->kind == Var::Kind::Function || (args[0]->is_const() && PyFunction_Check(args[0]->obj)))) {
-        // torch.no_grad()(f), as a decorator: f, called in the context's grad mode
+        // torch.no_grad()(f), as a decorator: f, called in the context's modes
         auto d = std::make_shared<Var>(Var{Var::Kind::Function});
         d->obj = Py_NewRef(args[0]->obj);
         d->items = args[0]->items;
-        d->self = fn;
+        d->mode = fn->mode;
         return d;  // not rebuildable: a graph break or return cannot hand it to Python
       }
+      unsupported("call of a context manager object");
+    case Var::Kind::Const:
       return call_const(fn, std::move(args), kwargs);
     default: unsupported("call of a non-callable value");
   }
@@ -336,9 +341,10 @@ const std::unordered_map<PyObject*, Interpreter::Known>& Interpreter::known_torc
         {"torch.is_grad_enabled", Known::GradEnabled},      {"torch._C._has_torch_function", Known::False},
         {"torch._C._has_torch_function_unary", Known::False}, {"torch._C._has_torch_function_variadic", Known::False},
         {"torch._C._len_torch_dispatch_stack", Known::Zero}, {"torch._C._log_api_usage_once", Known::NoOp},
-        {"torch.is_autocast_enabled", Known::StateQuery},   {"torch.is_autocast_cpu_enabled", Known::StateQuery},
+        {"torch.is_autocast_enabled", Known::AutocastQuery}, {"torch.is_autocast_cpu_enabled", Known::AutocastQuery},
         {"torch.get_default_dtype", Known::StateQuery},     {"torch.is_inference_mode_enabled", Known::StateQuery},
-        {"torch.get_autocast_gpu_dtype", Known::StateQuery}, {"torch.nn.functional.dropout", Known::Dropout},
+        {"torch.get_autocast_gpu_dtype", Known::AutocastQuery}, {"torch.get_autocast_cpu_dtype", Known::AutocastQuery},
+        {"torch.get_autocast_dtype", Known::AutocastQuery}, {"torch.nn.functional.dropout", Known::Dropout},
         {"torch.nn.functional.dropout1d", Known::Dropout},  {"torch.nn.functional.dropout2d", Known::Dropout},
         {"torch.nn.functional.dropout3d", Known::Dropout},  {"torch.nn.functional.alpha_dropout", Known::Dropout},
         {"torch.nn.functional.feature_alpha_dropout", Known::Dropout},
@@ -366,8 +372,9 @@ VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<Var
       if (args.empty() || !args[0]->is_const()) return nullptr;
       if (!truth(args[0])) unsupported("torch._assert fails: eager raises");
       return Var::constant(Py_None);
+    case Known::AutocastQuery: return any_tensor ? nullptr : autocast_query(f, args, kwargs);
     case Known::StateQuery: {
-      // torch's global modes, read as they are now (kiln does not compile under autocast)
+      // torch's global modes that capture does not change, read as they are now
       if (any_tensor || !kwargs.empty()) return nullptr;
       PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
       for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "argument")));
@@ -437,7 +444,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (!has && args.size() == 3) return args[2];
     return getattr(args[0], attr);
   }
-  if (VarPtr r = grad_mode_context(f, args, kwargs)) return r;
+  if (VarPtr r = mode_context(f, args, kwargs)) return r;
   if (PyMethod_Check(f) && args.empty() && kwargs.empty()) {
     // @torch.no_grad() on a function: its wrapper enters `ctx.clone()`, a fresh context like ctx
     PyObject* self = PyMethod_GET_SELF(f);
@@ -451,9 +458,9 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
       PyObject* m = PyObject_GetAttrString(self, "mode");
       if (!m) real(nullptr);
       keep_.push_back(m);
-      if (VarPtr r = grad_mode_context(cls, {Var::constant(m)}, {})) return r;
+      if (VarPtr r = mode_context(cls, {Var::constant(m)}, {})) return r;
     } else if (clone) {
-      if (VarPtr r = grad_mode_context(cls, {}, {})) return r;
+      if (VarPtr r = mode_context(cls, {}, {})) return r;
     }
   }
   if (VarPtr r = builtin_over_trackers(f, args, kwargs)) return r;
@@ -637,45 +644,6 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   Py_DECREF(tuple);
   Py_XDECREF(kw);
   return real(r);
-}
-
-bool Interpreter::is_null_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
-  static PyObject* nullcontext = object_at("contextlib.nullcontext");
-  static PyObject* autocast = resolve_torch("autocast");
-  static PyObject* autocast_enabled = resolve_torch("is_autocast_enabled");
-  if (f == nullcontext) return args.empty() && kwargs.empty();
-  if (f != autocast || args.size() != 1 || !args[0]->is_const() || !PyUnicode_Check(args[0]->obj)) return false;
-  // torch.autocast(device, enabled=False) where autocast is off already (kiln compiles no autocast region)
-  bool disabled = false;
-  for (auto& [k, v] : kwargs) {
-    if (k == "enabled") disabled = v->is_const() && v->obj == Py_False;
-    else if (k != "dtype" && k != "cache_enabled") return false;
-  }
-  if (!disabled) return false;
-  PyObject* on = PyObject_CallOneArg(autocast_enabled, args[0]->obj);
-  bool off = on == Py_False;
-  Py_XDECREF(on);
-  PyErr_Clear();
-  return off;
-}
-
-VarPtr Interpreter::grad_mode_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
-  static PyObject* no_grad = resolve_torch("no_grad");
-  static PyObject* enable_grad = resolve_torch("enable_grad");
-  static PyObject* inference_mode = resolve_torch("inference_mode");
-  static PyObject* set_grad_enabled = resolve_torch("set_grad_enabled");
-  bool mode;
-  if (f == no_grad && args.empty() && kwargs.empty()) mode = false;
-  else if (f == enable_grad && args.empty() && kwargs.empty()) mode = true;
-  else if (f == inference_mode && kwargs.empty() && args.size() <= 1)
-    mode = args.empty() ? false : !truth(args[0]);
-  else if (f == set_grad_enabled && kwargs.empty() && args.size() == 1)
-    unsupported("torch.set_grad_enabled() changes grad mode when called: not captured yet");
-  else if (is_null_context(f, args, kwargs)) mode = root()->grad_mode_;  // changes nothing
-  else return nullptr;
-  VarPtr v = Var::constant(mode ? Py_True : Py_False);
-  v->name = "grad_mode";
-  return v;
 }
 
 VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
@@ -989,10 +957,12 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   for (auto& [k, v] : kwargs)
     if (k == "out") unsupported(name + "(out=...) is not captured");
   std::vector<ir::Node*> inputs;
+  std::vector<VarPtr> input_vars;  // the tracker of each input
   std::function<PyObject*(const VarPtr&)> tmpl = [&](const VarPtr& v) -> PyObject* {
     switch (v->kind) {
       case Var::Kind::Tensor:
         inputs.push_back(v->node);
+        input_vars.push_back(v);
         return tensor_slot(static_cast<int>(inputs.size()) - 1);
       case Var::Kind::Tuple:
       case Var::Kind::List: {
@@ -1071,9 +1041,30 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     PyDict_SetItemString(mkw, "device", meta);
     Py_DECREF(meta);
   }
+  auto versions = [&] {
+    std::vector<long long> v;
+    for (PyObject* m : metas) {
+      PyObject* ver = PyObject_GetAttrString(m, "_version");
+      v.push_back(ver ? PyLong_AsLongLong(ver) : -1);
+      Py_XDECREF(ver);
+      PyErr_Clear();
+    }
+    return v;
+  };
+  const std::vector<long long> before = versions();
   PyObject* r = PyObject_Call(f, margs, mkw);
   Py_DECREF(margs);
   Py_XDECREF(mkw);
+  // An operator that hands back an input itself, unchanged (x.type_as(x)): eager's result is
+  // that very tensor, so it is that very tracker, and later in-place updates reach both names.
+  // (F.hardtanh(x, inplace=True) hands back x changed: its version counter moved.)
+  const std::vector<long long> after = r ? versions() : before;
+  for (size_t j = 0; r && j < metas.size(); ++j)
+    if (r == metas[j] && before[j] == after[j] && before[j] >= 0) {
+      Py_DECREF(r);
+      drop_metas();
+      return input_vars[j];
+    }
   drop_metas();
   if (!r) {
     PyErr_Clear();  // no meta kernel, or an error eager raises itself when the call runs there

@@ -378,12 +378,11 @@ int Interpreter::step(const Instr& in, const CodeInfo& ci) {
       return -1;
     case OP_BEFORE_WITH: {
       VarPtr ctx = pop();
-      if (ctx->name != "grad_mode") unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/nullcontext/autocast(enabled=False)");
-      VarPtr exit = Var::constant(Py_None);
-      exit->name = "grad_mode_exit";
-      exit->self = Var::constant(root()->grad_mode_ ? Py_True : Py_False);
-      root()->grad_mode_ = ctx->obj == Py_True;
-      push(exit);
+      ModeChange m;
+      if (ctx->kind == Var::Kind::Context) m = *ctx->mode;
+      else if (ctx->is_const()) m = modes_of_object(ctx->obj);
+      else unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/autocast/nullcontext");
+      push(Var::context(enter_modes(m), Var::Kind::ContextExit));  // its __exit__ restores the modes before
       push(Var::constant(Py_None));
       return -1;
     }

@@ -141,16 +141,23 @@ class Interpreter {
   VarPtr call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs);
 
   // torch calls with an answer at capture time, and what it is
-  enum class Known { False, True, None, Zero, NoOp, GradEnabled, Assert, StateQuery, Dropout };
+  enum class Known { False, True, None, Zero, NoOp, GradEnabled, Assert, StateQuery, AutocastQuery, Dropout };
   static const std::unordered_map<PyObject*, Known>& known_torch_calls();
   VarPtr known_torch_call(Known k, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool any_tensor);
 
-  // torch.no_grad() and friends, for `with`: a marker holding the grad mode the block runs in.
-  VarPtr grad_mode_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
-
-  // contextlib.nullcontext(), torch.autocast(..., enabled=False) outside autocast: a `with`
-  // that changes nothing (entered as a grad-mode block that keeps the mode).
-  bool is_null_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  // ---- grad mode and autocast (modes.cpp) ----
+  // torch.no_grad(), torch.autocast(...), nullcontext() and friends: a Context tracker of the
+  // modes it sets (nullptr: f is not one of them).
+  VarPtr mode_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  // The modes a context-manager object made outside the function sets (`with self.ctx:`).
+  ModeChange modes_of_object(PyObject* ctx);
+  // Sets the modes `m` names for the ops captured from here on; returns the modes before.
+  ModeChange enter_modes(const ModeChange& m);
+  ModeChange current_modes();
+  // The autocast state inside torch.autocast(device, dtype, enabled) entered here.
+  AutocastState autocast_region(const std::string& device, PyObject* dtype, bool enabled);
+  // torch.is_autocast_enabled() and the autocast dtype queries, answered for where capture is.
+  VarPtr autocast_query(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   // Builtins applied to lists, tuples, dicts and iterators of trackers.
   VarPtr builtin_over_trackers(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);

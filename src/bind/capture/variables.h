@@ -3,16 +3,26 @@
 #include <Python.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bind/guards/source.h"
+#include "bind/torch/tensor_bridge.h"
 #include "core/ir/graph.h"
 
 namespace kiln::bind {
 
 struct Var;
 using VarPtr = std::shared_ptr<Var>;
+
+// The modes a `with` block or a decorated function runs its body in: grad mode and
+// torch.autocast's state. A field left empty keeps the mode it finds.
+struct ModeChange {
+  std::optional<bool> grad;
+  std::optional<AutocastState> autocast;
+};
+using ModeChangePtr = std::shared_ptr<const ModeChange>;
 
 struct Var {
   enum class Kind {
@@ -30,6 +40,8 @@ struct Var {
                // function for its code, defaults and globals; items are its closure cells
     Record,    // an instance of a dataclass made in the frame (records.cpp): obj is the class,
                // keys/items its attributes, fields first; view the keys of its mapping
+    Context,   // torch.no_grad(), torch.autocast(...), nullcontext(): `mode` is what it changes
+    ContextExit,  // the __exit__ of an entered Context: `mode` is what it restores
   } kind;
   PyObject* obj = nullptr;      // Const / Module; Tuple: its structseq type (torch.return_types.max),
                                 // when it is not a plain tuple (owned)
@@ -42,6 +54,7 @@ struct Var {
   std::vector<size_t> view;     // Record of a mapping dataclass: its keys, as indices into keys
   bool rebuildable = false;     // Function: obj is complete (real cells with the values), so a
                                 // graph break can hand it to Python
+  ModeChangePtr mode;           // Context / ContextExit; Function: a decorator's modes for its body
 
   ~Var() {
     if (!Py_IsInitialized()) return;
@@ -92,6 +105,11 @@ struct Var {
     return v;
   }
   static VarPtr dict() { return std::make_shared<Var>(Var{Kind::Dict}); }
+  static VarPtr context(ModeChange m, Kind k = Kind::Context) {
+    auto v = std::make_shared<Var>(Var{k});
+    v->mode = std::make_shared<const ModeChange>(std::move(m));
+    return v;
+  }
   bool is_const() const { return kind == Kind::Const; }
   bool is_tensor() const { return kind == Kind::Tensor; }
 };

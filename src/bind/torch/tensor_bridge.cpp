@@ -157,19 +157,16 @@ AutocastState autocast_state() {
   AutocastState s;
   s.cpu = at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
   s.cuda = at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
-  // Only the dtype of a device where autocast is on matters: the rest stay at their defaults,
-  // so a dtype set for a device autocast leaves off does not recompile.
-  if (s.cpu) to_kiln(at::autocast::get_autocast_dtype(c10::DeviceType::CPU), s.cpu_dtype);
-  if (s.cuda) to_kiln(at::autocast::get_autocast_dtype(c10::DeviceType::CUDA), s.cuda_dtype);
+  // The dtypes too where autocast is off: a torch.autocast region inside the function takes
+  // the device's dtype from here when it names none.
+  to_kiln(at::autocast::get_autocast_dtype(c10::DeviceType::CPU), s.cpu_dtype);
+  to_kiln(at::autocast::get_autocast_dtype(c10::DeviceType::CUDA), s.cuda_dtype);
   return s;
 }
 
 std::string AutocastState::str() const {
-  std::string out = "cpu=";
-  out += cpu ? dtype_name(cpu_dtype) : "off";
-  out += " cuda=";
-  out += cuda ? dtype_name(cuda_dtype) : "off";
-  return out;
+  auto one = [](bool on, DType t) { return std::string(on ? "" : "off, ") + dtype_name(t); };
+  return "cpu=" + one(cpu, cpu_dtype) + " cuda=" + one(cuda, cuda_dtype);
 }
 
 }  // namespace kiln::bind

@@ -296,6 +296,20 @@ class Lowering {
     return loop::BufferView{buffer, b.sizes, b.strides, b.offset};
   }
 
+  // A chain of views whose index arithmetic the simplifier cannot fold back into strides
+  // (view(-1) of a 4-d tensor reads through nested floordiv/mod): the strides eager gives it,
+  // from the shape rules, hold on the base's buffer when that buffer has the base's layout.
+  std::optional<loop::BufferView> view_from_meta(const ir::Node* n, const ir::Node* base) {
+    for (const ir::Node* v = n; v != base; v = v->inputs[0])
+      if (v->op->copies && v->op->copies(*v)) return std::nullopt;
+    const Value& bv = values_.at(base);
+    if (bv.buffer < 0) return std::nullopt;
+    const Buffer& b = p_.buffers[bv.buffer];
+    if (b.sizes != base->meta.sizes || b.strides != base->meta.strides || !(b.offset - base->meta.offset).is_const(0))
+      return std::nullopt;
+    return loop::BufferView{bv.buffer, n->meta.sizes, n->meta.strides, n->meta.offset};
+  }
+
   // The value of `n` as a strided view of a buffer. When it is not one yet, the value under
   // its chain of views is realized (in its own iteration space, so it fuses with its
   // producers) and `n` becomes a view of that buffer, as in eager.
@@ -311,6 +325,7 @@ class Lowering {
     if (bv.buffer < 0) realize(bv, BufferKind::Temp, base);
     for (auto it = chain.rbegin(); it != chain.rend(); ++it) lower_view(*it);
     if (auto v = as_view(values_.at(n))) return *v;
+    if (auto v = view_from_meta(n, base)) return *v;
     Value& v = values_.at(n);
     realize(v, BufferKind::Temp, n);
     return whole(v.buffer);
@@ -330,6 +345,9 @@ class Lowering {
       e.inputs.push_back(view);
     }
     e.output = new_buffer(n, BufferKind::Temp, n->meta.sizes, n->meta.dtype);
+    // The extern makes this tensor itself, with torch's strides (those its meta run gave): a
+    // view of an input (movedim, a sliced torch_call) keeps its holes and stays a view.
+    if (n->meta.strides.size() == n->meta.sizes.size()) p_.buffers[e.output].strides = n->meta.strides;
     p_.externs.push_back(e);
     p_.steps.push_back({loop::Step::Kind::Extern, static_cast<int>(p_.externs.size() - 1)});
     values_[n] = buffer_value(e.output);

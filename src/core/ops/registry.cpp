@@ -194,7 +194,19 @@ DType pointwise_common_dtype(const std::vector<Node*>& in) {
   return result_type(ops, default_float());
 }
 
+namespace {
+std::vector<Expr> iterator_strides(const std::vector<Expr>& sizes, const std::vector<const TensorMeta*>& in);
+}
+
 std::vector<Expr> pointwise_strides(const std::vector<Expr>& sizes, const std::vector<Node*>& in) {
+  std::vector<const TensorMeta*> metas;
+  for (const Node* n : in)
+    if (n && !n->meta.wrapped_number) metas.push_back(&n->meta);
+  return iterator_strides(sizes, metas);
+}
+
+namespace {
+std::vector<Expr> iterator_strides(const std::vector<Expr>& sizes, const std::vector<const TensorMeta*>& in) {
   // TensorIterator's rule: order the dims by the operands' strides (the first operand with a
   // strict order decides; broadcast dims do not count; equal strides put the smaller dim
   // inside), then lay the result out densely in that order. A transposed input's result is
@@ -207,9 +219,8 @@ std::vector<Expr> pointwise_strides(const std::vector<Expr>& sizes, const std::v
     shape[i] = *c;
   }
   std::vector<std::vector<int64_t>> strides;  // per tensor operand, broadcast to the result
-  for (const Node* n : in) {
-    if (!n || n->meta.wrapped_number) continue;
-    const TensorMeta& m = n->meta;
+  for (const TensorMeta* mp : in) {
+    const TensorMeta& m = *mp;
     std::vector<int64_t> st(rank, 0);
     const size_t off = rank - m.sizes.size();
     for (size_t i = 0; i < m.sizes.size(); ++i) {
@@ -255,9 +266,11 @@ std::vector<Expr> pointwise_strides(const std::vector<Expr>& sizes, const std::v
   return out;
 }
 
+}  // namespace
+
 std::vector<Expr> preserved_strides(const TensorMeta& x) {
   // memory_format=torch.preserve_format (clone, .to()): a dense input's strides exactly, else
-  // contiguous.
+  // dense strides in the input's dim order (empty_like's rule, TensorIterator's with one operand).
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
   for (size_t i = 0; i < x.sizes.size(); ++i) {
     auto sz = x.sizes[i].as_const();
@@ -267,12 +280,13 @@ std::vector<Expr> preserved_strides(const TensorMeta& x) {
   }
   std::sort(dims.begin(), dims.end());
   int64_t expect = 1;
+  bool dense = true;
   for (auto [s, sz] : dims) {
     if (sz == 0) return ir::contiguous_strides(x.sizes);
-    if (s != expect) return ir::contiguous_strides(x.sizes);
+    if (s != expect) dense = false;
     expect *= sz;
   }
-  return x.strides;
+  return dense ? x.strides : iterator_strides(x.sizes, {&x});
 }
 
 bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error) {

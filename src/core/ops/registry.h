@@ -96,6 +96,9 @@ struct OpDef {
   // t and flatten that decompose into views): in-place updates must see through it.
   bool may_alias = false;
   bool aliases() const { return may_alias || kind == OpKind::View; }
+  // A view op whose result is a copy for some layouts (reshape of memory no strides can
+  // describe): true for those nodes. nullptr: every node of the op is a view in eager.
+  bool (*copies)(const Node& n) = nullptr;
   // Operand dtypes torch has no kernel for (eager raises NotImplementedError there).
   enum class Operands { Any, NoBool, FloatOnly } operands = Operands::Any;
   // Tensor parameters that take no Python number (torch.maximum(x, 2) is a TypeError).

@@ -122,6 +122,11 @@ OpDef reshape_like(const std::string& name, bool must_view, std::vector<std::str
       r[j] = j == 0 ? sym::floordiv(lin, in_cs[j]) : sym::mod(sym::floordiv(lin, in_cs[j]), in_sizes[j]);
     return r;
   };
+  if (!must_view)
+    d.copies = [](const Node& n) {
+      const TensorMeta& x = n.inputs[0]->meta;
+      return !view_strides(x.sizes, x.strides, n.meta.sizes).has_value();
+    };
   d.python = std::move(py);
   return d;
 }
