@@ -143,3 +143,29 @@ def test_decoding_step_with_a_kv_cache_is_one_graph(name, device):
                 torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-4)
                 torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-4)
             step = ref.logits[:, -1:].argmax(-1)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_generate_again_with_a_new_cache_object_reuses_the_compiled_steps(name):
+    # generate() makes a new DynamicCache each time: kiln guards it by type and by what the
+    # forward reads from it, not by identity, so an identical second generate() compiles nothing.
+    cls, cfg = _config(name)
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    model.generation_config.pad_token_id = 0
+    eager_forward = model.forward
+    prompt = torch.randint(1, VOCAB, (1, 5))
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=4, do_sample=False, use_cache=True)
+        model.forward = kiln.compile(eager_forward)
+        try:
+            first = model.generate(prompt, max_new_tokens=4, do_sample=False, use_cache=True)
+            before = kiln.stats()
+            second = model.generate(prompt, max_new_tokens=4, do_sample=False, use_cache=True)
+            after = kiln.stats()
+        finally:
+            model.forward = eager_forward
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    assert after["frames_captured"] == before["frames_captured"], after["recompile_reasons"][-3:]
+    assert after["eager_fallbacks"] == before["eager_fallbacks"]
+    assert after["cache_hits_memory"] > before["cache_hits_memory"]

@@ -583,6 +583,17 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     it->kind = Var::Kind::Iterator;
     return it;
   }
+  if (args.size() >= 1 && structural(args[0]) && kwargs.empty()) {
+    // questions about an object guarded by its type that its type answers (no pinning)
+    PyObject* o = args[0]->obj;
+    if (f == builtin("type") && args.size() == 1) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(o)));
+    if (f == builtin("callable") && args.size() == 1) return Var::constant(PyCallable_Check(o) ? Py_True : Py_False);
+    if (f == builtin("isinstance") && args.size() == 2) {
+      int r = PyObject_IsInstance(o, const_obj(args[1], "isinstance() class"));
+      if (r < 0) real(nullptr);
+      return Var::constant(r ? Py_True : Py_False);
+    }
+  }
   if (f == builtin("type") && args.size() == 1 && args[0]->is_tensor() && args[0]->node->op_name() != "placeholder")
     return Var::constant(resolve_torch("Tensor"));
   if (f == builtin("callable") && args.size() == 1 && !args[0]->is_const())

@@ -142,15 +142,37 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
   if (PyMethod_Check(v)) {
     // Bound methods are made afresh at each attribute access: guard what they bind.
     out_.guards.add_identity(Source::attr(src, "__func__"), PyMethod_GET_FUNCTION(v));
-    out_.guards.add_identity(Source::attr(src, "__self__"), PyMethod_GET_SELF(v));
+    PyObject* self = PyMethod_GET_SELF(v);
+    if (by_structure(self)) {
+      out_.guards.add_type(Source::attr(src, "__self__"), reinterpret_cast<PyObject*>(Py_TYPE(self)));
+    } else {
+      out_.guards.add_identity(Source::attr(src, "__self__"), self);
+    }
     return Var::constant(v, src);
   }
   if (PyCFunction_Check(v) && PyCFunction_GET_SELF(v) && !PyModule_Check(PyCFunction_GET_SELF(v)))
     return Var::constant(v, src);  // "abc".startswith: made afresh at each access; its receiver is guarded
+  if (by_structure(v)) {
+    // An instance of a user class (a config, a KV cache): its type, and then each attribute
+    // capture reads, as its own guarded value; a new object of the same structure hits the cache.
+    // Used as a value itself (compared, hashed, passed to Python), it is pinned by identity.
+    out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
+    VarPtr c = Var::constant(v, src);
+    c->by_type = true;
+    return c;
+  }
   // Modules, functions, classes and other objects: their identity.
   out_.guards.add_identity(src, v);
   return Var::constant(v, src);
 }
+
+bool Interpreter::by_structure(PyObject* v) {
+  static PyObject* enum_type = object_at("enum.Enum");  // members are their identity
+  return (!enum_type || PyObject_IsInstance(v, enum_type) != 1) && PyType_HasFeature(Py_TYPE(v), Py_TPFLAGS_HEAPTYPE) && !PyType_Check(v) && !PyFunction_Check(v) &&
+         !PyMethod_Check(v) && !PyModule_Check(v) && !is_tensor(v) && !is_nn_module(v) && !PyCode_Check(v);
+}
+
+bool Interpreter::structural(const VarPtr& v) { return v->is_const() && v->source && v->by_type; }
 
 bool Interpreter::is_nn_module(PyObject* v) {
   static PyObject* module_type = object_at("torch.nn.Module");
@@ -245,6 +267,11 @@ ir::Node* Interpreter::as_node(const VarPtr& v, const char* what) {
 }
 
 PyObject* Interpreter::const_obj(const VarPtr& v, const char* what) {
+  if (structural(v)) {
+    // the object itself goes into a Python operation: from here on its identity is what holds
+    out_.guards.add_identity(v->source, v->obj);
+    v->by_type = false;
+  }
   if (v->is_const() || v->kind == Var::Kind::Module) return v->obj;  // modules are guarded by identity
   if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List) {
     // Materialize containers of constants (e.g. a shape tuple).
@@ -294,6 +321,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       for (auto& item : v->items) s.items.push_back(output_spec(item));
       return s;
     case Var::Kind::Const:
+      if (structural(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
       s.kind = OutSpec::Kind::Const;
       Py_INCREF(v->obj);
       s.value = v->obj;
@@ -380,7 +408,7 @@ int Interpreter::step(const Instr& in, const CodeInfo& ci) {
       VarPtr ctx = pop();
       ModeChange m;
       if (ctx->kind == Var::Kind::Context) m = *ctx->mode;
-      else if (ctx->is_const()) m = modes_of_object(ctx->obj);
+      else if (ctx->is_const()) m = modes_of_object(const_obj(ctx, "context manager"));
       else unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/autocast/nullcontext");
       push(Var::context(enter_modes(m), Var::Kind::ContextExit));  // its __exit__ restores the modes before
       push(Var::constant(Py_None));
@@ -655,8 +683,12 @@ int Interpreter::step(const Instr& in, const CodeInfo& ci) {
     case OP_IS_OP: {
       VarPtr b = pop(), a = pop();
       bool same;
-      if (a->is_const() && b->is_const()) same = a->obj == b->obj;
-      else if (a->is_tensor() && b->is_tensor()) same = a->node == b->node;
+      if (a->is_const() && b->is_const()) {
+        // An object guarded by its structure is not None, nor any object of another type; is it
+        // this other object of its own type? Only identity can say: both are pinned.
+        if ((structural(a) || structural(b)) && Py_TYPE(a->obj) == Py_TYPE(b->obj)) const_obj(a, "operand"), const_obj(b, "operand");
+        same = a->obj == b->obj;
+      } else if (a->is_tensor() && b->is_tensor()) same = a->node == b->node;
       else same = false;  // a tensor is never None, a module never a number
       push(Var::constant((same != (in.arg == 1)) ? Py_True : Py_False));
       return -1;

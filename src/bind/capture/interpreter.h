@@ -74,6 +74,11 @@ class Interpreter {
 
   static bool is_nn_module(PyObject* v);
 
+  // Objects guarded by their type and the attributes capture reads (instances of user classes)
+  // rather than by identity, until capture uses the object itself as a value (const_obj).
+  static bool by_structure(PyObject* v);
+  static bool structural(const VarPtr& v);
+
   // ---- the stack ----
   VarPtr pop();
 

@@ -55,6 +55,8 @@ struct Var {
   bool rebuildable = false;     // Function: obj is complete (real cells with the values), so a
                                 // graph break can hand it to Python
   ModeChangePtr mode;           // Context / ContextExit; Function: a decorator's modes for its body
+  bool by_type = false;         // Const from the frame guarded by its type and the attributes
+                                // read, not its identity (Interpreter::by_structure)
 
   ~Var() {
     if (!Py_IsInitialized()) return;
