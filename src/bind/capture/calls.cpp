@@ -398,53 +398,15 @@ VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<Var
 VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
   PyObject* f = fn->obj;
   if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
-  if (f == builtin("super") && kwargs.empty()) return make_super(args);
+  if (VarPtr r = call_rule(fn, args, kwargs)) return r;  // call_rules.cpp: by the callee object
+  // ---- by category ----
   if (PyType_Check(f))
     if (VarPtr r = make_record(f, args, kwargs)) return r;
-  if (!args.empty() && args[0]->kind == Var::Kind::Record) {
-    // builtins that ask a dataclass instance about itself
-    const VarPtr& rec = args[0];
-    if (f == builtin("isinstance") && args.size() == 2)
-      return Var::constant(PyObject_IsSubclass(rec->obj, const_obj(args[1], "class")) == 1 ? Py_True : Py_False);
-    if (f == builtin("type") && args.size() == 1) return Var::constant(rec->obj);
-    if (f == builtin("len") && args.size() == 1 && PyObject_IsSubclass(rec->obj, reinterpret_cast<PyObject*>(&PyDict_Type)) == 1)
-      return Var::steal_constant(PyLong_FromSize_t(rec->view.size()));
-    if ((f == builtin("hasattr") || f == builtin("getattr")) && args.size() >= 2) {
-      std::string attr = PyUnicode_AsUTF8(const_obj(args[1], "attribute name"));
-      bool has = std::any_of(rec->keys.begin(), rec->keys.end(),
-                             [&](PyObject* k) { return PyUnicode_CompareWithASCIIString(k, attr.c_str()) == 0; }) ||
-                 PyObject_HasAttrString(rec->obj, attr.c_str());
-      if (f == builtin("hasattr")) return Var::constant(has ? Py_True : Py_False);
-      if (!has && args.size() == 3) return args[2];
-      return record_attr(rec, attr);
-    }
-  }
-  if (!args.empty() && args[0]->is_tensor()) {
+  if (const std::string* method = inplace_function_method(f); method && !args.empty() && args[0]->is_tensor()) {
     // torch.relu_(x), torch.sigmoid_(x): the Tensor method of the same name
-    std::string n = callable_name(f);
-    if (n.rfind("torch.", 0) == 0 && n.size() > 7 && n.back() == '_' && n[n.size() - 2] != '_') {
-      std::string method = n.substr(n.rfind('.') + 1);
-      if (method_binding(method.substr(0, method.size() - 1))) {
-        std::vector<VarPtr> rest(args.begin() + 1, args.end());
-        return call_tensor_method(args[0], method, std::move(rest), kwargs);
-      }
-    }
+    std::vector<VarPtr> rest(args.begin() + 1, args.end());
+    return call_tensor_method(args[0], *method, std::move(rest), kwargs);
   }
-  if ((f == builtin("getattr") || f == builtin("hasattr")) && kwargs.empty() && args.size() >= 2 &&
-      (args[0]->kind == Var::Kind::Module || (args[0]->is_const() && args[0]->source)) && args[1]->is_const() &&
-      PyUnicode_Check(args[1]->obj)) {
-    // getattr(self, f"fc{i}"), getattr(cfg, "eps"): read as self.fc0 / cfg.eps would be, guarded
-    const char* attr = PyUnicode_AsUTF8(args[1]->obj);
-    const AttrStore* logged = logged_attr(args[0]->obj, attr);
-    int has = logged ? logged->value != nullptr : PyObject_HasAttrString(args[0]->obj, attr);
-    if (f == builtin("hasattr")) {
-      if (has) getattr(args[0], attr);
-      return Var::constant(has ? Py_True : Py_False);
-    }
-    if (!has && args.size() == 3) return args[2];
-    return getattr(args[0], attr);
-  }
-  if (VarPtr r = mode_context(f, args, kwargs)) return r;
   if (PyMethod_Check(f) && args.empty() && kwargs.empty()) {
     // @torch.no_grad() on a function: its wrapper enters `ctx.clone()`, a fresh context like ctx
     PyObject* self = PyMethod_GET_SELF(f);
@@ -465,18 +427,6 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   }
   if (VarPtr r = builtin_over_trackers(f, args, kwargs)) return r;
   static PyObject* partial_type = object_at("functools.partial");
-  if (f == partial_type && !args.empty() && std::all_of(args.begin(), args.end(), [](auto& a) { return a->is_const() || a->kind == Var::Kind::Module; }) &&
-      std::all_of(kwargs.begin(), kwargs.end(), [](auto& kv) { return kv.second->is_const(); })) {
-    // functools.partial(g, ...) of values known here: a real partial, built now.
-    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
-    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]->obj));
-    PyObject* kw = PyDict_New();
-    for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), v->obj);
-    PyObject* p = PyObject_Call(partial_type, t, kw);
-    Py_DECREF(t);
-    Py_DECREF(kw);
-    return real(p);
-  }
   if (partial_type && Py_TYPE(f) == reinterpret_cast<PyTypeObject*>(partial_type)) {
     // functools.partial(g, *a, **k)(...): g(*a, ..., **k, ...); its fields are read-only.
     PyObject* pargs = PyObject_GetAttrString(f, "args");
@@ -495,22 +445,6 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     keep_.push_back(inner);
     VarPtr g = fn->source ? wrap(inner, Source::attr(fn->source, "func")) : Var::constant(inner);
     return call(g, std::move(all), std::move(kw));
-  }
-  static PyObject* signature = object_at("inspect.signature");
-  if (f == signature && args.size() == 1 && kwargs.empty()) {
-    // inspect.signature(fn): a property of the code, never of tensors; asked of the real callable
-    const VarPtr& a = args[0];
-    PyObject* target = nullptr;
-    if (a->kind == Var::Kind::Method && a->self->kind == Var::Kind::Module && !a->obj)
-      target = PyObject_GetAttrString(a->self->obj, a->name.c_str());
-    else if (a->is_const() || a->kind == Var::Kind::Function || a->kind == Var::Kind::Module)
-      target = Py_NewRef(a->obj);
-    if (target) {
-      PyObject* r = PyObject_CallOneArg(signature, target);
-      Py_DECREF(target);
-      return real(r);
-    }
-    if (PyErr_Occurred()) real(nullptr);
   }
   if (is_compiled_function(f) && !compiled_function_disabled(f)) {
     // A compiled function called from compiled code: its body is inlined into this graph.
@@ -554,88 +488,21 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
                     std::any_of(kwargs.begin(), kwargs.end(), [&](auto& kv) { return has_tensor(kv.second); });
   if (auto known = known_torch_calls().find(f); known != known_torch_calls().end())
     if (VarPtr r = known_torch_call(known->second, f, args, kwargs, any_tensor)) return r;
-  static PyObject* torch_max = resolve_torch("max");
-  static PyObject* torch_min = resolve_torch("min");
-  if (f == torch_max || f == torch_min) {
-    name = f == torch_max ? "torch.max" : "torch.min";
-    if (args.size() == 1 && kwargs.empty())
-      return call_op(*function_binding(resolve_torch(name == "torch.max" ? "amax" : "amin")), args, {});
-    if (args.size() == 2 && args[1]->is_tensor() && kwargs.empty())
-      return call_op(*function_binding(resolve_torch(name == "torch.max" ? "maximum" : "minimum")), args, {});
-    // with a dim: torch.return_types.max(values, indices), through torch's own kernel
-  }
-  if ((f == builtin("zip") || f == builtin("enumerate") || f == builtin("reversed")) && kwargs.empty())
-    return iteration_builtin(f, args);
-  if (f == builtin("enumerate") && kwargs.size() == 1 && kwargs[0].first == "start" && args.size() == 1)
-    return iteration_builtin(f, {args[0], kwargs[0].second});
-  if (f == builtin("next") && (args.size() == 1 || args.size() == 2) && args[0]->kind == Var::Kind::Iterator) {
-    VarPtr& it = args[0];
-    if (it->items.empty()) {
-      if (args.size() == 2) return args[1];
-      unsupported("next() of an exhausted iterator: StopIteration");
-    }
-    VarPtr v = it->items.front();
-    it->items.erase(it->items.begin());
-    return v;
-  }
-  if (f == builtin("iter") && args.size() == 1 && kwargs.empty()) {
-    VarPtr it = Var::tuple(items_of(args[0]));
-    it->kind = Var::Kind::Iterator;
-    return it;
-  }
-  if (args.size() >= 1 && structural(args[0]) && kwargs.empty()) {
-    // questions about an object guarded by its type that its type answers (no pinning)
-    PyObject* o = args[0]->obj;
-    if (f == builtin("type") && args.size() == 1) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(o)));
-    if (f == builtin("callable") && args.size() == 1) return Var::constant(PyCallable_Check(o) ? Py_True : Py_False);
-    if (f == builtin("isinstance") && args.size() == 2) {
-      int r = PyObject_IsInstance(o, const_obj(args[1], "isinstance() class"));
-      if (r < 0) real(nullptr);
-      return Var::constant(r ? Py_True : Py_False);
-    }
-  }
-  if (f == builtin("type") && args.size() == 1 && args[0]->is_tensor() && args[0]->node->op_name() != "placeholder")
-    return Var::constant(resolve_torch("Tensor"));
-  if (f == builtin("callable") && args.size() == 1 && !args[0]->is_const())
-    return Var::constant(args[0]->kind == Var::Kind::Module || args[0]->kind == Var::Kind::Function ||
-                                 args[0]->kind == Var::Kind::Method
-                             ? Py_True
-                             : Py_False);
-  if (f == builtin("abs") && args.size() == 1 && args[0]->is_tensor())
-    return Var::tensor(add_node("abs", {args[0]->node}));
-  if (f == builtin("len") && args.size() == 1 && args[0]->kind == Var::Kind::Module)
-    return Var::steal_constant(PyLong_FromSsize_t(module_children(args[0])));
-  if (f == builtin("len") && args.size() == 1 && args[0]->is_tensor()) {
-    const ir::TensorMeta& m = args[0]->node->meta;
-    if (m.dim() == 0) unsupported("len() of a 0-d tensor");
-    return size_const(m.sizes[0]);
-  }
-  if (f == builtin("hasattr") && args.size() == 2 && args[0]->is_tensor() && args[1]->is_const() &&
-      PyUnicode_Check(args[1]->obj)) {
-    // the attributes of its class (as torch.compile, kiln does not guard attributes set on a tensor)
-    PyObject* tensor_type = resolve_torch("Tensor");
-    return Var::constant(PyObject_HasAttr(tensor_type, args[1]->obj) ? Py_True : Py_False);
-  }
-  if (f == builtin("isinstance") && args.size() == 2 && args[0]->is_tensor()) {
-    PyObject* tensor_type = resolve_torch("Tensor");
-    int r = PyObject_IsSubclass(tensor_type, const_obj(args[1], "isinstance() class"));
-    if (r < 0) real(nullptr);
-    return Var::constant(r == 1 ? Py_True : Py_False);
-  }
   if (any_tensor && is_torch_internal(f)) {
     if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
     // a torch Python helper that answers with Python values (a check, a size): inlined
     return inline_call(f, fn->source, std::move(args), kwargs);
   }
-  if (!any_tensor && is_torch_internal(f) && !PyFunction_Check(f)) {
-    // factories: a tensor from Python values alone, made by the graph at each call
-    static const char* factories[] = {"arange", "zeros", "ones",     "full",     "tensor", "as_tensor",
-                                      "eye",    "linspace", "logspace", "scalar_tensor"};
-    std::string leaf = name.substr(name.rfind('.') + 1);
-    for (const char* fac : factories)
-      if (leaf == fac)
-        if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
-  }
+  static const std::unordered_set<PyObject*> factories = [this] {
+    // a tensor from Python values alone, made by the graph at each call
+    std::unordered_set<PyObject*> s;
+    for (const char* fac : {"arange", "zeros", "ones", "full", "tensor", "as_tensor", "eye", "linspace", "logspace",
+                            "scalar_tensor"})
+      if (PyObject* o = resolve_torch(fac)) s.insert(o);
+    return s;
+  }();
+  if (!any_tensor && factories.count(f))
+    if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
   // torch's own Python helpers on Python values (F._none_or_dtype, ...): inlined like user code
   if (!any_tensor && PyFunction_Check(f)) return inline_call(f, fn->source, std::move(args), kwargs);
   if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");

@@ -38,6 +38,7 @@ inline bool is_python_scalar(PyObject* o) { return PyBool_Check(o) || PyLong_Che
 
 class Interpreter {
   friend struct ModuleRules;  // modules.cpp: torch.nn layers as ops
+  friend struct CallRules;    // call_rules.cpp: calls dispatched on the callee object
 
  public:
   // The root interpreter of a capture, or (with `parent`) one that inlines a call: it shares
@@ -144,6 +145,9 @@ class Interpreter {
   static bool is_torch_internal(PyObject* f);
 
   VarPtr call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs);
+
+  // The rule for this callee object, if call_rules.cpp has one that takes these arguments.
+  VarPtr call_rule(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs);
 
   // torch calls with an answer at capture time, and what it is
   enum class Known { False, True, None, Zero, NoOp, GradEnabled, Assert, StateQuery, AutocastQuery, Dropout };

@@ -8,6 +8,7 @@ namespace {
 struct Tables {
   std::unordered_map<PyObject*, OpBinding> functions;
   std::unordered_map<std::string, OpBinding> methods;
+  std::unordered_map<PyObject*, std::string> inplace_functions;  // torch.relu_ -> "relu_"
 };
 
 // "torch.nn.functional.relu" -> the object, or nullptr.
@@ -55,6 +56,8 @@ Tables& tables() {
         }
       }
     }
+    for (const auto& [name, b] : tb->methods)
+      if (PyObject* obj = resolve("torch." + name + "_")) tb->inplace_functions.emplace(obj, name + "_");
     return tb;
   }();
   return *t;
@@ -72,6 +75,12 @@ const OpBinding* method_binding(const std::string& name) {
   auto& m = tables().methods;
   auto it = m.find(name);
   return it == m.end() ? nullptr : &it->second;
+}
+
+const std::string* inplace_function_method(PyObject* callable) {
+  auto& f = tables().inplace_functions;
+  auto it = f.find(callable);
+  return it == f.end() ? nullptr : &it->second;
 }
 
 }  // namespace kiln::bind

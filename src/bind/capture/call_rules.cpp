@@ -1,0 +1,232 @@
+// Calls of particular callables during capture, dispatched on the callee object itself: a table
+// from each builtin, torch function or class kiln gives a meaning to, to the rule that captures
+// its calls. call_const (calls.cpp) consults it after the op registry's bindings and before the
+// rules by category (Python functions inlined, torch functions as externs, pure builtins run).
+//
+// A rule returns nullptr when the arguments are not the case it handles; the call then goes on
+// by category. To give kiln a new builtin or torch function: write a rule here and add it to the
+// table under the object (`builtin("name")`, `object_at("module.name")`), never under a name.
+#include <unordered_map>
+
+#include "bind/capture/interpreter.h"
+#include "bind/python_objects.h"
+
+namespace kiln::bind::detail {
+
+struct CallRules {
+  using KwArgs = Interpreter::KwArgs;
+  using Rule = VarPtr (*)(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs);
+
+  static const std::unordered_map<PyObject*, Rule>& table(Interpreter& I) {
+    static const std::unordered_map<PyObject*, Rule> t = [&I] {
+      std::unordered_map<PyObject*, Rule> m;
+      auto add = [&](PyObject* callee, Rule r) {
+        if (callee) m.emplace(callee, r);
+        PyErr_Clear();
+      };
+      add(I.builtin("super"), super_);
+      add(I.builtin("getattr"), getattr_);
+      add(I.builtin("hasattr"), getattr_);
+      add(I.builtin("isinstance"), isinstance_);
+      add(I.builtin("type"), type_);
+      add(I.builtin("len"), len_);
+      add(I.builtin("callable"), callable_);
+      add(I.builtin("abs"), abs_);
+      add(I.builtin("zip"), iteration);
+      add(I.builtin("enumerate"), iteration);
+      add(I.builtin("reversed"), iteration);
+      add(I.builtin("next"), next_);
+      add(I.builtin("iter"), iter_);
+      add(object_at("functools.partial"), partial);
+      add(object_at("inspect.signature"), signature);
+      add(I.resolve_torch("max"), torch_max_min);
+      add(I.resolve_torch("min"), torch_max_min);
+      for (const char* ctx : {"torch.no_grad", "torch.enable_grad", "torch.inference_mode", "torch.set_grad_enabled",
+                              "contextlib.nullcontext", "torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
+        add(object_at(ctx), mode);
+      return m;
+    }();
+    return t;
+  }
+
+  static VarPtr super_(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    return kwargs.empty() ? I.make_super(args) : nullptr;
+  }
+
+  // getattr(obj, name[, default]) and hasattr(obj, name): read as obj.name would be, guarded.
+  static VarPtr getattr_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    const bool has_only = fn->obj == I.builtin("hasattr");
+    if (args.size() < 2) return nullptr;
+    if (args[0]->kind == Var::Kind::Record) {  // a dataclass instance made in the frame
+      const VarPtr& rec = args[0];
+      std::string attr = PyUnicode_AsUTF8(I.const_obj(args[1], "attribute name"));
+      bool has = std::any_of(rec->keys.begin(), rec->keys.end(),
+                             [&](PyObject* k) { return PyUnicode_CompareWithASCIIString(k, attr.c_str()) == 0; }) ||
+                 PyObject_HasAttrString(rec->obj, attr.c_str());
+      if (has_only) return Var::constant(has ? Py_True : Py_False);
+      if (!has && args.size() == 3) return args[2];
+      return I.record_attr(rec, attr);
+    }
+    if (kwargs.empty() && (args[0]->kind == Var::Kind::Module || (args[0]->is_const() && args[0]->source)) &&
+        args[1]->is_const() && PyUnicode_Check(args[1]->obj)) {
+      // getattr(self, f"fc{i}"), getattr(cfg, "eps"): as self.fc0 / cfg.eps
+      const char* attr = PyUnicode_AsUTF8(args[1]->obj);
+      const Interpreter::AttrStore* logged = I.logged_attr(args[0]->obj, attr);
+      int has = logged ? logged->value != nullptr : PyObject_HasAttrString(args[0]->obj, attr);
+      if (has_only) {
+        if (has) I.getattr(args[0], attr);
+        return Var::constant(has ? Py_True : Py_False);
+      }
+      if (!has && args.size() == 3) return args[2];
+      return I.getattr(args[0], attr);
+    }
+    if (has_only && args.size() == 2 && args[0]->is_tensor() && args[1]->is_const() && PyUnicode_Check(args[1]->obj)) {
+      // the attributes of its class (as torch.compile, kiln does not guard attributes set on a tensor)
+      return Var::constant(PyObject_HasAttr(I.resolve_torch("Tensor"), args[1]->obj) ? Py_True : Py_False);
+    }
+    return nullptr;
+  }
+
+  static VarPtr isinstance_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 2) return nullptr;
+    const VarPtr& a = args[0];
+    if (a->kind == Var::Kind::Record)
+      return Var::constant(PyObject_IsSubclass(a->obj, I.const_obj(args[1], "class")) == 1 ? Py_True : Py_False);
+    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    PyObject* of = nullptr;  // the class that answers
+    if (Interpreter::structural(a) && kwargs.empty()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->obj));
+    else if (a->is_tensor()) of = I.resolve_torch("Tensor");
+    if (!of) return nullptr;
+    int r = PyObject_IsSubclass(of, I.const_obj(args[1], "isinstance() class"));
+    if (r < 0) I.real(nullptr);
+    return Var::constant(r == 1 ? Py_True : Py_False);
+  }
+
+  static VarPtr type_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 1) return nullptr;
+    const VarPtr& a = args[0];
+    if (a->kind == Var::Kind::Record) return Var::constant(a->obj);
+    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    if (Interpreter::structural(a) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->obj)));
+    if (a->is_tensor() && a->node->op_name() != "placeholder") return Var::constant(I.resolve_torch("Tensor"));
+    return nullptr;
+  }
+
+  static VarPtr len_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 1) return nullptr;
+    const VarPtr& a = args[0];
+    if (a->kind == Var::Kind::Record && PyObject_IsSubclass(a->obj, reinterpret_cast<PyObject*>(&PyDict_Type)) == 1)
+      return Var::steal_constant(PyLong_FromSize_t(a->view.size()));
+    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    if (a->kind == Var::Kind::Module) return Var::steal_constant(PyLong_FromSsize_t(I.module_children(a)));
+    if (a->is_tensor()) {
+      const ir::TensorMeta& m = a->node->meta;
+      if (m.dim() == 0) unsupported("len() of a 0-d tensor");
+      return I.size_const(m.sizes[0]);
+    }
+    return nullptr;
+  }
+
+  static VarPtr callable_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    if (args.size() != 1) return nullptr;
+    const VarPtr& a = args[0];
+    if (Interpreter::structural(a)) return Var::constant(PyCallable_Check(a->obj) ? Py_True : Py_False);
+    if (a->is_const()) return nullptr;
+    bool yes = a->kind == Var::Kind::Module || a->kind == Var::Kind::Function || a->kind == Var::Kind::Method;
+    return Var::constant(yes ? Py_True : Py_False);
+  }
+
+  static VarPtr abs_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    if (args.size() == 1 && args[0]->is_tensor()) return Var::tensor(I.add_node("abs", {args[0]->node}));
+    return nullptr;
+  }
+
+  // zip / enumerate / reversed over values known at capture time: tuples of trackers.
+  static VarPtr iteration(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    if (kwargs.empty()) return I.iteration_builtin(fn->obj, args);
+    if (fn->obj == I.builtin("enumerate") && kwargs.size() == 1 && kwargs[0].first == "start" && args.size() == 1)
+      return I.iteration_builtin(fn->obj, {args[0], kwargs[0].second});
+    return nullptr;
+  }
+
+  static VarPtr next_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    if ((args.size() != 1 && args.size() != 2) || args[0]->kind != Var::Kind::Iterator) return nullptr;
+    VarPtr& it = args[0];
+    if (it->items.empty()) {
+      if (args.size() == 2) return args[1];
+      unsupported("next() of an exhausted iterator: StopIteration");
+    }
+    VarPtr v = it->items.front();
+    it->items.erase(it->items.begin());
+    return v;
+  }
+
+  static VarPtr iter_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    if (args.size() != 1 || !kwargs.empty()) return nullptr;
+    VarPtr it = Var::tuple(I.items_of(args[0]));
+    it->kind = Var::Kind::Iterator;
+    return it;
+  }
+
+  // functools.partial(g, ...) of values known here: a real partial, built now.
+  static VarPtr partial(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.empty() ||
+        !std::all_of(args.begin(), args.end(), [](auto& a) { return a->is_const() || a->kind == Var::Kind::Module; }) ||
+        !std::all_of(kwargs.begin(), kwargs.end(), [](auto& kv) { return kv.second->is_const(); }))
+      return nullptr;
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(I.const_obj(args[i], "argument")));
+    PyObject* kw = PyDict_New();
+    for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), I.const_obj(v, "argument"));
+    PyObject* p = PyObject_Call(fn->obj, t, kw);
+    Py_DECREF(t);
+    Py_DECREF(kw);
+    return I.real(p);
+  }
+
+  // inspect.signature(fn): a property of the code, never of tensors; asked of the real callable.
+  static VarPtr signature(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 1 || !kwargs.empty()) return nullptr;
+    const VarPtr& a = args[0];
+    PyObject* target = nullptr;
+    if (a->kind == Var::Kind::Method && a->self->kind == Var::Kind::Module && !a->obj)
+      target = PyObject_GetAttrString(a->self->obj, a->name.c_str());
+    else if (a->is_const() || a->kind == Var::Kind::Function || a->kind == Var::Kind::Module)
+      target = Py_NewRef(a->obj);
+    if (!target) {
+      if (PyErr_Occurred()) I.real(nullptr);
+      return nullptr;
+    }
+    PyObject* r = PyObject_CallOneArg(fn->obj, target);
+    Py_DECREF(target);
+    return I.real(r);
+  }
+
+  // torch.max(x) / torch.max(a, b): amax / maximum. With a dim, torch's own kernel (an extern
+  // returning torch.return_types.max).
+  static VarPtr torch_max_min(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    const bool max = fn->obj == I.resolve_torch("max");
+    if (args.size() == 1 && kwargs.empty())
+      return I.call_op(*function_binding(I.resolve_torch(max ? "amax" : "amin")), args, {});
+    if (args.size() == 2 && args[1]->is_tensor() && kwargs.empty())
+      return I.call_op(*function_binding(I.resolve_torch(max ? "maximum" : "minimum")), args, {});
+    return nullptr;
+  }
+
+  static VarPtr mode(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    return I.mode_context(fn->obj, args, kwargs);
+  }
+};
+
+VarPtr Interpreter::call_rule(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+  const auto& rules = CallRules::table(*this);
+  auto it = rules.find(fn->obj);
+  return it == rules.end() ? nullptr : it->second(*this, fn, args, kwargs);
+}
+
+}  // namespace kiln::bind::detail
