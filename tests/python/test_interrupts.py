@@ -1,18 +1,20 @@
 """Ctrl-C and killed processes during a compile (issue 10): a KeyboardInterrupt raised while
 kiln captures or compiles reaches the caller and leaves the function compilable (the next call
-compiles; nothing eager is cached), and the C++ compiler it interrupts is killed."""
+compiles; nothing eager is cached), the C++ compiler it interrupts is killed, and temporary
+files of processes killed mid-compile are swept from the shared cache by the next process."""
 import dis
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
 import torch
 
 import kiln
-from _process import child_result, run_child
+from _process import child_env, child_result, run_child
 
 # A C++ compiler that takes forever the first time it is asked to compile (until $KILN_TEST_MARK
 # exists), and is the real one otherwise. It writes its pid to the mark, so that tests can see
@@ -166,3 +168,61 @@ def test_sigint_handler_that_does_not_raise_lets_the_compile_finish(tmp_path):
     assert running(out["compiler"]) == []
     assert out["compiled_after_first"] == 1 and out["fallbacks_after_first"] == 0, out
     assert out["graphs_compiled"] == 1 and out["eager_fallbacks"] == 0, out
+
+
+CHILD_COMPILES = """
+    import json, torch, kiln
+    f = kiln.compile(lambda x: torch.cos(x) - {k})
+    print(json.dumps({{"ok": bool(torch.allclose(f(torch.ones(4)), torch.cos(torch.ones(4)) - {k}))}}))
+"""
+
+
+def start_slow_compile(tmp_path, cache, name):
+    """A child compiling with the slow compiler, in a session of its own; returns once the
+    compiler runs (its temporary .so then exists)."""
+    mark = tmp_path / f"mark-{name}"
+    code = textwrap.dedent(CHILD_COMPILES.format(k=len(name)))
+    env = child_env(cache, {"KILN_CXX": str(slow_cxx(tmp_path)), "KILN_TEST_MARK": str(mark)})
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (mark.exists() and mark.read_text().strip()):
+        assert p.poll() is None, f"child {name} ended before compiling"
+        assert time.monotonic() < deadline, f"child {name} never started its compiler"
+        time.sleep(0.05)
+    return p, int(mark.read_text())
+
+
+def kill_group(pgid: int):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_temporaries_of_a_killed_compile_are_swept_and_a_live_ones_kept(tmp_path):
+    cache = tmp_path / "cache"
+    killed, killed_cxx = start_slow_compile(tmp_path, cache, "killed")
+    live, live_cxx = start_slow_compile(tmp_path, cache, "live")
+    try:
+        def of(p):
+            return [n for n in temporaries(cache) if f"-{p.pid}-" in n]
+
+        assert of(killed) and of(live), temporaries(cache)
+        # SIGKILL mid-compile: the process and its session go; its compiler, a process group of
+        # its own, would go on to finish on its own; here it goes too.
+        kill_group(killed.pid)
+        killed.wait(timeout=60)
+        kill_group(killed_cxx)
+        assert of(killed), "the killed compile left no temporary (nothing to test)"
+        # The next process that opens the cache sweeps what the dead one left, and leaves the
+        # temporaries of the live one alone (it still renames them into place).
+        out = child_result(run_child(CHILD_COMPILES.format(k=1), cache))
+        assert out["ok"]
+        assert of(killed) == []
+        assert of(live), temporaries(cache)
+    finally:
+        for p, cxx in ((killed, killed_cxx), (live, live_cxx)):
+            kill_group(p.pid)
+            kill_group(cxx)
+            p.wait(timeout=60)

@@ -207,29 +207,8 @@ std::string cache_key(const std::string& source) {
 // The source is replaced atomically as well: another thread or process may be compiling
 // from this very path while we (re)write it.
 bool write_source(const std::string& path, const std::string& text, std::string& error) {
-  std::string templ = path + ".tmp-XXXXXX";
-  std::vector<char> name(templ.begin(), templ.end());
-  name.push_back('\0');
-  int fd = mkstemp(name.data());
-  if (fd < 0) {
-    error = "kiln: cannot create a file next to " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  fchmod(fd, 0644);
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  close(fd);
-  if (done != text.size() || std::rename(name.data(), path.c_str()) != 0) {
-    error = "kiln: cannot write " + path + ": " + std::strerror(errno);
-    unlink(name.data());
-    return false;
-  }
-  return true;
+  size_t slash = path.rfind('/');
+  return write_file_atomic(path.substr(0, slash), path.substr(slash + 1), text, error);
 }
 
 bool run_compiler(const std::string& src, const std::string& out, const std::function<bool()>& cancel,
