@@ -1,4 +1,5 @@
 #include "bind/python_objects.h"
+#include "bind/interrupts.h"
 
 namespace kiln::bind {
 
@@ -12,7 +13,7 @@ PyObject* object_at(const std::string& path) {
     obj = child;
     dot = next;
   }
-  if (!obj) PyErr_Clear();
+  if (!obj) clear_error();
   return obj;
 }
 

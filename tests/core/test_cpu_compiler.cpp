@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -134,4 +135,32 @@ TEST_F(CpuCompilerTest, CacheDirWithSpaces) {
   ASSERT_TRUE(r.library) << r.error;
   EXPECT_EQ(call_add(r, 3, 4), 7);
   EXPECT_EQ(r.so_path.rfind(spaced, 0), 0u);
+}
+
+// A compile that takes seconds: the constant is worked out by the compiler.
+const char* kSlowSource = R"(constexpr long kiln_slow() {
+  long s = 0;
+  for (long i = 0; i < 30000000; ++i) s += i ^ (s >> 3);
+  return s;
+}
+extern "C" long kiln_test_slow() { constexpr long v = kiln_slow(); return v; }
+)";
+
+TEST_F(CpuCompilerTest, CancelKillsTheCompilerAndPublishesNothing) {
+  int asked = 0;
+  auto start = std::chrono::steady_clock::now();
+  auto r = compile_cpp(kSlowSource, [&] { return ++asked >= 2; });
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(r.cancelled) << r.error;
+  EXPECT_FALSE(r.library);
+  EXPECT_EQ(asked, 2);
+  EXPECT_LT(took, 5.0);
+  // No library and no temporary: only the source is left.
+  for (const auto& e : fs::directory_iterator(fs::path(root_) / "cpu"))
+    EXPECT_EQ(e.path().extension(), ".cpp") << e.path();
+  // A cancel that never fires changes nothing.
+  auto ok = compile_cpp(kAddSource, [] { return false; });
+  ASSERT_TRUE(ok.library) << ok.error;
+  EXPECT_FALSE(ok.cancelled);
+  EXPECT_EQ(call_add(ok, 2, 3), 5);
 }

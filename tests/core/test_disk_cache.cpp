@@ -1,9 +1,15 @@
 #include "core/compile/disk_cache.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -230,4 +236,88 @@ TEST_F(DiskCacheTest, ConcurrentPublishersOfOneKey) {
   ASSERT_TRUE(hit.has_value());
   EXPECT_EQ(read_all(*hit), bytes);
   EXPECT_EQ(entries_of(cache.dir()).size(), 2u);
+}
+
+namespace {
+
+// A pid that no process has any more: a child that exited and was reaped.
+long dead_pid() {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return pid;
+}
+
+// This process's host tag, as it names its temporaries.
+std::string own_tag(DiskCache& cache) {
+  std::string seen, error;
+  cache.publish("probe", ".so", [&](const std::string& tmp, std::string&) { seen = tmp; return true; }, error);
+  std::string name = fs::path(seen).filename();
+  EXPECT_TRUE(kiln::compile::is_temporary_of(name, getpid())) << name;
+  size_t at = name.find(".tmp-") + 5;
+  return name.substr(at, 8);
+}
+
+void age(const std::string& path, int days) {
+  struct timespec t[2];
+  t[0].tv_sec = t[1].tv_sec = time(nullptr) - days * 24 * 3600;
+  t[0].tv_nsec = t[1].tv_nsec = 0;
+  utimensat(AT_FDCWD, path.c_str(), t, 0);
+}
+
+}  // namespace
+
+TEST_F(DiskCacheTest, StaleTemporariesOfDeadProcessesAreSwept) {
+  DiskCache cache(root_);
+  const std::string tag = own_tag(cache);
+  const std::string d = root_ + "/";
+  const long dead = dead_pid();
+  const std::string other_tag = tag == "00000000" ? "11111111" : "00000000";
+  auto tmp = [&](const std::string& t, long pid, const char* ext) {
+    return "k.tmp-" + t + "-" + std::to_string(pid) + "-Ab12Cd" + ext;
+  };
+  // Gone: the writer is dead; of another host or the older naming, and older than a day.
+  const std::vector<std::string> stale = {tmp(tag, dead, ".so"), "k.cpp.tmp-" + tag + "-" + std::to_string(dead) + "-x1y2z3",
+                                          tmp(other_tag, 12345, ".so"), "k.tmp-Zz9Yy8.so"};
+  // Kept: this process's own, another host's or the older naming while recent, entries.
+  const std::vector<std::string> kept = {tmp(tag, getpid(), ".so"), tmp(other_tag, dead, ".cubin"), "k.tmp-Qq1Ww2.so",
+                                         "k.so", "k.so.sum", "k.cpp"};
+  for (const auto& n : stale) write_all(d + n, "x");
+  for (const auto& n : kept) write_all(d + n, "x");
+  age(d + stale[2], 2);
+  age(d + stale[3], 2);
+  age(d + "k.so", 30);
+  EXPECT_EQ(kiln::compile::sweep_stale_temporaries(root_), 4);
+  for (const auto& n : stale) EXPECT_FALSE(fs::exists(d + n)) << n;
+  for (const auto& n : kept) EXPECT_TRUE(fs::exists(d + n)) << n;
+}
+
+TEST_F(DiskCacheTest, LiveProcessTemporaryIsKept) {
+  DiskCache cache(root_);
+  const std::string tag = own_tag(cache);
+  pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  const std::string name = root_ + "/k.tmp-" + tag + "-" + std::to_string(child) + "-Ab12Cd.so";
+  write_all(name, "x");
+  EXPECT_EQ(kiln::compile::sweep_stale_temporaries(root_), 0);
+  EXPECT_TRUE(fs::exists(name));
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(kiln::compile::sweep_stale_temporaries(root_), 1);
+  EXPECT_FALSE(fs::exists(name));
+}
+
+TEST_F(DiskCacheTest, OpeningACacheSweepsItOnce) {
+  const std::string dir = root_ + "/fresh";
+  fs::create_directories(dir);
+  DiskCache probe(root_);
+  const std::string name = dir + "/k.tmp-" + own_tag(probe) + "-" + std::to_string(dead_pid()) + "-Ab12Cd.so";
+  write_all(name, "x");
+  DiskCache cache(dir);
+  EXPECT_FALSE(fs::exists(name));
 }

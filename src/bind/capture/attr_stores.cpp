@@ -1,5 +1,6 @@
 // Attribute stores on objects capture does not track: logged, read back, and checked undone.
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 
 namespace kiln::bind::detail {
 
@@ -30,7 +31,7 @@ namespace {
 bool holds(PyObject* obj, const std::string& name, const VarPtr& v) {
   PyObject* now = PyObject_GetAttrString(obj, name.c_str());
   if (!now) {
-    PyErr_Clear();
+    clear_error();
     return !v;
   }
   bool same = false;
@@ -38,7 +39,7 @@ bool holds(PyObject* obj, const std::string& name, const VarPtr& v) {
     same = now == v->obj;
     if (!same && Py_TYPE(now) == Py_TYPE(v->obj) && is_python_scalar(now)) {
       int eq = PyObject_RichCompareBool(now, v->obj, Py_EQ);
-      if (eq < 0) PyErr_Clear();
+      if (eq < 0) clear_error();
       same = eq == 1;
     }
   } else if (v && v->kind == Var::Kind::Module) {

@@ -1,4 +1,5 @@
 #include "bind/capture/bytecode.h"
+#include "bind/interrupts.h"
 
 #include <stdexcept>
 
@@ -36,7 +37,7 @@ const CodeInfo& decode(PyObject* code) {
   static Py_ssize_t slot = _PyEval_RequestCodeExtraIndex(free_code_info);
   void* extra = nullptr;
   if (slot >= 0 && _PyCode_GetExtra(code, slot, &extra) == 0 && extra) return *static_cast<CodeInfo*>(extra);
-  PyErr_Clear();
+  clear_error();
   if (!g_dis) g_dis = PyImport_ImportModule("dis");
   static const std::unordered_map<std::string, int> names = {
 #define KILN_X(n) {#n, OP_##n},
@@ -52,11 +53,11 @@ const CodeInfo& decode(PyObject* code) {
     throw std::runtime_error("dis.get_instructions failed");
   }
   PyObject* nb = PyObject_GetAttrString(g_dis, "_nb_ops");
-  if (!nb) PyErr_Clear();
+  if (!nb) clear_error();
   info->nb_ops = string_list(nb, true);
   Py_XDECREF(nb);
   PyObject* cmp = PyObject_GetAttrString(g_dis, "cmp_op");
-  if (!cmp) PyErr_Clear();
+  if (!cmp) clear_error();
   info->cmp_ops = string_list(cmp, false);
   Py_XDECREF(cmp);
   int line = 0;
@@ -66,7 +67,7 @@ const CodeInfo& decode(PyObject* code) {
       PyObject* v = PyObject_GetAttrString(ins, attr);
       long r = (v && PyLong_Check(v)) ? PyLong_AsLong(v) : -1;
       Py_XDECREF(v);
-      PyErr_Clear();
+      clear_error();
       return static_cast<int>(r);
     };
     PyObject* opname = PyObject_GetAttrString(ins, "opname");
@@ -87,14 +88,14 @@ const CodeInfo& decode(PyObject* code) {
     PyObject* starts = PyObject_GetAttrString(ins, "starts_line");
     if (starts && PyLong_Check(starts)) line = static_cast<int>(PyLong_AsLong(starts));
     Py_XDECREF(starts);
-    PyErr_Clear();
+    clear_error();
     in.line = line;
     info->by_offset[in.offset] = info->instrs.size();
     info->instrs.push_back(in);
     info->opnames.push_back(name);
   }
   if (slot < 0 || _PyCode_SetExtra(code, slot, info) < 0) {
-    PyErr_Clear();
+    clear_error();
     static std::vector<CodeInfo*> unslotted;  // no extra slot left: kept for the process
     unslotted.push_back(info);
   }

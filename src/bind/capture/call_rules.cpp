@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 #include "bind/python_objects.h"
 
 namespace kiln::bind::detail {
@@ -22,7 +23,7 @@ struct CallRules {
       std::unordered_map<PyObject*, Rule> m;
       auto add = [&](PyObject* callee, Rule r) {
         if (callee) m.emplace(callee, r);
-        PyErr_Clear();
+        clear_error();
       };
       add(I.builtin("super"), super_);
       add(I.builtin("getattr"), getattr_);

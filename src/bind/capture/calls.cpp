@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 #include "bind/python_objects.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
@@ -317,7 +318,7 @@ VarPtr Interpreter::iteration_builtin(PyObject* f, const std::vector<VarPtr>& ar
 
 bool Interpreter::is_torch_internal(PyObject* f) {
   PyObject* mod = PyObject_GetAttrString(f, "__module__");
-  if (!mod) PyErr_Clear();
+  if (!mod) clear_error();
   std::string m = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : "";
   bool torch = m == "torch" || m.rfind("torch.", 0) == 0;  // torchvision and others are user code here
   Py_XDECREF(mod);
@@ -413,7 +414,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     PyObject* fname = PyObject_GetAttrString(PyMethod_GET_FUNCTION(f), "__name__");
     bool clone = fname && PyUnicode_Check(fname) && PyUnicode_CompareWithASCIIString(fname, "clone") == 0;
     Py_XDECREF(fname);
-    PyErr_Clear();
+    clear_error();
     static PyObject* inference_mode = resolve_torch("inference_mode");
     PyObject* cls = reinterpret_cast<PyObject*>(Py_TYPE(self));
     if (clone && cls == inference_mode) {
@@ -475,7 +476,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     PyObject* call_attr = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(f)), "__call__");
     bool python = call_attr && PyFunction_Check(call_attr);
     Py_XDECREF(call_attr);
-    PyErr_Clear();
+    clear_error();
     if (python) return call(getattr(fn, "__call__"), std::move(args), std::move(kwargs));  // obj(x): type(obj).__call__
   }
   std::string name = callable_name(f);
@@ -630,14 +631,14 @@ bool Interpreter::pure_callable(PyObject* f) {
       return true;
   }
   PyObject* mod = PyObject_GetAttrString(f, "__module__");
-  if (!mod) PyErr_Clear();
+  if (!mod) clear_error();
   bool math = mod && PyUnicode_Check(mod) && std::string(PyUnicode_AsUTF8(mod)) == "math";
   Py_XDECREF(mod);
   if (!math) {
     // Builtin functions of the math module report no __module__ on some versions.
     PyObject* self = PyCFunction_Check(f) ? PyCFunction_GET_SELF(f) : nullptr;
     math = self && PyModule_Check(self) && std::string(PyModule_GetName(self)) == "math";
-    if (PyErr_Occurred()) PyErr_Clear();
+    if (PyErr_Occurred()) clear_error();
   }
   if (math) return true;
   DType t;
@@ -649,7 +650,7 @@ PyObject* Interpreter::builtin(const char* name) { return PyDict_GetItemString(b
 PyObject* Interpreter::resolve_torch(const std::string& attr) {
   static PyObject* torch = PyImport_ImportModule("torch");
   PyObject* r = PyObject_GetAttrString(torch, attr.c_str());
-  if (!r) PyErr_Clear();
+  if (!r) clear_error();
   if (r) keep_.push_back(r);
   return r;
 }
@@ -657,7 +658,7 @@ PyObject* Interpreter::resolve_torch(const std::string& attr) {
 std::string Interpreter::callable_name(PyObject* f) {
   PyObject* mod = PyObject_GetAttrString(f, "__module__");
   PyObject* qn = PyObject_GetAttrString(f, "__qualname__");
-  PyErr_Clear();
+  clear_error();
   std::string m = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : "";
   std::string q = qn && PyUnicode_Check(qn) ? PyUnicode_AsUTF8(qn) : Py_TYPE(f)->tp_name;
   Py_XDECREF(mod);
@@ -728,7 +729,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       static PyObject* device_type = resolve_torch("device");
       PyObject* d = PyObject_CallOneArg(device_type, o);
       if (!d) {
-        PyErr_Clear();
+        clear_error();
         plain = false;
         return;
       }
@@ -797,7 +798,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   if (!b) {
     PyObject* method = PyObject_GetAttrString(resolve_torch("Tensor"), name.c_str());
     if (!method) {
-      PyErr_Clear();
+      clear_error();
       unsupported("Tensor." + name + "() does not exist");
     }
     keep_.push_back(method);
@@ -925,7 +926,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
       PyObject* ver = PyObject_GetAttrString(m, "_version");
       v.push_back(ver ? PyLong_AsLongLong(ver) : -1);
       Py_XDECREF(ver);
-      PyErr_Clear();
+      clear_error();
     }
     return v;
   };
@@ -945,7 +946,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     }
   drop_metas();
   if (!r) {
-    PyErr_Clear();  // no meta kernel, or an error eager raises itself when the call runs there
+    clear_error();  // no meta kernel, or an error eager raises itself when the call runs there
     unsupported("call to " + name + " (no layout from meta tensors)");
   }
   keep_.push_back(r);
@@ -986,7 +987,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     PyObject* is_view = PyObject_CallMethod(results[k], "_is_view", nullptr);
     if (is_view == Py_True) a.set("view", true);  // in-place updates must not go through it
     Py_XDECREF(is_view);
-    PyErr_Clear();
+    clear_error();
     outs.push_back(Var::tensor(add_node("torch_call", inputs, a)));
   }
   if (!tuple) return outs[0];

@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
@@ -9,7 +10,7 @@ namespace kiln::bind::detail {
 Py_ssize_t Interpreter::dict_find(const VarPtr& d, PyObject* key) {
   for (size_t i = 0; i < d->keys.size(); ++i) {
     int eq = PyObject_RichCompareBool(d->keys[i], key, Py_EQ);
-    if (eq < 0) PyErr_Clear();
+    if (eq < 0) clear_error();
     if (eq == 1) return static_cast<Py_ssize_t>(i);
   }
   return -1;
@@ -121,6 +122,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
 
 VarPtr Interpreter::real(PyObject* r) {
   if (!r) {
+    if (keep_interrupt()) throw Interrupted("interrupted");
     std::string msg = "Python operation raised";
     PyObject *t, *v, *tb;
     PyErr_Fetch(&t, &v, &tb);
@@ -132,7 +134,7 @@ VarPtr Interpreter::real(PyObject* r) {
     Py_XDECREF(t);
     Py_XDECREF(v);
     Py_XDECREF(tb);
-    PyErr_Clear();
+    clear_error();
     unsupported(msg);
   }
   return Var::steal_constant(r);

@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
@@ -144,7 +145,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
 }
 
 bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, const Snapshot& before, const std::string& why) {
-  if (PyErr_Occurred()) PyErr_Clear();
+  if (PyErr_Occurred()) clear_error();
   if (pc + 1 >= ci.instrs.size()) return false;
   if (in_loop(ci, pc)) return false;  // each iteration would resume anew
   if (in_exception_block(code_, in.offset)) return false;

@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 #include "bind/python_objects.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
@@ -60,6 +61,7 @@ VarPtr Interpreter::run_frame() {
       ++pc;
     }
     if (++root()->steps_ > 100000) unsupported("capture exceeded 100000 instructions");
+    if (interrupt_pending()) throw Interrupted("interrupted");
   }
   unsupported("fell off the end of the bytecode");
 }
@@ -886,6 +888,7 @@ int Interpreter::step(const Instr& in, const CodeInfo& ci) {
 namespace kiln::bind {
 
 using detail::Interpreter;
+using detail::Interrupted;
 using detail::Unsupported;
 
 CaptureResult capture(PyObject* fn, const BoundArgs& args) {
@@ -902,12 +905,16 @@ CaptureResult capture(PyObject* fn, const BoundArgs& args) {
     r.ok = false;
     r.reason = e.what();
     r.location = it.location();
+  } catch (const Interrupted& e) {  // the caller raises the kept KeyboardInterrupt
+    r.ok = false;
+    r.reason = e.what();
+    r.location = it.location();
   } catch (const std::exception& e) {
     r.ok = false;
     r.reason = std::string("internal error during capture: ") + e.what();
     r.location = it.location();
   }
-  if (PyErr_Occurred()) PyErr_Clear();
+  if (PyErr_Occurred()) clear_error();
   return r;
 }
 

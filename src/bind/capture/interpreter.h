@@ -32,6 +32,11 @@ struct Unsupported : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Ctrl-C (a KeyboardInterrupt kept by clear_error): capture stops at once, with no graph break.
+struct Interrupted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 [[noreturn]] inline void unsupported(const std::string& why) { throw Unsupported(why); }
 
 inline bool is_python_scalar(PyObject* o) { return PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o); }

@@ -5,6 +5,7 @@
 // block's exit restores what it found. The graph then holds the casts autocast would make, so
 // nothing of it depends on the modes at run time; the modes at the call are guarded.
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 #include "bind/python_objects.h"
 
 namespace kiln::bind::detail {
@@ -24,7 +25,7 @@ const std::vector<AutocastClass>& autocast_classes() {
     if (PyObject* o = object_at("torch.autocast")) c.push_back({o, nullptr});
     if (PyObject* o = object_at("torch.cuda.amp.autocast")) c.push_back({o, "cuda"});
     if (PyObject* o = object_at("torch.cpu.amp.autocast")) c.push_back({o, "cpu"});
-    PyErr_Clear();
+    clear_error();
     return c;
   }();
   return classes;
@@ -126,7 +127,7 @@ ModeChange Interpreter::modes_of_object(PyObject* ctx) {
     keep_.push_back(dtype);
     keep_.push_back(enabled);
     if (!device || !dtype || !enabled || !PyUnicode_Check(device)) {
-      PyErr_Clear();
+      clear_error();
       unsupported("with of a torch.autocast object kiln cannot read");
     }
     m.autocast = autocast_region(PyUnicode_AsUTF8(device), dtype, enabled == Py_True);

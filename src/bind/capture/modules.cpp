@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 #include "bind/python_objects.h"
 
 namespace kiln::bind::detail {
@@ -21,11 +22,11 @@ PyObject* nn_class(const char* name) { return object_at(std::string("torch.nn.")
 bool instance_of(PyObject* obj, const char* nn_name) {
   PyObject* cls = nn_class(nn_name);
   if (!cls) {
-    PyErr_Clear();
+    clear_error();
     return false;
   }
   int r = PyObject_IsInstance(obj, cls);
-  if (r < 0) PyErr_Clear();
+  if (r < 0) clear_error();
   return r == 1;
 }
 
@@ -33,7 +34,7 @@ bool instance_of(PyObject* obj, const char* nn_name) {
 PyObject* forward_of(PyObject* obj) {
   static PyObject* name = PyUnicode_InternFromString("forward");
   PyObject* f = _PyType_Lookup(Py_TYPE(obj), name);
-  if (PyErr_Occurred()) PyErr_Clear();
+  if (PyErr_Occurred()) clear_error();
   return f;
 }
 
@@ -51,7 +52,7 @@ struct ModuleRules {
         PyObject* c = nn_class(cls);
         PyObject* f = c ? PyObject_GetAttrString(c, "forward") : nullptr;  // kept for the process
         if (!f) {
-          PyErr_Clear();
+          clear_error();
           return;
         }
         m.emplace(f, r);
@@ -118,7 +119,7 @@ struct ModuleRules {
     for (const char* const* p = A::p; *p; ++p) settings.emplace_back(*p, I.module_attr(mod, *p));
     VarPtr r = fn(I, A::f, args, settings);
     PyObject* inplace = PyObject_GetAttrString(mod->obj, "inplace");
-    if (!inplace) PyErr_Clear();
+    if (!inplace) clear_error();
     bool in_place = inplace == Py_True;
     Py_XDECREF(inplace);
     if (!in_place) return r;
@@ -209,7 +210,7 @@ Py_ssize_t Interpreter::module_children(const VarPtr& mod) {
   PyObject* children = PyObject_GetAttrString(mod->obj, store);
   if (!children || !PyDict_Check(children)) {
     Py_XDECREF(children);
-    PyErr_Clear();
+    clear_error();
     unsupported("container module without " + std::string(store));
   }
   Py_ssize_t n = PyDict_Size(children);
@@ -245,7 +246,7 @@ VarPtr Interpreter::call_module_method(VarPtr mod, const std::string& name, std:
   PyObject* key = PyUnicode_FromString(name.c_str());
   PyObject* f = _PyType_Lookup(Py_TYPE(mod->obj), key);  // borrowed
   Py_DECREF(key);
-  if (PyErr_Occurred()) PyErr_Clear();
+  if (PyErr_Occurred()) clear_error();
   if (!f || !PyFunction_Check(f)) unsupported("method " + name + " of module " + Py_TYPE(mod->obj)->tp_name);
   args.insert(args.begin(), mod);
   // type(self).<name>: the function itself, so its defaults and closure are guarded.
@@ -256,7 +257,7 @@ VarPtr Interpreter::call_module_method(VarPtr mod, const std::string& name, std:
 VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {
   PyObject* v = PyObject_GetAttrString(mod->obj, name);
   if (!v) {
-    PyErr_Clear();
+    clear_error();
     unsupported(std::string("module has no attribute ") + name);
   }
   if (PyMethod_Check(v) && PyMethod_GET_SELF(v) == mod->obj) {
@@ -279,7 +280,7 @@ VarPtr Interpreter::call_module(VarPtr mod, std::vector<VarPtr> args, const KwAr
       PyObject* d = mod ? PyModule_GetDict(mod) : nullptr;
       Py_XINCREF(d);
       Py_XDECREF(mod);
-      PyErr_Clear();
+      clear_error();
       return d;
     }();
     for (const char* g : {"_global_forward_hooks", "_global_forward_pre_hooks"}) {
@@ -292,7 +293,7 @@ VarPtr Interpreter::call_module(VarPtr mod, std::vector<VarPtr> args, const KwAr
   std::vector<VarPtr> pre_hooks, post_hooks;
   for (const char* h : {"_forward_pre_hooks", "_forward_hooks"}) {
     PyObject* d = PyObject_GetAttrString(m, h);
-    if (!d) PyErr_Clear();
+    if (!d) clear_error();
     if (d && PyDict_Check(d)) {
       keep_.push_back(d);
       if (!mod->source) {
@@ -312,10 +313,10 @@ VarPtr Interpreter::call_module(VarPtr mod, std::vector<VarPtr> args, const KwAr
   if (!pre_hooks.empty() || !post_hooks.empty()) {
     for (const char* h : {"_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs"}) {
       PyObject* d = PyObject_GetAttrString(m, h);
-      if (!d) PyErr_Clear();
+      if (!d) clear_error();
       bool any = d && PyObject_Length(d) > 0;
       Py_XDECREF(d);
-      PyErr_Clear();
+      clear_error();
       if (any) unsupported("forward hooks with keyword arguments are not captured yet");
     }
   }

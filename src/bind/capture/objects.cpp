@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
@@ -156,7 +157,7 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
   }
   if (base->kind == Var::Kind::Tuple && base->obj) {  // a structseq: its fields by name
     PyObject* fields = PyObject_GetAttrString(base->obj, "__match_args__");
-    if (!fields) PyErr_Clear();
+    if (!fields) clear_error();
     for (Py_ssize_t i = 0; fields && PyTuple_Check(fields) && i < PyTuple_GET_SIZE(fields); ++i)
       if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(fields, i), name.c_str()) == 0 &&
           static_cast<size_t>(i) < base->items.size()) {

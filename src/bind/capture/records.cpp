@@ -8,6 +8,7 @@
 // transformers' ModelOutput: its mapping holds the fields that are not None, in field order,
 // integers index the tuple of those, and setting a field or an item updates both views.
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 #include "bind/python_objects.h"
 
 namespace kiln::bind::detail {
@@ -19,7 +20,7 @@ bool is_none(const VarPtr& v) { return v && v->is_const() && v->obj == Py_None; 
 PyObject* dataclass_fields(PyObject* cls) {
   static PyObject* fields = object_at("dataclasses.fields");
   PyObject* r = fields ? PyObject_CallOneArg(fields, cls) : nullptr;
-  if (!r) PyErr_Clear();
+  if (!r) clear_error();
   return r;
 }
 
@@ -41,7 +42,7 @@ VarPtr Interpreter::make_record(PyObject* cls, const std::vector<VarPtr>& args, 
                    PyUnicode_CompareWithASCIIString(
                        reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(init))->co_filename, "<string>") == 0;
   Py_XDECREF(init);
-  PyErr_Clear();
+  clear_error();
   if (!generated) return nullptr;
   auto* type = reinterpret_cast<PyTypeObject*>(cls);
   const bool mapping = PyObject_IsSubclass(cls, reinterpret_cast<PyObject*>(&PyDict_Type)) == 1;

@@ -1,4 +1,5 @@
 #include "bind/capture/resume.h"
+#include "bind/interrupts.h"
 
 #include <algorithm>
 #include <set>
@@ -42,7 +43,7 @@ const Opcodes& opcodes() {
     Py_XDECREF(hasfree);
     Py_XDECREF(map);
     Py_XDECREF(dis);
-    PyErr_Clear();
+    clear_error();
     return r;
   }();
   return o;
@@ -96,7 +97,7 @@ std::string bytes_of(PyObject* code, const char* attr) {
   std::string s;
   if (b && PyBytes_Check(b)) s.assign(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
   Py_XDECREF(b);
-  PyErr_Clear();
+  clear_error();
   return s;
 }
 
@@ -152,7 +153,7 @@ PyObject* make_trampoline(PyObject* code, PyObject* holder) {
   set_item(kw, "co_exceptiontable", PyBytes_FromStringAndSize("", 0));
   set_item(kw, "co_linetable", PyBytes_FromStringAndSize("", 0));
   PyObject* t = code_replace(code, kw);
-  if (!t) PyErr_Clear();
+  if (!t) clear_error();
   return t;
 }
 
@@ -250,6 +251,10 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
   PyObject* f = new_co ? PyFunction_New(new_co, PyFunction_GET_GLOBALS(fn)) : nullptr;
   Py_XDECREF(new_co);
   if (f && PyFunction_GET_CLOSURE(fn) && PyFunction_SetClosure(f, PyFunction_GET_CLOSURE(fn)) < 0) Py_CLEAR(f);
+  if (!f && keep_interrupt()) {
+    error = "interrupted";
+    return nullptr;
+  }
   if (!f) {
     PyObject *t, *v, *tb;
     PyErr_Fetch(&t, &v, &tb);
@@ -259,7 +264,7 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
     Py_XDECREF(t);
     Py_XDECREF(v);
     Py_XDECREF(tb);
-    PyErr_Clear();
+    clear_error();
   }
   return f;
 }

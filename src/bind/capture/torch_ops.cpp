@@ -1,4 +1,5 @@
 #include "bind/capture/torch_ops.h"
+#include "bind/interrupts.h"
 
 #include <unordered_map>
 
@@ -24,7 +25,7 @@ PyObject* resolve(const std::string& path) {
     obj = child;
     dot = next;
   }
-  if (!obj) PyErr_Clear();
+  if (!obj) clear_error();
   return obj;
 }
 

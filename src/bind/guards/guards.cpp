@@ -1,4 +1,5 @@
 #include "bind/guards/guards.h"
+#include "bind/interrupts.h"
 
 namespace kiln::bind {
 
@@ -19,7 +20,7 @@ std::string Guard::str() const {
       PyObject* r = PyObject_Repr(expected);
       std::string v = r ? PyUnicode_AsUTF8(r) : "?";
       Py_XDECREF(r);
-      if (!r) PyErr_Clear();
+      if (!r) clear_error();
       return "EQUALS_MATCH: " + s + " == " + v;
     }
     case Kind::Identity: return "ID_MATCH: " + s + " is <" + Py_TYPE(expected)->tp_name + " object>";
@@ -116,7 +117,7 @@ bool GuardSet::check(const FrameView& f, std::string* why) const {
         case Guard::Kind::Identity: ok = v == g.expected; break;
         case Guard::Kind::Length: {
           Py_ssize_t n = PyObject_Size(v);
-          if (n < 0) PyErr_Clear();
+          if (n < 0) clear_error();
           ok = n == g.length;
           break;
         }
@@ -124,7 +125,7 @@ bool GuardSet::check(const FrameView& f, std::string* why) const {
           ok = Py_TYPE(v) == Py_TYPE(g.expected);
           if (ok && v != g.expected) {
             int r = PyObject_RichCompareBool(v, g.expected, Py_EQ);
-            if (r < 0) PyErr_Clear();
+            if (r < 0) clear_error();
             ok = r == 1;
           }
           break;

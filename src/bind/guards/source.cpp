@@ -1,4 +1,5 @@
 #include "bind/guards/source.h"
+#include "bind/interrupts.h"
 
 #include "bind/python_objects.h"
 
@@ -51,7 +52,7 @@ SourcePtr Source::key_of(SourcePtr base, PyObject* key) {
   PyObject* r = PyObject_Repr(key);
   s->name = r ? PyUnicode_AsUTF8(r) : "?";
   Py_XDECREF(r);
-  PyErr_Clear();
+  clear_error();
   return s;
 }
 
@@ -132,7 +133,7 @@ const ModuleLookups* module_lookups() {
     }
     Py_XDECREF(module_cls);
     Py_XDECREF(list_cls);
-    PyErr_Clear();
+    clear_error();
     return l;
   }();
   return m->module_getattr && m->object_getattribute && m->modulelist_getitem ? m : nullptr;
@@ -197,7 +198,7 @@ PyObject* eval_uncached(const Source& s, const FrameView& f) {
       PyObject* v = PyDict_GetItemWithError(s.globals ? s.globals : f.globals, s.key);
       if (!v && !PyErr_Occurred() && f.builtins) v = PyDict_GetItemWithError(f.builtins, s.key);
       if (!v) {
-        PyErr_Clear();
+        clear_error();
         return nullptr;
       }
       Py_INCREF(v);
@@ -209,7 +210,7 @@ PyObject* eval_uncached(const Source& s, const FrameView& f) {
       PyObject* v = module_attr(base, s.key);
       if (!v) v = PyObject_GetAttr(base, s.key);
       Py_DECREF(base);
-      if (!v) PyErr_Clear();
+      if (!v) clear_error();
       return v;
     }
     case Source::Kind::Item: {
@@ -218,7 +219,7 @@ PyObject* eval_uncached(const Source& s, const FrameView& f) {
       PyObject* v = modulelist_item(base, s.index);
       if (!v) v = PySequence_GetItem(base, s.index);
       Py_DECREF(base);
-      if (!v) PyErr_Clear();
+      if (!v) clear_error();
       return v;
     }
     case Source::Kind::Key: {
@@ -226,7 +227,7 @@ PyObject* eval_uncached(const Source& s, const FrameView& f) {
       if (!base) return nullptr;
       PyObject* v = PyObject_GetItem(base, s.key);
       Py_DECREF(base);
-      if (!v) PyErr_Clear();
+      if (!v) clear_error();
       return v;
     }
     case Source::Kind::Closure: {

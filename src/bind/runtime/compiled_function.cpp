@@ -8,6 +8,7 @@
 
 #include "bind/hook/frame_hook.h"
 #include "bind/hook/frame_policy.h"
+#include "bind/interrupts.h"
 #include "bind/runtime/executor.h"
 #include "bind/runtime/stats.h"
 #include "core/support/log.h"
@@ -88,7 +89,12 @@ bool plan_passthrough(Entry& e) {
 
 }  // namespace
 
-std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name) {
+namespace {
+
+// nullptr: interrupted (with the exception set), or (with none set) a cancelled compile whose
+// SIGINT handler did not raise.
+std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg,
+                                        const std::string& name, bool cancellable) {
   auto e = std::make_unique<Entry>();
   e->cfg = cfg;
   auto t0 = std::chrono::steady_clock::now();
@@ -96,6 +102,9 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
   Stats& s = stats();
   ++s.frames_captured;
   s.capture_seconds += since(t0);
+  // Ctrl-C during capture: a KeyboardInterrupt kept from one of capture's Python calls, or a
+  // signal that arrived while C++ ran. Nothing is cached, so the next call captures afresh.
+  if (check_interrupt()) return nullptr;
   if (!e->capture.ok) {
     e->eager = true;
     e->reason = e->capture.reason;
@@ -146,6 +155,8 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
   pipeline::CompileOptions opts;
   opts.mode = cfg.mode;
   opts.name = name + "_" + std::to_string(s.graphs_compiled);
+  // Asked while the C++ compiler runs: Ctrl-C stops it (the handler runs below, unlocked).
+  if (cancellable) opts.cancel = [] { return interrupt_requested(); };
   bool ok;
   {
     // The core compiles without Python: other threads run meanwhile. Compiles themselves take
@@ -155,8 +166,10 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
     std::lock_guard<std::mutex> one_at_a_time(compiling);
     ok = pipeline::compile_graph(*e->capture.graph, opts, *e->compiled, error);
   }
-  if (ok) e->prepared = prepare_program(*e->compiled, error);
   s.compile_seconds += since(t1);
+  if (check_interrupt()) return nullptr;   // a compile that ran to its end is in the disk cache
+  if (e->compiled->cancelled) return nullptr;  // the handler did not raise: compile again
+  if (ok) e->prepared = prepare_program(*e->compiled, error);
   if (!ok || !e->prepared) {
     e->eager = true;
     e->reason = "compilation failed: " + error;
@@ -170,6 +183,16 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
   s.kernels_generated += static_cast<long>(e->compiled->kernels.size());
   if (e->compiled->disk_cache_hit) ++s.cache_hits_disk;
   record_explain(*e, name);
+  return e;
+}
+
+}  // namespace
+
+std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name) {
+  std::unique_ptr<Entry> e = build_entry_once(fn, args, cfg, name, true);
+  // A SIGINT handler of the program's own that does not raise: the program goes on, and so does
+  // the compile, this time to its end.
+  if (!e && !PyErr_Occurred()) e = build_entry_once(fn, args, cfg, name, false);
   return e;
 }
 
@@ -519,12 +542,21 @@ bool fallback_warnings_silenced() {
 
 Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) {
   failed = false;
+  InterruptWatch watch;  // Ctrl-C in Python code that guards and capture run (see interrupts.h)
   FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn), bound.memo};
   for (auto& e : c.entries)
     if (e->capture.guards.check(fv, nullptr)) {
+      if (interrupt_pending() && watch.raised()) {
+        failed = true;
+        return nullptr;
+      }
       ++stats().cache_hits_memory;
       return e.get();
     }
+  if (interrupt_pending() && watch.raised()) {
+    failed = true;
+    return nullptr;
+  }
   if (c.eager_forever) return nullptr;
   if (static_cast<int>(c.entries.size()) >= c.cfg.cache_limit) {
     c.eager_forever = true;
@@ -535,19 +567,27 @@ Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) 
     c.warned = true;  // one warning for this code object
     return nullptr;
   }
+  std::string why;
   if (!c.entries.empty()) {
-    std::string why = failed_guards(c, fv);
-    Stats& st = stats();
-    ++st.recompiles;
-    st.recompile_reasons.push_back(c.name + ": " + why);
-    if (st.recompile_reasons.size() > 64) st.recompile_reasons.erase(st.recompile_reasons.begin());
+    why = failed_guards(c, fv);
     log("recompiles", c.name + ": recompiling: " + why);
   }
   // Capture runs Python code and creates and frees sources: what the memo holds may be stale.
   if (bound.memo) bound.memo->clear();
   if (bound.names.empty()) bound.names = c.names;
   if (!c.private_params.empty()) bound.private_slots = &c.private_params;
-  c.entries.push_back(build_entry(fn, bound, c.cfg, c.name));
+  std::unique_ptr<Entry> built = build_entry(fn, bound, c.cfg, c.name);
+  if (!built) {  // interrupted: the exception propagates and nothing is cached
+    failed = true;
+    return nullptr;
+  }
+  if (!c.entries.empty()) {  // counted once the entry exists: an interrupted one is not
+    Stats& st = stats();
+    ++st.recompiles;
+    st.recompile_reasons.push_back(c.name + ": " + why);
+    if (st.recompile_reasons.size() > 64) st.recompile_reasons.erase(st.recompile_reasons.begin());
+  }
+  c.entries.push_back(std::move(built));
   Entry* e = c.entries.back().get();
   const GraphBreak* brk = e->capture.graph_break.get();
   if (c.cfg.fullgraph && brk && is_user_error(brk->reason)) {

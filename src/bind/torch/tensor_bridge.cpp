@@ -1,5 +1,6 @@
 // The one place (with runtime/executor.cpp) where the binding layer sees torch's C++ API.
 #include "bind/torch/tensor_bridge.h"
+#include "bind/interrupts.h"
 
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
@@ -45,12 +46,12 @@ bool has_plain_torch_function(PyTypeObject* type) {
     PyObject* c = PyImport_ImportModule("torch._C");
     PyObject* f = c ? PyObject_GetAttrString(c, "_disabled_torch_function_impl") : nullptr;
     Py_XDECREF(c);
-    PyErr_Clear();
+    clear_error();
     return f;
   }();
   PyObject* tf = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__torch_function__");
   if (!tf) {
-    PyErr_Clear();
+    clear_error();
     return false;
   }
   // A classmethod read from the class is a bound method of it: compare what it binds.

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -85,12 +87,15 @@ const std::string& compiler() {
 
 struct ProcessResult {
   bool ok = false;     // ran and exited with status 0
+  bool cancelled = false;  // killed because `cancel` said so
   std::string status;  // how it ended, for messages
   std::string output;  // stdout and stderr interleaved, capped
 };
 
 // Runs argv[0] (searched on PATH) without a shell, collecting stdout+stderr through a pipe.
-ProcessResult run_process(const std::vector<std::string>& args) {
+// The child leads a process group of its own, so that cancelling kills everything it started;
+// Ctrl-C at a terminal reaches only kiln's process, which decides (through `cancel`).
+ProcessResult run_process(const std::vector<std::string>& args, const std::function<bool()>& cancel = {}) {
   constexpr size_t kMaxOutput = 1 << 16;  // keep draining past this so the child never blocks
   ProcessResult res;
   std::vector<char*> argv;
@@ -109,9 +114,16 @@ ProcessResult run_process(const std::vector<std::string>& args) {
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
   posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  if (cancel) {
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  }
   pid_t pid = -1;
-  int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  int rc = posix_spawnp(&pid, argv[0], &actions, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
   close(fds[1]);
   if (rc != 0) {
     close(fds[0]);
@@ -120,7 +132,24 @@ ProcessResult run_process(const std::vector<std::string>& args) {
   }
 
   char buf[4096];
+  auto asked = std::chrono::steady_clock::now();
   for (;;) {
+    if (cancel && !res.cancelled) {
+      // Asked every 50 ms, whether or not the compiler is printing.
+      pollfd p{fds[0], POLLIN, 0};
+      int ready = poll(&p, 1, 50);
+      if (ready < 0 && errno != EINTR) break;
+      auto now = std::chrono::steady_clock::now();
+      if (now - asked >= std::chrono::milliseconds(50)) {
+        asked = now;
+        if (cancel()) {
+          res.cancelled = true;
+          kill(-pid, SIGKILL);  // the group: the driver's children hold the pipe open too
+          continue;
+        }
+      }
+      if (ready <= 0) continue;
+    }
     ssize_t n = read(fds[0], buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -135,7 +164,9 @@ ProcessResult run_process(const std::vector<std::string>& args) {
       return res;
     }
   }
-  if (WIFEXITED(wstatus)) {
+  if (res.cancelled) {
+    res.status = "cancelled";
+  } else if (WIFEXITED(wstatus)) {
     res.ok = WEXITSTATUS(wstatus) == 0;
     res.status = "exit status " + std::to_string(WEXITSTATUS(wstatus));
   } else if (WIFSIGNALED(wstatus)) {
@@ -176,38 +207,23 @@ std::string cache_key(const std::string& source) {
 // The source is replaced atomically as well: another thread or process may be compiling
 // from this very path while we (re)write it.
 bool write_source(const std::string& path, const std::string& text, std::string& error) {
-  std::string templ = path + ".tmp-XXXXXX";
-  std::vector<char> name(templ.begin(), templ.end());
-  name.push_back('\0');
-  int fd = mkstemp(name.data());
-  if (fd < 0) {
-    error = "kiln: cannot create a file next to " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  fchmod(fd, 0644);
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  close(fd);
-  if (done != text.size() || std::rename(name.data(), path.c_str()) != 0) {
-    error = "kiln: cannot write " + path + ": " + std::strerror(errno);
-    unlink(name.data());
-    return false;
-  }
-  return true;
+  size_t slash = path.rfind('/');
+  return write_file_atomic(path.substr(0, slash), path.substr(slash + 1), text, error);
 }
 
-bool run_compiler(const std::string& src, const std::string& out, std::string& error) {
+bool run_compiler(const std::string& src, const std::string& out, const std::function<bool()>& cancel,
+                  bool& cancelled, std::string& error) {
   std::vector<std::string> args = {compiler()};
   args.insert(args.end(), compile_flags().begin(), compile_flags().end());
   args.insert(args.end(), {"-o", out, src});
   args.insert(args.end(), link_flags().begin(), link_flags().end());
-  ProcessResult p = run_process(args);
+  ProcessResult p = run_process(args, cancel);
   if (p.ok) return true;
+  if (p.cancelled) {
+    cancelled = true;
+    error = "kiln: C++ compilation of " + src + " cancelled";
+    return false;
+  }
   constexpr size_t kMaxError = 4000;
   error = "kiln: C++ compilation of ";
   error += src;
@@ -260,7 +276,7 @@ const std::string& cpu_compiler_id() {
 
 // Needs no lock: the shared state is either immutable statics or the cache directory, whose
 // publish protocol already tolerates concurrent builders of the same key.
-CpuCompileResult compile_cpp(const std::string& source) {
+CpuCompileResult compile_cpp(const std::string& source, const std::function<bool()>& cancel) {
   const auto start = std::chrono::steady_clock::now();
   CpuCompileResult r;
   auto finish = [&]() -> CpuCompileResult {
@@ -293,12 +309,12 @@ CpuCompileResult compile_cpp(const std::string& source) {
   }
 
   auto build = [&](const std::string& tmp, std::string& err) {
-    return run_compiler(r.source_path, tmp, err);
+    return run_compiler(r.source_path, tmp, cancel, r.cancelled, err);
   };
   for (int attempt = 0; attempt < 2; ++attempt) {
     error.clear();
     auto so = cache.publish(key, ".so", build, error);
-    if (!so) break;
+    if (!so || r.cancelled) break;
     if (auto lib = SharedLibrary::open(*so, error)) {
       r.library = std::move(lib);
       r.so_path = *so;

@@ -1,5 +1,6 @@
 // Compiles generated C++ into a shared library with the system compiler and loads it.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ struct CpuCompileResult {
   std::shared_ptr<SharedLibrary> library;  // null on failure
   std::string error;                       // compiler output on failure
   bool cache_hit = false;                  // loaded from the disk cache without compiling
+  bool cancelled = false;                  // `cancel` asked to stop: the compiler was killed
   double seconds = 0;                      // wall time spent (compile or load)
   std::string so_path, source_path;
 };
@@ -31,7 +33,10 @@ struct CpuCompileResult {
 // $KILN_CXX, else $CXX, else "c++". Flags: -O3 -march=native -fopenmp -shared -fPIC
 // -fno-math-errno -fno-trapping-math. The cache key covers source, compiler, its version and
 // flags. The source is also written next to the entry so that users can read it.
-CpuCompileResult compile_cpp(const std::string& source);
+// `cancel`, if given, is asked about every 50 ms while the compiler runs; when it returns true
+// the compiler (its whole process group: driver, cc1plus, as, ld) is killed, nothing is
+// published and the result is `cancelled`.
+CpuCompileResult compile_cpp(const std::string& source, const std::function<bool()>& cancel = {});
 
 // Identification of the compiler used (path + first line of --version), computed once.
 const std::string& cpu_compiler_id();

@@ -1,14 +1,20 @@
 #include "core/compile/disk_cache.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "core/support/hash.h"
@@ -49,12 +55,32 @@ std::optional<std::string> read_small_file(const std::string& path) {
 
 std::string sidecar_of(const std::string& artifact) { return artifact + ".sum"; }
 
+// Which pids this process can vouch for: the boot (pids restart after a reboot) and the pid
+// namespace (containers on one host each count their own). 8 hex digits.
+const std::string& host_tag() {
+  static const std::string tag = [] {
+    std::string id;
+    if (auto boot = read_small_file("/proc/sys/kernel/random/boot_id")) id += *boot;
+    char ns[128];
+    ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    if (n > 0) id.append(ns, static_cast<size_t>(n));
+    char host[256] = {};
+    if (id.empty() && gethostname(host, sizeof host - 1) == 0) id = host;  // no /proc
+    return hex64(hash_str(id)).substr(0, 8);
+  }();
+  return tag;
+}
+
+// "<tag>-<pid>-": what follows ".tmp-" in this process's temporaries. The pid is read each
+// time: a forked child writes under its own.
+std::string temp_owner() { return host_tag() + "-" + std::to_string(static_cast<long>(getpid())) + "-"; }
+
 // A unique, still-empty file next to `final_path`, so that the later rename stays within one
 // filesystem (and is therefore atomic). The extension is kept at the end because some tools
 // (compilers, linkers) decide what to produce from the output file's suffix.
 std::optional<std::string> make_temp_beside(const std::string& dir, const std::string& stem,
                                             const std::string& ext, std::string& error) {
-  std::string templ = dir + "/" + stem + ".tmp-XXXXXX" + ext;
+  std::string templ = dir + "/" + stem + ".tmp-" + temp_owner() + "XXXXXX" + ext;
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
   int fd = mkstemps(buf.data(), static_cast<int>(ext.size()));
@@ -66,6 +92,24 @@ std::optional<std::string> make_temp_beside(const std::string& dir, const std::s
   fchmod(fd, 0644);
   close(fd);
   return std::string(buf.data());
+}
+
+// The writer named in a temporary's file name: host tag and pid, if it has the current form.
+bool parse_owner(const std::string& filename, std::string& tag, long& pid) {
+  size_t at = filename.rfind(".tmp-");
+  if (at == std::string::npos) return false;
+  size_t p = at + 5;
+  if (filename.size() < p + 8 + 1) return false;
+  tag = filename.substr(p, 8);
+  for (char c : tag)
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
+  p += 8;
+  if (filename[p] != '-') return false;
+  size_t q = ++p;
+  while (q < filename.size() && std::isdigit(static_cast<unsigned char>(filename[q]))) ++q;
+  if (q == p || q - p > 10 || q >= filename.size() || filename[q] != '-') return false;
+  pid = std::stol(filename.substr(p, q - p));
+  return pid > 0;
 }
 
 // Removes the temporary file unless it has been renamed into place.
@@ -84,6 +128,13 @@ bool rename_into_place(const std::string& from, const std::string& to, std::stri
   }
   return true;
 }
+
+void remove_entry(const std::string& artifact) {
+  unlink(artifact.c_str());
+  unlink(sidecar_of(artifact).c_str());
+}
+
+}  // namespace
 
 bool write_file_atomic(const std::string& dir, const std::string& name, const std::string& bytes,
                        std::string& error) {
@@ -104,12 +155,39 @@ bool write_file_atomic(const std::string& dir, const std::string& name, const st
   return true;
 }
 
-void remove_entry(const std::string& artifact) {
-  unlink(artifact.c_str());
-  unlink(sidecar_of(artifact).c_str());
+bool is_temporary_of(const std::string& filename, long pid) {
+  std::string tag;
+  long owner = 0;
+  return parse_owner(filename, tag, owner) && tag == host_tag() && owner == pid;
 }
 
-}  // namespace
+int sweep_stale_temporaries(const std::string& dir, double max_age_seconds) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return 0;
+  int removed = 0;
+  const std::time_t now = std::time(nullptr);
+  while (dirent* ent = readdir(d)) {
+    const std::string name = ent->d_name;
+    if (name.find(".tmp-") == std::string::npos) continue;
+    const std::string path = dir + "/" + name;
+    std::string tag;
+    long pid = 0;
+    bool stale;
+    if (parse_owner(name, tag, pid) && tag == host_tag()) {
+      // Its writer is a process of this boot and pid namespace: stale once that process is gone.
+      // (EPERM: it runs, as another user.) A reused pid only keeps the file a while longer.
+      stale = pid != static_cast<long>(getpid()) && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    } else {
+      // Another machine's or container's (whose pids mean nothing here), or the older naming:
+      // by age. No compile takes a day.
+      struct stat st;
+      stale = lstat(path.c_str(), &st) == 0 && std::difftime(now, st.st_mtime) > max_age_seconds;
+    }
+    if (stale && unlink(path.c_str()) == 0) ++removed;
+  }
+  closedir(d);
+  return removed;
+}
 
 const std::string& cache_dir() {
   // Re-read on every call (a few getenv calls and a stat) so that tests and long-running
@@ -132,7 +210,12 @@ const std::string& cache_dir() {
   return dir;
 }
 
-DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {}
+DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
+  static std::mutex mu;
+  static std::set<std::string> swept;
+  std::lock_guard<std::mutex> lock(mu);
+  if (swept.insert(dir_).second) sweep_stale_temporaries(dir_);
+}
 
 std::string DiskCache::source_path(const std::string& key, const std::string& ext) const {
   return dir_ + "/" + key + ext;

@@ -5,6 +5,13 @@
 // into place, with a checksum sidecar `<key><ext>.sum` renamed in just before it. A reader
 // verifies the checksum before trusting an entry, so a half-written or corrupted entry is
 // rebuilt, never loaded. Several processes may share one cache directory.
+//
+// Temporary files are named `<name>.tmp-<host>-<pid>-XXXXXX[<ext>]`: `host` identifies this
+// boot and pid namespace, `pid` the process writing it. A process killed mid-compile (SIGKILL,
+// a crash, a power cut) leaves its temporaries behind; the first DiskCache of a directory in
+// each process removes those whose writer is gone (same host tag, pid no longer running), and
+// any temporary older than a day (another machine's or container's, or of the older naming),
+// never one a live process may still rename.
 #pragma once
 #include <functional>
 #include <optional>
@@ -19,6 +26,7 @@ const std::string& cache_dir();
 
 class DiskCache {
  public:
+  // Sweeps stale temporaries out of `dir` (once per directory and process).
   explicit DiskCache(std::string dir);
 
   // Path of a verified artifact for `key` with extension `ext` (e.g. ".so", ".cubin"), or
@@ -41,5 +49,16 @@ class DiskCache {
  private:
   std::string dir_;
 };
+
+// Writes `bytes` to dir/name atomically (a temporary beside it, renamed into place).
+bool write_file_atomic(const std::string& dir, const std::string& name, const std::string& bytes,
+                       std::string& error);
+
+// Removes the stale temporaries of `dir` (see above) now; returns how many. `max_age_seconds`:
+// the age past which any temporary counts as stale.
+int sweep_stale_temporaries(const std::string& dir, double max_age_seconds = 24 * 3600.0);
+
+// Whether `filename` is a temporary of the given process on this host (for tests and tools).
+bool is_temporary_of(const std::string& filename, long pid);
 
 }  // namespace kiln::compile

@@ -79,7 +79,12 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
   if (p.device.type == DeviceType::CPU) {
     out.source = codegen::generate_cpp(p);
     debug_dump(options.name + ".kernels.cpp", out.source);
-    compile::CpuCompileResult r = compile::compile_cpp(out.source);
+    compile::CpuCompileResult r = compile::compile_cpp(out.source, options.cancel);
+    if (r.cancelled) {
+      out.cancelled = true;
+      error = "compilation cancelled";
+      return false;
+    }
     if (!r.library) {
       error = "C++ compiler failed: " + r.error;
       return false;

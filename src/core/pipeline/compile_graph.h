@@ -1,6 +1,7 @@
 // The backend pipeline, as a straight line: graph passes -> lowering -> scheduling ->
 // code generation -> native compilation. Each step can be dumped (KILN_DEBUG).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,9 @@ namespace kiln::pipeline {
 struct CompileOptions {
   std::string mode = "default";
   std::string name = "graph";   // prefix of debug dump files
+  // Asked while the C++ compiler runs (see compile_cpp); true stops the compile, which then
+  // fails with `CompiledGraph::cancelled` set.
+  std::function<bool()> cancel;
 };
 
 struct CompiledKernel {
@@ -36,6 +40,7 @@ struct CompiledGraph {
   std::shared_ptr<compile::SharedLibrary> library;
   std::shared_ptr<compile::CudaModule> cuda_module;
   bool disk_cache_hit = false;
+  bool cancelled = false;        // CompileOptions::cancel stopped the compile
   double compile_seconds = 0;
   size_t op_count = 0;
 };
