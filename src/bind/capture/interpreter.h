@@ -11,6 +11,7 @@
 #include <Python.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -342,8 +343,80 @@ class Interpreter {
   // ---- output ----
   OutSpec output_spec(const VarPtr& v);
 
-  // ---- the dispatch ----
+  // ---- the dispatch: one handler per opcode (opcodes.cpp) ----
   int step(const Instr& in, const CodeInfo& ci);
+  using Handler = int (Interpreter::*)(const Instr& in, const CodeInfo& ci);
+  static const std::array<Handler, OP_UNKNOWN + 1>& handlers();
+  int op_nop(const Instr& in, const CodeInfo& ci);
+  int op_make_cell(const Instr& in, const CodeInfo& ci);
+  int op_load_closure(const Instr& in, const CodeInfo& ci);
+  int op_load_fast(const Instr& in, const CodeInfo& ci);
+  int op_store_fast(const Instr& in, const CodeInfo& ci);
+  int op_load_deref(const Instr& in, const CodeInfo& ci);
+  int op_store_deref(const Instr& in, const CodeInfo& ci);
+  int op_delete_deref(const Instr& in, const CodeInfo& ci);
+  int op_make_function(const Instr& in, const CodeInfo& ci);
+  int op_return_generator(const Instr& in, const CodeInfo& ci);
+  int op_yield_value(const Instr& in, const CodeInfo& ci);
+  int op_before_with(const Instr& in, const CodeInfo& ci);
+  int op_format_value(const Instr& in, const CodeInfo& ci);
+  int op_build_string(const Instr& in, const CodeInfo& ci);
+  int op_jump_if_true_or_pop(const Instr& in, const CodeInfo& ci);
+  int op_unpack_ex(const Instr& in, const CodeInfo& ci);
+  int op_store_subscr(const Instr& in, const CodeInfo& ci);
+  int op_build_set(const Instr& in, const CodeInfo& ci);
+  int op_set_add(const Instr& in, const CodeInfo& ci);
+  int op_map_add(const Instr& in, const CodeInfo& ci);
+  int op_load_assertion_error(const Instr& in, const CodeInfo& ci);
+  int op_raise_varargs(const Instr& in, const CodeInfo& ci);
+  int op_store_attr(const Instr& in, const CodeInfo& ci);
+  int op_delete_attr(const Instr& in, const CodeInfo& ci);
+  int op_import_name(const Instr& in, const CodeInfo& ci);
+  int op_import_from(const Instr& in, const CodeInfo& ci);
+  int op_store_slice(const Instr& in, const CodeInfo& ci);
+  int op_delete_subscr(const Instr& in, const CodeInfo& ci);
+  int op_delete_fast(const Instr& in, const CodeInfo& ci);
+  int op_load_const(const Instr& in, const CodeInfo& ci);
+  int op_return_const(const Instr& in, const CodeInfo& ci);
+  int op_return_value(const Instr& in, const CodeInfo& ci);
+  int op_push_null(const Instr& in, const CodeInfo& ci);
+  int op_load_global(const Instr& in, const CodeInfo& ci);
+  int op_load_attr(const Instr& in, const CodeInfo& ci);
+  int op_kw_names(const Instr& in, const CodeInfo& ci);
+  int op_call(const Instr& in, const CodeInfo& ci);
+  int op_load_super_attr(const Instr& in, const CodeInfo& ci);
+  int op_build_map(const Instr& in, const CodeInfo& ci);
+  int op_build_const_key_map(const Instr& in, const CodeInfo& ci);
+  int op_dict_merge(const Instr& in, const CodeInfo& ci);
+  int op_call_function_ex(const Instr& in, const CodeInfo& ci);
+  int op_binary_op(const Instr& in, const CodeInfo& ci);
+  int op_compare_op(const Instr& in, const CodeInfo& ci);
+  int op_is_op(const Instr& in, const CodeInfo& ci);
+  int op_contains_op(const Instr& in, const CodeInfo& ci);
+  int op_unary_negative(const Instr& in, const CodeInfo& ci);
+  int op_unary_positive(const Instr& in, const CodeInfo& ci);
+  int op_unary_not(const Instr& in, const CodeInfo& ci);
+  int op_unary_invert(const Instr& in, const CodeInfo& ci);
+  int op_call_intrinsic_1(const Instr& in, const CodeInfo& ci);
+  int op_build_tuple(const Instr& in, const CodeInfo& ci);
+  int op_list_extend(const Instr& in, const CodeInfo& ci);
+  int op_list_append(const Instr& in, const CodeInfo& ci);
+  int op_list_to_tuple(const Instr& in, const CodeInfo& ci);
+  int op_unpack_sequence(const Instr& in, const CodeInfo& ci);
+  int op_binary_subscr(const Instr& in, const CodeInfo& ci);
+  int op_build_slice(const Instr& in, const CodeInfo& ci);
+  int op_binary_slice(const Instr& in, const CodeInfo& ci);
+  int op_pop_top(const Instr& in, const CodeInfo& ci);
+  int op_copy(const Instr& in, const CodeInfo& ci);
+  int op_swap(const Instr& in, const CodeInfo& ci);
+  int op_pop_jump_if_false(const Instr& in, const CodeInfo& ci);
+  int op_pop_jump_if_true(const Instr& in, const CodeInfo& ci);
+  int op_pop_jump_if_none(const Instr& in, const CodeInfo& ci);
+  int op_pop_jump_if_not_none(const Instr& in, const CodeInfo& ci);
+  int op_get_iter(const Instr& in, const CodeInfo& ci);
+  int op_for_iter(const Instr& in, const CodeInfo& ci);
+  int op_end_for(const Instr& in, const CodeInfo& ci);
+  int op_jump_forward(const Instr& in, const CodeInfo& ci);
 
   PyObject* fn_;
   CaptureResult& out_;
