@@ -59,5 +59,9 @@ def gelu_contiguous_f32_kernel() -> bool:
 
 
 def probe() -> tuple:
-    """(prod_vector_bytes(), gelu_contiguous_f32_kernel()), for kiln's code generation."""
-    return prod_vector_bytes(), gelu_contiguous_f32_kernel()
+    """(prod_vector_bytes(), gelu_contiguous_f32_kernel()), for kiln's code generation: run
+    plainly, whatever autocast or grad mode the first compiled call finds."""
+    import torch
+
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        return prod_vector_bytes(), gelu_contiguous_f32_kernel()
