@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -91,6 +92,28 @@ bool plan_passthrough(Entry& e) {
 
 namespace {
 
+// How torch's own CPU kernels round, as kiln/_torch_kernels.py finds out by running them (once
+// per process; not kept if that was interrupted). On failure kiln follows none of them.
+loop::TorchNumerics torch_numerics() {
+  static std::optional<loop::TorchNumerics> found;
+  if (found) return *found;
+  loop::TorchNumerics t;
+  t.prod_vector_bytes = 0;
+  PyObject* mod = PyImport_ImportModule("kiln._torch_kernels");
+  PyObject* r = mod ? PyObject_CallMethod(mod, "probe", nullptr) : nullptr;
+  if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2) {
+    t.prod_vector_bytes = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(r, 0)));
+    t.gelu_contiguous_f32_kernel = PyObject_IsTrue(PyTuple_GET_ITEM(r, 1)) == 1;
+  }
+  bool failed = !r;
+  Py_XDECREF(r);
+  Py_XDECREF(mod);
+  if (PyErr_Occurred()) clear_error();
+  if (failed && interrupt_pending()) return t;
+  found = t;
+  return t;
+}
+
 // nullptr: interrupted (with the exception set), or (with none set) a cancelled compile whose
 // SIGINT handler did not raise.
 std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg,
@@ -157,6 +180,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   opts.name = name + "_" + std::to_string(s.graphs_compiled);
   // Asked while the C++ compiler runs: Ctrl-C stops it (the handler runs below, unlocked).
   if (cancellable) opts.cancel = [] { return interrupt_requested(); };
+  opts.torch = torch_numerics();
   bool ok;
   {
     // The core compiles without Python: other threads run meanwhile. Compiles themselves take

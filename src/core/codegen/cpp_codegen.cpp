@@ -1,6 +1,7 @@
 #include "core/codegen/cpp_codegen.h"
 
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "core/codegen/scalar_emitter.h"
@@ -54,7 +55,8 @@ int64_t const_product(const std::vector<Expr>& xs) {
 
 class KernelWriter {
  public:
-  KernelWriter(const loop::Program& p, const Kernel& k, std::string& out) : p_(p), k_(k), out_(out) {}
+  KernelWriter(const loop::Program& p, const Kernel& k, std::string& out, int torch_vector_bytes)
+      : p_(p), k_(k), out_(out), torch_vector_bytes_(torch_vector_bytes) {}
 
   void write() {
     std::set<int> stored;
@@ -145,11 +147,19 @@ class KernelWriter {
       std::string pragma;
       if (t != DType::Bool) {
         if (st.reduce == ops::ReduceOp::Sum) pragma = "#pragma omp simd reduction(+:" + acc + ")";
-        if (st.reduce == ops::ReduceOp::Prod) pragma = "#pragma omp simd reduction(*:" + acc + ")";
+        // Floating products in order, as torch's CPU kernel folds the rows it does not split
+        // into vectors (see docs/architecture.md): reassociated, they differ in the last bits
+        // and near overflow even in whether they overflow. Integer products are exact.
+        if (st.reduce == ops::ReduceOp::Prod && !is_floating(t)) pragma = "#pragma omp simd reduction(*:" + acc + ")";
         if (minmax) {
           pragma = std::string("#pragma omp simd reduction(") + (st.reduce == ops::ReduceOp::Max ? "max:" : "min:") + acc + ")";
           if (track_nan) pragma += " reduction(|:" + nan + ")";
         }
+      }
+      if (st.torch_vector_block && st.reduce == ops::ReduceOp::Prod && is_floating(t) && !st.vars.empty() &&
+          torch_vector_bytes_ >= dtype_size(t)) {
+        write_torch_product(st, em, indent, acc);
+        return;
       }
       // An int flag: bool lanes do not vectorize.
       if (track_nan) out_ += indent + "int " + nan + " = 0;\n";
@@ -180,9 +190,68 @@ class KernelWriter {
     if (looped) em.pop_scope();
   }
 
+  // A floating product over a block torch's kernel vectorizes (Stage::torch_vector_block):
+  // the factors in torch's order. Its vectorized_inner_reduction loads the first 4 vectors of
+  // V lanes, multiplies each following group of 4V elements into them lane by lane, combines
+  // the four as (v0*v1)*(v2*v3), folds the V lanes of that one after another into the output,
+  // then the elements past the last full group one at a time. Outer reduced vars (blocks torch
+  // could not merge) fold one block after another into the same output, as torch's do.
+  void write_torch_product(const Stage& st, ScalarEmitter& em, std::string indent, const std::string& acc) {
+    const DType t = st.acc_dtype;
+    const int V = torch_vector_bytes_ / dtype_size(t), L = 4 * V;
+    const std::string T = ctype(t), lanes = acc + "_lane", full = acc + "_full", b = acc + "_b", l = acc + "_l";
+    const std::string var = st.vars.back().name(), range = st.ranges.back().c_str();
+    for (size_t d = 0; d + 1 < st.vars.size(); ++d) {
+      const std::string v = st.vars[d].name();
+      out_ += indent + "for (kiln_i64 " + v + " = 0; " + v + " < " + st.ranges[d].c_str() + "; ++" + v + ") {\n";
+      indent += "  ";
+    }
+    // Each element's value (and the stores fused at inner points), with `var` bound to `at`.
+    auto element = [&](const std::string& at, std::string ind, const std::function<std::string(const std::string&)>& use) {
+      em.push_scope();
+      out_ += ind + "const kiln_i64 " + var + " = " + at + ";\n";
+      std::string v = em.emit(st.value, ind);
+      for (const loop::Store& s : st.stores) out_ += ind + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+      out_ += ind + use(v) + "\n";
+      em.pop_scope();
+    };
+    const std::string Ls = std::to_string(L), Vs = std::to_string(V);
+    out_ += indent + "{\n";
+    std::string in = indent + "  ";
+    out_ += in + "const kiln_i64 " + full + " = (" + range + ") / " + Ls + " * " + Ls + ";\n";
+    out_ += in + "if (" + full + " > 0) {\n";
+    std::string in2 = in + "  ";
+    out_ += in2 + T + " " + lanes + "[" + Ls + "];\n";
+    out_ += in2 + "for (kiln_i64 " + l + " = 0; " + l + " < " + Ls + "; ++" + l + ") {\n";
+    element(l, in2 + "  ", [&](const std::string& v) { return lanes + "[" + l + "] = " + v + ";"; });
+    out_ += in2 + "}\n";
+    out_ += in2 + "for (kiln_i64 " + b + " = " + Ls + "; " + b + " < " + full + "; " + b + " += " + Ls + ") {\n";
+    out_ += in2 + "  #pragma omp simd\n";
+    out_ += in2 + "  for (kiln_i64 " + l + " = 0; " + l + " < " + Ls + "; ++" + l + ") {\n";
+    element(b + " + " + l, in2 + "    ", [&](const std::string& v) { return lanes + "[" + l + "] = " + lanes + "[" + l + "] * " + v + ";"; });
+    out_ += in2 + "  }\n" + in2 + "}\n";
+    auto lane = [&](const std::string& j) {
+      return "((" + lanes + "[" + j + "] * " + lanes + "[" + Vs + " + " + j + "]) * (" + lanes + "[" + std::to_string(2 * V) +
+             " + " + j + "] * " + lanes + "[" + std::to_string(3 * V) + " + " + j + "]))";
+    };
+    out_ += in2 + T + " " + acc + "_h = " + lane("0") + ";\n";
+    out_ += in2 + "for (kiln_i64 " + l + " = 1; " + l + " < " + Vs + "; ++" + l + ") " + acc + "_h = " + acc + "_h * " + lane(l) + ";\n";
+    out_ += in2 + acc + " = " + acc + " * " + acc + "_h;\n";
+    out_ += in + "}\n";
+    out_ += in + "for (kiln_i64 " + l + " = " + full + "; " + l + " < " + range + "; ++" + l + ") {\n";
+    element(l, in + "  ", [&](const std::string& v) { return acc + " = " + acc + " * " + v + ";"; });
+    out_ += in + "}\n";
+    out_ += indent + "}\n";
+    for (size_t d = 0; d + 1 < st.vars.size(); ++d) {
+      indent.resize(indent.size() - 2);
+      out_ += indent + "}\n";
+    }
+  }
+
   const loop::Program& p_;
   const Kernel& k_;
   std::string& out_;
+  int torch_vector_bytes_;
 };
 
 }  // namespace
@@ -191,7 +260,7 @@ std::string generate_cpp(const loop::Program& p) {
   std::string out = "// Generated by kiln. Each kernel fuses the graph ops in its name.\n";
   out += kCpuPrelude;
   out += "\n";
-  for (const Kernel& k : p.kernels) KernelWriter(p, k, out).write();
+  for (const Kernel& k : p.kernels) KernelWriter(p, k, out, p.exprs.torch.prod_vector_bytes).write();
   return out;
 }
 

@@ -49,6 +49,9 @@ struct Stage {
   ops::ReduceOp reduce = ops::ReduceOp::Sum;
   DType acc_dtype = DType::Float32;
   SRef value = -1;
+  // A floating product whose innermost var walks a block of stride 1 of its input: the CPU
+  // code folds it as torch's vectorized kernel does (four vectors of lanes, then across).
+  bool torch_vector_block = false;
   // Loop
   std::vector<Store> stores;
 };

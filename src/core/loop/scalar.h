@@ -59,8 +59,21 @@ struct SNode {
   int acc = -1;         // Acc
 };
 
+// Where kiln reproduces how torch's own CPU kernels round (found by running them: see
+// kiln/_torch_kernels.py), for the ops that lower through a ScalarCtx and for code generation.
+struct TorchNumerics {
+  // Vector width of torch's CPU reduction kernels: floating products over contiguous blocks
+  // follow their order (Stage::torch_vector_block). 0: plain order.
+  int prod_vector_bytes = 32;
+  // torch's float32 gelu (erf form) of a contiguous tensor of 2+ elements goes through a
+  // vectorized kernel that gives NaN for +inf and overflows past 1.7e38 (x*(1+erf) first).
+  bool gelu_contiguous_f32_kernel = false;
+};
+
 class ScalarCtx {
  public:
+  TorchNumerics torch;  // set before lowering (pipeline::compile_graph)
+
   SRef constant(double v, DType t);
   SRef load(int buffer, sym::Expr index, DType t);
   SRef acc(int id, DType t);

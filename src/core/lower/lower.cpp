@@ -1,6 +1,8 @@
 #include "core/lower/lower.h"
 
+#include <algorithm>
 #include <functional>
+#include <optional>
 #include <unordered_map>
 
 #include "core/ops/registry.h"
@@ -26,6 +28,50 @@ struct Value {
 };
 
 constexpr size_t kInlineCostLimit = 40;  // scalar nodes a shared value may cost before it is realized
+
+// Where torch's CPU kernels fold a reduction's elements into each output, for a product of
+// floats (whose last bits depend on the order). TensorIterator makes the reduced dims the
+// fastest, ordered by the input's strides (smallest first), and merges neighbours that are
+// contiguous with each other; each output then folds its elements in that order, one element
+// after another, except that a merged block of stride 1 goes through the vectorized kernel
+// (codegen: Stage::torch_vector_block). The groups, outermost first; nullopt where that order
+// is not plain: symbolic or zero sizes, broadcast (stride 0) or equal strides, nothing reduced.
+struct ReduceGroup {
+  std::vector<size_t> dims;  // outermost first
+  int64_t size = 1;          // elements of the block
+  int64_t stride = 0;        // of its innermost dim
+};
+
+std::optional<std::vector<ReduceGroup>> torch_reduce_order(const ir::TensorMeta& m, const std::vector<bool>& reduced) {
+  if (m.strides.size() != m.sizes.size()) return std::nullopt;
+  std::vector<std::pair<int64_t, size_t>> dims;  // (stride, dim) of reduced dims of size > 1
+  for (size_t i = 0; i < m.sizes.size(); ++i) {
+    auto size = m.sizes[i].as_const();
+    if (!size || *size == 0) return std::nullopt;
+    if (!reduced[i] || *size == 1) continue;
+    auto stride = m.strides[i].as_const();
+    if (!stride || *stride <= 0) return std::nullopt;
+    dims.emplace_back(*stride, i);
+  }
+  if (dims.empty()) return std::nullopt;
+  std::sort(dims.begin(), dims.end());
+  for (size_t i = 1; i < dims.size(); ++i)
+    if (dims[i].first == dims[i - 1].first) return std::nullopt;
+  std::vector<ReduceGroup> inner_first;
+  for (const auto& [stride, d] : dims) {
+    const int64_t size = *m.sizes[d].as_const();
+    if (!inner_first.empty()) {
+      ReduceGroup& g = inner_first.back();
+      if (stride == g.stride * g.size) {  // contiguous with the block so far: one dim for torch
+        g.dims.insert(g.dims.begin(), d);
+        g.size *= size;
+        continue;
+      }
+    }
+    inner_first.push_back({{d}, size, stride});
+  }
+  return std::vector<ReduceGroup>(inner_first.rbegin(), inner_first.rend());
+}
 
 class Lowering {
  public:
@@ -243,25 +289,49 @@ class Lowering {
     Kernel k;
     k.vars = fresh_vars("n" + std::to_string(n->id) + "_", n->meta.sizes);
     k.ranges = n->meta.sizes;
-    Exprs red_ranges;
-    for (size_t i = 0; i < xs.size(); ++i)
-      if (reduced[i]) red_ranges.push_back(xs[i]);
+    DType acc_t = compute_dtype(n->meta.dtype);
     Stage r;
     r.kind = Stage::Kind::Reduce;
-    r.ranges = red_ranges;
-    r.vars = fresh_vars("n" + std::to_string(n->id) + "_r", red_ranges);
     // The input index: reduced dims walk the inner loop, kept dims follow the outer space.
-    Exprs idx;
-    size_t o = 0, q = 0;
+    Exprs idx(xs.size());
+    // A product of floats shows the order of its factors in its last bits: it follows torch's
+    // (see torch_reduce_order).
+    std::optional<std::vector<ReduceGroup>> order;
+    if (n->op->reduce == ops::ReduceOp::Prod && is_floating(acc_t)) order = torch_reduce_order(x->meta, reduced);
+    if (order) {
+      for (const ReduceGroup& g : *order) r.ranges.push_back(Expr(g.size));
+      r.vars = fresh_vars("n" + std::to_string(n->id) + "_r", r.ranges);
+      for (size_t gi = 0; gi < order->size(); ++gi) {
+        const ReduceGroup& g = (*order)[gi];
+        Expr inner = 1;  // elements per step of dims[j]
+        for (size_t j = g.dims.size(); j-- > 0;) {
+          const int64_t size = *xs[g.dims[j]].as_const();
+          Expr q = inner.is_const(1) ? r.vars[gi] : sym::floordiv(r.vars[gi], inner);
+          idx[g.dims[j]] = j == 0 ? q : sym::mod(q, Expr(size));
+          inner = inner * Expr(size);
+        }
+      }
+      r.torch_vector_block = order->back().stride == 1;
+      for (size_t i = 0; i < xs.size(); ++i)
+        if (reduced[i] && xs[i].is_const(1)) idx[i] = 0;
+    } else {
+      Exprs red_ranges;
+      for (size_t i = 0; i < xs.size(); ++i)
+        if (reduced[i]) red_ranges.push_back(xs[i]);
+      r.ranges = red_ranges;
+      r.vars = fresh_vars("n" + std::to_string(n->id) + "_r", red_ranges);
+      size_t q = 0;
+      for (size_t i = 0; i < xs.size(); ++i)
+        if (reduced[i]) idx[i] = r.vars[q++];
+    }
+    size_t o = 0;
     for (size_t i = 0; i < xs.size(); ++i) {
       if (reduced[i]) {
-        idx.push_back(r.vars[q++]);
         if (keepdim) ++o;
       } else {
-        idx.push_back(k.vars[o++]);
+        idx[i] = k.vars[o++];
       }
     }
-    DType acc_t = compute_dtype(n->meta.dtype);
     r.reduce = n->op->reduce;
     r.acc_dtype = acc_t;
     r.acc = next_acc_++;

@@ -118,6 +118,33 @@ SRef gelu_body(ScalarCtx& s, SRef x, DType t, bool tanh_approx) {
   return s.binary(SOp::Mul, s.binary(SOp::Mul, x, c(0.5)), s.binary(SOp::Add, c(1.0), e));
 }
 
+// Whether torch runs its float32 gelu of `in` through its contiguous-tensor kernel
+// (TorchNumerics::gelu_contiguous_f32_kernel): a CPU tensor of 2+ elements, row-major dense.
+bool torch_gelu_kernel(const ScalarCtx& s, const ir::Node& in, DType t, bool tanh_approx) {
+  if (tanh_approx || t != DType::Float32 || !s.torch.gelu_contiguous_f32_kernel) return false;
+  const ir::TensorMeta& m = in.meta;
+  if (m.device.type != DeviceType::CPU || m.dtype != DType::Float32 || m.strides.size() != m.sizes.size()) return false;
+  int64_t numel = 1, expect = 1;
+  for (size_t i = m.sizes.size(); i-- > 0;) {
+    auto size = m.sizes[i].as_const();
+    auto stride = m.strides[i].as_const();
+    if (!size || !stride) return false;
+    if (*size != 1 && *stride != expect) return false;
+    expect *= *size;
+    numel *= *size;
+  }
+  return numel >= 2;
+}
+
+// That kernel's gelu: x * (1 + erf(x / sqrt(2))) halved afterwards (the same number, but
+// overflowing to inf past 1.7e38 as torch's does) and NaN for +inf, as torch gives them.
+SRef torch_gelu_kernel_body(ScalarCtx& s, SRef x, DType t) {
+  auto c = [&](double v) { return s.constant(v, t); };
+  SRef e = s.unary(SOp::Erf, s.binary(SOp::Mul, x, c(0.70710678118654752440)));
+  SRef g = s.binary(SOp::Mul, s.binary(SOp::Mul, x, s.binary(SOp::Add, c(1.0), e)), c(0.5));
+  return s.where(s.binary(SOp::Eq, x, c(INFINITY)), c(NAN), g);
+}
+
 }  // namespace
 
 std::vector<OpDef> pointwise_ops() {
@@ -169,7 +196,9 @@ std::vector<OpDef> pointwise_ops() {
     g.promotion = D;
     g.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
       DType t = arith_dtype(n);
-      return gelu_body(s, s.cast(a[0], t), t, n.attrs.get_str("approximate", "none") == "tanh");
+      const bool tanh_approx = n.attrs.get_str("approximate", "none") == "tanh";
+      if (torch_gelu_kernel(s, *n.inputs[0], t, tanh_approx)) return torch_gelu_kernel_body(s, s.cast(a[0], t), t);
+      return gelu_body(s, s.cast(a[0], t), t, tanh_approx);
     };
     g.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
       std::string ap = a.get_str("approximate", "none");

@@ -64,6 +64,7 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
   log("graph", "\n" + out.graph_text);
 
   loop::Program& p = out.program;
+  p.exprs.torch = options.torch;
   if (!lower::lower_graph(g, p, error)) return false;
   debug_dump(options.name + ".loop_lowered.txt", p.str());
   schedule::schedule(p);

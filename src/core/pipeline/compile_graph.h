@@ -19,6 +19,8 @@ struct CompileOptions {
   // Asked while the C++ compiler runs (see compile_cpp); true stops the compile, which then
   // fails with `CompiledGraph::cancelled` set.
   std::function<bool()> cancel;
+  // How torch's own CPU kernels round, where kiln follows them.
+  loop::TorchNumerics torch;
 };
 
 struct CompiledKernel {
