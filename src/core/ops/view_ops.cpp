@@ -361,7 +361,7 @@ std::vector<OpDef> view_ops() {
     r[d] = Expr(start) + idx[d] * Expr(n.attrs.get_int("step", 1));
     return r;
   };
-  slice.python = {};
+  slice.python = {"torch.ops.aten.slice.Tensor"};
   ops.push_back(slice);
 
   // x[i] along one dim: that dim goes, i folded into the offset.
