@@ -84,9 +84,12 @@ void record_explain(const Entry& e, const std::string& name) {
   log->push_back(std::move(r));
 }
 
-// A graph may compute nothing: its outputs (the return value, what a break needs) are inputs.
+// A graph may compute nothing: its outputs (the return value, what a break needs) are inputs,
+// and it has no node that must run for its errors (an unused torch_call).
 bool plan_passthrough(Entry& e) {
   const ir::Graph& g = *e.capture.graph;
+  for (const auto& n : g.nodes())
+    if (n->op->keep_unused && n->op->keep_unused(*n)) return false;
   std::vector<int> idx;
   for (const ir::Node* o : g.outputs()) {
     auto it = std::find(g.inputs().begin(), g.inputs().end(), o);
