@@ -1254,10 +1254,12 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   for (auto& [k, v] : kwargs)
     if (k == "out") unsupported(name + "(out=...) is not captured");
   std::vector<ir::Node*> inputs;
+  std::vector<VarPtr> input_vars;
   std::function<PyObject*(const VarPtr&)> tmpl = [&](const VarPtr& v) -> PyObject* {
     switch (v->kind) {
       case Var::Kind::Tensor:
         inputs.push_back(v->node);
+        input_vars.push_back(v);
         return tensor_slot(static_cast<int>(inputs.size()) - 1);
       case Var::Kind::Tuple:
       case Var::Kind::List: {
@@ -1336,9 +1338,27 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     PyDict_SetItemString(mkw, "device", meta);
     Py_DECREF(meta);
   }
+  auto version = [](PyObject* t) {
+    PyObject* v = PyObject_GetAttrString(t, "_version");
+    long long n = v ? PyLong_AsLongLong(v) : -1;
+    Py_XDECREF(v);
+    PyErr_Clear();
+    return n;
+  };
+  std::vector<long long> versions;
+  for (PyObject* m : metas) versions.push_back(version(m));
   PyObject* r = PyObject_Call(f, margs, mkw);
   Py_DECREF(margs);
   Py_XDECREF(mkw);
+  // The operator returned one of its inputs itself, unchanged (x.type_as(x)): in eager the
+  // result is that very tensor, so later in-place updates of either show in both. The input's
+  // own tracker, not a copy. (One it updated in place, F.hardtanh(x, inplace=True), stays a call.)
+  for (size_t i = 0; r && i < metas.size(); ++i)
+    if (r == metas[i] && versions[i] >= 0 && version(metas[i]) == versions[i]) {
+      Py_DECREF(r);
+      drop_metas();
+      return input_vars[i];
+    }
   drop_metas();
   if (!r) {
     PyErr_Clear();  // no meta kernel, or an error eager raises itself when the call runs there
