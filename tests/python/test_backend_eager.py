@@ -188,6 +188,8 @@ PROGRAMS = {
                       args_of(randn(3, 2))),
     "inplace_on_intermediates": (lambda x: _inplace(x), args_of(randn(4, 4))),
     "unused_results_still_run": (lambda x: _unused(x), args_of(randn(3))),
+    # in-place updates keep the updated tensor's layout (fuzz seed 2104)
+    "inplace_keeps_layout": (lambda a: _inplace_layout(a), lambda: (torch.randn(5, 3).t(),)),
 }
 
 
@@ -198,6 +200,16 @@ def _inplace(x):
     z = y.clone()
     z[0] = 5.0
     return y, z
+
+
+def _inplace_layout(a):
+    t = torch.div(a, 0.5, rounding_mode="trunc")
+    t.masked_fill_(t > 0, 1)
+    t += 1
+    t[0] = 3.0
+    u = a * 1
+    u.clamp_(min=0)
+    return t, u
 
 
 def _unused(x):

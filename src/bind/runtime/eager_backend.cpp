@@ -79,6 +79,7 @@ struct TorchStep {
   std::vector<int> call_inputs;
   int output = -1;
   int share = -1;                // an earlier torch_call step that made the same call: its result
+  int inplace_of = -1;           // the node an in-place op updates: the result is copied into it
   std::vector<int> release;      // nodes no later step or output reads
   std::vector<int> release_raw;  // steps whose whole torch_call result no later step shares
 };
@@ -202,7 +203,11 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
   NodeIndex index;
   const auto& nodes = g.nodes();
   prog->num_nodes = nodes.size();
-  for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i].get()] = static_cast<int>(i);
+  std::unordered_map<int, int> by_id;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    index[nodes[i].get()] = static_cast<int>(i);
+    by_id[nodes[i]->id] = static_cast<int>(i);
+  }
   for (size_t i = 0; i < g.inputs().size(); ++i) prog->inputs.emplace_back(index.at(g.inputs()[i]), static_cast<int>(i));
   for (size_t i = 0; i < nodes.size(); ++i) {
     const ir::Node& n = *nodes[i];
@@ -233,6 +238,14 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
       error = "node " + n.name + ": " + error;
       return nullptr;
     }
+    if (const ir::AttrValue* t = n.attrs.find("inplace_of")) {
+      auto it = by_id.find(static_cast<int>(std::get<int64_t>(*t)));
+      if (it == by_id.end()) {
+        error = "node " + n.name + " updates a node the graph does not have";
+        return nullptr;
+      }
+      step.inplace_of = it->second;
+    }
     prog->steps.push_back(std::move(step));
   }
   for (const ir::Node* o : g.outputs()) prog->outputs.push_back(index.at(o));
@@ -248,6 +261,7 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
     for (const TorchArg& a : s.args)
       if (a.node >= 0) last[a.node] = static_cast<int>(si);
     for (int n : s.call_inputs) last[n] = static_cast<int>(si);
+    if (s.inplace_of >= 0) last[s.inplace_of] = static_cast<int>(si);
     if (s.share >= 0) last_share[s.share] = static_cast<int>(si);
   }
   prog->keep_raw.assign(prog->steps.size(), false);
@@ -301,6 +315,15 @@ bool run_torch_program(const TorchProgram& p, PyObject* const* inputs, std::vect
         if (p.keep_raw[si]) raw[si] = whole;
         else Py_DECREF(whole);
       }
+    }
+    if (r && s.inplace_of >= 0 && r != vals[s.inplace_of]) {
+      // x.masked_fill_(m, 1), x += y, x[i] = v on an intermediate: capture made the update out of
+      // place; torch's in-place op keeps x's tensor (and layout), and nothing reads its old value
+      // any more, so the result goes into it.
+      static PyObject* copy_name = PyUnicode_InternFromString("copy_");
+      PyObject* updated = PyObject_CallMethodOneArg(vals[s.inplace_of], copy_name, r);
+      Py_DECREF(r);
+      r = updated;
     }
     if (!r) {
       ok = false;

@@ -15,6 +15,9 @@
 //     runs as that Python operator (`2 / x` is x.__rtruediv__(2), as in eager); an op whose
 //     tensors take no numbers (`tensors_only`, `mask & True` captured as logical_and) gets the
 //     number as a wrapped-number tensor, as torch's own operators make it;
+//   - an in-place update capture made out of place (`inplace_of`: x.masked_fill_(...), x += y,
+//     x[i] = v on an intermediate) is copied into the updated tensor, which keeps its layout as
+//     torch's in-place op keeps it (nothing reads the old value after the update);
 //   - `torch_call` nodes call their recorded callable, as the compiled executor does (one call
 //     for all results of a tuple-returning operator), and keep torch's result layout.
 #pragma once
