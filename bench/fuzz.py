@@ -3,6 +3,7 @@
     python bench/fuzz.py --count 10000 --seed 1 --jobs 1
     python bench/fuzz.py --seeds 137,140          # re-check given seeds
     python bench/fuzz.py --show 137               # print a seed's program and inputs
+    python bench/fuzz.py --count 2000 --backend eager   # kiln's capture, torch's ops: exact
 
 Each seed is a small random function (see tests/python/_fuzz.py, which holds the generator
 and the checks); it runs eagerly and through kiln.compile on three input sets. Seeds run in
@@ -56,6 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=50, help="seeds per child interpreter (default 50)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one program may take (default 120)")
     ap.add_argument("--no-strides", action="store_true", help="do not compare strides")
+    ap.add_argument("--backend", default="inductor", choices=["inductor", "eager"],
+                    help="kiln.compile's backend (default inductor; eager compares floats exactly)")
     ap.add_argument("--ignore", default="",
                     help="categories to leave out of the report, comma-separated: "
                          + ", ".join(sorted(_fuzz.SHORT)))
@@ -63,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every result (one JSON object a line) to this file")
     ap.add_argument("--show", help="print the programs of these comma-separated seeds and exit")
     args = ap.parse_args(argv)
+    os.environ["KILN_FUZZ_BACKEND"] = args.backend  # read by _fuzz in the child interpreters
+    _fuzz.BACKEND = args.backend
 
     if args.show:
         for s in args.show.split(","):

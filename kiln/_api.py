@@ -113,6 +113,12 @@ def compile(
     """Compile a function or nn.Module. Same keywords as torch.compile.
 
     Usable as ``kiln.compile(f)``, ``@kiln.compile`` and ``@kiln.compile(mode=...)``.
+
+    ``backend="inductor"`` (the default) compiles captured graphs into kernels; ``backend="eager"``
+    captures the same way (guards, cache, recompiles, graph breaks) and runs each graph through
+    torch's own ops, as ``torch.compile(backend="eager")`` does; ``"aot_eager"`` is ``"eager"``
+    (the same results for inference). Other torch backends, and callable backends (which take an
+    FX GraphModule), raise.
     """
     if model is None:
         def decorator(fn):
@@ -125,26 +131,60 @@ def compile(
     if mode is not None and options is not None:
         raise RuntimeError("Either mode or options can be specified, but both can't be specified at the same time.")
     mode = mode or "default"
-    if mode not in _MODES:
-        raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(_MODES)}")
     if options is not None and not isinstance(options, dict):
         raise TypeError("options must be a dict")
-    _check_options(options or {})
-    if backend != "inductor":
-        raise RuntimeError(f"kiln has one backend ('inductor'); got backend={backend!r}")
-    if mode in _MODES_NOT_YET and mode not in _warned_modes:
+    backend = _backend(backend)
+    if backend == "inductor":
+        if mode not in _MODES:
+            raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(_MODES)}")
+        _check_options(options or {})
+    elif options and "cache_limit" in options:
+        # torch's other backends take any mode and options (its eager backend ignores them);
+        # kiln's own cache_limit still applies.
+        _check_options({"cache_limit": options["cache_limit"]})
+    if backend == "inductor" and mode in _MODES_NOT_YET and mode not in _warned_modes:
         _warned_modes.add(mode)
         warnings.warn(f"kiln: mode={mode!r}: {_MODES_NOT_YET[mode]}; kiln compiles as mode='default'",
                       UserWarning, stacklevel=2)
     limit = int((options or {}).get("cache_limit", 8))
+    if backend != "inductor":
+        mode = "default"  # as torch's eager backend, which ignores mode
+
+    def make(fn):
+        return _C.compile(fn, mode, fullgraph, disable, limit, backend)
+
     if isinstance(model, torch.nn.Module):
-        forward = type(model).forward
-        compiled = _C.compile(forward, mode, fullgraph, disable, limit)
-        return CompiledModule(model, compiled, _C.compile(_call_module, mode, fullgraph, disable, limit))
+        return CompiledModule(model, make(type(model).forward), make(_call_module))
     if isinstance(model, types.MethodType):
         # A bound method: compile the function, bind the same receiver.
-        return types.MethodType(_C.compile(model.__func__, mode, fullgraph, disable, limit), model.__self__)
-    return _C.compile(model, mode, fullgraph, disable, limit)
+        return types.MethodType(make(model.__func__), model.__self__)
+    return make(model)
+
+
+# torch.compile's backend names kiln implements, and what kiln runs for each. "aot_eager" traces
+# through AOTAutograd into the same aten ops and runs them eagerly: for inference (kiln captures
+# no backward graphs) that is "eager".
+_BACKENDS = {"inductor": "inductor", "eager": "eager", "aot_eager": "eager"}
+
+
+def _backend(backend) -> str:
+    if isinstance(backend, str):
+        if backend in _BACKENDS:
+            return _BACKENDS[backend]
+        # torch's own check and exception (torch._dynamo.exc.InvalidBackend) for a name it does not know
+        from torch._dynamo.backends.registry import lookup_backend
+        lookup_backend(backend)
+        raise NotImplementedError(
+            f"kiln.compile: backend={backend!r} is a torch.compile backend kiln does not implement; "
+            f"kiln runs {', '.join(map(repr, _BACKENDS))}")
+    if callable(backend):
+        # torch.compile hands a callable backend a torch.fx.GraphModule and example inputs; kiln's
+        # graphs are its own IR, not FX, so there is nothing to hand it.
+        raise NotImplementedError(
+            f"kiln.compile: a callable backend ({getattr(backend, '__name__', type(backend).__name__)}) takes a "
+            "torch.fx.GraphModule, and kiln's captured graphs are not FX graphs; use backend='inductor' "
+            "(kiln's compiler) or backend='eager' (kiln's capture, torch's ops), or torch.compile itself")
+    raise TypeError(f"kiln.compile: backend must be a str or a callable, not {type(backend).__name__}")
 
 
 @dataclass
@@ -186,8 +226,11 @@ class ExplainOutput:
 
 def explain(fn: Callable, *extra_args, **extra_kwargs):
     """``kiln.explain(fn)(*args, **kwargs)`` captures and compiles one call afresh and returns
-    an ExplainOutput."""
+    an ExplainOutput. For a function kiln.compile returned, with that function's backend (the
+    eager backend shows its graphs and no kernels)."""
+    like = None  # a compiled function whose backend and mode explain uses
     if isinstance(fn, CompiledModule):
+        like = fn._kiln_forward
         fn = fn._orig_mod
     if isinstance(fn, torch.nn.Module):
         module, target = fn, (_call_module if _has_hooks(fn) else type(fn).forward)
@@ -196,11 +239,12 @@ def explain(fn: Callable, *extra_args, **extra_kwargs):
     else:
         module, target = None, fn
     if _C.is_compiled(target):
+        like = target
         target = _C.target(target)
 
     def run(*args, **kwargs):
         call_args = (module,) + args if module is not None else args
-        d = _C.explain(target, tuple(call_args), dict(kwargs))
+        d = _C.explain(target, tuple(call_args), dict(kwargs), like)
         return ExplainOutput(
             graph_count=d["graph_count"], graph_break_count=d["graph_break_count"], op_count=d["op_count"],
             break_reasons=list(d["break_reasons"]), graphs=list(d["graphs"]), guards=list(d["guards"]),

@@ -40,15 +40,21 @@ def render() -> str:
         "reduction over float32, float64, float16, bfloat16, int64 and bool, empty, size-1, broadcast,",
         "transposed, expanded and 0-d operands, Python scalars, dims and keepdim, each against eager.",
         "",
+        "With `kiln.compile(backend=\"eager\")` each node runs through the callable of the \"eager\"",
+        "column (the op's first Python spelling that names a function or Tensor method) with the",
+        "schema's arguments; `placeholder`, `scalar` and `torch_call` are the graph's inputs, Python",
+        "numbers and recorded torch calls.",
+        "",
         f"{len(ops)} ops.",
         "",
-        "| op | kind | lowering | dtypes | Python spellings | schema |",
-        "|---|---|---|---|---|---|",
+        "| op | kind | lowering | dtypes | Python spellings | eager | schema |",
+        "|---|---|---|---|---|---|---|",
     ]
     for o in ops:
         py = ", ".join(f"`{p}`" for p in o["python"]) or "(internal)"
+        eager = f"`{o['eager']}`" if o["eager"] else ""
         lines.append(f"| `{o['name']}` | {o['kind']} | {o['lowering']} | {DTYPES.get(o['kind'], '')} | {py} | "
-                     f"`{o['schema']}` |")
+                     f"{eager} | `{o['schema']}` |")
     return "\n".join(lines) + "\n"
 
 

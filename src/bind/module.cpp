@@ -7,6 +7,7 @@
 
 #include "bind/capture/capture.h"
 #include "bind/runtime/compiled_function.h"
+#include "bind/runtime/eager_backend.h"
 #include "bind/runtime/stats.h"
 #include "core/compile/disk_cache.h"
 #include "core/ops/registry.h"
@@ -16,8 +17,16 @@ using namespace kiln::bind;
 
 namespace {
 
-nb::object compile_fn(nb::handle fn, const std::string& mode, bool fullgraph, bool disable, int cache_limit) {
+Backend backend_named(const std::string& name) {
+  if (name == "inductor") return Backend::Inductor;
+  if (name == "eager") return Backend::Eager;
+  throw nb::value_error(("kiln._C: unknown backend " + name).c_str());
+}
+
+nb::object compile_fn(nb::handle fn, const std::string& mode, bool fullgraph, bool disable, int cache_limit,
+                      const std::string& backend) {
   CompileConfig cfg;
+  cfg.backend = backend_named(backend);
   cfg.mode = mode;
   cfg.fullgraph = fullgraph;
   cfg.disable = disable;
@@ -28,13 +37,19 @@ nb::object compile_fn(nb::handle fn, const std::string& mode, bool fullgraph, bo
 }
 
 // Runs one call of `fn` under kiln with every cache cleared first (like torch._dynamo.explain)
-// and describes every frame captured on the way: graphs, breaks, guards, kernels.
-nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs) {
+// and describes every frame captured on the way: graphs, breaks, guards, kernels. `like`: a
+// compiled function whose configuration (backend, mode) to use, or None for the defaults.
+nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like) {
   if (!PyFunction_Check(fn.ptr())) throw nb::type_error("kiln.explain: expected a Python function");
+  CompileConfig cfg;
+  if (like.is_valid() && !like.is_none()) {
+    if (!is_compiled_function(like.ptr())) throw nb::type_error("kiln.explain: `like` must be a compiled function");
+    cfg = compiled_function_config(like.ptr());
+    cfg.disable = false;
+  }
   reset_all();
   std::vector<ExplainRecord> records;
   explain_log() = &records;
-  CompileConfig cfg;
   PyObject* cf = make_compiled_function(fn.ptr(), cfg);
   PyObject* result = cf ? PyObject_Call(cf, args.ptr(), kwargs.ptr()) : nullptr;
   explain_log() = nullptr;
@@ -104,6 +119,7 @@ nb::list ops_list() {
     nb::list py;
     for (const std::string& p : d->python) py.append(p);
     o["python"] = py;
+    o["eager"] = torch_spelling(*d);  // the callable the eager backend runs it with
     out.append(o);
   }
   return out;
@@ -138,8 +154,8 @@ NB_MODULE(_C, m) {
   if (!t) throw nb::python_error();
   m.attr("CompiledFunction") = nb::borrow(reinterpret_cast<PyObject*>(t));
   m.def("compile", &compile_fn, nb::arg("fn"), nb::arg("mode") = "default", nb::arg("fullgraph") = false,
-        nb::arg("disable") = false, nb::arg("cache_limit") = 8);
-  m.def("explain", &explain);
+        nb::arg("disable") = false, nb::arg("cache_limit") = 8, nb::arg("backend") = "inductor");
+  m.def("explain", &explain, nb::arg("fn"), nb::arg("args"), nb::arg("kwargs"), nb::arg("like") = nb::none());
   m.def("reset", &reset_all);
   m.def("stats", &stats_dict);
   m.def("ops", &ops_list);

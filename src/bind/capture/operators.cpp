@@ -20,6 +20,10 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
     // there (or a cast), which eager reports.
     unsupported("in-place result of another dtype or shape");
   }
+  // The node computes the update out of place; which node it updates is kept for backends that
+  // run torch's ops (the eager backend writes the result into the old tensor, as torch's
+  // in-place op leaves the tensor's layout).
+  if (result != a->node) result->attrs.set("inplace_of", static_cast<int64_t>(a->node->id));
   a->node = result;
   return a;
 }

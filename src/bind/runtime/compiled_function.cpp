@@ -10,6 +10,7 @@
 #include "bind/hook/frame_hook.h"
 #include "bind/hook/frame_policy.h"
 #include "bind/interrupts.h"
+#include "bind/runtime/eager_backend.h"
 #include "bind/runtime/executor.h"
 #include "bind/runtime/stats.h"
 #include "core/support/log.h"
@@ -60,6 +61,17 @@ void record_explain(const Entry& e, const std::string& name) {
     r.reason = e.capture.graph_break->reason;
     r.location = e.capture.graph_break->location;
   }
+  if (e.torch_program) {  // the eager backend: the graph as captured, run by torch's ops
+    const ir::Graph& g = *e.capture.graph;
+    r.has_graph = true;
+    r.graph = g.str();
+    r.op_count = g.op_count();
+    for (const auto& n : g.nodes())
+      if (!n->meta.wrapped_number && n->op_name() != "scalar") {
+        r.device = n->meta.device.str();
+        break;
+      }
+  }
   if (e.compiled) {
     r.has_graph = true;
     r.graph = e.compiled->graph_text;
@@ -74,9 +86,12 @@ void record_explain(const Entry& e, const std::string& name) {
   log->push_back(std::move(r));
 }
 
-// A graph may compute nothing: its outputs (the return value, what a break needs) are inputs.
+// A graph may compute nothing: its outputs (the return value, what a break needs) are inputs,
+// and it has no node that must run for its errors (an unused torch_call).
 bool plan_passthrough(Entry& e) {
   const ir::Graph& g = *e.capture.graph;
+  for (const auto& n : g.nodes())
+    if (n->op->keep_unused && n->op->keep_unused(*n)) return false;
   std::vector<int> idx;
   for (const ir::Node* o : g.outputs()) {
     auto it = std::find(g.inputs().begin(), g.inputs().end(), o);
@@ -173,8 +188,25 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     return e;
   }
   auto t1 = std::chrono::steady_clock::now();
-  e->compiled = std::make_unique<pipeline::CompiledGraph>();
   std::string error;
+  if (cfg.backend == Backend::Eager) {
+    // torch runs the graph node by node: no passes, no kernels, no compiler.
+    e->torch_program = prepare_torch_program(*e->capture.graph, error);
+    s.compile_seconds += since(t1);
+    if (!e->torch_program) {
+      e->eager = true;
+      e->reason = "eager backend: " + error;
+      e->location = e->capture.location;
+      log("fallback", name + ": runs eagerly: " + e->reason);
+      record_explain(*e, name);
+      return e;
+    }
+    ++s.graphs_compiled;
+    log("graph", name + " (backend=eager):\n" + e->capture.graph->str());
+    record_explain(*e, name);
+    return e;
+  }
+  e->compiled = std::make_unique<pipeline::CompiledGraph>();
   pipeline::CompileOptions opts;
   opts.mode = cfg.mode;
   opts.name = name + "_" + std::to_string(s.graphs_compiled);
@@ -496,6 +528,8 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
     if (e.passthrough) {
       for (int i : e.passthrough_inputs) outs.push_back(Py_NewRef(inputs[i]));
       ran = true;
+    } else if (e.torch_program) {
+      ran = run_torch_program(*e.torch_program, inputs, outs);
     } else {
       ran = run_program(*e.compiled, *e.prepared, inputs, outs);
     }
@@ -778,6 +812,10 @@ PyObject* compiled_function_target(PyObject* obj) {
 
 void set_private_params(PyObject* obj, std::vector<bool> mask) {
   reinterpret_cast<CompiledFunctionObject*>(obj)->state->private_params = std::move(mask);
+}
+
+const CompileConfig& compiled_function_config(PyObject* obj) {
+  return reinterpret_cast<CompiledFunctionObject*>(obj)->state->cfg;
 }
 
 bool compiled_function_disabled(PyObject* obj) {

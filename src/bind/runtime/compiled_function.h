@@ -13,16 +13,22 @@
 namespace kiln::bind {
 
 struct PreparedProgram;
+struct TorchProgram;
+
+// Who runs a captured graph: kiln's compiler (kernels), or torch's own ops one node at a time
+// (kiln.compile(backend="eager"), as torch.compile(backend="eager") runs its FX graph).
+enum class Backend { Inductor, Eager };
 
 struct CompileConfig {
+  Backend backend = Backend::Inductor;
   std::string mode = "default";
   bool fullgraph = false;
   bool disable = false;
   int cache_limit = 8;
 };
 
-// One specialisation of a function: guards, and either a compiled graph or the reason it runs
-// eagerly under those guards.
+// One specialisation of a function: guards, and either a compiled graph (or, with the eager
+// backend, the graph as torch calls) or the reason it runs eagerly under those guards.
 struct Entry {
   CaptureResult capture;
   bool eager = false;
@@ -31,6 +37,8 @@ struct Entry {
   CompileConfig cfg;
   std::unique_ptr<pipeline::CompiledGraph> compiled;
   std::shared_ptr<PreparedProgram> prepared;
+  // Backend::Eager: the captured graph as calls of torch's callables (eager_backend.h).
+  std::shared_ptr<TorchProgram> torch_program;
   // A graph whose outputs are all inputs (nothing to compute before a break): no program, the
   // outputs are these inputs.
   bool passthrough = false;
@@ -88,6 +96,7 @@ PyObject* make_compiled_function(PyObject* fn, const CompileConfig& cfg);  // ne
 bool is_compiled_function(PyObject* obj);
 PyObject* compiled_function_target(PyObject* obj);  // borrowed
 bool compiled_function_disabled(PyObject* obj);
+const CompileConfig& compiled_function_config(PyObject* obj);
 void set_private_params(PyObject* obj, std::vector<bool> mask);  // see CodeCache::private_params
 void reset_all();
 PyTypeObject* compiled_function_type();

@@ -192,6 +192,12 @@ void plan_lifetimes(const loop::Program& p, PreparedProgram& prep) {
 
 }  // namespace
 
+struct AutocastExcluded::State {
+  c10::impl::ExcludeDispatchKeyGuard guard{c10::autocast_dispatch_keyset};
+};
+AutocastExcluded::AutocastExcluded() : state_(std::make_unique<State>()) {}
+AutocastExcluded::~AutocastExcluded() = default;
+
 std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& cg, std::string& error) {
   auto prep = std::make_shared<PreparedProgram>();
   const loop::Program& p = cg.program;

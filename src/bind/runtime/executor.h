@@ -26,6 +26,20 @@ class GilRelease {
   PyThreadState* state_;
 };
 
+// While it lives, torch's autocast dispatch keys are excluded: the graph holds the casts
+// torch.autocast makes (capture put them there), so the ops it runs must not be cast again.
+class AutocastExcluded {
+ public:
+  AutocastExcluded();
+  ~AutocastExcluded();
+  AutocastExcluded(const AutocastExcluded&) = delete;
+  AutocastExcluded& operator=(const AutocastExcluded&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 // Resolves what the run needs once: extern operator handles, slot sizes.
 std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& cg, std::string& error);
 

@@ -6,6 +6,7 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/tensor_dtypes.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 
@@ -150,6 +151,16 @@ PyObject* torch_device_object(const Device& d) {
 bool dtype_from_object(PyObject* obj, DType& out) {
   if (!THPDtype_Check(obj)) return false;
   return to_kiln(reinterpret_cast<THPDtype*>(obj)->scalar_type, out);
+}
+
+PyObject* wrapped_number_tensor(PyObject* number) {
+  c10::Scalar s;
+  if (PyBool_Check(number)) s = c10::Scalar(number == Py_True);
+  else if (PyLong_Check(number)) s = c10::Scalar(static_cast<int64_t>(PyLong_AsLongLong(number)));
+  else s = c10::Scalar(PyFloat_AsDouble(number));
+  at::Tensor t = c10::scalar_to_tensor(s);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return THPVariable_Wrap(std::move(t));
 }
 
 bool grad_enabled() { return c10::GradMode::is_enabled(); }

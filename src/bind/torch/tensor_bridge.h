@@ -37,6 +37,10 @@ PyObject* torch_device_object(const Device& d);
 // The kiln dtype of a torch.dtype object, if kiln has one.
 bool dtype_from_object(PyObject* obj, DType& out);
 
+// A Python number as torch's operators take it where a tensor is expected: a 0-d CPU tensor
+// marked as a wrapped number (it takes part in type promotion by category only). New reference.
+PyObject* wrapped_number_tensor(PyObject* number);
+
 bool grad_enabled();
 
 // torch.autocast's state for the device types kiln compiles for: whether it is on, and its dtype.

@@ -248,7 +248,7 @@ std::vector<OpDef> nn_ops() {
         out.strides = ir::contiguous_strides(out.sizes);
         return true;
       },
-      {}));
+      {"torch.ops.aten.embedding.default"}));
   OpDef emb;
   emb.name = "embedding";
   emb.schema = Schema::parse("embedding(Tensor input, Tensor weight, int? padding_idx=None, float? max_norm=None, float norm_type=2.0, bool scale_grad_by_freq=False, bool sparse=False)");

@@ -7,7 +7,9 @@
 //   scalar       for pointwise ops: the scalar computation, as loop-IR scalar nodes
 //   reduce/view  for reductions and views: the combine op / the index remapping
 //   aten         for extern ops: the torch operator called at run time
-//   python       the torch callables that capture maps onto this op
+//   python       the torch callables that capture maps onto this op; the first that names a
+//                function or Tensor method (no {fixed} attributes) is also how the eager
+//                backend runs the op, with the schema's arguments (bind/runtime/eager_backend.h)
 //
 // Adding an op is adding one entry to one of the tables in ops/*_ops.cpp.
 #pragma once

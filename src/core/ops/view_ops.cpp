@@ -276,6 +276,7 @@ std::vector<OpDef> view_ops() {
     return true;
   };
   alias.view = [](const Exprs& idx, const Node&) { return idx; };
+  alias.python = {"torch.ops.aten.alias.default"};
   ops.push_back(alias);
 
   OpDef unsq;
@@ -380,7 +381,7 @@ std::vector<OpDef> view_ops() {
     r[d] = Expr(start) + idx[d] * Expr(n.attrs.get_int("step", 1));
     return r;
   };
-  slice.python = {};
+  slice.python = {"torch.ops.aten.slice.Tensor"};
   ops.push_back(slice);
 
   // x[i] along one dim: that dim goes, i folded into the offset.
