@@ -418,3 +418,27 @@ def test_a_torch_function_that_updates_its_input_in_place_is_not_taken_for_an_id
     with torch.no_grad():
         x = torch.randn(2, 3, 8, 8) * 10
         assert_same(kiln.compile(m)(x), m(x))
+
+
+def test_expand_of_an_expanded_input_is_not_copied_into_overlapping_memory():
+    # fuzz seed 623: an extern view of a stride-0 input keeps its strides; a size-1 dim's stride
+    # differing from the plan's is not a different layout
+    def fn(a):
+        t0 = a[..., None]
+        return t0.log(), t0.expand_as(t0) < 0.5
+    a = torch.rand(1, 1).expand(1, 2)
+    assert_same(kiln.compile(fn)(a), fn(a))
+
+
+def test_views_handed_over_at_a_break_have_eagers_strides_in_size_1_dims():
+    # fuzz seed 3924: t0[None, :] = t0 runs in Python at the break; torch's overlap check reads
+    # the stride of t0's size-1 dim, which must be eager's
+    def fn(a):
+        t0 = a[None]
+        t0[None, :] = t0
+        return torch.where(t0, 3, a)
+    a = torch.rand(2, 6, 2, 6) > 0.5
+    a_kiln, a_eager = a.clone(), a.clone()
+    assert_same(kiln.compile(fn)(a_kiln), fn(a_eager))
+    view = kiln.compile(lambda x: x[None])(a)
+    assert view.stride() == a[None].stride()

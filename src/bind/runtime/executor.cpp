@@ -90,6 +90,16 @@ namespace {
 
 // A torch_call: the operator called from Python with this run's tensors; its result laid out
 // as capture planned (a copy when the operator chose other strides).
+// Whether a tensor's strides index its elements as `strides` do: dims of size 1 (and empty
+// tensors) do not care what their strides are.
+bool same_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
+  if (t.numel() == 0) return true;
+  if (static_cast<size_t>(t.dim()) != strides.size()) return false;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != 1 && t.stride(d) != strides[d]) return false;
+  return true;
+}
+
 bool run_torch_call(const loop::Extern& e, const ExternPlan& plan, const std::vector<at::Tensor>& tensors, at::Tensor& out) {
   const TorchCall& call = torch_call(static_cast<int>(e.attrs.get_int("fn")));
   std::vector<PyObject*> ins;
@@ -109,7 +119,7 @@ bool run_torch_call(const loop::Extern& e, const ExternPlan& plan, const std::ve
   }
   out = THPVariable_Unpack(t);
   Py_DECREF(r);
-  if (!out.strides().equals(plan.out_strides)) {
+  if (!same_layout(out, plan.out_strides)) {
     at::Tensor laid = at::empty_strided(out.sizes(), plan.out_strides, out.options());
     laid.copy_(out);
     out = std::move(laid);
@@ -336,7 +346,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
           plan.op->callBoxed(&stack);
         }
         r = stack[0].toTensor();
-        if (!r.strides().equals(plan.out_strides)) r = r.contiguous();
+        if (!same_layout(r, plan.out_strides)) r = r.contiguous();
       }
       ptrs[e.output] = r.data_ptr();
       tensors[e.output] = std::move(r);

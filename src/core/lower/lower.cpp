@@ -384,6 +384,15 @@ class Lowering {
   // its chain of views is realized (in its own iteration space, so it fuses with its
   // producers) and `n` becomes a view of that buffer, as in eager.
   loop::BufferView strided_view(const ir::Node* n) {
+    loop::BufferView v = strided_view_of(n);
+    // Strides of size-1 dims index nothing, but torch's overlap checks read them: eager's.
+    if (n->meta.strides.size() == v.strides.size())
+      for (size_t d = 0; d < v.sizes.size(); ++d)
+        if (v.sizes[d].is_const(1)) v.strides[d] = n->meta.strides[d];
+    return v;
+  }
+
+  loop::BufferView strided_view_of(const ir::Node* n) {
     if (auto v = as_view(values_.at(n))) return *v;
     std::vector<const ir::Node*> chain;
     const ir::Node* base = n;
