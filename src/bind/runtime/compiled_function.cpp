@@ -129,6 +129,18 @@ loop::TorchNumerics torch_numerics() {
   return t;
 }
 
+// Whether compiling `g` would need kernels over float16 or bfloat16 values: a node kiln computes
+// itself (not an extern operator torch runs) that reads or makes one.
+bool needs_half_kernels(const ir::Graph& g) {
+  auto half = [](const ir::Node* n) { return n && (n->meta.dtype == DType::Float16 || n->meta.dtype == DType::BFloat16); };
+  for (const auto& up : g.nodes()) {
+    const ir::Node* n = up.get();
+    if (n->op_name() == "placeholder" || n->op->kind == ops::OpKind::Extern) continue;
+    if (half(n) || std::any_of(n->inputs.begin(), n->inputs.end(), half)) return true;
+  }
+  return false;
+}
+
 // nullptr: interrupted (with the exception set), or (with none set) a cancelled compile whose
 // SIGINT handler did not raise.
 std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg,
@@ -189,6 +201,27 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   }
   auto t1 = std::chrono::steady_clock::now();
   std::string error;
+  const bool half = needs_half_kernels(*e->capture.graph);
+  if (half && cfg.backend != Backend::Eager) {
+    // Until kiln generates 16-bit kernels (autocast regions, bf16 models), the graph as captured
+    // runs through torch's ops, as the eager backend runs it: still one captured graph with
+    // autocast's casts, guards and breaks, never a wrong dtype.
+    e->torch_program = prepare_torch_program(*e->capture.graph, error);
+    s.compile_seconds += since(t1);
+    if (e->torch_program) {
+      ++s.graphs_compiled;
+      ++s.fallback_reasons["16-bit kernels are not generated yet: the graph runs through torch's ops"];
+      log("fallback", name + ": 16-bit kernels are not generated yet: the graph runs through torch's ops");
+      record_explain(*e, name);
+      return e;
+    }
+    e->eager = true;
+    e->reason = "kernels over 16-bit floats are not generated yet (" + error + ")";
+    e->location = e->capture.location;
+    log("fallback", name + ": runs eagerly: " + e->reason);
+    record_explain(*e, name);
+    return e;
+  }
   if (cfg.backend == Backend::Eager) {
     // torch runs the graph node by node: no passes, no kernels, no compiler.
     e->torch_program = prepare_torch_program(*e->capture.graph, error);
