@@ -5,17 +5,17 @@
 namespace kiln::bind::detail {
 
 void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr value) {
-  if (obj->kind == Var::Kind::Record) {
+  if (obj->kind() == Var::Kind::Record) {
     if (!value) unsupported("del of a dataclass field");
     PyObject* key = PyUnicode_FromString(name.c_str());
     record_store(obj, key, std::move(value), false);
     Py_DECREF(key);
     return;
   }
-  if (!(obj->is_const() || obj->kind == Var::Kind::Module) || !obj->obj)
+  if (!(obj->is_const() || obj->kind() == Var::Kind::Module) || !obj->obj())
     unsupported("attribute assignment on a value kiln does not track");
-  keep_.push_back(Py_NewRef(obj->obj));
-  root()->attr_stores_.push_back(AttrStore{obj->obj, name, std::move(value), obj->source});
+  keep_.push_back(Py_NewRef(obj->obj()));
+  root()->attr_stores_.push_back(AttrStore{obj->obj(), name, std::move(value), obj->source});
 }
 
 const Interpreter::AttrStore* Interpreter::logged_attr(PyObject* obj, const std::string& name) {
@@ -36,14 +36,14 @@ bool holds(PyObject* obj, const std::string& name, const VarPtr& v) {
   }
   bool same = false;
   if (v && v->is_const()) {
-    same = now == v->obj;
-    if (!same && Py_TYPE(now) == Py_TYPE(v->obj) && is_python_scalar(now)) {
-      int eq = PyObject_RichCompareBool(now, v->obj, Py_EQ);
+    same = now == v->obj();
+    if (!same && Py_TYPE(now) == Py_TYPE(v->obj()) && is_python_scalar(now)) {
+      int eq = PyObject_RichCompareBool(now, v->obj(), Py_EQ);
       if (eq < 0) clear_error();
       same = eq == 1;
     }
-  } else if (v && v->kind == Var::Kind::Module) {
-    same = now == v->obj;
+  } else if (v && v->kind() == Var::Kind::Module) {
+    same = now == v->obj();
   }
   Py_DECREF(now);
   return same;

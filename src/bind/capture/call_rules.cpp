@@ -56,24 +56,25 @@ struct CallRules {
 
   // getattr(obj, name[, default]) and hasattr(obj, name): read as obj.name would be, guarded.
   static VarPtr getattr_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
-    const bool has_only = fn->obj == I.builtin("hasattr");
+    const bool has_only = fn->known() == I.builtin("hasattr");
     if (args.size() < 2) return nullptr;
-    if (args[0]->kind == Var::Kind::Record) {  // a dataclass instance made in the frame
+    if (args[0]->kind() == Var::Kind::Record) {  // a dataclass instance made in the frame
       const VarPtr& rec = args[0];
       std::string attr = PyUnicode_AsUTF8(I.const_obj(args[1], "attribute name"));
-      bool has = std::any_of(rec->keys.begin(), rec->keys.end(),
+      const RecordV& r = rec->as<RecordV>();
+      bool has = std::any_of(r.keys.begin(), r.keys.end(),
                              [&](PyObject* k) { return PyUnicode_CompareWithASCIIString(k, attr.c_str()) == 0; }) ||
-                 PyObject_HasAttrString(rec->obj, attr.c_str());
+                 PyObject_HasAttrString(r.cls, attr.c_str());
       if (has_only) return Var::constant(has ? Py_True : Py_False);
       if (!has && args.size() == 3) return args[2];
       return I.record_attr(rec, attr);
     }
-    if (kwargs.empty() && (args[0]->kind == Var::Kind::Module || (args[0]->is_const() && args[0]->source)) &&
-        args[1]->is_const() && PyUnicode_Check(args[1]->obj)) {
+    if (kwargs.empty() && (args[0]->kind() == Var::Kind::Module || (args[0]->is_const() && args[0]->source)) &&
+        args[1]->is_const() && PyUnicode_Check(args[1]->obj())) {
       // getattr(self, f"fc{i}"), getattr(cfg, "eps"): as self.fc0 / cfg.eps
-      const char* attr = PyUnicode_AsUTF8(args[1]->obj);
-      const Interpreter::AttrStore* logged = I.logged_attr(args[0]->obj, attr);
-      int has = logged ? logged->value != nullptr : PyObject_HasAttrString(args[0]->obj, attr);
+      const char* attr = PyUnicode_AsUTF8(args[1]->obj());
+      const Interpreter::AttrStore* logged = I.logged_attr(args[0]->obj(), attr);
+      int has = logged ? logged->value != nullptr : PyObject_HasAttrString(args[0]->obj(), attr);
       if (has_only) {
         if (has) I.getattr(args[0], attr);
         return Var::constant(has ? Py_True : Py_False);
@@ -81,9 +82,9 @@ struct CallRules {
       if (!has && args.size() == 3) return args[2];
       return I.getattr(args[0], attr);
     }
-    if (has_only && args.size() == 2 && args[0]->is_tensor() && args[1]->is_const() && PyUnicode_Check(args[1]->obj)) {
+    if (has_only && args.size() == 2 && args[0]->is_tensor() && args[1]->is_const() && PyUnicode_Check(args[1]->obj())) {
       // the attributes of its class (as torch.compile, kiln does not guard attributes set on a tensor)
-      return Var::constant(PyObject_HasAttr(I.resolve_torch("Tensor"), args[1]->obj) ? Py_True : Py_False);
+      return Var::constant(PyObject_HasAttr(I.resolve_torch("Tensor"), args[1]->obj()) ? Py_True : Py_False);
     }
     return nullptr;
   }
@@ -91,11 +92,11 @@ struct CallRules {
   static VarPtr isinstance_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (args.size() != 2) return nullptr;
     const VarPtr& a = args[0];
-    if (a->kind == Var::Kind::Record)
-      return Var::constant(PyObject_IsSubclass(a->obj, I.const_obj(args[1], "class")) == 1 ? Py_True : Py_False);
-    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    if (a->kind() == Var::Kind::Record)
+      return Var::constant(PyObject_IsSubclass(a->as<RecordV>().cls, I.const_obj(args[1], "class")) == 1 ? Py_True : Py_False);
+    if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     PyObject* of = nullptr;  // the class that answers
-    if (Interpreter::structural(a) && kwargs.empty()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->obj));
+    if (Interpreter::structural(a) && kwargs.empty()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->obj()));
     else if (a->is_tensor()) of = I.resolve_torch("Tensor");
     if (!of) return nullptr;
     int r = PyObject_IsSubclass(of, I.const_obj(args[1], "isinstance() class"));
@@ -106,22 +107,22 @@ struct CallRules {
   static VarPtr type_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (args.size() != 1) return nullptr;
     const VarPtr& a = args[0];
-    if (a->kind == Var::Kind::Record) return Var::constant(a->obj);
-    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
-    if (Interpreter::structural(a) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->obj)));
-    if (a->is_tensor() && a->node->op_name() != "placeholder") return Var::constant(I.resolve_torch("Tensor"));
+    if (auto* r = a->get_if<RecordV>()) return Var::constant(r->cls);
+    if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
+    if (Interpreter::structural(a) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->obj())));
+    if (a->is_tensor() && a->node()->op_name() != "placeholder") return Var::constant(I.resolve_torch("Tensor"));
     return nullptr;
   }
 
   static VarPtr len_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (args.size() != 1) return nullptr;
     const VarPtr& a = args[0];
-    if (a->kind == Var::Kind::Record && PyObject_IsSubclass(a->obj, reinterpret_cast<PyObject*>(&PyDict_Type)) == 1)
-      return Var::steal_constant(PyLong_FromSize_t(a->view.size()));
-    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
-    if (a->kind == Var::Kind::Module) return Var::steal_constant(PyLong_FromSsize_t(I.module_children(a)));
+    if (auto* r = a->get_if<RecordV>(); r && PyObject_IsSubclass(r->cls, reinterpret_cast<PyObject*>(&PyDict_Type)) == 1)
+      return Var::steal_constant(PyLong_FromSize_t(r->view.size()));
+    if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
+    if (a->kind() == Var::Kind::Module) return Var::steal_constant(PyLong_FromSsize_t(I.module_children(a)));
     if (a->is_tensor()) {
-      const ir::TensorMeta& m = a->node->meta;
+      const ir::TensorMeta& m = a->node()->meta;
       if (m.dim() == 0) unsupported("len() of a 0-d tensor");
       return I.size_const(m.sizes[0]);
     }
@@ -129,62 +130,60 @@ struct CallRules {
   }
 
   static VarPtr callable_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
-    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (args.size() != 1) return nullptr;
     const VarPtr& a = args[0];
-    if (Interpreter::structural(a)) return Var::constant(PyCallable_Check(a->obj) ? Py_True : Py_False);
+    if (Interpreter::structural(a)) return Var::constant(PyCallable_Check(a->obj()) ? Py_True : Py_False);
     if (a->is_const()) return nullptr;
-    bool yes = a->kind == Var::Kind::Module || a->kind == Var::Kind::Function || a->kind == Var::Kind::Method;
+    bool yes = a->kind() == Var::Kind::Module || a->kind() == Var::Kind::Function || a->kind() == Var::Kind::Method;
     return Var::constant(yes ? Py_True : Py_False);
   }
 
   static VarPtr abs_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
-    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
-    if (args.size() == 1 && args[0]->is_tensor()) return Var::tensor(I.add_node("abs", {args[0]->node}));
+    if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
+    if (args.size() == 1 && args[0]->is_tensor()) return Var::tensor(I.add_node("abs", {args[0]->node()}));
     return nullptr;
   }
 
   // zip / enumerate / reversed over values known at capture time: tuples of trackers.
   static VarPtr iteration(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
-    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
-    if (kwargs.empty()) return I.iteration_builtin(fn->obj, args);
-    if (fn->obj == I.builtin("enumerate") && kwargs.size() == 1 && kwargs[0].first == "start" && args.size() == 1)
-      return I.iteration_builtin(fn->obj, {args[0], kwargs[0].second});
+    if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
+    if (kwargs.empty()) return I.iteration_builtin(fn->obj(), args);
+    if (fn->known() == I.builtin("enumerate") && kwargs.size() == 1 && kwargs[0].first == "start" && args.size() == 1)
+      return I.iteration_builtin(fn->obj(), {args[0], kwargs[0].second});
     return nullptr;
   }
 
   static VarPtr next_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
-    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
-    if ((args.size() != 1 && args.size() != 2) || args[0]->kind != Var::Kind::Iterator) return nullptr;
-    VarPtr& it = args[0];
-    if (it->items.empty()) {
+    if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
+    if ((args.size() != 1 && args.size() != 2) || args[0]->kind() != Var::Kind::Iterator) return nullptr;
+    auto& items = args[0]->as<IteratorV>().items;
+    if (items.empty()) {
       if (args.size() == 2) return args[1];
       unsupported("next() of an exhausted iterator: StopIteration");
     }
-    VarPtr v = it->items.front();
-    it->items.erase(it->items.begin());
+    VarPtr v = items.front();
+    items.erase(items.begin());
     return v;
   }
 
   static VarPtr iter_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
-    if (VarPtr r = I.builtin_over_trackers(fn->obj, args, kwargs)) return r;
+    if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (args.size() != 1 || !kwargs.empty()) return nullptr;
-    VarPtr it = Var::tuple(I.items_of(args[0]));
-    it->kind = Var::Kind::Iterator;
-    return it;
+    return Var::iterator(I.items_of(args[0]));
   }
 
   // functools.partial(g, ...) of values known here: a real partial, built now.
   static VarPtr partial(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (args.empty() ||
-        !std::all_of(args.begin(), args.end(), [](auto& a) { return a->is_const() || a->kind == Var::Kind::Module; }) ||
+        !std::all_of(args.begin(), args.end(), [](auto& a) { return a->is_const() || a->kind() == Var::Kind::Module; }) ||
         !std::all_of(kwargs.begin(), kwargs.end(), [](auto& kv) { return kv.second->is_const(); }))
       return nullptr;
     PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
     for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(I.const_obj(args[i], "argument")));
     PyObject* kw = PyDict_New();
     for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), I.const_obj(v, "argument"));
-    PyObject* p = PyObject_Call(fn->obj, t, kw);
+    PyObject* p = PyObject_Call(fn->obj(), t, kw);
     Py_DECREF(t);
     Py_DECREF(kw);
     return I.real(p);
@@ -195,15 +194,17 @@ struct CallRules {
     if (args.size() != 1 || !kwargs.empty()) return nullptr;
     const VarPtr& a = args[0];
     PyObject* target = nullptr;
-    if (a->kind == Var::Kind::Method && a->self->kind == Var::Kind::Module && !a->obj)
-      target = PyObject_GetAttrString(a->self->obj, a->name.c_str());
-    else if (a->is_const() || a->kind == Var::Kind::Function || a->kind == Var::Kind::Module)
-      target = Py_NewRef(a->obj);
+    if (auto* m = a->get_if<MethodV>(); m && m->self->kind() == Var::Kind::Module && !m->fn)
+      target = PyObject_GetAttrString(m->self->obj(), m->name.c_str());
+    else if (auto* f = a->get_if<FunctionV>())
+      target = Py_NewRef(f->fn);
+    else if (a->is_const() || a->kind() == Var::Kind::Module)
+      target = Py_NewRef(a->obj());
     if (!target) {
       if (PyErr_Occurred()) I.real(nullptr);
       return nullptr;
     }
-    PyObject* r = PyObject_CallOneArg(fn->obj, target);
+    PyObject* r = PyObject_CallOneArg(fn->obj(), target);
     Py_DECREF(target);
     return I.real(r);
   }
@@ -211,7 +212,7 @@ struct CallRules {
   // torch.max(x) / torch.max(a, b): amax / maximum. With a dim, torch's own kernel (an extern
   // returning torch.return_types.max).
   static VarPtr torch_max_min(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
-    const bool max = fn->obj == I.resolve_torch("max");
+    const bool max = fn->known() == I.resolve_torch("max");
     if (args.size() == 1 && kwargs.empty())
       return I.call_op(*function_binding(I.resolve_torch(max ? "amax" : "amin")), args, {});
     if (args.size() == 2 && args[1]->is_tensor() && kwargs.empty())
@@ -220,13 +221,13 @@ struct CallRules {
   }
 
   static VarPtr mode(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
-    return I.mode_context(fn->obj, args, kwargs);
+    return I.mode_context(fn->obj(), args, kwargs);
   }
 };
 
 VarPtr Interpreter::call_rule(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
   const auto& rules = CallRules::table(*this);
-  auto it = rules.find(fn->obj);
+  auto it = rules.find(fn->known());
   return it == rules.end() ? nullptr : it->second(*this, fn, args, kwargs);
 }
 

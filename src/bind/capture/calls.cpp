@@ -38,7 +38,7 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
     VarPtr v;
     if (!p.kwarg_only && pos < args.size()) {
       // int[] takes the rest of the positionals when given as varargs: x.view(2, 3).
-      if (p.type.rfind("int[]", 0) == 0 && args[pos]->is_const() && PyLong_Check(args[pos]->obj) &&
+      if (p.type.rfind("int[]", 0) == 0 && args[pos]->is_const() && PyLong_Check(args[pos]->obj()) &&
           pos + 1 < args.size() && pi + 1 == s.params.size()) {
         std::vector<VarPtr> rest(args.begin() + pos, args.end());
         v = Var::tuple(rest);
@@ -66,13 +66,13 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
       continue;
     }
     if (p.is_tensor()) {
-      if (p.type == "Tensor?" && v->is_const() && v->obj == Py_None) {
+      if (p.type == "Tensor?" && v->is_const() && v->known() == Py_None) {
         inputs.push_back(nullptr);
         continue;
       }
       if (b.op->tensors_only && !v->is_tensor())
         unsupported("shape/dtype check of " + b.op->name + " failed: TypeError: " + b.op->name + "(): argument '" +
-                    p.name + "' must be Tensor, not " + (v->is_const() ? Py_TYPE(v->obj)->tp_name : "a value"));
+                    p.name + "' must be Tensor, not " + (v->is_const() ? Py_TYPE(v->obj())->tp_name : "a value"));
       inputs.push_back(as_node(v, p.name.c_str()));
       continue;
     }
@@ -130,26 +130,30 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
 }
 
 VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
-  switch (fn->kind) {
+  switch (fn->kind()) {
     case Var::Kind::Method:
-      if (fn->self->kind == Var::Kind::Record) return call_record_method(fn->self, fn->name, args, kwargs);
-      if (fn->obj) {  // a base-class function reached through super()
-        args.insert(args.begin(), fn->self);
-        return inline_call(fn->obj, nullptr, std::move(args), kwargs);
+    {
+      const MethodV& m = fn->as<MethodV>();
+      if (m.self->kind() == Var::Kind::Record) return call_record_method(m.self, m.name, args, kwargs);
+      if (m.fn) {  // a base-class function reached through super()
+        args.insert(args.begin(), m.self);
+        return inline_call(m.fn, nullptr, std::move(args), kwargs);
       }
-      if (fn->self->kind == Var::Kind::Tuple || fn->self->kind == Var::Kind::List)
-        return call_sequence_method(fn->self, fn->name, std::move(args), kwargs);
-      if (is_dict(fn->self)) return call_dict_method(fn->self, fn->name, std::move(args), kwargs);
-      if (fn->self->kind == Var::Kind::Module) return call_module_method(fn->self, fn->name, std::move(args), kwargs);
-      return call_tensor_method(fn->self, fn->name, std::move(args), kwargs);
+      if (m.self->kind() == Var::Kind::Tuple || m.self->kind() == Var::Kind::List)
+        return call_sequence_method(m.self, m.name, std::move(args), kwargs);
+      if (is_dict(m.self)) return call_dict_method(m.self, m.name, std::move(args), kwargs);
+      if (m.self->kind() == Var::Kind::Module) return call_module_method(m.self, m.name, std::move(args), kwargs);
+      return call_tensor_method(m.self, m.name, std::move(args), kwargs);
+    }
     case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
     case Var::Kind::Function: {
-      if (!fn->mode) return inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
+      FunctionV& f = fn->as<FunctionV>();
+      if (!f.mode) return inline_call(f.fn, nullptr, std::move(args), kwargs, &f.cells);
       // a function decorated with @torch.no_grad(), @torch.autocast(...): its body runs in those modes
-      ModeChange saved = enter_modes(*fn->mode);
+      ModeChange saved = enter_modes(*f.mode);
       VarPtr r;
       try {
-        r = inline_call(fn->obj, nullptr, std::move(args), kwargs, &fn->items);
+        r = inline_call(f.fn, nullptr, std::move(args), kwargs, &f.cells);
       } catch (...) {
         enter_modes(saved);
         throw;
@@ -158,17 +162,17 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
       return r;
     }
     case Var::Kind::ContextExit:  // with's __exit__(None, None, None): the modes before the block
-      enter_modes(*fn->mode);
+      enter_modes(*fn->as<ContextExitV>().mode);
       return Var::constant(Py_False);
     case Var::Kind::Context:
       if (args.size() == 1 && kwargs.empty() &&
-          (args[0]->kind == Var::Kind::Function || (args[0]->is_const() && PyFunction_Check(args[0]->obj)))) {
+          (args[0]->kind() == Var::Kind::Function || (args[0]->is_const() && PyFunction_Check(args[0]->obj())))) {
         // torch.no_grad()(f), as a decorator: f, called in the context's modes
-        auto d = std::make_shared<Var>(Var{Var::Kind::Function});
-        d->obj = Py_NewRef(args[0]->obj);
-        d->items = args[0]->items;
-        d->mode = fn->mode;
-        return d;  // not rebuildable: a graph break or return cannot hand it to Python
+        FunctionV d;
+        if (auto* f = args[0]->get_if<FunctionV>()) d.fn = Py_NewRef(f->fn), d.cells = f->cells;
+        else d.fn = Py_NewRef(args[0]->obj());
+        d.mode = fn->as<ContextV>().mode;
+        return std::make_shared<Var>(std::move(d));  // not rebuildable: a graph break or return cannot hand it to Python
       }
       unsupported("call of a context manager object");
     case Var::Kind::Const:
@@ -240,41 +244,41 @@ VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<Var
   VarPtr r = child.run_frame();
   if (co->co_flags & CO_GENERATOR) {
     // A generator runs to its end at once: the caller iterates over what it yielded.
-    VarPtr it = Var::tuple(std::move(child.yields_));
-    it->kind = Var::Kind::Iterator;
+    VarPtr it = Var::iterator(std::move(child.yields_));
     return it;
   }
   return r;
 }
 
 std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
-  if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Iterator) return v->items;
+  if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) return v->seq();
+  if (auto* it = v->get_if<IteratorV>()) return it->items;
   if (is_dict(v)) {
     std::vector<VarPtr> keys;
     for (auto& [k, unused] : dict_entries(v)) keys.push_back(Var::constant(k));
     return keys;
   }
-  if (v->is_const() && (PyAnySet_Check(v->obj) || PyUnicode_Check(v->obj) || PyDictViewSet_Check(v->obj) ||
-                        PyDictValues_Check(v->obj))) {
+  if (v->is_const() && (PyAnySet_Check(v->obj()) || PyUnicode_Check(v->obj()) || PyDictViewSet_Check(v->obj()) ||
+                        PyDictValues_Check(v->obj()))) {
     if (v->source) unsupported("iteration over a set or view the caller can see");
-    PyObject* fast = PySequence_List(v->obj);
+    PyObject* fast = PySequence_List(v->obj());
     if (!fast) real(nullptr);
     keep_.push_back(fast);
     std::vector<VarPtr> out;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fast); ++i) out.push_back(Var::constant(PyList_GET_ITEM(fast, i)));
     return out;
   }
-  if (v->kind == Var::Kind::Module) {
+  if (v->kind() == Var::Kind::Module) {
     // Children in order, by name (Sequential may name them: OrderedDict construction); a
     // ModuleDict or ParameterDict yields its keys, like a dict.
-    bool keys = is_keyed_container(v->obj);
+    bool keys = is_keyed_container(v->obj());
     std::vector<VarPtr> out;
     for (const std::string& n : module_keys(v))
       out.push_back(keys ? real(PyUnicode_FromString(n.c_str())) : module_attr(v, n.c_str()));
     return out;
   }
   if (v->is_const()) {
-    PyObject* o = v->obj;
+    PyObject* o = v->obj();
     if (!(PyRange_Check(o) || PyTuple_Check(o) || PyList_Check(o))) unsupported("iteration over a " + std::string(Py_TYPE(o)->tp_name));
     Py_ssize_t n = PySequence_Size(o);
     if (n > 10000) unsupported("loop of more than 10000 iterations");
@@ -311,8 +315,7 @@ VarPtr Interpreter::iteration_builtin(PyObject* f, const std::vector<VarPtr>& ar
       out.push_back(Var::tuple(std::move(t)));
     }
   }
-  VarPtr it = Var::tuple(std::move(out));
-  it->kind = Var::Kind::Iterator;
+  VarPtr it = Var::iterator(std::move(out));
   return it;
 }
 
@@ -390,14 +393,14 @@ VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<Var
       for (auto& [name, v] : kwargs)
         if (name == "training") training = v;
       if (!training && args.size() >= 3) training = args[2];
-      return training && training->is_const() && training->obj == Py_False ? args[0] : nullptr;
+      return training && training->is_const() && training->known() == Py_False ? args[0] : nullptr;
     }
   }
   return nullptr;
 }
 
 VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
-  PyObject* f = fn->obj;
+  PyObject* f = fn->obj();
   if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
   if (VarPtr r = call_rule(fn, args, kwargs)) return r;  // call_rules.cpp: by the callee object
   // ---- by category ----
@@ -482,7 +485,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   std::string name = callable_name(f);
   std::function<bool(const VarPtr&)> has_tensor = [&](const VarPtr& a) {
     if (a->is_tensor()) return true;
-    if (a->kind == Var::Kind::Tuple || a->kind == Var::Kind::List) return std::any_of(a->items.begin(), a->items.end(), has_tensor);
+    if (a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List) return std::any_of(a->seq().begin(), a->seq().end(), has_tensor);
     return false;
   };
   bool any_tensor = std::any_of(args.begin(), args.end(), has_tensor) ||
@@ -527,8 +530,8 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
 
 VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   auto tracker = [](const VarPtr& v) {
-    return v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Dict ||
-           v->kind == Var::Kind::Iterator;
+    return v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List || v->kind() == Var::Kind::Dict ||
+           v->kind() == Var::Kind::Iterator;
   };
   if (!kwargs.empty()) return nullptr;
   if ((f == builtin("list") || f == builtin("tuple")) && args.empty()) return Var::tuple({}, f == builtin("list"));
@@ -544,28 +547,26 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
       for (auto& c : cols) call_args.push_back(c[j]);
       out.push_back(call(args[0], std::move(call_args), {}));
     }
-    VarPtr it = Var::tuple(std::move(out));
-    it->kind = Var::Kind::Iterator;
+    VarPtr it = Var::iterator(std::move(out));
     return it;
   }
-  if (f == builtin("filter") && args.size() == 2 && (tracker(args[1]) || args[0]->kind == Var::Kind::Function)) {
+  if (f == builtin("filter") && args.size() == 2 && (tracker(args[1]) || args[0]->kind() == Var::Kind::Function)) {
     std::vector<VarPtr> out;
     for (const VarPtr& x : items_of(args[1])) {
-      bool keep = args[0]->is_const() && args[0]->obj == Py_None ? truth(x) : truth(call(args[0], {x}, {}));
+      bool keep = args[0]->is_const() && args[0]->known() == Py_None ? truth(x) : truth(call(args[0], {x}, {}));
       if (keep) out.push_back(x);
     }
-    VarPtr it = Var::tuple(std::move(out));
-    it->kind = Var::Kind::Iterator;
+    VarPtr it = Var::iterator(std::move(out));
     return it;
   }
   if (args.empty() || !tracker(args[0])) return nullptr;
   const VarPtr& a = args[0];
-  if (f == builtin("len") && args.size() == 1 && a->kind != Var::Kind::Iterator)
-    return Var::steal_constant(PyLong_FromSize_t(a->items.size()));
+  if (f == builtin("len") && args.size() == 1 && a->kind() != Var::Kind::Iterator)
+    return Var::steal_constant(PyLong_FromSize_t(a->kind() == Var::Kind::Dict ? a->entries().values.size() : a->seq().size()));
   if ((f == builtin("list") || f == builtin("tuple")) && args.size() == 1) return Var::tuple(items_of(a), f == builtin("list"));
   if (f == builtin("dict") && args.size() == 1) {
     VarPtr d = Var::dict();
-    if (a->kind == Var::Kind::Dict) {
+    if (a->kind() == Var::Kind::Dict) {
       for (auto& [k, v] : dict_entries(a)) dict_set(d, k, v);
     } else {
       for (const VarPtr& pair : items_of(a)) {
@@ -598,7 +599,7 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
     return Var::constant(any ? Py_False : Py_True);
   }
   if (f == builtin("isinstance") && args.size() == 2) {
-    PyTypeObject* t = a->kind == Var::Kind::Tuple ? &PyTuple_Type : a->kind == Var::Kind::List ? &PyList_Type : &PyDict_Type;
+    PyTypeObject* t = a->kind() == Var::Kind::Tuple ? &PyTuple_Type : a->kind() == Var::Kind::List ? &PyList_Type : &PyDict_Type;
     int r = PyObject_IsSubclass(reinterpret_cast<PyObject*>(t), const_obj(args[1], "class"));
     if (r < 0) real(nullptr);
     return Var::constant(r ? Py_True : Py_False);
@@ -687,7 +688,7 @@ VarPtr Interpreter::shape_tuple(const ir::TensorMeta& m) {
 }
 
 VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
-  const ir::TensorMeta& m = self->node->meta;
+  const ir::TensorMeta& m = self->node()->meta;
   if (name == "size") {
     if (args.empty() && kwargs.empty()) return shape_tuple(m);
     int64_t d = PyLong_AsLongLong(const_obj(args.empty() ? kwargs[0].second : args[0], "dim"));
@@ -715,8 +716,8 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     bool same_device = true, plain = true;
     auto take = [&](const VarPtr& v) {
       if (v->is_tensor()) {
-        dtype = v->node->meta.dtype;
-        same_device = same_device && v->node->meta.device == m.device;
+        dtype = v->node()->meta.dtype;
+        same_device = same_device && v->node()->meta.device == m.device;
         return;
       }
       PyObject* o = const_obj(v, "Tensor.to argument");
@@ -739,19 +740,19 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     for (const VarPtr& a : args) take(a);
     for (auto& [k, v] : kwargs) {
       if (k == "dtype" || k == "device") take(v);
-      else if (k == "copy" && v->is_const() && v->obj == Py_True) plain = false;
+      else if (k == "copy" && v->is_const() && v->known() == Py_True) plain = false;
       else if (k != "non_blocking" && k != "copy" && k != "memory_format") plain = false;
     }
     if (plain && same_device) {
       if (!dtype || *dtype == m.dtype) return self;
       ir::Attrs a;
       a.set("dtype", *dtype);
-      return Var::tensor(add_node("convert", {self->node}, a));
+      return Var::tensor(add_node("convert", {self->node()}, a));
     }
   }
   if (name == "type" && args.size() == 1 && kwargs.empty() && args[0]->is_const()) {
     DType t;
-    if (dtype_from_object(args[0]->obj, t) && t == m.dtype) return self;
+    if (dtype_from_object(args[0]->obj(), t) && t == m.dtype) return self;
   }
   if (name == "contiguous" && args.empty() && m.strides == ir::contiguous_strides(m.sizes)) return self;
   if ((name == "max" || name == "min") && args.empty() && kwargs.empty())  // over all elements
@@ -767,7 +768,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     if (base == "copy" && args.size() == 1 && args[0]->is_tensor() && kwargs.empty()) {
       // x.copy_(src): src broadcast to x's shape, in x's dtype
       check_inplace_target(self, name);
-      ir::Node* src = args[0]->node;
+      ir::Node* src = args[0]->node();
       if (src->meta.sizes != m.sizes) {
         std::vector<int64_t> size;
         for (const auto& e : m.sizes) {
@@ -792,7 +793,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     check_inplace_target(self, name);
     args.insert(args.begin(), self);
     VarPtr r = call_op(*ob, std::move(args), kwargs);
-    return mutate(self, r->node);
+    return mutate(self, r->node());
   }
   const OpBinding* b = method_binding(name);
   if (!b) {
@@ -838,23 +839,24 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   std::vector<ir::Node*> inputs;
   std::vector<VarPtr> input_vars;  // the tracker of each input
   std::function<PyObject*(const VarPtr&)> tmpl = [&](const VarPtr& v) -> PyObject* {
-    switch (v->kind) {
+    switch (v->kind()) {
       case Var::Kind::Tensor:
-        inputs.push_back(v->node);
+        inputs.push_back(v->node());
         input_vars.push_back(v);
         return tensor_slot(static_cast<int>(inputs.size()) - 1);
       case Var::Kind::Tuple:
       case Var::Kind::List: {
-        PyObject* t = v->kind == Var::Kind::Tuple ? PyTuple_New(static_cast<Py_ssize_t>(v->items.size()))
-                                                  : PyList_New(static_cast<Py_ssize_t>(v->items.size()));
-        for (size_t i = 0; i < v->items.size(); ++i) {
-          PyObject* item = tmpl(v->items[i]);
-          if (v->kind == Var::Kind::Tuple) PyTuple_SET_ITEM(t, i, item);
+        const auto& items = v->seq();
+        PyObject* t = v->kind() == Var::Kind::Tuple ? PyTuple_New(static_cast<Py_ssize_t>(items.size()))
+                                                  : PyList_New(static_cast<Py_ssize_t>(items.size()));
+        for (size_t i = 0; i < items.size(); ++i) {
+          PyObject* item = tmpl(items[i]);
+          if (v->kind() == Var::Kind::Tuple) PyTuple_SET_ITEM(t, i, item);
           else PyList_SET_ITEM(t, i, item);
         }
         return t;
       }
-      case Var::Kind::Const: return Py_NewRef(v->obj);
+      case Var::Kind::Const: return Py_NewRef(v->obj());
       default: unsupported("call to " + name + " with an argument kiln cannot pass");
     }
   };
@@ -992,7 +994,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   }
   if (!tuple) return outs[0];
   VarPtr t = Var::tuple(std::move(outs));
-  if (!PyTuple_CheckExact(r)) t->obj = Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(r)));  // (values, indices)
+  if (!PyTuple_CheckExact(r)) t->as<TupleV>().structseq = Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(r)));  // (values, indices)
   return t;
 }
 

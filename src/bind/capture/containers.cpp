@@ -8,8 +8,8 @@
 namespace kiln::bind::detail {
 
 Py_ssize_t Interpreter::dict_find(const VarPtr& d, PyObject* key) {
-  for (size_t i = 0; i < d->keys.size(); ++i) {
-    int eq = PyObject_RichCompareBool(d->keys[i], key, Py_EQ);
+  for (size_t i = 0; i < d->entries().keys.size(); ++i) {
+    int eq = PyObject_RichCompareBool(d->entries().keys[i], key, Py_EQ);
     if (eq < 0) clear_error();
     if (eq == 1) return static_cast<Py_ssize_t>(i);
   }
@@ -19,17 +19,17 @@ Py_ssize_t Interpreter::dict_find(const VarPtr& d, PyObject* key) {
 void Interpreter::dict_set(const VarPtr& d, PyObject* key, VarPtr v) {
   Py_ssize_t i = dict_find(d, key);
   if (i >= 0) {
-    d->items[i] = std::move(v);
+    d->entries().values[i] = std::move(v);
     return;
   }
-  d->keys.push_back(Py_NewRef(key));
-  d->items.push_back(std::move(v));
+  d->entries().keys.push_back(Py_NewRef(key));
+  d->entries().values.push_back(std::move(v));
 }
 
 std::vector<std::pair<PyObject*, VarPtr>> Interpreter::dict_entries(const VarPtr& d) {
   std::vector<std::pair<PyObject*, VarPtr>> out;
-  if (d->kind == Var::Kind::Dict) {
-    for (size_t i = 0; i < d->keys.size(); ++i) out.emplace_back(d->keys[i], d->items[i]);
+  if (d->kind() == Var::Kind::Dict) {
+    for (size_t i = 0; i < d->entries().keys.size(); ++i) out.emplace_back(d->entries().keys[i], d->entries().values[i]);
     return out;
   }
   PyObject* o = const_obj(d, "dict");
@@ -44,18 +44,21 @@ std::vector<std::pair<PyObject*, VarPtr>> Interpreter::dict_entries(const VarPtr
   return out;
 }
 
-bool Interpreter::is_dict(const VarPtr& v) { return v->kind == Var::Kind::Dict || (v->is_const() && PyDict_Check(v->obj)); }
+bool Interpreter::is_dict(const VarPtr& v) { return v->kind() == Var::Kind::Dict || (v->is_const() && PyDict_Check(v->obj())); }
 
 void Interpreter::refresh_dict_view(const VarPtr& view) {
-  view->items.clear();
-  for (auto& [k, v] : dict_entries(view->self)) {
-    if (view->name == "items") view->items.push_back(Var::tuple({Var::constant(k), v}));
-    else view->items.push_back(view->name == "keys" ? Var::constant(k) : v);
+  ListV& l = view->as<ListV>();
+  if (!l.view) return;
+  const DictView dv = *l.view;
+  l.items.clear();
+  for (auto& [k, v] : dict_entries(dv.dict)) {
+    if (dv.which == "items") l.items.push_back(Var::tuple({Var::constant(k), v}));
+    else l.items.push_back(dv.which == "keys" ? Var::constant(k) : v);
   }
 }
 
 VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
-  const bool tracker = d->kind == Var::Kind::Dict;
+  const bool tracker = d->kind() == Var::Kind::Dict;
   if (name == "update" && tracker && !d->source && args.size() <= 1) {
     if (!args.empty())
       for (auto& [k, v] : dict_entries(args[0])) dict_set(d, k, v);
@@ -70,8 +73,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
   auto key_var = [&](PyObject* k) { return Var::constant(k); };
   if (name == "items" || name == "keys" || name == "values") {
     VarPtr view = Var::tuple({}, true);
-    view->self = d;
-    view->name = name;
+    view->as<ListV>().view = DictView{d, name};
     refresh_dict_view(view);
     return view;
   }
@@ -92,9 +94,9 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
   }
   if (!tracker || d->source) unsupported("dict." + name + "() on a dict the caller can see");
   if (name == "clear" && args.empty()) {
-    for (PyObject* k : d->keys) Py_DECREF(k);
-    d->keys.clear();
-    d->items.clear();
+    for (PyObject* k : d->entries().keys) Py_DECREF(k);
+    d->entries().keys.clear();
+    d->entries().values.clear();
     return Var::constant(Py_None);
   }
   if (name == "pop" && (args.size() == 1 || args.size() == 2)) {
@@ -103,16 +105,16 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
       if (args.size() == 2) return args[1];
       unsupported("KeyError in dict.pop");
     }
-    VarPtr v = d->items[i];
-    Py_DECREF(d->keys[i]);
-    d->keys.erase(d->keys.begin() + i);
-    d->items.erase(d->items.begin() + i);
+    VarPtr v = d->entries().values[i];
+    Py_DECREF(d->entries().keys[i]);
+    d->entries().keys.erase(d->entries().keys.begin() + i);
+    d->entries().values.erase(d->entries().values.begin() + i);
     return v;
   }
   if (name == "setdefault" && (args.size() == 1 || args.size() == 2)) {
     PyObject* key = const_obj(args[0], "dict key");
     Py_ssize_t i = dict_find(d, key);
-    if (i >= 0) return d->items[i];
+    if (i >= 0) return d->entries().values[i];
     VarPtr v = args.size() == 2 ? args[1] : Var::constant(Py_None);
     dict_set(d, key, v);
     return v;
@@ -141,16 +143,16 @@ VarPtr Interpreter::real(PyObject* r) {
 }
 
 void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, const VarPtr& value) {
-  if (container->kind == Var::Kind::Record) return record_store(container, const_obj(key, "key"), value, true);
-  if (container->kind == Var::Kind::Dict && !container->source) {
+  if (container->kind() == Var::Kind::Record) return record_store(container, const_obj(key, "key"), value, true);
+  if (container->kind() == Var::Kind::Dict && !container->source) {
     dict_set(container, const_obj(key, "dict key"), value);
     return;
   }
-  if (container->kind == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj)) {
-    Py_ssize_t n = static_cast<Py_ssize_t>(container->items.size()), i = PyLong_AsSsize_t(key->obj);
+  if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj())) {
+    Py_ssize_t n = static_cast<Py_ssize_t>(container->seq().size()), i = PyLong_AsSsize_t(key->obj());
     if (i < 0) i += n;
     if (i < 0 || i >= n) unsupported("list assignment index out of range");
-    container->items[i] = value;
+    container->seq()[i] = value;
     return;
   }
   if (container->is_tensor()) {
@@ -158,26 +160,26 @@ void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, co
     // name of x then holds (like any in-place op)
     check_inplace_target(container, "indexed assignment");
     VarPtr r = torch_extern(functional_setitem(), "setitem", {container, key, value}, {});
-    mutate(container, r->node);
+    mutate(container, r->node());
     return;
   }
   if (container->is_const() && !container->source &&
-      (PyList_CheckExact(container->obj) || PyDict_CheckExact(container->obj))) {
+      (PyList_CheckExact(container->obj()) || PyDict_CheckExact(container->obj()))) {
     // a list or dict made during capture by a Python call (list(x.shape)): nobody else holds it
-    if (PyObject_SetItem(container->obj, const_obj(key, "key"), const_obj(value, "value")) < 0) real(nullptr);
+    if (PyObject_SetItem(container->obj(), const_obj(key, "key"), const_obj(value, "value")) < 0) real(nullptr);
     return;
   }
   unsupported("item assignment into an object the caller can see");
 }
 
 VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
-  const bool list = seq->kind == Var::Kind::List;
+  const bool list = seq->kind() == Var::Kind::List;
   if (!kwargs.empty()) unsupported(name + "() with keyword arguments");
   static const char* mutating[] = {"append", "extend", "insert", "pop", "clear", "reverse", "remove", "sort"};
   bool mutates = std::any_of(std::begin(mutating), std::end(mutating), [&](const char* m) { return name == m; });
   if (mutates && !list) unsupported("tuple has no attribute " + name);
   if (mutates && seq->source) unsupported("list." + name + "() on a list the caller can see");
-  auto& items = seq->items;
+  auto& items = seq->seq();
   if (name == "append" && args.size() == 1) {
     items.push_back(args[0]);
     return Var::constant(Py_None);
@@ -186,15 +188,15 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
     for (const VarPtr& v : items_of(args[0])) items.push_back(v);
     return Var::constant(Py_None);
   }
-  if (name == "insert" && args.size() == 2 && args[0]->is_const() && PyLong_Check(args[0]->obj)) {
-    Py_ssize_t n = static_cast<Py_ssize_t>(items.size()), i = PyLong_AsSsize_t(args[0]->obj);
+  if (name == "insert" && args.size() == 2 && args[0]->is_const() && PyLong_Check(args[0]->obj())) {
+    Py_ssize_t n = static_cast<Py_ssize_t>(items.size()), i = PyLong_AsSsize_t(args[0]->obj());
     i = i < 0 ? std::max<Py_ssize_t>(0, i + n) : std::min(i, n);
     items.insert(items.begin() + i, args[1]);
     return Var::constant(Py_None);
   }
   if (name == "pop" && args.size() <= 1) {
     Py_ssize_t n = static_cast<Py_ssize_t>(items.size());
-    Py_ssize_t i = args.empty() ? n - 1 : (args[0]->is_const() && PyLong_Check(args[0]->obj) ? PyLong_AsSsize_t(args[0]->obj) : -n - 1);
+    Py_ssize_t i = args.empty() ? n - 1 : (args[0]->is_const() && PyLong_Check(args[0]->obj()) ? PyLong_AsSsize_t(args[0]->obj()) : -n - 1);
     if (i < 0) i += n;
     if (i < 0 || i >= n) unsupported("pop index out of range");
     VarPtr v = items[i];
@@ -211,7 +213,7 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
   }
   if (name == "copy" && args.empty() && list) return Var::tuple(items, true);
   auto equal_at = [&](size_t i, const VarPtr& x) {
-    if (items[i]->is_tensor() || x->is_tensor()) return items[i]->is_tensor() && x->is_tensor() && items[i]->node == x->node;
+    if (items[i]->is_tensor() || x->is_tensor()) return items[i]->is_tensor() && x->is_tensor() && items[i]->node() == x->node();
     int eq = PyObject_RichCompareBool(const_obj(items[i], "item"), const_obj(x, "item"), Py_EQ);
     if (eq < 0) real(nullptr);
     return eq == 1;

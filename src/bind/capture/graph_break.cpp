@@ -50,7 +50,7 @@ bool Interpreter::in_loop(const CodeInfo& ci, size_t pc) {
 
 VarPtr Interpreter::clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr>& memo) {
   if (!v) return v;
-  switch (v->kind) {
+  switch (v->kind()) {
     case Var::Kind::Const:
     case Var::Kind::Module:
     case Var::Kind::Function:
@@ -59,16 +59,31 @@ VarPtr Interpreter::clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr
   }
   auto it = memo.find(v.get());
   if (it != memo.end()) return it->second;
-  auto c = std::make_shared<Var>(Var{v->kind});
+  auto c = std::make_shared<Var>(NullV{}, v->source);
   memo[v.get()] = c;
-  c->node = v->node;
-  c->obj = Py_XNewRef(v->obj);
-  c->view = v->view;
-  c->name = v->name;
-  c->source = v->source;
-  for (PyObject* k : v->keys) c->keys.push_back(Py_NewRef(k));
-  for (const VarPtr& x : v->items) c->items.push_back(clone(x, memo));
-  c->self = clone(v->self, memo);
+  auto cl = [&](VarPtr& x) { x = clone(x, memo); };
+  std::visit(
+      [&](const auto& d) {
+        using T = std::decay_t<decltype(d)>;
+        T n = d;  // Python objects are owned anew by the copy, trackers in it are cloned
+        if constexpr (std::is_same_v<T, ConstV>) Py_XINCREF(n.value), cl(n.super_self);
+        if constexpr (std::is_same_v<T, ModuleV>) Py_XINCREF(n.module);
+        if constexpr (std::is_same_v<T, FunctionV>) Py_XINCREF(n.fn);
+        if constexpr (std::is_same_v<T, TupleV>) Py_XINCREF(n.structseq);
+        if constexpr (std::is_same_v<T, TupleV> || std::is_same_v<T, ListV> || std::is_same_v<T, IteratorV>)
+          for (VarPtr& x : n.items) cl(x);
+        if constexpr (std::is_same_v<T, ListV>)
+          if (n.view) cl(n.view->dict);
+        if constexpr (std::is_same_v<T, MethodV>) Py_XINCREF(n.fn), cl(n.self);
+        if constexpr (std::is_same_v<T, CellV>) cl(n.content);
+        if constexpr (std::is_same_v<T, RecordV>) Py_XINCREF(n.cls);
+        if constexpr (std::is_base_of_v<Entries, T>) {
+          for (PyObject* k : n.keys) Py_INCREF(k);
+          for (VarPtr& x : n.values) cl(x);
+        }
+        c->data = std::move(n);
+      },
+      v->data);
   return c;
 }
 
@@ -94,51 +109,53 @@ OutSpec Interpreter::break_spec(const VarPtr& v) {
 
 OutSpec Interpreter::break_spec_of(const VarPtr& v) {
   OutSpec s;
-  switch (v->kind) {
+  switch (v->kind()) {
     case Var::Kind::Tensor: return output_spec(v);
     case Var::Kind::Tuple:
     case Var::Kind::List:
       // A container read from the frame must stay the caller's object.
       if (v->source) return OutSpec::from_source(v->source);
-      if (v->self) unsupported("a dict view (dict.keys(), values(), items()) at a graph break");
-      s.kind = v->kind == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
-      s.value = Py_XNewRef(v->obj);  // a structseq's type
-      for (auto& item : v->items) s.items.push_back(break_spec(item));
+      if (v->dict_view()) unsupported("a dict view (dict.keys(), values(), items()) at a graph break");
+      s.kind = v->kind() == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
+      if (auto* t = v->get_if<TupleV>()) s.value = Py_XNewRef(t->structseq);  // a structseq's type
+      for (auto& item : v->seq()) s.items.push_back(break_spec(item));
       return s;
     case Var::Kind::Const:
     case Var::Kind::Module:
       if (structural(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
-      s.kind = !v->source && (PyDict_CheckExact(v->obj) || PyList_CheckExact(v->obj) || PySet_CheckExact(v->obj))
+      s.kind = !v->source && (PyDict_CheckExact(v->obj()) || PyList_CheckExact(v->obj()) || PySet_CheckExact(v->obj()))
                    ? OutSpec::Kind::Copy
                    : OutSpec::Kind::Const;
-      Py_INCREF(v->obj);
-      s.value = v->obj;
+      Py_INCREF(v->obj());
+      s.value = v->obj();
       return s;
     case Var::Kind::Null: s.kind = OutSpec::Kind::Null; return s;
-    case Var::Kind::Method:
-      if (v->obj) {  // a base-class function reached through super(): bind it to the receiver
-        if (!(v->self->kind == Var::Kind::Module || v->self->is_const())) unsupported("super() method of this receiver");
+    case Var::Kind::Method: {
+      const MethodV& m = v->as<MethodV>();
+      if (m.fn) {  // a base-class function reached through super(): bind it to the receiver
+        if (!(m.self->kind() == Var::Kind::Module || m.self->is_const())) unsupported("super() method of this receiver");
         s.kind = OutSpec::Kind::Const;
-        s.value = PyMethod_New(v->obj, v->self->obj);
+        s.value = PyMethod_New(m.fn, m.self->obj());
         return s;
       }
       s.kind = OutSpec::Kind::Method;
-      s.value = PyUnicode_FromString(v->name.c_str());
-      s.items.push_back(break_spec(v->self));
+      s.value = PyUnicode_FromString(m.name.c_str());
+      s.items.push_back(break_spec(m.self));
       return s;
+    }
     case Var::Kind::Iterator: unsupported("graph break inside a loop kiln unrolls");
     case Var::Kind::Dict:
       if (v->source) return OutSpec::from_source(v->source);
       return dict_spec(v, true);
     case Var::Kind::Cell:
       // A cell of the frame: the resume function makes a new one (MAKE_CELL) around this.
-      if (!v->items[0]) unsupported("an empty closure cell at a graph break");
-      return break_spec(v->items[0]);
+      if (!v->as<CellV>().content) unsupported("an empty closure cell at a graph break");
+      return break_spec(v->as<CellV>().content);
     case Var::Kind::Record: return record_spec(v, true);
     case Var::Kind::Function:
-      if (!v->rebuildable) unsupported("a function closing over tensors at a graph break");
+      if (!v->as<FunctionV>().rebuildable) unsupported("a function closing over tensors at a graph break");
       s.kind = OutSpec::Kind::Const;
-      s.value = Py_NewRef(v->obj);
+      s.value = Py_NewRef(v->as<FunctionV>().fn);
       return s;
   }
   unsupported("a value kiln cannot rebuild at a graph break");
@@ -198,7 +215,7 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
     const VarPtr& f = before.stack[before.stack.size() - operands];
     const VarPtr& g = before.stack[before.stack.size() - operands + 1];
     for (const VarPtr& c : {f, g})
-      if (c->is_const() && c->obj == builtin("super")) return false;
+      if (c->is_const() && c->known() == builtin("super")) return false;
   }
   const size_t below = before.stack.size() - operands;
   ResumeShape shape;
@@ -246,10 +263,11 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
 OutSpec Interpreter::dict_spec(const VarPtr& v, bool at_break) {
   OutSpec s;
   s.kind = OutSpec::Kind::Dict;
-  s.value = PyTuple_New(static_cast<Py_ssize_t>(v->keys.size()));
-  for (size_t i = 0; i < v->keys.size(); ++i) {
-    PyTuple_SET_ITEM(s.value, i, Py_NewRef(v->keys[i]));
-    s.items.push_back(at_break ? break_spec(v->items[i]) : output_spec(v->items[i]));
+  const DictV& d = v->as<DictV>();
+  s.value = PyTuple_New(static_cast<Py_ssize_t>(d.keys.size()));
+  for (size_t i = 0; i < d.keys.size(); ++i) {
+    PyTuple_SET_ITEM(s.value, i, Py_NewRef(d.keys[i]));
+    s.items.push_back(at_break ? break_spec(d.values[i]) : output_spec(d.values[i]));
   }
   return s;
 }

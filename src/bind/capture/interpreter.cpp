@@ -22,7 +22,7 @@ void Interpreter::run(const BoundArgs& args) {
     bool packed = (i == star && (co->co_flags & CO_VARARGS)) ||
                   (i == star + !!(co->co_flags & CO_VARARGS) && (co->co_flags & CO_VARKEYWORDS));
     bool priv = packed || (args.private_slots && i < args.private_slots->size() && (*args.private_slots)[i]);
-    Var::Kind k = locals_[i]->kind;
+    Var::Kind k = locals_[i]->kind();
     if (priv && (k == Var::Kind::List || k == Var::Kind::Dict || k == Var::Kind::Tuple))
       locals_[i]->source = nullptr;  // its items keep their sources: graph inputs are read through them
   }
@@ -132,8 +132,8 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     PyObject *k, *item;
     Py_ssize_t pos = 0;
     while (PyDict_Next(v, &pos, &k, &item)) {
-      d->keys.push_back(Py_NewRef(k));
-      d->items.push_back(wrap(item, Source::key_of(src, k)));
+      d->entries().keys.push_back(Py_NewRef(k));
+      d->entries().values.push_back(wrap(item, Source::key_of(src, k)));
     }
     return d;
   }
@@ -160,7 +160,7 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     // Used as a value itself (compared, hashed, passed to Python), it is pinned by identity.
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
     VarPtr c = Var::constant(v, src);
-    c->by_type = true;
+    c->as<ConstV>().by_type = true;
     return c;
   }
   // Modules, functions, classes and other objects: their identity.
@@ -174,7 +174,7 @@ bool Interpreter::by_structure(PyObject* v) {
          !PyMethod_Check(v) && !PyModule_Check(v) && !is_tensor(v) && !is_nn_module(v) && !PyCode_Check(v);
 }
 
-bool Interpreter::structural(const VarPtr& v) { return v->is_const() && v->source && v->by_type; }
+bool Interpreter::structural(const VarPtr& v) { return v->is_const() && v->source && v->as<ConstV>().by_type; }
 
 bool Interpreter::is_nn_module(PyObject* v) {
   static PyObject* module_type = object_at("torch.nn.Module");
@@ -185,7 +185,7 @@ VarPtr Interpreter::pop() {
   if (stack_.empty()) unsupported("stack underflow");
   VarPtr v = stack_.back();
   stack_.pop_back();
-  if (v->kind == Var::Kind::List && v->self) refresh_dict_view(v);  // whoever reads it sees the dict now
+  if (v->dict_view()) refresh_dict_view(v);  // whoever reads it sees the dict now
   return v;
 }
 
@@ -249,21 +249,21 @@ ir::Node* Interpreter::add_node(const std::string& op, std::vector<ir::Node*> in
 }
 
 ir::Node* Interpreter::as_node(const VarPtr& v, const char* what) {
-  if (v->is_tensor()) return v->node;
-  if (v->is_const() && !is_python_scalar(v->obj) && (PyLong_Check(v->obj) || PyFloat_Check(v->obj))) {
+  if (v->is_tensor()) return v->node();
+  if (v->is_const() && !is_python_scalar(v->obj()) && (PyLong_Check(v->obj()) || PyFloat_Check(v->obj()))) {
     // an IntEnum or a float subclass: the number it is
-    PyObject* plain = PyLong_Check(v->obj) ? PyNumber_Index(v->obj) : PyFloat_FromDouble(PyFloat_AsDouble(v->obj));
+    PyObject* plain = PyLong_Check(v->obj()) ? PyNumber_Index(v->obj()) : PyFloat_FromDouble(PyFloat_AsDouble(v->obj()));
     return as_node(real(plain), what);
   }
-  if (v->is_const() && is_python_scalar(v->obj)) {
-    if (PyBool_Check(v->obj)) return g_->scalar(v->obj == Py_True, DType::Bool);
-    if (PyLong_Check(v->obj)) {
+  if (v->is_const() && is_python_scalar(v->obj())) {
+    if (PyBool_Check(v->obj())) return g_->scalar(v->known() == Py_True, DType::Bool);
+    if (PyLong_Check(v->obj())) {
       int overflow = 0;
-      long long x = PyLong_AsLongLongAndOverflow(v->obj, &overflow);
+      long long x = PyLong_AsLongLongAndOverflow(v->obj(), &overflow);
       if (overflow) unsupported("integer too large for a tensor operand");
       return g_->scalar(static_cast<double>(x), DType::Int64);
     }
-    return g_->scalar(PyFloat_AsDouble(v->obj), DType::Float64);
+    return g_->scalar(PyFloat_AsDouble(v->obj()), DType::Float64);
   }
   unsupported(std::string("expected a tensor for ") + what);
 }
@@ -271,31 +271,33 @@ ir::Node* Interpreter::as_node(const VarPtr& v, const char* what) {
 PyObject* Interpreter::const_obj(const VarPtr& v, const char* what) {
   if (structural(v)) {
     // the object itself goes into a Python operation: from here on its identity is what holds
-    out_.guards.add_identity(v->source, v->obj);
-    v->by_type = false;
+    out_.guards.add_identity(v->source, v->obj());
+    v->as<ConstV>().by_type = false;
   }
-  if (v->is_const() || v->kind == Var::Kind::Module) return v->obj;  // modules are guarded by identity
-  if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List) {
+  if (v->is_const() || v->kind() == Var::Kind::Module) return v->obj();  // modules are guarded by identity
+  if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) {
     // Materialize containers of constants (e.g. a shape tuple).
-    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(v->items.size()));
-    for (size_t i = 0; i < v->items.size(); ++i) {
-      PyObject* o = const_obj(v->items[i], what);
+    const auto& items = v->seq();
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
+    for (size_t i = 0; i < items.size(); ++i) {
+      PyObject* o = const_obj(items[i], what);
       Py_INCREF(o);
       PyTuple_SET_ITEM(t, i, o);
     }
     keep_.push_back(t);
-    if (v->kind == Var::Kind::List) {
+    if (v->kind() == Var::Kind::List) {
       PyObject* l = PySequence_List(t);
       keep_.push_back(l);
       return l;
     }
     return t;
   }
-  if (v->kind == Var::Kind::Dict) {
+  if (v->kind() == Var::Kind::Dict) {
     PyObject* d = PyDict_New();
     keep_.push_back(d);
-    for (size_t i = 0; i < v->keys.size(); ++i)
-      if (PyDict_SetItem(d, v->keys[i], const_obj(v->items[i], what)) < 0) real(nullptr);
+    const Entries& e = v->entries();
+    for (size_t i = 0; i < e.keys.size(); ++i)
+      if (PyDict_SetItem(d, e.keys[i], const_obj(e.values[i], what)) < 0) real(nullptr);
     return d;
   }
   unsupported(std::string("expected a Python value for ") + what + ", got a tensor");
@@ -303,39 +305,39 @@ PyObject* Interpreter::const_obj(const VarPtr& v, const char* what) {
 
 OutSpec Interpreter::output_spec(const VarPtr& v) {
   OutSpec s;
-  switch (v->kind) {
+  switch (v->kind()) {
     case Var::Kind::Tensor: {
-      if (root()->needs_grad_.count(v->node) && v->node->op_name() != "placeholder")
+      if (root()->needs_grad_.count(v->node()) && v->node()->op_name() != "placeholder")
         unsupported("a result requires grad (its inputs do, and grad mode is on): kiln does not build backward graphs yet (AOTAutograd is a later stage); run under torch.no_grad() or torch.inference_mode()");
       auto& outs = g_->outputs();
-      auto it = std::find(outs.begin(), outs.end(), v->node);
+      auto it = std::find(outs.begin(), outs.end(), v->node());
       s.kind = OutSpec::Kind::Graph;
       s.index = static_cast<int>(it - outs.begin());
-      if (it == outs.end()) outs.push_back(v->node);
+      if (it == outs.end()) outs.push_back(v->node());
       return s;
     }
     case Var::Kind::Tuple:
     case Var::Kind::List:
       if (v->source) return OutSpec::from_source(v->source);  // the caller's own list or tuple, unchanged
-      if (v->self) unsupported("returns a dict view (dict.keys(), values(), items())");
-      s.kind = v->kind == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
-      s.value = Py_XNewRef(v->obj);  // a structseq's type
-      for (auto& item : v->items) s.items.push_back(output_spec(item));
+      if (v->dict_view()) unsupported("returns a dict view (dict.keys(), values(), items())");
+      s.kind = v->kind() == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
+      if (auto* t = v->get_if<TupleV>()) s.value = Py_XNewRef(t->structseq);  // a structseq's type
+      for (auto& item : v->seq()) s.items.push_back(output_spec(item));
       return s;
     case Var::Kind::Const:
       if (structural(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
       s.kind = OutSpec::Kind::Const;
-      Py_INCREF(v->obj);
-      s.value = v->obj;
+      Py_INCREF(v->obj());
+      s.value = v->obj();
       return s;
     case Var::Kind::Dict:
       if (v->source) return OutSpec::from_source(v->source);
       return dict_spec(v, false);
     case Var::Kind::Record: return record_spec(v, false);
     case Var::Kind::Function:
-      if (!v->rebuildable) unsupported("returns a function closing over tensors");
+      if (!v->as<FunctionV>().rebuildable) unsupported("returns a function closing over tensors");
       s.kind = OutSpec::Kind::Const;
-      s.value = Py_NewRef(v->obj);
+      s.value = Py_NewRef(v->as<FunctionV>().fn);
       return s;
     default: unsupported("returns a value kiln cannot rebuild");
   }

@@ -28,11 +28,6 @@
 
 namespace kiln::bind::detail {
 
-// A reason to stop capturing, carried to the top of the interpreter loop.
-struct Unsupported : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 // Ctrl-C (a KeyboardInterrupt kept by clear_error): capture stops at once, with no graph break.
 struct Interrupted : std::runtime_error {
   using std::runtime_error::runtime_error;

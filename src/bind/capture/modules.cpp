@@ -89,7 +89,7 @@ struct ModuleRules {
   static VarPtr fn(Interpreter& I, const char* path, std::vector<VarPtr> args, const Interpreter::KwArgs& kw = {}) {
     return I.call_op(*function_binding(I.resolve_torch_path(path)), std::move(args), kw);
   }
-  static std::string type_name(const VarPtr& mod) { return Py_TYPE(mod->obj)->tp_name; }
+  static std::string type_name(const VarPtr& mod) { return Py_TYPE(mod->obj())->tp_name; }
   static void plain_call(const VarPtr& mod, const std::vector<VarPtr>& args, const Interpreter::KwArgs& kw) {
     if (args.size() != 1 || !kw.empty()) unsupported(type_name(mod) + " called with extra arguments");
   }
@@ -99,10 +99,10 @@ struct ModuleRules {
     return fn(I, "torch.nn.functional.linear", {args[0], I.module_attr(mod, "weight"), I.module_attr(mod, "bias")});
   }
   static VarPtr relu(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs& kw) {
-    if (I.module_attr(mod, "inplace")->obj != Py_True) return fn(I, "torch.relu", args, kw);
+    if (I.module_attr(mod, "inplace")->known() != Py_True) return fn(I, "torch.relu", args, kw);
     if (args.size() != 1 || !args[0]->is_tensor()) unsupported("ReLU(inplace=True) on a non-tensor");
     I.check_inplace_target(args[0], "relu");
-    return I.mutate(args[0], I.add_node("relu", {args[0]->node}));
+    return I.mutate(args[0], I.add_node("relu", {args[0]->node()}));
   }
 
   // Activations with settings: the functional form, the settings as keywords, and `inplace`.
@@ -118,7 +118,7 @@ struct ModuleRules {
     Interpreter::KwArgs settings;
     for (const char* const* p = A::p; *p; ++p) settings.emplace_back(*p, I.module_attr(mod, *p));
     VarPtr r = fn(I, A::f, args, settings);
-    PyObject* inplace = PyObject_GetAttrString(mod->obj, "inplace");
+    PyObject* inplace = PyObject_GetAttrString(mod->obj(), "inplace");
     if (!inplace) clear_error();
     bool in_place = inplace == Py_True;
     Py_XDECREF(inplace);
@@ -126,7 +126,7 @@ struct ModuleRules {
     if (!args[0]->is_tensor()) unsupported(type_name(mod) + "(inplace=True) on a non-tensor");
     I.out_.guards.add_equals(Source::attr(mod->source, "inplace"), Py_True);
     I.check_inplace_target(args[0], type_name(mod));
-    return I.mutate(args[0], r->node);
+    return I.mutate(args[0], r->node());
   }
 
   static VarPtr layer_norm(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
@@ -135,7 +135,7 @@ struct ModuleRules {
                I.module_attr(mod, "eps")});
   }
   static VarPtr embedding(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
-    if (I.module_attr(mod, "max_norm")->obj != Py_None) unsupported("Embedding with max_norm renormalizes its weight in place");
+    if (I.module_attr(mod, "max_norm")->known() != Py_None) unsupported("Embedding with max_norm renormalizes its weight in place");
     return fn(I, "torch.nn.functional.embedding", {args.at(0), I.module_attr(mod, "weight"), I.module_attr(mod, "padding_idx")});
   }
   struct Sigmoid { static constexpr const char* f = "torch.sigmoid"; };
@@ -146,7 +146,7 @@ struct ModuleRules {
   }
   static VarPtr identity(Interpreter&, const VarPtr&, std::vector<VarPtr>& args, const Interpreter::KwArgs&) { return args.at(0); }
   static VarPtr dropout(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
-    if (I.module_attr(mod, "training")->obj == Py_True) unsupported("Dropout in training mode is random: not captured yet");
+    if (I.module_attr(mod, "training")->known() == Py_True) unsupported("Dropout in training mode is random: not captured yet");
     return args.at(0);
   }
   static VarPtr gelu(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
@@ -155,32 +155,32 @@ struct ModuleRules {
   template <bool Log>
   static VarPtr softmax(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
     VarPtr dim = I.module_attr(mod, "dim");
-    if (dim->obj == Py_None) unsupported(type_name(mod) + " with dim=None");
+    if (dim->known() == Py_None) unsupported(type_name(mod) + " with dim=None");
     return fn(I, Log ? "torch.log_softmax" : "torch.softmax", {args.at(0), dim});
   }
   static VarPtr conv2d(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs& kw) {
     plain_call(mod, args, kw);
     VarPtr mode = I.module_attr(mod, "padding_mode");
-    if (!PyUnicode_Check(mode->obj) || std::string(PyUnicode_AsUTF8(mode->obj)) != "zeros")
+    if (!PyUnicode_Check(mode->obj()) || std::string(PyUnicode_AsUTF8(mode->obj())) != "zeros")
       unsupported("Conv2d with padding_mode other than 'zeros'");
     VarPtr padding = I.module_attr(mod, "padding");
-    if (padding->is_const() && PyUnicode_Check(padding->obj)) unsupported("Conv2d with string padding");
+    if (padding->is_const() && PyUnicode_Check(padding->obj())) unsupported("Conv2d with string padding");
     return fn(I, "torch.nn.functional.conv2d",
               {args[0], I.module_attr(mod, "weight"), I.module_attr(mod, "bias"), I.module_attr(mod, "stride"), padding,
                I.module_attr(mod, "dilation"), I.module_attr(mod, "groups")});
   }
   static VarPtr batch_norm(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
     VarPtr mean = I.module_attr(mod, "running_mean"), var = I.module_attr(mod, "running_var");
-    bool no_stats = mean->is_const() && mean->obj == Py_None;
-    if (I.module_attr(mod, "training")->obj == Py_True || no_stats)
+    bool no_stats = mean->is_const() && mean->known() == Py_None;
+    if (I.module_attr(mod, "training")->known() == Py_True || no_stats)
       unsupported(type_name(mod) + " in training mode (batch statistics) is not compiled yet");
     return fn(I, "torch.nn.functional.batch_norm",
               {args.at(0), mean, var, I.module_attr(mod, "weight"), I.module_attr(mod, "bias")}, {{"eps", I.module_attr(mod, "eps")}});
   }
   static VarPtr max_pool2d(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
-    if (I.module_attr(mod, "return_indices")->obj == Py_True) unsupported("MaxPool2d with return_indices");
+    if (I.module_attr(mod, "return_indices")->known() == Py_True) unsupported("MaxPool2d with return_indices");
     VarPtr stride = I.module_attr(mod, "stride");
-    if (stride->is_const() && stride->obj == Py_None) stride = Var::tuple({});
+    if (stride->is_const() && stride->known() == Py_None) stride = Var::tuple({});
     return fn(I, "torch.nn.functional.max_pool2d",
               {args.at(0), I.module_attr(mod, "kernel_size"), stride, I.module_attr(mod, "padding"), I.module_attr(mod, "dilation"),
                I.module_attr(mod, "ceil_mode")});
@@ -202,12 +202,12 @@ struct ModuleRules {
 bool Interpreter::is_keyed_container(PyObject* m) { return instance_of(m, "ModuleDict") || instance_of(m, "ParameterDict"); }
 
 Py_ssize_t Interpreter::module_children(const VarPtr& mod) {
-  const bool params = instance_of(mod->obj, "ParameterList") || instance_of(mod->obj, "ParameterDict");
-  if (!params && !instance_of(mod->obj, "ModuleList") && !instance_of(mod->obj, "Sequential") &&
-      !instance_of(mod->obj, "ModuleDict"))
-    unsupported(std::string("len() or indexing of module ") + Py_TYPE(mod->obj)->tp_name);
+  const bool params = instance_of(mod->obj(), "ParameterList") || instance_of(mod->obj(), "ParameterDict");
+  if (!params && !instance_of(mod->obj(), "ModuleList") && !instance_of(mod->obj(), "Sequential") &&
+      !instance_of(mod->obj(), "ModuleDict"))
+    unsupported(std::string("len() or indexing of module ") + Py_TYPE(mod->obj())->tp_name);
   const char* store = params ? "_parameters" : "_modules";
-  PyObject* children = PyObject_GetAttrString(mod->obj, store);
+  PyObject* children = PyObject_GetAttrString(mod->obj(), store);
   if (!children || !PyDict_Check(children)) {
     Py_XDECREF(children);
     clear_error();
@@ -221,8 +221,8 @@ Py_ssize_t Interpreter::module_children(const VarPtr& mod) {
 
 std::vector<std::string> Interpreter::module_keys(const VarPtr& mod) {
   module_children(mod);
-  const bool params = instance_of(mod->obj, "ParameterList") || instance_of(mod->obj, "ParameterDict");
-  PyObject* children = PyObject_GetAttrString(mod->obj, params ? "_parameters" : "_modules");
+  const bool params = instance_of(mod->obj(), "ParameterList") || instance_of(mod->obj(), "ParameterDict");
+  PyObject* children = PyObject_GetAttrString(mod->obj(), params ? "_parameters" : "_modules");
   std::vector<std::string> names;
   PyObject *key, *value;
   Py_ssize_t pos = 0;
@@ -233,7 +233,7 @@ std::vector<std::string> Interpreter::module_keys(const VarPtr& mod) {
 }
 
 VarPtr Interpreter::call_module_method(VarPtr mod, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
-  if (is_keyed_container(mod->obj) && args.empty() && (name == "keys" || name == "values" || name == "items")) {
+  if (is_keyed_container(mod->obj()) && args.empty() && (name == "keys" || name == "values" || name == "items")) {
     std::vector<VarPtr> out;
     for (const std::string& n : module_keys(mod)) {
       VarPtr k = real(PyUnicode_FromString(n.c_str()));
@@ -244,10 +244,10 @@ VarPtr Interpreter::call_module_method(VarPtr mod, const std::string& name, std:
     return Var::tuple(std::move(out), true);
   }
   PyObject* key = PyUnicode_FromString(name.c_str());
-  PyObject* f = _PyType_Lookup(Py_TYPE(mod->obj), key);  // borrowed
+  PyObject* f = _PyType_Lookup(Py_TYPE(mod->obj()), key);  // borrowed
   Py_DECREF(key);
   if (PyErr_Occurred()) clear_error();
-  if (!f || !PyFunction_Check(f)) unsupported("method " + name + " of module " + Py_TYPE(mod->obj)->tp_name);
+  if (!f || !PyFunction_Check(f)) unsupported("method " + name + " of module " + Py_TYPE(mod->obj())->tp_name);
   args.insert(args.begin(), mod);
   // type(self).<name>: the function itself, so its defaults and closure are guarded.
   SourcePtr src = mod->source ? Source::attr(Source::attr(mod->source, "__class__"), name) : nullptr;
@@ -255,12 +255,12 @@ VarPtr Interpreter::call_module_method(VarPtr mod, const std::string& name, std:
 }
 
 VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {
-  PyObject* v = PyObject_GetAttrString(mod->obj, name);
+  PyObject* v = PyObject_GetAttrString(mod->obj(), name);
   if (!v) {
     clear_error();
     unsupported(std::string("module has no attribute ") + name);
   }
-  if (PyMethod_Check(v) && PyMethod_GET_SELF(v) == mod->obj) {
+  if (PyMethod_Check(v) && PyMethod_GET_SELF(v) == mod->obj()) {
     // Bound methods are made afresh at each access: track the method, not the object.
     Py_DECREF(v);
     return Var::method(mod, name);
@@ -271,7 +271,7 @@ VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {
 }
 
 VarPtr Interpreter::call_module(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
-  PyObject* m = mod->obj;
+  PyObject* m = mod->obj();
   Interpreter* r = root();
   if (!r->global_hooks_checked_) {
     r->global_hooks_checked_ = true;
@@ -322,19 +322,19 @@ VarPtr Interpreter::call_module(VarPtr mod, std::vector<VarPtr> args, const KwAr
   }
   for (const VarPtr& hook : pre_hooks) {
     VarPtr res = call(hook, {mod, Var::tuple(args)}, {});
-    if (res->is_const() && res->obj == Py_None) continue;
-    args = res->kind == Var::Kind::Tuple ? res->items : std::vector<VarPtr>{res};
+    if (res->is_const() && res->known() == Py_None) continue;
+    args = res->kind() == Var::Kind::Tuple ? res->seq() : std::vector<VarPtr>{res};
   }
   VarPtr out = call_module_body(mod, args, kwargs);
   for (const VarPtr& hook : post_hooks) {
     VarPtr res = call(hook, {mod, Var::tuple(args), out}, {});
-    if (!(res->is_const() && res->obj == Py_None)) out = res;
+    if (!(res->is_const() && res->known() == Py_None)) out = res;
   }
   return out;
 }
 
 VarPtr Interpreter::call_module_body(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
-  PyObject* forward = forward_of(mod->obj);
+  PyObject* forward = forward_of(mod->obj());
   const auto& rules = ModuleRules::table();
   if (auto it = rules.find(forward); forward && it != rules.end()) {
     // The class is torch's own, or keeps its forward: the rule reads what that forward reads.
@@ -342,7 +342,7 @@ VarPtr Interpreter::call_module_body(VarPtr mod, std::vector<VarPtr> args, const
     return it->second(*this, mod, args, kwargs);
   }
   if (!forward || !PyFunction_Check(forward))
-    unsupported(std::string("module ") + Py_TYPE(mod->obj)->tp_name + " has no Python forward");
+    unsupported(std::string("module ") + Py_TYPE(mod->obj())->tp_name + " has no Python forward");
   keep_.push_back(Py_NewRef(forward));
   // Any other module (torch.nn's own without a rule included): its forward inlined with the
   // module as self; the torch functions it calls become ops or extern calls.

@@ -35,22 +35,23 @@ VarPtr Interpreter::make_function(const VarPtr& code, const VarPtr& defaults, co
   if (!PyCode_Check(co)) unsupported("MAKE_FUNCTION without a code object");
   PyObject* f = PyFunction_New(co, globals_);
   if (!f) real(nullptr);
-  VarPtr fv = Var::steal_constant(f);
-  fv->kind = Var::Kind::Function;
+  VarPtr fv = std::make_shared<Var>(FunctionV{f});
+  FunctionV& fd = fv->as<FunctionV>();
   if (defaults && PyFunction_SetDefaults(f, const_obj(defaults, "default argument")) < 0) real(nullptr);
   if (kwdefaults && PyFunction_SetKwDefaults(f, const_obj(kwdefaults, "keyword default")) < 0) real(nullptr);
-  fv->rebuildable = true;
+  fd.rebuildable = true;
   if (closure) {
-    if (closure->kind != Var::Kind::Tuple) unsupported("malformed closure");
-    PyObject* cells = PyTuple_New(static_cast<Py_ssize_t>(closure->items.size()));
-    for (size_t i = 0; i < closure->items.size(); ++i) {
-      const VarPtr& c = closure->items[i];
-      if (c->kind != Var::Kind::Cell) unsupported("malformed closure cell");
-      fv->items.push_back(c);
-      const VarPtr& content = c->items[0];
-      bool constant = content && (content->is_const() || content->kind == Var::Kind::Module);
-      if (!constant) fv->rebuildable = false;
-      PyTuple_SET_ITEM(cells, i, PyCell_New(constant ? content->obj : nullptr));
+    if (closure->kind() != Var::Kind::Tuple) unsupported("malformed closure");
+    const auto& items = closure->seq();
+    PyObject* cells = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
+    for (size_t i = 0; i < items.size(); ++i) {
+      const VarPtr& c = items[i];
+      if (c->kind() != Var::Kind::Cell) unsupported("malformed closure cell");
+      fd.cells.push_back(c);
+      const VarPtr& content = c->as<CellV>().content;
+      bool constant = content && (content->is_const() || content->kind() == Var::Kind::Module);
+      if (!constant) fd.rebuildable = false;
+      PyTuple_SET_ITEM(cells, i, PyCell_New(constant ? content->obj() : nullptr));
     }
     int rc = PyFunction_SetClosure(f, cells);
     Py_DECREF(cells);
@@ -79,39 +80,39 @@ VarPtr Interpreter::make_super(const std::vector<VarPtr>& args) {
   } else {
     unsupported("super() with one argument");
   }
-  if (!cls || !self || !(self->kind == Var::Kind::Module || self->is_const())) unsupported("super() of this receiver");
-  VarPtr v = real(PyObject_CallFunctionObjArgs(builtin("super"), cls, self->obj, nullptr));
-  v->self = self;
+  if (!cls || !self || !(self->kind() == Var::Kind::Module || self->is_const())) unsupported("super() of this receiver");
+  VarPtr v = real(PyObject_CallFunctionObjArgs(builtin("super"), cls, self->obj(), nullptr));
+  v->as<ConstV>().super_self = self;
   return v;
 }
 
 VarPtr Interpreter::super_attr(const VarPtr& sup, const std::string& name) {
-  PyObject* a = PyObject_GetAttrString(sup->obj, name.c_str());
+  PyObject* a = PyObject_GetAttrString(sup->obj(), name.c_str());
   if (!a) return real(nullptr);
   if (PyMethod_Check(a) && PyFunction_Check(PyMethod_GET_FUNCTION(a))) {
-    VarPtr m = Var::method(sup->self, name);
-    m->obj = Py_NewRef(PyMethod_GET_FUNCTION(a));
+    VarPtr m = Var::method(sup->as<ConstV>().super_self, name, PyMethod_GET_FUNCTION(a));
     Py_DECREF(a);
     return m;
   }
-  if (PyCFunction_Check(a) && PyCFunction_GET_SELF(a) == sup->self->obj && PyDict_Check(sup->self->obj) &&
+  const VarPtr& self = sup->as<ConstV>().super_self;
+  if (PyCFunction_Check(a) && PyCFunction_GET_SELF(a) == self->obj() && PyDict_Check(self->obj()) &&
       (name == "get" || name == "keys" || name == "items" || name == "values")) {
     // super().get(k) in a dict subclass: dict's own read of the entries, guarded like any read
     Py_DECREF(a);
-    return Var::method(sup->self, name);
+    return Var::method(self, name);
   }
   return Var::steal_constant(a);
 }
 
 VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
-  if ((base->is_const() || base->kind == Var::Kind::Module) && base->obj)
-    if (const AttrStore* st = logged_attr(base->obj, name)) {
+  if ((base->is_const() || base->kind() == Var::Kind::Module) && base->obj())
+    if (const AttrStore* st = logged_attr(base->obj(), name)) {
       if (!st->value) unsupported("read of attribute " + name + " deleted during capture: AttributeError");
       return st->value;
     }
-  if (base->is_const() && base->self && PyObject_TypeCheck(base->obj, &PySuper_Type)) return super_attr(base, name);
+  if (base->is_const() && base->as<ConstV>().super_self && PyObject_TypeCheck(base->obj(), &PySuper_Type)) return super_attr(base, name);
   if (base->is_tensor()) {
-    const ir::TensorMeta& m = base->node->meta;
+    const ir::TensorMeta& m = base->node()->meta;
     if (name == "shape") return shape_tuple(m);
     if (name == "dtype") return Var::constant(torch_dtype_object(m.dtype));
     if (name == "device") return Var::constant(torch_device_object(m.device));
@@ -127,9 +128,9 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
       }
       ir::Attrs a;
       a.set("dims", perm);
-      return Var::tensor(add_node("permute", {base->node}, a));
+      return Var::tensor(add_node("permute", {base->node()}, a));
     }
-    if (name == "requires_grad") return Var::constant(root()->needs_grad_.count(base->node) ? Py_True : Py_False);
+    if (name == "requires_grad") return Var::constant(root()->needs_grad_.count(base->node()) ? Py_True : Py_False);
     // kiln's tensors are dense, strided, plain: the layout flags models test
     if (name == "is_nested" || name == "is_sparse" || name == "is_quantized" || name == "is_meta" ||
         name == "is_mkldnn" || name == "is_complex_" )
@@ -137,45 +138,45 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
     if (name == "layout") return Var::constant(resolve_torch("strided"));
     return Var::method(base, name);
   }
-  if (base->kind == Var::Kind::Module) return module_attr(base, name.c_str());
-  if (base->kind == Var::Kind::Record) return record_attr(base, name);
-  if (base->is_const() && PyDict_CheckExact(base->obj) &&
+  if (base->kind() == Var::Kind::Module) return module_attr(base, name.c_str());
+  if (base->kind() == Var::Kind::Record) return record_attr(base, name);
+  if (base->is_const() && PyDict_CheckExact(base->obj()) &&
       (name == "items" || name == "keys" || name == "values" || name == "get" || name == "copy"))
     return Var::method(base, name);  // entries read through dict_entries, guarded
   if (base->is_const()) {
-    PyObject* v = PyObject_GetAttrString(base->obj, name.c_str());
+    PyObject* v = PyObject_GetAttrString(base->obj(), name.c_str());
     if (!v) return real(nullptr);
     // Attributes of Python modules (torch.sin) are stable; other objects' are guarded, and so
     // are a module's mutable containers (a registry list someone may append to).
     bool container = PyList_Check(v) || PyDict_Check(v) || PyAnySet_Check(v);
-    if (base->source && (!PyModule_Check(base->obj) || container)) {
+    if (base->source && (!PyModule_Check(base->obj()) || container)) {
       VarPtr r = wrap(v, Source::attr(base->source, name));
       Py_DECREF(v);
       return r;
     }
     return Var::steal_constant(v);
   }
-  if (base->kind == Var::Kind::Tuple && base->obj) {  // a structseq: its fields by name
-    PyObject* fields = PyObject_GetAttrString(base->obj, "__match_args__");
+  if (auto* t = base->get_if<TupleV>(); t && t->structseq) {  // a structseq: its fields by name
+    PyObject* fields = PyObject_GetAttrString(t->structseq, "__match_args__");
     if (!fields) clear_error();
     for (Py_ssize_t i = 0; fields && PyTuple_Check(fields) && i < PyTuple_GET_SIZE(fields); ++i)
       if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(fields, i), name.c_str()) == 0 &&
-          static_cast<size_t>(i) < base->items.size()) {
+          static_cast<size_t>(i) < t->items.size()) {
         Py_DECREF(fields);
-        return base->items[i];
+        return t->items[i];
       }
     Py_XDECREF(fields);
   }
-  if (base->kind == Var::Kind::Tuple || base->kind == Var::Kind::List || base->kind == Var::Kind::Dict)
+  if (base->kind() == Var::Kind::Tuple || base->kind() == Var::Kind::List || base->kind() == Var::Kind::Dict)
     return Var::method(base, name);
   unsupported("attribute " + name + " of a value");
 }
 
 VarPtr Interpreter::index_tensor(const VarPtr& base, const VarPtr& index) {
-  std::vector<VarPtr> parts = index->kind == Var::Kind::Tuple ? index->items : std::vector<VarPtr>{index};
-  if (index->is_const() && PyTuple_Check(index->obj)) {
+  std::vector<VarPtr> parts = index->kind() == Var::Kind::Tuple ? index->seq() : std::vector<VarPtr>{index};
+  if (index->is_const() && PyTuple_Check(index->obj())) {
     parts.clear();
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(index->obj); ++i) parts.push_back(Var::constant(PyTuple_GET_ITEM(index->obj, i)));
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(index->obj()); ++i) parts.push_back(Var::constant(PyTuple_GET_ITEM(index->obj(), i)));
   }
   int64_t consumed = 0;
   for (const VarPtr& p : parts) {
@@ -184,20 +185,20 @@ VarPtr Interpreter::index_tensor(const VarPtr& base, const VarPtr& index) {
       static PyObject* getitem = PyObject_GetAttrString(resolve_torch("Tensor"), "__getitem__");
       return torch_extern(getitem, "Tensor.__getitem__", {base, index}, {});
     }
-    PyObject* o = p->obj;
+    PyObject* o = p->obj();
     if (o == Py_None || o == Py_Ellipsis) continue;
     if (PyBool_Check(o) || !(PyLong_Check(o) || PySlice_Check(o)))
       unsupported("indexing a tensor with a " + std::string(Py_TYPE(o)->tp_name) + " is not captured yet");
     ++consumed;
   }
-  ir::Node* x = base->node;
+  ir::Node* x = base->node();
   const int64_t rank = x->meta.dim();
   if (consumed > rank)
     unsupported("shape/dtype check of index failed: IndexError: too many indices for tensor of dimension " + std::to_string(rank));
   int64_t dim = 0;
   bool seen_ellipsis = false;
   for (const VarPtr& p : parts) {
-    PyObject* o = p->obj;
+    PyObject* o = p->obj();
     if (o == Py_Ellipsis) {
       if (seen_ellipsis) unsupported("an index can only have a single ellipsis");
       seen_ellipsis = true;
@@ -227,7 +228,7 @@ VarPtr Interpreter::index_tensor(const VarPtr& base, const VarPtr& index) {
       ++dim;
     }
   }
-  if (x == base->node) x = add_node("alias", {x});  // eager's x[:] is a view, not x itself
+  if (x == base->node()) x = add_node("alias", {x});  // eager's x[:] is a view, not x itself
   return Var::tensor(x);
 }
 

@@ -32,7 +32,7 @@ int Interpreter::op_make_cell(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_load_closure(const Instr& in, const CodeInfo& ci) {
   VarPtr& slot = locals_.at(in.arg);
   if (!slot) slot = Var::cell(read_free_var(in));  // a free variable passed on to an inner function
-  if (slot->kind != Var::Kind::Cell) slot = Var::cell(slot);
+  if (slot->kind() != Var::Kind::Cell) slot = Var::cell(slot);
   push(slot);
   return -1;
 }
@@ -58,7 +58,7 @@ int Interpreter::op_load_deref(const Instr& in, const CodeInfo& ci) {
   // read (and guarded) on first use.
   VarPtr& slot = locals_.at(in.arg);
   if (!slot) slot = read_free_var(in);
-  VarPtr v = slot->kind == Var::Kind::Cell ? slot->items[0] : slot;
+  VarPtr v = slot->kind() == Var::Kind::Cell ? slot->as<CellV>().content : slot;
   if (!v) unsupported("read of an empty closure cell");
   push(v);
   return -1;
@@ -66,9 +66,9 @@ int Interpreter::op_load_deref(const Instr& in, const CodeInfo& ci) {
 
 int Interpreter::op_store_deref(const Instr& in, const CodeInfo& ci) {
   VarPtr& slot = locals_.at(in.arg);
-  if (slot && slot->kind == Var::Kind::Cell) {
+  if (slot && slot->kind() == Var::Kind::Cell) {
     if (!is_own_cell(in.arg) && !parent_) unsupported("assignment to a closure variable (nonlocal)");
-    slot->items[0] = pop();
+    slot->as<CellV>().content = pop();
     return -1;
   }
   if (!is_own_cell(in.arg)) unsupported("assignment to a closure variable (nonlocal)");
@@ -104,7 +104,7 @@ int Interpreter::op_yield_value(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_before_with(const Instr& in, const CodeInfo& ci) {
   VarPtr ctx = pop();
   ModeChange m;
-  if (ctx->kind == Var::Kind::Context) m = *ctx->mode;
+  if (ctx->kind() == Var::Kind::Context) m = *ctx->as<ContextV>().mode;
   else if (ctx->is_const()) m = modes_of_object(const_obj(ctx, "context manager"));
   else unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/autocast/nullcontext");
   push(Var::context(enter_modes(m), Var::Kind::ContextExit));  // its __exit__ restores the modes before
@@ -153,7 +153,7 @@ int Interpreter::op_jump_if_true_or_pop(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_unpack_ex(const Instr& in, const CodeInfo& ci) {
   int before = in.arg & 0xff, after = in.arg >> 8;
   VarPtr seq = pop();
-  std::vector<VarPtr> items = seq->kind == Var::Kind::Tuple || seq->kind == Var::Kind::List ? seq->items : items_of(seq);
+  std::vector<VarPtr> items = seq->kind() == Var::Kind::Tuple || seq->kind() == Var::Kind::List ? seq->seq() : items_of(seq);
   if (static_cast<int>(items.size()) < before + after) unsupported("not enough values to unpack");
   std::vector<VarPtr> out(items.begin(), items.begin() + before);
   out.push_back(Var::tuple(std::vector<VarPtr>(items.begin() + before, items.end() - after), true));
@@ -184,14 +184,14 @@ int Interpreter::op_build_set(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_set_add(const Instr& in, const CodeInfo& ci) {
   VarPtr v = pop();
   VarPtr& set = peek(in.arg);
-  if (!set->is_const() || !PySet_Check(set->obj) || set->source) unsupported("update of a set the caller can see");
+  if (!set->is_const() || !PySet_Check(set->obj()) || set->source) unsupported("update of a set the caller can see");
   int rc;
   if (in.op == OP_SET_ADD) {
-    rc = PySet_Add(set->obj, const_obj(v, "set item"));
+    rc = PySet_Add(set->obj(), const_obj(v, "set item"));
   } else {
     rc = 0;
     for (const VarPtr& x : items_of(v))
-      if (PySet_Add(set->obj, const_obj(x, "set item")) < 0) rc = -1;
+      if (PySet_Add(set->obj(), const_obj(x, "set item")) < 0) rc = -1;
   }
   if (rc < 0) real(nullptr);
   return -1;
@@ -200,7 +200,7 @@ int Interpreter::op_set_add(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_map_add(const Instr& in, const CodeInfo& ci) {
   VarPtr value = pop(), key = pop();
   VarPtr& d = peek(in.arg);
-  if (d->kind != Var::Kind::Dict) unsupported("dict comprehension into a non-dict");
+  if (d->kind() != Var::Kind::Dict) unsupported("dict comprehension into a non-dict");
   dict_set(d, const_obj(key, "dict key"), value);
   return -1;
 }
@@ -251,19 +251,21 @@ int Interpreter::op_store_slice(const Instr& in, const CodeInfo& ci) {
 
 int Interpreter::op_delete_subscr(const Instr& in, const CodeInfo& ci) {
   VarPtr key = pop(), container = pop();
-  if (container->kind == Var::Kind::Dict && !container->source) {
+  if (container->kind() == Var::Kind::Dict && !container->source) {
     Py_ssize_t i = dict_find(container, const_obj(key, "dict key"));
     if (i < 0) unsupported("KeyError in del");
-    Py_DECREF(container->keys[i]);
-    container->keys.erase(container->keys.begin() + i);
-    container->items.erase(container->items.begin() + i);
+    Entries& e = container->entries();
+    Py_DECREF(e.keys[i]);
+    e.keys.erase(e.keys.begin() + i);
+    e.values.erase(e.values.begin() + i);
     return -1;
   }
-  if (container->kind == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj)) {
-    Py_ssize_t n = static_cast<Py_ssize_t>(container->items.size()), i = PyLong_AsSsize_t(key->obj);
+  if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj())) {
+    auto& items = container->seq();
+    Py_ssize_t n = static_cast<Py_ssize_t>(items.size()), i = PyLong_AsSsize_t(key->obj());
     if (i < 0) i += n;
     if (i < 0 || i >= n) unsupported("list index out of range in del");
-    container->items.erase(container->items.begin() + i);
+    items.erase(items.begin() + i);
     return -1;
   }
   unsupported("del of an item of an object the caller can see");
@@ -331,7 +333,7 @@ int Interpreter::op_call(const Instr& in, const CodeInfo& ci) {
   for (int i = argc - 1; i >= 0; --i) args[i] = pop();
   VarPtr second = pop(), first = pop();
   VarPtr fn;
-  if (first->kind == Var::Kind::Null) fn = second;
+  if (first->kind() == Var::Kind::Null) fn = second;
   else {
     fn = first;
     args.insert(args.begin(), second);
@@ -379,7 +381,7 @@ int Interpreter::op_build_const_key_map(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_dict_merge(const Instr& in, const CodeInfo& ci) {
   VarPtr update = pop();
   VarPtr& target = peek(in.arg);
-  if (target->kind != Var::Kind::Dict || !is_dict(update)) unsupported("dict merge of a non-dict");
+  if (target->kind() != Var::Kind::Dict || !is_dict(update)) unsupported("dict merge of a non-dict");
   for (auto& [k, v] : dict_entries(update)) {
     if (in.op == OP_DICT_MERGE && dict_find(target, k) >= 0) unsupported("got multiple values for a keyword argument");
     dict_set(target, k, v);
@@ -400,8 +402,8 @@ int Interpreter::op_call_function_ex(const Instr& in, const CodeInfo& ci) {
   }
   VarPtr seq = pop();
   std::vector<VarPtr> args;
-  if (seq->kind == Var::Kind::Tuple || seq->kind == Var::Kind::List) {
-    args = seq->items;
+  if (seq->kind() == Var::Kind::Tuple || seq->kind() == Var::Kind::List) {
+    args = seq->seq();
   } else {
     PyObject* fast = PySequence_Fast(const_obj(seq, "*args"), "not a sequence");
     if (!fast) real(nullptr);
@@ -410,7 +412,7 @@ int Interpreter::op_call_function_ex(const Instr& in, const CodeInfo& ci) {
     Py_DECREF(fast);
   }
   VarPtr fn = pop();
-  if (!stack_.empty() && stack_.back()->kind == Var::Kind::Null) pop();
+  if (!stack_.empty() && stack_.back()->kind() == Var::Kind::Null) pop();
   push(call(fn, std::move(args), std::move(kwargs)));
   return -1;
 }
@@ -434,9 +436,9 @@ int Interpreter::op_is_op(const Instr& in, const CodeInfo& ci) {
   if (a->is_const() && b->is_const()) {
     // An object guarded by its structure is not None, nor any object of another type; is it
     // this other object of its own type? Only identity can say: both are pinned.
-    if ((structural(a) || structural(b)) && Py_TYPE(a->obj) == Py_TYPE(b->obj)) const_obj(a, "operand"), const_obj(b, "operand");
-    same = a->obj == b->obj;
-  } else if (a->is_tensor() && b->is_tensor()) same = a->node == b->node;
+    if ((structural(a) || structural(b)) && Py_TYPE(a->obj()) == Py_TYPE(b->obj())) const_obj(a, "operand"), const_obj(b, "operand");
+    same = a->known() == b->obj();
+  } else if (a->is_tensor() && b->is_tensor()) same = a->node() == b->node();
   else same = false;  // a tensor is never None, a module never a number
   push(Var::constant((same != (in.arg == 1)) ? Py_True : Py_False));
   return -1;
@@ -444,21 +446,21 @@ int Interpreter::op_is_op(const Instr& in, const CodeInfo& ci) {
 
 int Interpreter::op_contains_op(const Instr& in, const CodeInfo& ci) {
   VarPtr b = pop(), a = pop();
-  if (b->kind == Var::Kind::Module) {
+  if (b->kind() == Var::Kind::Module) {
     std::vector<std::string> keys = module_keys(b);
-    std::string k = PyUnicode_Check(const_obj(a, "key")) ? PyUnicode_AsUTF8(a->obj) : "";
+    std::string k = PyUnicode_Check(const_obj(a, "key")) ? PyUnicode_AsUTF8(a->obj()) : "";
     bool found = std::find(keys.begin(), keys.end(), k) != keys.end();
     push(Var::constant((found != (in.arg == 1)) ? Py_True : Py_False));
     return -1;
   }
-  if (b->kind == Var::Kind::Dict || b->kind == Var::Kind::Tuple || b->kind == Var::Kind::List) {
+  if (b->kind() == Var::Kind::Dict || b->kind() == Var::Kind::Tuple || b->kind() == Var::Kind::List) {
     bool found = false;
-    if (b->kind == Var::Kind::Dict) {
+    if (b->kind() == Var::Kind::Dict) {
       found = dict_find(b, const_obj(a, "key")) >= 0;
     } else {
-      for (const VarPtr& x : b->items) {
+      for (const VarPtr& x : b->seq()) {
         if (x->is_tensor() || a->is_tensor()) {
-          if (x->is_tensor() && a->is_tensor() && x->node == a->node) found = true;
+          if (x->is_tensor() && a->is_tensor() && x->node() == a->node()) found = true;
           else if (x->is_tensor() != a->is_tensor()) continue;
           else unsupported("`in` comparing tensors by value");
         } else {
@@ -479,7 +481,7 @@ int Interpreter::op_contains_op(const Instr& in, const CodeInfo& ci) {
 
 int Interpreter::op_unary_negative(const Instr& in, const CodeInfo& ci) {
   VarPtr a = pop();
-  if (a->is_tensor()) push(Var::tensor(add_node("neg", {a->node})));
+  if (a->is_tensor()) push(Var::tensor(add_node("neg", {a->node()})));
   else push(real(PyNumber_Negative(const_obj(a, "operand"))));
   return -1;
 }
@@ -497,8 +499,8 @@ int Interpreter::op_unary_not(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_unary_invert(const Instr& in, const CodeInfo& ci) {
   VarPtr a = pop();
   if (a->is_tensor()) {
-    if (a->node->meta.dtype != DType::Bool) unsupported("bitwise not of an integer tensor");
-    push(Var::tensor(add_node("logical_not", {a->node})));
+    if (a->node()->meta.dtype != DType::Bool) unsupported("bitwise not of an integer tensor");
+    push(Var::tensor(add_node("logical_not", {a->node()})));
   } else {
     push(real(PyNumber_Invert(const_obj(a, "operand"))));
   }
@@ -513,7 +515,7 @@ int Interpreter::op_call_intrinsic_1(const Instr& in, const CodeInfo& ci) {
   }
   if (n == "INTRINSIC_LIST_TO_TUPLE") {
     VarPtr a = pop();
-    push(Var::tuple(a->items));
+    push(Var::tuple(a->seq()));
     return -1;
   }
   unsupported("intrinsic " + n);
@@ -529,14 +531,14 @@ int Interpreter::op_build_tuple(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_list_extend(const Instr& in, const CodeInfo& ci) {
   VarPtr seq = pop();
   VarPtr& list = peek(in.arg);
-  if (seq->kind == Var::Kind::Tuple || seq->kind == Var::Kind::List) {
-    for (auto& x : seq->items) list->items.push_back(x);
+  if (seq->kind() == Var::Kind::Tuple || seq->kind() == Var::Kind::List) {
+    for (auto& x : seq->seq()) list->seq().push_back(x);
   } else {
     PyObject* o = const_obj(seq, "sequence");
     PyObject* fast = PySequence_Fast(o, "not a sequence");
     if (!fast) real(nullptr);
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i)
-      list->items.push_back(Var::constant(PySequence_Fast_GET_ITEM(fast, i)));
+      list->seq().push_back(Var::constant(PySequence_Fast_GET_ITEM(fast, i)));
     Py_DECREF(fast);
   }
   return -1;
@@ -544,28 +546,28 @@ int Interpreter::op_list_extend(const Instr& in, const CodeInfo& ci) {
 
 int Interpreter::op_list_append(const Instr& in, const CodeInfo& ci) {
   VarPtr v = pop();
-  peek(in.arg)->items.push_back(v);
+  peek(in.arg)->seq().push_back(v);
   return -1;
 }
 
 int Interpreter::op_list_to_tuple(const Instr& in, const CodeInfo& ci) {
   VarPtr a = pop();
-  push(Var::tuple(a->items));
+  push(Var::tuple(a->seq()));
   return -1;
 }
 
 int Interpreter::op_unpack_sequence(const Instr& in, const CodeInfo& ci) {
   VarPtr seq = pop();
   std::vector<VarPtr> items;
-  if (seq->kind == Var::Kind::Tuple || seq->kind == Var::Kind::List) {
-    items = seq->items;
+  if (seq->kind() == Var::Kind::Tuple || seq->kind() == Var::Kind::List) {
+    items = seq->seq();
   } else if (seq->is_const()) {
-    PyObject* fast = PySequence_Fast(seq->obj, "cannot unpack");
+    PyObject* fast = PySequence_Fast(seq->obj(), "cannot unpack");
     if (!fast) real(nullptr);
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i)
       items.push_back(Var::constant(PySequence_Fast_GET_ITEM(fast, i)));
     Py_DECREF(fast);
-  } else if (seq->kind == Var::Kind::Iterator || seq->kind == Var::Kind::Dict) {
+  } else if (seq->kind() == Var::Kind::Iterator || seq->kind() == Var::Kind::Dict) {
     items = items_of(seq);
   } else {
     unsupported("unpacking a tensor is not captured yet");
@@ -622,33 +624,32 @@ int Interpreter::op_pop_jump_if_true(const Instr& in, const CodeInfo& ci) {
 
 int Interpreter::op_pop_jump_if_none(const Instr& in, const CodeInfo& ci) {
   VarPtr v = pop();
-  return (v->is_const() && v->obj == Py_None) ? in.jump_target : -1;
+  return (v->is_const() && v->known() == Py_None) ? in.jump_target : -1;
 }
 
 int Interpreter::op_pop_jump_if_not_none(const Instr& in, const CodeInfo& ci) {
   VarPtr v = pop();
-  return (v->is_const() && v->obj == Py_None) ? -1 : in.jump_target;
+  return (v->is_const() && v->known() == Py_None) ? -1 : in.jump_target;
 }
 
 int Interpreter::op_get_iter(const Instr& in, const CodeInfo& ci) {
   // Loops over values known at capture time unroll: the iterator is a list of trackers.
   VarPtr seq = pop();
-  VarPtr it = Var::tuple(items_of(seq));
-  it->kind = Var::Kind::Iterator;
-  push(it);
+  push(Var::iterator(items_of(seq)));
   return -1;
 }
 
 int Interpreter::op_for_iter(const Instr& in, const CodeInfo& ci) {
   VarPtr& it = peek(1);
-  if (it->kind != Var::Kind::Iterator) unsupported("FOR_ITER over an unknown iterator");
-  if (it->items.empty()) {
+  if (it->kind() != Var::Kind::Iterator) unsupported("FOR_ITER over an unknown iterator");
+  auto& left = it->as<IteratorV>().items;
+  if (left.empty()) {
     pop();
     // 3.12 jumps to END_FOR and skips it; 3.11 jumps past the loop directly.
     return PY_VERSION_HEX >= 0x030C0000 ? in.jump_target + 2 : in.jump_target;
   }
-  VarPtr next = it->items.front();
-  it->items.erase(it->items.begin());
+  VarPtr next = left.front();
+  left.erase(left.begin());
   push(next);
   return -1;
 }

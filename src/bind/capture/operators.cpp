@@ -7,7 +7,7 @@
 namespace kiln::bind::detail {
 
 void Interpreter::check_inplace_target(const VarPtr& a, const std::string& what) {
-  const ir::Node* n = a->node;
+  const ir::Node* n = a->node();
   if (n->op_name() == "placeholder") unsupported("in-place " + what + " on an input mutates the caller's tensor: not captured yet");
   if (n->op->aliases() || n->attrs.get_bool("view")) unsupported("in-place " + what + " on a view: not captured yet");
   for (const ir::Node* u : n->users)
@@ -15,7 +15,7 @@ void Interpreter::check_inplace_target(const VarPtr& a, const std::string& what)
 }
 
 VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
-  if (result->meta.dtype != a->node->meta.dtype || result->meta.sizes != a->node->meta.sizes) {
+  if (result->meta.dtype != a->node()->meta.dtype || result->meta.sizes != a->node()->meta.sizes) {
     // torch keeps the tensor's dtype and shape in place: a result that changes either is an error
     // there (or a cast), which eager reports.
     unsupported("in-place result of another dtype or shape");
@@ -23,8 +23,8 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
   // The node computes the update out of place; which node it updates is kept for backends that
   // run torch's ops (the eager backend writes the result into the old tensor, as torch's
   // in-place op leaves the tensor's layout).
-  if (result != a->node) result->attrs.set("inplace_of", static_cast<int64_t>(a->node->id));
-  a->node = result;
+  if (result != a->node()) result->attrs.set("inplace_of", static_cast<int64_t>(a->node()->id));
+  a->node() = result;
   return a;
 }
 
@@ -39,7 +39,7 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
     if (base == "AND" || base == "OR" || base == "XOR") {
       // On bool tensors (masks) the logical ops; on integers torch's bitwise kernels, extern.
       auto is_bool = [](const VarPtr& v) {
-        return v->is_tensor() ? v->node->meta.dtype == DType::Bool : v->is_const() && PyBool_Check(v->obj);
+        return v->is_tensor() ? v->node()->meta.dtype == DType::Bool : v->is_const() && PyBool_Check(v->obj());
       };
       if (is_bool(a) && is_bool(b)) {
         const char* op = base == "AND" ? "logical_and" : base == "OR" ? "logical_or" : "ne";
@@ -53,31 +53,31 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
     }
     auto it = ops.find(base);
     if (it == ops.end()) unsupported("operator " + base + " on tensors is not captured yet");
-    if (a->kind == Var::Kind::Tuple || b->kind == Var::Kind::Tuple) unsupported("tensor operator with a tuple");
+    if (a->kind() == Var::Kind::Tuple || b->kind() == Var::Kind::Tuple) unsupported("tensor operator with a tuple");
     ir::Node* r = add_node(it->second, {as_node(a, "operand"), as_node(b, "operand")});
     if (inplace && a->is_tensor()) return mutate(a, r);
     return Var::tensor(r);
   }
-  const bool seq_a = a->kind == Var::Kind::Tuple || a->kind == Var::Kind::List;
-  const bool seq_b = b->kind == Var::Kind::Tuple || b->kind == Var::Kind::List;
+  const bool seq_a = a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List;
+  const bool seq_b = b->kind() == Var::Kind::Tuple || b->kind() == Var::Kind::List;
   if ((seq_a || seq_b) && !(a->is_const() && b->is_const())) {
-    if (base == "ADD" && a->kind == b->kind) {  // (x,) + rest, [a] + [b]
-      if (inplace && a->kind == Var::Kind::List) {
+    if (base == "ADD" && a->kind() == b->kind()) {  // (x,) + rest, [a] + [b]
+      if (inplace && a->kind() == Var::Kind::List) {
         if (a->source) unsupported("+= on a list the caller can see");
-        for (const VarPtr& x : b->items) a->items.push_back(x);
+        for (const VarPtr& x : b->seq()) a->seq().push_back(x);
         return a;
       }
-      std::vector<VarPtr> items = a->items;
-      items.insert(items.end(), b->items.begin(), b->items.end());
-      return Var::tuple(std::move(items), a->kind == Var::Kind::List);
+      std::vector<VarPtr> items = a->seq();
+      items.insert(items.end(), b->seq().begin(), b->seq().end());
+      return Var::tuple(std::move(items), a->kind() == Var::Kind::List);
     }
     if (base == "MULTIPLY" && (seq_a != seq_b)) {  // [x] * 3
       const VarPtr& seq = seq_a ? a : b;
       PyObject* n = const_obj(seq_a ? b : a, "repeat count");
       if (!PyLong_Check(n)) unsupported("sequence repeated by a non-integer");
       std::vector<VarPtr> items;
-      for (long k = 0; k < PyLong_AsLong(n); ++k) items.insert(items.end(), seq->items.begin(), seq->items.end());
-      return Var::tuple(std::move(items), seq->kind == Var::Kind::List);
+      for (long k = 0; k < PyLong_AsLong(n); ++k) items.insert(items.end(), seq->seq().begin(), seq->seq().end());
+      return Var::tuple(std::move(items), seq->kind() == Var::Kind::List);
     }
   }
   static const std::unordered_map<std::string, binaryfunc> py = {
@@ -105,65 +105,66 @@ VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
 
 VarPtr Interpreter::positive(const VarPtr& a) {
   if (!a->is_tensor()) return real(PyNumber_Positive(const_obj(a, "operand")));
-  if (a->node->meta.dtype == DType::Bool)
+  if (a->node()->meta.dtype == DType::Bool)
     unsupported("shape/dtype check of positive failed: NotImplementedError: The `+` operator, on a bool tensor is not supported.");
   return a;  // +x is x itself in eager too
 }
 
 bool Interpreter::truth(const VarPtr& v) {
   if (v->is_tensor()) unsupported("data-dependent branch on a tensor value");
-  if (v->kind == Var::Kind::Tuple || v->kind == Var::Kind::List || v->kind == Var::Kind::Dict) return !v->items.empty();
-  if (v->kind == Var::Kind::Module || v->kind == Var::Kind::Function) return true;
+  if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List || v->kind() == Var::Kind::Dict)
+    return !(v->kind() == Var::Kind::Dict ? v->entries().values.empty() : v->seq().empty());
+  if (v->kind() == Var::Kind::Module || v->kind() == Var::Kind::Function) return true;
   int r = PyObject_IsTrue(const_obj(v, "condition"));
   if (r < 0) real(nullptr);
   return r == 1;
 }
 
 VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
-  if (base->kind == Var::Kind::Tuple || base->kind == Var::Kind::List) {
-    if (index->is_const() && PyLong_Check(index->obj)) {
-      Py_ssize_t i = PyLong_AsSsize_t(index->obj), n = static_cast<Py_ssize_t>(base->items.size());
+  if (base->kind() == Var::Kind::Tuple || base->kind() == Var::Kind::List) {
+    if (index->is_const() && PyLong_Check(index->obj())) {
+      Py_ssize_t i = PyLong_AsSsize_t(index->obj()), n = static_cast<Py_ssize_t>(base->seq().size());
       if (i < 0) i += n;
       if (i < 0 || i >= n) unsupported("index out of range");
-      return base->items[i];
+      return base->seq()[i];
     }
-    if (index->is_const() && PySlice_Check(index->obj)) {
-      Py_ssize_t start, stop, step, n = static_cast<Py_ssize_t>(base->items.size());
-      if (PySlice_Unpack(index->obj, &start, &stop, &step) < 0) real(nullptr);
+    if (index->is_const() && PySlice_Check(index->obj())) {
+      Py_ssize_t start, stop, step, n = static_cast<Py_ssize_t>(base->seq().size());
+      if (PySlice_Unpack(index->obj(), &start, &stop, &step) < 0) real(nullptr);
       Py_ssize_t len = PySlice_AdjustIndices(n, &start, &stop, step);
       std::vector<VarPtr> items;
-      for (Py_ssize_t k = 0; k < len; ++k) items.push_back(base->items[start + k * step]);
-      return Var::tuple(std::move(items), base->kind == Var::Kind::List);
+      for (Py_ssize_t k = 0; k < len; ++k) items.push_back(base->seq()[start + k * step]);
+      return Var::tuple(std::move(items), base->kind() == Var::Kind::List);
     }
     unsupported("subscript of a container with a non-constant index");
   }
-  if (base->kind == Var::Kind::Dict) {
+  if (base->kind() == Var::Kind::Dict) {
     Py_ssize_t i = dict_find(base, const_obj(index, "dict key"));
     if (i < 0) unsupported("KeyError: a key the dict does not have");
-    return base->items[i];
+    return base->entries().values[i];
   }
   if (base->is_tensor()) return index_tensor(base, index);
-  if (base->kind == Var::Kind::Record) return record_subscript(base, index);
-  if (base->kind == Var::Kind::Module && index->is_const() && PyUnicode_Check(index->obj)) {
+  if (base->kind() == Var::Kind::Record) return record_subscript(base, index);
+  if (base->kind() == Var::Kind::Module && index->is_const() && PyUnicode_Check(index->obj())) {
     module_children(base);  // ModuleDict["name"], ParameterDict["name"]
-    return module_attr(base, PyUnicode_AsUTF8(index->obj));
+    return module_attr(base, PyUnicode_AsUTF8(index->obj()));
   }
-  if (base->kind == Var::Kind::Module && index->is_const() && PySlice_Check(index->obj)) {
+  if (base->kind() == Var::Kind::Module && index->is_const() && PySlice_Check(index->obj())) {
     std::vector<std::string> names = module_keys(base);
     Py_ssize_t start, stop, step, n = static_cast<Py_ssize_t>(names.size());
-    if (PySlice_Unpack(index->obj, &start, &stop, &step) < 0) real(nullptr);
+    if (PySlice_Unpack(index->obj(), &start, &stop, &step) < 0) real(nullptr);
     Py_ssize_t len = PySlice_AdjustIndices(n, &start, &stop, step);
     std::vector<VarPtr> items;
     for (Py_ssize_t k = 0; k < len; ++k) items.push_back(module_attr(base, names[start + k * step].c_str()));
     return Var::tuple(std::move(items), true);
   }
-  if (base->kind == Var::Kind::Module) {
+  if (base->kind() == Var::Kind::Module) {
     // self.layers[i] on a ModuleList/Sequential: the child module, guarded like any other.
-    if (!index->is_const() || !PyLong_Check(index->obj)) unsupported("module indexed by a non-integer");
-    Py_ssize_t n = module_children(base), i = PyLong_AsSsize_t(index->obj);
+    if (!index->is_const() || !PyLong_Check(index->obj())) unsupported("module indexed by a non-integer");
+    Py_ssize_t n = module_children(base), i = PyLong_AsSsize_t(index->obj());
     if (i < 0) i += n;
     if (i < 0 || i >= n) unsupported("module index out of range");
-    PyObject* children = PyObject_GetAttrString(base->obj, "_modules");
+    PyObject* children = PyObject_GetAttrString(base->obj(), "_modules");
     PyObject *key, *value;
     Py_ssize_t pos = 0, k = 0;
     std::string name;

@@ -15,7 +15,7 @@ namespace kiln::bind::detail {
 
 namespace {
 
-bool is_none(const VarPtr& v) { return v && v->is_const() && v->obj == Py_None; }
+bool is_none(const VarPtr& v) { return v && v->is_const() && v->known() == Py_None; }
 
 PyObject* dataclass_fields(PyObject* cls) {
   static PyObject* fields = object_at("dataclasses.fields");
@@ -25,12 +25,12 @@ PyObject* dataclass_fields(PyObject* cls) {
 }
 
 Py_ssize_t key_index(const VarPtr& rec, const char* name) {
-  for (size_t i = 0; i < rec->keys.size(); ++i)
-    if (PyUnicode_CompareWithASCIIString(rec->keys[i], name) == 0) return static_cast<Py_ssize_t>(i);
+  for (size_t i = 0; i < rec->as<RecordV>().keys.size(); ++i)
+    if (PyUnicode_CompareWithASCIIString(rec->as<RecordV>().keys[i], name) == 0) return static_cast<Py_ssize_t>(i);
   return -1;
 }
 
-bool is_mapping(const VarPtr& rec) { return PyObject_IsSubclass(rec->obj, reinterpret_cast<PyObject*>(&PyDict_Type)) == 1; }
+bool is_mapping(const VarPtr& rec) { return PyObject_IsSubclass(rec->as<RecordV>().cls, reinterpret_cast<PyObject*>(&PyDict_Type)) == 1; }
 
 }  // namespace
 
@@ -57,8 +57,8 @@ VarPtr Interpreter::make_record(PyObject* cls, const std::vector<VarPtr>& args, 
   Py_XDECREF(all);
   if (initvars) unsupported(std::string("dataclass ") + type->tp_name + " with InitVar or ClassVar fields");
   static PyObject* missing = object_at("dataclasses.MISSING");
-  auto rec = std::make_shared<Var>(Var{Var::Kind::Record});
-  rec->obj = Py_NewRef(cls);
+  auto rec = std::make_shared<Var>(RecordV{});
+  rec->as<RecordV>().cls = Py_NewRef(cls);
   size_t pos = 0;
   std::vector<bool> used(kwargs.size(), false);
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fields); ++i) {
@@ -67,7 +67,7 @@ VarPtr Interpreter::make_record(PyObject* cls, const std::vector<VarPtr>& args, 
     PyObject* in_init = PyObject_GetAttrString(f, "init");
     PyObject* dflt = PyObject_GetAttrString(f, "default");
     PyObject* factory = PyObject_GetAttrString(f, "default_factory");
-    rec->keys.push_back(name);  // owned by the tracker
+    rec->as<RecordV>().keys.push_back(name);  // owned by the tracker
     VarPtr v;
     if (in_init == Py_True) {
       if (pos < args.size()) v = args[pos++];
@@ -85,32 +85,31 @@ VarPtr Interpreter::make_record(PyObject* cls, const std::vector<VarPtr>& args, 
     }
     Py_XDECREF(in_init), Py_XDECREF(dflt), Py_XDECREF(factory);
     if (!v) unsupported(std::string(type->tp_name) + "() missing argument '" + PyUnicode_AsUTF8(name) + "'");
-    rec->items.push_back(v);
+    rec->as<RecordV>().values.push_back(v);
   }
   if (pos < args.size()) unsupported(std::string(type->tp_name) + "() takes too many positional arguments");
   for (size_t k = 0; k < kwargs.size(); ++k)
     if (!used[k]) unsupported(std::string(type->tp_name) + "() got an unexpected keyword argument '" + kwargs[k].first + "'");
   if (mapping && post_init) {
     // ModelOutput.__post_init__: a tensor (or any other field set) means "map the fields as they are"
-    bool others_none = std::all_of(rec->items.begin() + (rec->items.empty() ? 0 : 1), rec->items.end(), is_none);
-    if (rec->items.empty() || (others_none && !rec->items[0]->is_tensor()))
+    bool others_none = std::all_of(rec->as<RecordV>().values.begin() + (rec->as<RecordV>().values.empty() ? 0 : 1), rec->as<RecordV>().values.end(), is_none);
+    if (rec->as<RecordV>().values.empty() || (others_none && !rec->as<RecordV>().values[0]->is_tensor()))
       unsupported(std::string(type->tp_name) + " built from a single non-tensor value");
-    for (size_t i = 0; i < rec->items.size(); ++i)
-      if (!is_none(rec->items[i])) rec->view.push_back(i);
+    for (size_t i = 0; i < rec->as<RecordV>().values.size(); ++i)
+      if (!is_none(rec->as<RecordV>().values[i])) rec->as<RecordV>().view.push_back(i);
   }
   return rec;
 }
 
 VarPtr Interpreter::record_attr(const VarPtr& rec, const std::string& name) {
   Py_ssize_t i = key_index(rec, name.c_str());
-  if (i >= 0) return rec->items[i];
-  if (name == "__class__") return Var::constant(rec->obj);
-  PyObject* a = PyObject_GetAttrString(rec->obj, name.c_str());
+  if (i >= 0) return rec->as<RecordV>().values[i];
+  if (name == "__class__") return Var::constant(rec->as<RecordV>().cls);
+  PyObject* a = PyObject_GetAttrString(rec->as<RecordV>().cls, name.c_str());
   if (!a) real(nullptr);
   if (PyFunction_Check(a) || PyCFunction_Check(a) || Py_TYPE(a) == &PyMethodDescr_Type ||
       Py_TYPE(a) == &PyWrapperDescr_Type) {
-    VarPtr m = Var::method(rec, name);
-    if (PyFunction_Check(a)) m->obj = Py_NewRef(a);
+    VarPtr m = Var::method(rec, name, PyFunction_Check(a) ? a : nullptr);
     Py_DECREF(a);
     return m;
   }
@@ -126,26 +125,26 @@ void Interpreter::record_store(const VarPtr& rec, PyObject* name, VarPtr value, 
   if (item && !mapping) unsupported("item assignment into a dataclass instance that is not a dict");
   if (!PyUnicode_Check(name)) unsupported("a dataclass mapping key that is not a str");
   Py_ssize_t i = key_index(rec, PyUnicode_AsUTF8(name));
-  PyObject* fields = dataclass_fields(rec->obj);
+  PyObject* fields = dataclass_fields(rec->as<RecordV>().cls);
   const bool field = i >= 0 && fields && i < PyTuple_GET_SIZE(fields);
   Py_XDECREF(fields);
   if (i < 0) {
-    rec->keys.push_back(Py_NewRef(name));
-    rec->items.push_back(value);
-    i = static_cast<Py_ssize_t>(rec->keys.size()) - 1;
+    rec->as<RecordV>().keys.push_back(Py_NewRef(name));
+    rec->as<RecordV>().values.push_back(value);
+    i = static_cast<Py_ssize_t>(rec->as<RecordV>().keys.size()) - 1;
   } else {
-    rec->items[i] = value;
+    rec->as<RecordV>().values[i] = value;
   }
-  const bool mapped = std::find(rec->view.begin(), rec->view.end(), static_cast<size_t>(i)) != rec->view.end();
-  if (mapping && !mapped && (item || (field && !is_none(value)))) rec->view.push_back(static_cast<size_t>(i));
+  const bool mapped = std::find(rec->as<RecordV>().view.begin(), rec->as<RecordV>().view.end(), static_cast<size_t>(i)) != rec->as<RecordV>().view.end();
+  if (mapping && !mapped && (item || (field && !is_none(value)))) rec->as<RecordV>().view.push_back(static_cast<size_t>(i));
 }
 
 VarPtr Interpreter::record_subscript(const VarPtr& rec, const VarPtr& key) {
   if (!is_mapping(rec)) unsupported("subscript of a dataclass instance that is not a dict");
   PyObject* k = const_obj(key, "key");
   if (PyUnicode_Check(k)) {
-    for (size_t i : rec->view)
-      if (PyUnicode_Compare(rec->keys[i], k) == 0) return rec->items[i];
+    for (size_t i : rec->as<RecordV>().view)
+      if (PyUnicode_Compare(rec->as<RecordV>().keys[i], k) == 0) return rec->as<RecordV>().values[i];
     unsupported(std::string("KeyError: '") + PyUnicode_AsUTF8(k) + "'");
   }
   return subscript(call_record_method(rec, "to_tuple", {}, {}), key);
@@ -156,17 +155,17 @@ VarPtr Interpreter::call_record_method(const VarPtr& rec, const std::string& nam
   if (is_mapping(rec) && kwargs.empty()) {
     std::vector<VarPtr> out;
     if ((name == "to_tuple" || name == "values" || name == "keys" || name == "items") && args.empty()) {
-      for (size_t i : rec->view) {
-        VarPtr k = Var::constant(rec->keys[i]);
-        out.push_back(name == "keys" ? k : name == "items" ? Var::tuple({k, rec->items[i]}) : rec->items[i]);
+      for (size_t i : rec->as<RecordV>().view) {
+        VarPtr k = Var::constant(rec->as<RecordV>().keys[i]);
+        out.push_back(name == "keys" ? k : name == "items" ? Var::tuple({k, rec->as<RecordV>().values[i]}) : rec->as<RecordV>().values[i]);
       }
       return Var::tuple(std::move(out), name != "to_tuple");
     }
     if (name == "__getitem__" && args.size() == 1) return record_subscript(rec, args[0]);
     if (name == "get" && (args.size() == 1 || args.size() == 2)) {
       PyObject* k = const_obj(args[0], "key");
-      for (size_t i : rec->view)
-        if (PyObject_RichCompareBool(rec->keys[i], k, Py_EQ) == 1) return rec->items[i];
+      for (size_t i : rec->as<RecordV>().view)
+        if (PyObject_RichCompareBool(rec->as<RecordV>().keys[i], k, Py_EQ) == 1) return rec->as<RecordV>().values[i];
       return args.size() == 2 ? args[1] : Var::constant(Py_None);
     }
     if (name == "__setitem__" && args.size() == 2) {
@@ -174,7 +173,7 @@ VarPtr Interpreter::call_record_method(const VarPtr& rec, const std::string& nam
       return Var::constant(Py_None);
     }
   }
-  PyObject* f = PyObject_GetAttrString(rec->obj, name.c_str());
+  PyObject* f = PyObject_GetAttrString(rec->as<RecordV>().cls, name.c_str());
   if (!f) real(nullptr);
   keep_.push_back(f);
   if (!PyFunction_Check(f)) unsupported("method " + name + " of a dataclass instance");
@@ -185,28 +184,28 @@ VarPtr Interpreter::call_record_method(const VarPtr& rec, const std::string& nam
 
 OutSpec Interpreter::record_spec(const VarPtr& rec, bool at_break) {
   // Built anew from its fields: only a state that construction reproduces can be handed out.
-  PyObject* fields = dataclass_fields(rec->obj);
+  PyObject* fields = dataclass_fields(rec->as<RecordV>().cls);
   const size_t nfields = fields ? static_cast<size_t>(PyTuple_GET_SIZE(fields)) : 0;
   Py_XDECREF(fields);
-  bool standard = rec->keys.size() == nfields;
-  if (standard && is_mapping(rec) && PyObject_HasAttrString(rec->obj, "__post_init__")) {
+  bool standard = rec->as<RecordV>().keys.size() == nfields;
+  if (standard && is_mapping(rec) && PyObject_HasAttrString(rec->as<RecordV>().cls, "__post_init__")) {
     std::vector<size_t> expect;
-    for (size_t i = 0; i < rec->items.size(); ++i)
-      if (!is_none(rec->items[i])) expect.push_back(i);
-    standard = expect == rec->view;
+    for (size_t i = 0; i < rec->as<RecordV>().values.size(); ++i)
+      if (!is_none(rec->as<RecordV>().values[i])) expect.push_back(i);
+    standard = expect == rec->as<RecordV>().view;
   }
-  if (!standard) unsupported(std::string("a ") + reinterpret_cast<PyTypeObject*>(rec->obj)->tp_name +
+  if (!standard) unsupported(std::string("a ") + reinterpret_cast<PyTypeObject*>(rec->as<RecordV>().cls)->tp_name +
                              " changed after construction in a way kiln cannot rebuild");
   OutSpec kw;
   kw.kind = OutSpec::Kind::Dict;
   kw.value = PyTuple_New(static_cast<Py_ssize_t>(nfields));
   for (size_t i = 0; i < nfields; ++i) {
-    PyTuple_SET_ITEM(kw.value, i, Py_NewRef(rec->keys[i]));
-    kw.items.push_back(at_break ? break_spec(rec->items[i]) : output_spec(rec->items[i]));
+    PyTuple_SET_ITEM(kw.value, i, Py_NewRef(rec->as<RecordV>().keys[i]));
+    kw.items.push_back(at_break ? break_spec(rec->as<RecordV>().values[i]) : output_spec(rec->as<RecordV>().values[i]));
   }
   OutSpec s;
   s.kind = OutSpec::Kind::Construct;
-  s.value = Py_NewRef(rec->obj);
+  s.value = Py_NewRef(rec->as<RecordV>().cls);
   s.items.push_back(std::move(kw));
   return s;
 }

@@ -4,6 +4,9 @@
 
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <type_traits>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -24,96 +27,183 @@ struct ModeChange {
 };
 using ModeChangePtr = std::shared_ptr<const ModeChange>;
 
-struct Var {
-  enum class Kind {
-    Const,   // a Python value known at capture time (guarded if it came from the frame)
-    Tensor,  // a tensor in the graph
-    Tuple,
-    List,
-    Null,    // the NULL that CALL's calling convention pushes
-    Method,  // a bound method of a tensor: self + name
-    Module,  // an nn.Module instance
-    Iterator,  // a loop over values known at capture time: the items left
-    Dict,      // a dict made in the frame: keys (constants) and value trackers
-    Cell,      // a closure cell of the frame: items[0] is its content (nullptr while empty)
-    Function,  // a function made in the frame (def, lambda, comprehension): obj is a real
-               // function for its code, defaults and globals; items are its closure cells
-    Record,    // an instance of a dataclass made in the frame (records.cpp): obj is the class,
-               // keys/items its attributes, fields first; view the keys of its mapping
-    Context,   // torch.no_grad(), torch.autocast(...), nullcontext(): `mode` is what it changes
-    ContextExit,  // the __exit__ of an entered Context: `mode` is what it restores
-  } kind;
-  PyObject* obj = nullptr;      // Const / Module; Tuple: its structseq type (torch.return_types.max),
-                                // when it is not a plain tuple (owned)
-  ir::Node* node = nullptr;     // Tensor
-  std::vector<VarPtr> items;    // Tuple / List
-  VarPtr self;                  // Method; List: the dict a view (keys/values/items) shows
-  std::string name;             // Method
-  SourcePtr source;             // where it was read from, when it came from the frame
-  std::vector<PyObject*> keys;  // Dict: one per item (owned)
-  std::vector<size_t> view;     // Record of a mapping dataclass: its keys, as indices into keys
-  bool rebuildable = false;     // Function: obj is complete (real cells with the values), so a
-                                // graph break can hand it to Python
-  ModeChangePtr mode;           // Context / ContextExit; Function: a decorator's modes for its body
-  bool by_type = false;         // Const from the frame guarded by its type and the attributes
-                                // read, not its identity (Interpreter::by_structure)
+// A reason to stop capturing, carried to the top of the interpreter loop.
+namespace detail {
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+}  // namespace detail
 
+// What a tracker knows, one struct per kind. Python objects in them are owned by the tracker.
+struct ConstV {  // a Python value known at capture time (guarded if it came from the frame)
+  PyObject* value = nullptr;
+  bool by_type = false;  // from the frame, guarded by its type and the attributes read, not its
+                         // identity (Interpreter::by_structure)
+  VarPtr super_self;     // a super() object: the receiver tracker its methods bind to
+};
+struct TensorV {  // a tensor in the graph; rebinding `node` updates every alias
+  ir::Node* node = nullptr;
+};
+struct TupleV {
+  std::vector<VarPtr> items;
+  PyObject* structseq = nullptr;  // its structseq type (torch.return_types.max), if not a plain tuple
+};
+struct DictView {  // a list that shows a dict's keys(), values() or items(), refreshed on reads
+  VarPtr dict;
+  std::string which;
+};
+struct ListV {
+  std::vector<VarPtr> items;
+  std::optional<DictView> view;
+};
+struct NullV {};  // the NULL that CALL's calling convention pushes
+struct MethodV {  // a bound method: receiver + name
+  VarPtr self;
+  std::string name;
+  PyObject* fn = nullptr;  // a base-class function reached through super(), bound to self
+};
+struct ModuleV {  // an nn.Module instance
+  PyObject* module = nullptr;
+};
+struct IteratorV {  // a loop over values known at capture time: the items left
+  std::vector<VarPtr> items;
+};
+struct Entries {  // keys (constants, owned) and one value tracker each
+  std::vector<PyObject*> keys;
+  std::vector<VarPtr> values;
+};
+struct DictV : Entries {};  // a dict made in the frame
+struct CellV {              // a closure cell of the frame
+  VarPtr content;           // nullptr while empty
+};
+struct FunctionV {          // a function made in the frame (def, lambda, comprehension)
+  PyObject* fn = nullptr;   // a real function for its code, defaults and globals
+  std::vector<VarPtr> cells;  // its closure cells (Cell trackers)
+  bool rebuildable = false;   // fn is complete (real cells with the values): a graph break can
+                              // hand it to Python
+  ModeChangePtr mode;         // a decorator's modes for its body (torch.no_grad()(f))
+};
+struct RecordV : Entries {  // an instance of a dataclass made in the frame (records.cpp):
+  PyObject* cls = nullptr;  // its class; keys/values its attributes, fields first
+  std::vector<size_t> view;  // a mapping dataclass: the keys of its mapping, as indices into keys
+};
+struct ContextV {  // torch.no_grad(), torch.autocast(...), nullcontext(): what it changes
+  ModeChangePtr mode;
+};
+struct ContextExitV {  // the __exit__ of an entered Context: what it restores
+  ModeChangePtr mode;
+};
+
+// A value tracker. Trackers are shared (VarPtr) and updated in place, so every alias sees a
+// change. Reading the data of another kind than the tracker's throws Unsupported.
+struct Var {
+  enum class Kind { Const, Tensor, Tuple, List, Null, Method, Module, Iterator, Dict, Cell, Function, Record, Context, ContextExit };
+  using Data = std::variant<ConstV, TensorV, TupleV, ListV, NullV, MethodV, ModuleV, IteratorV, DictV, CellV, FunctionV,
+                            RecordV, ContextV, ContextExitV>;
+  Data data;
+  SourcePtr source;  // where it was read from, when it came from the frame
+
+  explicit Var(Data d, SourcePtr src = nullptr) : data(std::move(d)), source(std::move(src)) {}
+  Var(const Var&) = delete;
+  Var& operator=(const Var&) = delete;
   ~Var() {
     if (!Py_IsInitialized()) return;
-    Py_XDECREF(obj);
-    for (PyObject* k : keys) Py_DECREF(k);
+    std::visit(
+        [](auto& d) {
+          using T = std::decay_t<decltype(d)>;
+          if constexpr (std::is_same_v<T, ConstV>) Py_XDECREF(d.value);
+          if constexpr (std::is_same_v<T, TupleV>) Py_XDECREF(d.structseq);
+          if constexpr (std::is_same_v<T, MethodV>) Py_XDECREF(d.fn);
+          if constexpr (std::is_same_v<T, ModuleV>) Py_XDECREF(d.module);
+          if constexpr (std::is_same_v<T, FunctionV>) Py_XDECREF(d.fn);
+          if constexpr (std::is_same_v<T, RecordV>) Py_XDECREF(d.cls);
+          if constexpr (std::is_base_of_v<Entries, T>)
+            for (PyObject* k : d.keys) Py_DECREF(k);
+        },
+        data);
+  }
+
+  Kind kind() const { return static_cast<Kind>(data.index()); }
+  static const char* kind_name(Kind k) {
+    static const char* names[] = {"constant", "tensor", "tuple", "list", "NULL", "method", "module",
+                                  "iterator", "dict", "cell", "function", "record", "context manager",
+                                  "context exit"};
+    return names[static_cast<size_t>(k)];
+  }
+  [[noreturn]] void wrong_kind(const char* wanted) const {
+    throw detail::Unsupported(std::string("internal: a ") + kind_name(kind()) + " tracker used as " + wanted);
+  }
+
+  template <class T> bool is() const { return std::holds_alternative<T>(data); }
+  template <class T> T* get_if() { return std::get_if<T>(&data); }
+  template <class T> const T* get_if() const { return std::get_if<T>(&data); }
+  template <class T> T& as() {
+    if (T* p = std::get_if<T>(&data)) return *p;
+    wrong_kind(kind_name(static_cast<Kind>(Data(std::in_place_type<T>).index())));
+  }
+  template <class T> const T& as() const { return const_cast<Var*>(this)->as<T>(); }
+
+  bool is_const() const { return is<ConstV>(); }
+  bool is_tensor() const { return is<TensorV>(); }
+  // The Python object a constant or a module tracker stands for.
+  PyObject* obj() const {
+    if (auto* c = get_if<ConstV>()) return c->value;
+    if (auto* m = get_if<ModuleV>()) return m->module;
+    wrong_kind("a Python object");
+  }
+  // The same, or nullptr for a tracker of another kind (for comparisons with known objects).
+  PyObject* known() const {
+    if (auto* c = get_if<ConstV>()) return c->value;
+    if (auto* m = get_if<ModuleV>()) return m->module;
+    return nullptr;
+  }
+  ir::Node*& node() { return as<TensorV>().node; }
+  ir::Node* node() const { return as<TensorV>().node; }
+  // The items of a tuple or a list.
+  std::vector<VarPtr>& seq() {
+    if (auto* t = get_if<TupleV>()) return t->items;
+    if (auto* l = get_if<ListV>()) return l->items;
+    wrong_kind("a tuple or list");
+  }
+  const std::vector<VarPtr>& seq() const { return const_cast<Var*>(this)->seq(); }
+  // The entries of a dict or a record.
+  Entries& entries() {
+    if (auto* d = get_if<DictV>()) return *d;
+    if (auto* r = get_if<RecordV>()) return *r;
+    wrong_kind("a dict");
+  }
+  // A list showing a dict (keys(), values(), items()), or nullptr.
+  const DictView* dict_view() const {
+    auto* l = get_if<ListV>();
+    return l && l->view ? &*l->view : nullptr;
   }
 
   static VarPtr constant(PyObject* o, SourcePtr src = nullptr) {  // borrows o
-    auto v = std::make_shared<Var>(Var{Kind::Const});
     Py_INCREF(o);
-    v->obj = o;
-    v->source = std::move(src);
-    return v;
+    return std::make_shared<Var>(ConstV{o}, std::move(src));
   }
-  static VarPtr steal_constant(PyObject* o) {
-    auto v = std::make_shared<Var>(Var{Kind::Const});
-    v->obj = o;
-    return v;
-  }
-  static VarPtr tensor(ir::Node* n, SourcePtr src = nullptr) {
-    auto v = std::make_shared<Var>(Var{Kind::Tensor});
-    v->node = n;
-    v->source = std::move(src);
-    return v;
-  }
+  static VarPtr steal_constant(PyObject* o) { return std::make_shared<Var>(ConstV{o}); }
+  static VarPtr tensor(ir::Node* n, SourcePtr src = nullptr) { return std::make_shared<Var>(TensorV{n}, std::move(src)); }
   static VarPtr tuple(std::vector<VarPtr> items, bool list = false) {
-    auto v = std::make_shared<Var>(Var{list ? Kind::List : Kind::Tuple});
-    v->items = std::move(items);
-    return v;
+    if (list) return std::make_shared<Var>(ListV{std::move(items)});
+    return std::make_shared<Var>(TupleV{std::move(items)});
   }
-  static VarPtr null() { return std::make_shared<Var>(Var{Kind::Null}); }
-  static VarPtr method(VarPtr self, std::string name) {
-    auto v = std::make_shared<Var>(Var{Kind::Method});
-    v->self = std::move(self);
-    v->name = std::move(name);
-    return v;
+  static VarPtr list(std::vector<VarPtr> items) { return tuple(std::move(items), true); }
+  static VarPtr iterator(std::vector<VarPtr> items) { return std::make_shared<Var>(IteratorV{std::move(items)}); }
+  static VarPtr null() { return std::make_shared<Var>(NullV{}); }
+  static VarPtr method(VarPtr self, std::string name, PyObject* fn = nullptr) {  // borrows fn
+    return std::make_shared<Var>(MethodV{std::move(self), std::move(name), Py_XNewRef(fn)});
   }
   static VarPtr module(PyObject* m, SourcePtr src) {
-    auto v = std::make_shared<Var>(Var{Kind::Module});
-    Py_INCREF(m);
-    v->obj = m;
-    v->source = std::move(src);
-    return v;
+    return std::make_shared<Var>(ModuleV{Py_NewRef(m)}, std::move(src));
   }
-  static VarPtr cell(VarPtr content) {
-    auto v = std::make_shared<Var>(Var{Kind::Cell});
-    v->items.push_back(std::move(content));
-    return v;
-  }
-  static VarPtr dict() { return std::make_shared<Var>(Var{Kind::Dict}); }
+  static VarPtr cell(VarPtr content) { return std::make_shared<Var>(CellV{std::move(content)}); }
+  static VarPtr dict() { return std::make_shared<Var>(DictV{}); }
   static VarPtr context(ModeChange m, Kind k = Kind::Context) {
-    auto v = std::make_shared<Var>(Var{k});
-    v->mode = std::make_shared<const ModeChange>(std::move(m));
-    return v;
+    auto mode = std::make_shared<const ModeChange>(std::move(m));
+    if (k == Kind::ContextExit) return std::make_shared<Var>(ContextExitV{std::move(mode)});
+    return std::make_shared<Var>(ContextV{std::move(mode)});
   }
-  bool is_const() const { return kind == Kind::Const; }
-  bool is_tensor() const { return kind == Kind::Tensor; }
 };
 
 }  // namespace kiln::bind
