@@ -6,7 +6,6 @@ bit, NaNs and signs of zero included), dtypes, shapes, strides, and exceptions.
 """
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
@@ -646,7 +645,5 @@ def test_registry_op_equals_eager_exactly(name, fn, arity, layout, dtype, kwargs
     assert kiln.stats()["kernels_generated"] == 0
 
 
-def test_counts():
-    # many programs: keep the suite honest about its size
+def test_suite_size():
     assert len(PROGRAMS) >= 30 and len(ERRORS) >= 10
-    assert not math.isnan(0.0)
