@@ -201,41 +201,29 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   }
   auto t1 = std::chrono::steady_clock::now();
   std::string error;
-  const bool half = needs_half_kernels(*e->capture.graph);
-  if (half && cfg.backend != Backend::Eager) {
-    // Until kiln generates 16-bit kernels (autocast regions, bf16 models), the graph as captured
-    // runs through torch's ops, as the eager backend runs it: still one captured graph with
-    // autocast's casts, guards and breaks, never a wrong dtype.
-    e->torch_program = prepare_torch_program(*e->capture.graph, error);
-    s.compile_seconds += since(t1);
-    if (e->torch_program) {
-      ++s.graphs_compiled;
-      ++s.fallback_reasons["16-bit kernels are not generated yet: the graph runs through torch's ops"];
-      log("fallback", name + ": 16-bit kernels are not generated yet: the graph runs through torch's ops");
-      record_explain(*e, name);
-      return e;
-    }
-    e->eager = true;
-    e->reason = "kernels over 16-bit floats are not generated yet (" + error + ")";
-    e->location = e->capture.location;
-    log("fallback", name + ": runs eagerly: " + e->reason);
-    record_explain(*e, name);
-    return e;
-  }
-  if (cfg.backend == Backend::Eager) {
-    // torch runs the graph node by node: no passes, no kernels, no compiler.
+  // The eager backend runs the graph node by node through torch: no passes, kernels or compiler.
+  // So does the default one, until kiln generates 16-bit kernels, for a graph that would need
+  // them (autocast regions, bf16 models): still one captured graph with autocast's casts.
+  const bool eager_backend = cfg.backend == Backend::Eager;
+  if (eager_backend || needs_half_kernels(*e->capture.graph)) {
+    const char* why = "16-bit kernels are not generated yet: the graph runs through torch's ops";
     e->torch_program = prepare_torch_program(*e->capture.graph, error);
     s.compile_seconds += since(t1);
     if (!e->torch_program) {
       e->eager = true;
-      e->reason = "eager backend: " + error;
+      e->reason = (eager_backend ? "eager backend: " : "kernels over 16-bit floats are not generated yet: ") + error;
       e->location = e->capture.location;
       log("fallback", name + ": runs eagerly: " + e->reason);
       record_explain(*e, name);
       return e;
     }
     ++s.graphs_compiled;
-    log("graph", name + " (backend=eager):\n" + e->capture.graph->str());
+    if (eager_backend) {
+      log("graph", name + " (backend=eager):\n" + e->capture.graph->str());
+    } else {
+      ++s.fallback_reasons[why];
+      log("fallback", name + ": " + why);
+    }
     record_explain(*e, name);
     return e;
   }
