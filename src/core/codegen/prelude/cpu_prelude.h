@@ -8,37 +8,121 @@ static inline double kiln_inf_d() { return __builtin_inf(); }
 static inline float kiln_nan_f() { return __builtin_nanf(""); }
 static inline double kiln_nan_d() { return __builtin_nan(""); }
 
-// libm, declared here rather than through <cmath> (headers cost compile time). With glibc's
-// libmvec, `omp declare simd` lets the vectorizer call its SIMD versions.
-#ifdef KILN_HAVE_MVEC
-#define KILN_SIMD _Pragma("omp declare simd notinbranch")
-#else
-#define KILN_SIMD
-#endif
-#define KILN_LIBM(fn) KILN_SIMD float fn##f(float); KILN_SIMD double fn(double);
+// libm, declared here rather than through <cmath> (headers cost compile time).
+#define KILN_LIBM(fn) float fn##f(float); double fn(double);
 extern "C" {
 KILN_LIBM(exp) KILN_LIBM(exp2) KILN_LIBM(expm1) KILN_LIBM(log) KILN_LIBM(log2) KILN_LIBM(log1p)
 KILN_LIBM(sin) KILN_LIBM(cos) KILN_LIBM(tan) KILN_LIBM(tanh) KILN_LIBM(erf)
 }
 #undef KILN_LIBM
 
+#ifdef KILN_HAVE_MVEC
+// With glibc's libmvec, transcendental functions vectorize. A vectorized loop runs its body
+// through the SIMD version and its remainder through a scalar one, and the two round
+// differently (libmvec's expf and libm's expf differ in the last bit for some inputs). A value
+// that kiln recomputes in two loops (a softmax's max pass and its output pass) must be the
+// same number both times, as eager's one stored tensor is: so every call, vector or scalar,
+// goes through one libmvec entry point (the canonical width: 256-bit where AVX2 is there,
+// else 128-bit). `kiln_mv_<fn>` is declared as a SIMD function whose clones, for each width
+// the vectorizer may pick, are defined here over that entry point (split or padded), and whose
+// scalar version runs it on a broadcast lane. f(x) is then a function of x alone.
+typedef float kiln_v4sf __attribute__((vector_size(16)));
+typedef float kiln_v8sf __attribute__((vector_size(32)));
+typedef float kiln_v16sf __attribute__((vector_size(64)));
+typedef double kiln_v2df __attribute__((vector_size(16)));
+typedef double kiln_v4df __attribute__((vector_size(32)));
+typedef double kiln_v8df __attribute__((vector_size(64)));
+#ifdef __AVX2__
+#define KILN_MV_F(fn) _ZGVdN8v_##fn##f
+#define KILN_MV_D(fn) _ZGVdN4v_##fn
+typedef kiln_v8sf kiln_mv_vf;
+typedef kiln_v4df kiln_mv_vd;
+#else
+#define KILN_MV_F(fn) _ZGVbN4v_##fn##f
+#define KILN_MV_D(fn) _ZGVbN2v_##fn
+typedef kiln_v4sf kiln_mv_vf;
+typedef kiln_v2df kiln_mv_vd;
+#endif
+#define KILN_MV_HIDDEN __attribute__((visibility("hidden")))
+// One clone: N lanes of T in a VT, computed CW lanes at a time by the canonical entry point
+// (a clone narrower than CW is padded with its first lane).
+#define KILN_MV_CLONE(T, VT, N, CVT, CW, CANON, sym, cname)                                  \
+  extern "C" KILN_MV_HIDDEN VT cname(VT x) __asm__(sym);                                       \
+  extern "C" VT cname(VT x) {                                                                  \
+    VT r;                                                                                      \
+    for (int o = 0; o < N; o += CW) {                                                          \
+      CVT c;                                                                                   \
+      for (int i = 0; i < CW; ++i) c[i] = x[o + i < N ? o + i : 0];                            \
+      c = CANON(c);                                                                            \
+      for (int i = 0; i < CW && o + i < N; ++i) r[o + i] = c[i];                               \
+    }                                                                                          \
+    return r;                                                                                  \
+  }
+#define KILN_MV_CW_F ((int)(sizeof(kiln_mv_vf) / sizeof(float)))
+#define KILN_MV_CW_D ((int)(sizeof(kiln_mv_vd) / sizeof(double)))
+#ifdef __AVX512F__
+#define KILN_MV_CLONES_E(fn)                                                                          \
+  KILN_MV_CLONE(float, kiln_v16sf, 16, kiln_mv_vf, KILN_MV_CW_F, KILN_MV_F(fn), "_ZGVeN16v_kiln_mv_" #fn "f", kiln_mv_##fn##f_e) \
+  KILN_MV_CLONE(double, kiln_v8df, 8, kiln_mv_vd, KILN_MV_CW_D, KILN_MV_D(fn), "_ZGVeN8v_kiln_mv_" #fn, kiln_mv_##fn##_e)
+#else
+#define KILN_MV_CLONES_E(fn)
+#endif
+#ifdef __AVX2__
+#define KILN_MV_CLONES_D(fn)                                                                          \
+  KILN_MV_CLONE(float, kiln_v8sf, 8, kiln_mv_vf, KILN_MV_CW_F, KILN_MV_F(fn), "_ZGVdN8v_kiln_mv_" #fn "f", kiln_mv_##fn##f_d) \
+  KILN_MV_CLONE(double, kiln_v4df, 4, kiln_mv_vd, KILN_MV_CW_D, KILN_MV_D(fn), "_ZGVdN4v_kiln_mv_" #fn, kiln_mv_##fn##_d)
+#else
+#define KILN_MV_CLONES_D(fn)
+#endif
+#ifdef __AVX__
+#define KILN_MV_CLONES_C(fn)                                                                          \
+  KILN_MV_CLONE(float, kiln_v8sf, 8, kiln_mv_vf, KILN_MV_CW_F, KILN_MV_F(fn), "_ZGVcN8v_kiln_mv_" #fn "f", kiln_mv_##fn##f_c) \
+  KILN_MV_CLONE(double, kiln_v4df, 4, kiln_mv_vd, KILN_MV_CW_D, KILN_MV_D(fn), "_ZGVcN4v_kiln_mv_" #fn, kiln_mv_##fn##_c)
+#else
+#define KILN_MV_CLONES_C(fn)
+#endif
+// Declared for every function (cheap); the scalar version and the clones are defined only
+// for the functions a file uses (`KILN_MVEC_DEFINE`, written after this prelude by the code
+// generator), since compiling them costs more than a small kernel does.
+#define KILN_MVEC_DECLARE(fn)                                                                         \
+  extern "C" kiln_mv_vf KILN_MV_F(fn)(kiln_mv_vf);                                                    \
+  extern "C" kiln_mv_vd KILN_MV_D(fn)(kiln_mv_vd);                                                    \
+  extern "C" __attribute__((simd("notinbranch"), const, nothrow)) KILN_MV_HIDDEN float kiln_mv_##fn##f(float); \
+  extern "C" __attribute__((simd("notinbranch"), const, nothrow)) KILN_MV_HIDDEN double kiln_mv_##fn(double);
+#define KILN_MVEC_DEFINE(fn)                                                                          \
+  extern "C" KILN_MV_HIDDEN float kiln_mv_##fn##f_s(float x) __asm__("kiln_mv_" #fn "f");             \
+  extern "C" float kiln_mv_##fn##f_s(float x) { kiln_mv_vf v = {}; v[0] = x; return KILN_MV_F(fn)(v)[0]; } \
+  extern "C" KILN_MV_HIDDEN double kiln_mv_##fn##_s(double x) __asm__("kiln_mv_" #fn);                \
+  extern "C" double kiln_mv_##fn##_s(double x) { kiln_mv_vd v = {}; v[0] = x; return KILN_MV_D(fn)(v)[0]; } \
+  KILN_MV_CLONE(float, kiln_v4sf, 4, kiln_mv_vf, KILN_MV_CW_F, KILN_MV_F(fn), "_ZGVbN4v_kiln_mv_" #fn "f", kiln_mv_##fn##f_b) \
+  KILN_MV_CLONE(double, kiln_v2df, 2, kiln_mv_vd, KILN_MV_CW_D, KILN_MV_D(fn), "_ZGVbN2v_kiln_mv_" #fn, kiln_mv_##fn##_b) \
+  KILN_MV_CLONES_C(fn) KILN_MV_CLONES_D(fn) KILN_MV_CLONES_E(fn)
+KILN_MVEC_DECLARE(exp) KILN_MVEC_DECLARE(exp2) KILN_MVEC_DECLARE(expm1) KILN_MVEC_DECLARE(log)
+KILN_MVEC_DECLARE(log2) KILN_MVEC_DECLARE(log1p) KILN_MVEC_DECLARE(sin) KILN_MVEC_DECLARE(cos)
+KILN_MVEC_DECLARE(tan) KILN_MVEC_DECLARE(tanh) KILN_MVEC_DECLARE(erf)
+#define KILN_M(fn) kiln_mv_##fn
+#else
+#define KILN_M(fn) fn
+#define KILN_MVEC_DEFINE(fn)
+#endif
+
 #define KILN_UNARY_F(name, fexpr, dexpr) \
   static inline float name(float x) { return fexpr; } \
   static inline double name(double x) { return dexpr; }
-KILN_UNARY_F(kiln_exp, expf(x), exp(x))
-KILN_UNARY_F(kiln_exp2, exp2f(x), exp2(x))
-KILN_UNARY_F(kiln_expm1, expm1f(x), expm1(x))
-KILN_UNARY_F(kiln_log, logf(x), log(x))
-KILN_UNARY_F(kiln_log2, log2f(x), log2(x))
-KILN_UNARY_F(kiln_log1p, log1pf(x), log1p(x))
-KILN_UNARY_F(kiln_sin, sinf(x), sin(x))
-KILN_UNARY_F(kiln_cos, cosf(x), cos(x))
-KILN_UNARY_F(kiln_tan, tanf(x), tan(x))
-KILN_UNARY_F(kiln_tanh, tanhf(x), tanh(x))
-KILN_UNARY_F(kiln_erf, erff(x), erf(x))
+KILN_UNARY_F(kiln_exp, KILN_M(expf)(x), KILN_M(exp)(x))
+KILN_UNARY_F(kiln_exp2, KILN_M(exp2f)(x), KILN_M(exp2)(x))
+KILN_UNARY_F(kiln_expm1, KILN_M(expm1f)(x), KILN_M(expm1)(x))
+KILN_UNARY_F(kiln_log, KILN_M(logf)(x), KILN_M(log)(x))
+KILN_UNARY_F(kiln_log2, KILN_M(log2f)(x), KILN_M(log2)(x))
+KILN_UNARY_F(kiln_log1p, KILN_M(log1pf)(x), KILN_M(log1p)(x))
+KILN_UNARY_F(kiln_sin, KILN_M(sinf)(x), KILN_M(sin)(x))
+KILN_UNARY_F(kiln_cos, KILN_M(cosf)(x), KILN_M(cos)(x))
+KILN_UNARY_F(kiln_tan, KILN_M(tanf)(x), KILN_M(tan)(x))
+KILN_UNARY_F(kiln_tanh, KILN_M(tanhf)(x), KILN_M(tanh)(x))
+KILN_UNARY_F(kiln_erf, KILN_M(erff)(x), KILN_M(erf)(x))
 KILN_UNARY_F(kiln_sqrt, __builtin_sqrtf(x), __builtin_sqrt(x))
 KILN_UNARY_F(kiln_rsqrt, 1.0f / __builtin_sqrtf(x), 1.0 / __builtin_sqrt(x))
-KILN_UNARY_F(kiln_sigmoid, 1.0f / (1.0f + expf(-x)), 1.0 / (1.0 + exp(-x)))
+KILN_UNARY_F(kiln_sigmoid, 1.0f / (1.0f + KILN_M(expf)(-x)), 1.0 / (1.0 + KILN_M(exp)(-x)))
 KILN_UNARY_F(kiln_floor, __builtin_floorf(x), __builtin_floor(x))
 KILN_UNARY_F(kiln_ceil, __builtin_ceilf(x), __builtin_ceil(x))
 KILN_UNARY_F(kiln_trunc, __builtin_truncf(x), __builtin_trunc(x))
