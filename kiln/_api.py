@@ -151,7 +151,7 @@ def compile(
         mode = "default"  # as torch's eager backend, which ignores mode
 
     def make(fn):
-        return _C.compile(fn, mode, fullgraph, disable, limit, backend)
+        return _C.compile(fn, mode, fullgraph, disable, limit, backend, dynamic)
 
     if isinstance(model, torch.nn.Module):
         return CompiledModule(model, make(type(model).forward), make(_call_module))

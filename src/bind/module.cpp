@@ -24,8 +24,9 @@ Backend backend_named(const std::string& name) {
 }
 
 nb::object compile_fn(nb::handle fn, const std::string& mode, bool fullgraph, bool disable, int cache_limit,
-                      const std::string& backend) {
+                      const std::string& backend, nb::handle dynamic) {
   CompileConfig cfg;
+  cfg.dynamic = dynamic.is_none() ? Dynamic::Automatic : PyObject_IsTrue(dynamic.ptr()) ? Dynamic::Always : Dynamic::Never;
   cfg.backend = backend_named(backend);
   cfg.mode = mode;
   cfg.fullgraph = fullgraph;
@@ -154,7 +155,8 @@ NB_MODULE(_C, m) {
   if (!t) throw nb::python_error();
   m.attr("CompiledFunction") = nb::borrow(reinterpret_cast<PyObject*>(t));
   m.def("compile", &compile_fn, nb::arg("fn"), nb::arg("mode") = "default", nb::arg("fullgraph") = false,
-        nb::arg("disable") = false, nb::arg("cache_limit") = 8, nb::arg("backend") = "inductor");
+        nb::arg("disable") = false, nb::arg("cache_limit") = 8, nb::arg("backend") = "inductor",
+        nb::arg("dynamic") = nb::none());
   m.def("explain", &explain, nb::arg("fn"), nb::arg("args"), nb::arg("kwargs"), nb::arg("like") = nb::none());
   m.def("reset", &reset_all);
   m.def("stats", &stats_dict);

@@ -288,19 +288,46 @@ TEST(Expr, AffineCoefficients) {
   Expr i = Expr::var("i", 8), j = Expr::var("j", 8), n = Expr::var("n");
   auto a = sym::affine(i * 8 + j * 2 + n + 3, {i, j});
   ASSERT_TRUE(a.has_value());
-  EXPECT_EQ(a->coeffs, (std::vector<int64_t>{8, 2}));
+  EXPECT_EQ(a->coeffs, (std::vector<Expr>{8, 2}));
   EXPECT_EQ(a->offset, n + 3);
 
   auto b = sym::affine(2 * (i + 3 * j) - i, {j, i});
   ASSERT_TRUE(b.has_value());
-  EXPECT_EQ(b->coeffs, (std::vector<int64_t>{6, 1}));
+  EXPECT_EQ(b->coeffs, (std::vector<Expr>{6, 1}));
   EXPECT_TRUE(b->offset.is_const(0));
 
   // An expression free of the variables: zero coefficients, itself as the offset.
   auto c = sym::affine(n * 4 + 1, {i});
   ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->coeffs, (std::vector<int64_t>{0}));
+  EXPECT_EQ(c->coeffs, (std::vector<Expr>{0}));
   EXPECT_EQ(c->offset, n * 4 + 1);
+}
+
+TEST(Expr, AffineCoefficientsMayBeSizeSymbols) {
+  // A dynamic shape's strides: i walks rows of s1 elements.
+  Expr i = Expr::var("i"), j = Expr::var("j"), s0 = Expr::size_symbol("s0"), s1 = Expr::size_symbol("s1");
+  auto a = sym::affine(i * s1 + j + s0 * s1, {i, j});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->coeffs, (std::vector<Expr>{s1, 1}));
+  EXPECT_EQ(a->offset, s0 * s1);
+  // An index variable is never a coefficient.
+  EXPECT_FALSE(sym::affine(i * j * s1, {i}).has_value());
+}
+
+TEST(Expr, SizeSymbolsEvaluateAndAreAtLeastTwo) {
+  Expr s0 = Expr::size_symbol("s0"), s1 = Expr::size_symbol("s1"), i = Expr::var("s0");
+  EXPECT_NE(s0, i);  // an index variable of the same name is another variable
+  EXPECT_TRUE(s0.is_size_symbol());
+  EXPECT_FALSE(i.is_size_symbol());
+  EXPECT_EQ(sym::bounds(s0).lo, 2);
+  auto val = [&](const Expr& v) -> int64_t { return v == s0 ? 7 : 3; };
+  EXPECT_EQ(sym::evaluate(s0 * s1 + 1, val), 22);
+  EXPECT_EQ(sym::evaluate(sym::floordiv(s0 - 10, s1), val), -1);  // floor, as Python
+  EXPECT_EQ(sym::evaluate(sym::mod(s0 - 10, s1), val), 0);
+  EXPECT_EQ(sym::evaluate(sym::min(s0, s1 * 4), val), 7);
+  std::vector<Expr> syms;
+  sym::collect_symbols(s1 * (s0 + i) + s1, syms);
+  EXPECT_EQ(syms, (std::vector<Expr>{s1, s0}));
 }
 
 TEST(Expr, AffineRejectsNonAffine) {

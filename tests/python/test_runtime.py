@@ -329,7 +329,7 @@ def test_cache_limit_option_runs_eagerly_with_user_warning():
     def f(x):
         return torch.sin(x) * 2
 
-    cf = kiln.compile(f, options={"cache_limit": 2})
+    cf = kiln.compile(f, dynamic=False, options={"cache_limit": 2})  # one entry per size
     for n in (1, 2):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no warning before the limit
@@ -368,7 +368,7 @@ def test_default_cache_limit_is_eight():
     def f(x):
         return torch.cos(x) - 1
 
-    cf = kiln.compile(f)
+    cf = kiln.compile(f, dynamic=False)  # one entry per size
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for n in range(1, 9):

@@ -668,19 +668,22 @@ std::string Interpreter::callable_name(PyObject* f) {
   return m + "." + q;
 }
 
-VarPtr Interpreter::size_const(const sym::Expr& e) {
-  auto c = e.as_const();
-  if (!c) unsupported("symbolic size");
-  return Var::steal_constant(PyLong_FromLongLong(*c));
+int64_t Interpreter::concrete_size(const sym::Expr& e) {
+  if (auto c = e.as_const()) return *c;
+  GuardSet& guards = root()->out_.guards;
+  std::vector<sym::Expr> syms;
+  sym::collect_symbols(e, syms);
+  for (const sym::Expr& s : syms) guards.specialize(s);
+  return sym::evaluate(e, [&](const sym::Expr& v) { return guards.hint(v); });
 }
+
+VarPtr Interpreter::size_const(const sym::Expr& e) { return Var::steal_constant(PyLong_FromLongLong(concrete_size(e))); }
 
 VarPtr Interpreter::shape_tuple(const ir::TensorMeta& m) {
   static PyObject* size_type = resolve_torch("Size");
   PyObject* t = PyTuple_New(m.dim());
   for (int64_t i = 0; i < m.dim(); ++i) {
-    auto c = m.sizes[i].as_const();
-    if (!c) unsupported("symbolic size");
-    PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(*c));
+    PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(concrete_size(m.sizes[i])));
   }
   PyObject* size = PyObject_CallOneArg(size_type, t);
   Py_DECREF(t);
@@ -771,11 +774,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       ir::Node* src = args[0]->node();
       if (src->meta.sizes != m.sizes) {
         std::vector<int64_t> size;
-        for (const auto& e : m.sizes) {
-          auto c = e.as_const();
-          if (!c) unsupported("copy_ into a tensor of symbolic shape");
-          size.push_back(*c);
-        }
+        for (const auto& e : m.sizes) size.push_back(concrete_size(e));
         ir::Attrs a;
         a.set("size", size);
         src = add_node("expand", {src}, a);
@@ -896,8 +895,9 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   };
   for (ir::Node* n : inputs) {
     std::vector<int64_t> sizes, strides;
-    for (const auto& e : n->meta.sizes) sizes.push_back(e.as_const().value_or(-1));
-    for (const auto& e : n->meta.strides) strides.push_back(e.as_const().value_or(-1));
+    // The operator's result layout is found for these sizes: symbolic ones are specialized.
+    for (const auto& e : n->meta.sizes) sizes.push_back(concrete_size(e));
+    for (const auto& e : n->meta.strides) strides.push_back(concrete_size(e));
     PyObject* sz = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
     PyObject* st = PyTuple_New(static_cast<Py_ssize_t>(strides.size()));
     for (size_t i = 0; i < sizes.size(); ++i) PyTuple_SET_ITEM(sz, i, PyLong_FromLongLong(sizes[i]));

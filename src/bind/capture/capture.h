@@ -8,7 +8,9 @@
 #pragma once
 #include <Python.h>
 
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -122,6 +124,16 @@ struct CaptureResult {
   std::string captured_text;     // the graph as captured, before any pass
 };
 
+// Which tensor dims capture makes symbolic (dynamic shapes). torch's own marks on a tensor
+// (torch._dynamo.mark_dynamic / maybe_mark_dynamic / mark_static) are read as well.
+struct DynamicDims {
+  bool all = false;   // dynamic=True: every dim of size 2 or more
+  bool none = false;  // no symbols at all, marked dims included (a shape-generic capture failed)
+  // Automatic dynamic: dims of the inputs (by source) whose size changed between calls.
+  std::map<std::string, std::set<int64_t>> by_source;
+  bool empty() const { return !all && by_source.empty(); }
+};
+
 // The arguments of one call, bound to the code's parameters (positional, keyword, defaults).
 struct BoundArgs {
   std::vector<PyObject*> locals;  // borrowed; one per parameter slot, then nullptr for the rest
@@ -131,6 +143,8 @@ struct BoundArgs {
   const std::vector<bool>* private_slots = nullptr;
   // What guard checks read from sources, reused by the input fetch of the same call.
   SourceMemo* memo = nullptr;
+  // Dims to capture with symbolic sizes (nullptr: none, unless a tensor is marked dynamic).
+  const DynamicDims* dynamic = nullptr;
 };
 
 // Binds args/kwargs to `fn`'s parameters like CPython does. False with a Python error set

@@ -5,10 +5,12 @@
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
 #include "bind/torch/tensor_bridge.h"
+#include "core/sym/shape_env.h"
 
 namespace kiln::bind::detail {
 
 void Interpreter::run(const BoundArgs& args) {
+  dynamic_ = args.dynamic;
   grad_mode_ = grad_enabled();
   out_.guards.add_grad_mode(grad_mode_);
   autocast_ = autocast_state();
@@ -66,6 +68,86 @@ VarPtr Interpreter::run_frame() {
   unsupported("fell off the end of the bytecode");
 }
 
+namespace {
+
+// torch._dynamo's marks on a tensor: a set of dim indices in attribute `name`.
+void marked_dims(PyObject* t, const char* name, std::set<int64_t>& out) {
+  PyObject* s = PyObject_GetAttrString(t, name);
+  if (!s) {
+    clear_error();
+    return;
+  }
+  PyObject* it = PyObject_GetIter(s);
+  while (PyObject* x = it ? PyIter_Next(it) : nullptr) {
+    if (PyLong_Check(x)) out.insert(PyLong_AsLongLong(x));
+    Py_DECREF(x);
+  }
+  Py_XDECREF(it);
+  Py_DECREF(s);
+  if (PyErr_Occurred()) clear_error();
+}
+
+// dynamic=True leaves module attributes (parameters, buffers) static, as torch.compile does.
+bool through_attribute(const Source& s) {
+  for (const Source* a = &s; a; a = a->base.get())
+    if (a->kind == Source::Kind::Attr) return true;
+  return false;
+}
+
+}  // namespace
+
+void Interpreter::symbolic_sizes(PyObject* v, const Source& src, TensorInfo& info, ir::TensorMeta& m) {
+  if (dynamic_ && dynamic_->none) return;
+  const size_t n = info.sizes.size();
+  std::set<int64_t> dyn;
+  if (dynamic_ && dynamic_->all && !through_attribute(src))
+    for (size_t d = 0; d < n; ++d) dyn.insert(static_cast<int64_t>(d));
+  if (dynamic_) {
+    auto it = dynamic_->by_source.find(src.str());
+    if (it != dynamic_->by_source.end()) dyn.insert(it->second.begin(), it->second.end());
+  }
+  marked_dims(v, "_dynamo_dynamic_indices", dyn);
+  marked_dims(v, "_dynamo_weak_dynamic_indices", dyn);
+  std::set<int64_t> fixed;
+  marked_dims(v, "_dynamo_static_indices", fixed);
+  bool any = false;
+  for (int64_t d : dyn) any |= d >= 0 && d < static_cast<int64_t>(n) && !fixed.count(d) && info.sizes[d] >= 2;
+  if (!any) return;
+  // Dense layouts only: the dims that move (size >= 2, stride != 0), by stride, must each
+  // step over exactly the ones inside them.
+  std::vector<size_t> order;
+  for (size_t d = 0; d < n; ++d)
+    if (info.sizes[d] >= 2 && info.strides[d] != 0) order.push_back(d);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return info.strides[a] < info.strides[b]; });
+  int64_t expect = 1;
+  for (size_t d : order) {
+    if (info.strides[d] != expect) return;
+    expect *= info.sizes[d];
+  }
+  GuardSet& guards = out_.guards;
+  info.size_symbols.assign(n, -1);
+  for (size_t d = 0; d < n; ++d) {
+    if (!dyn.count(static_cast<int64_t>(d)) || fixed.count(static_cast<int64_t>(d)) || info.sizes[d] < 2) continue;
+    sym::Expr s;
+    for (const auto& [value, symbol] : duck_)
+      if (value == info.sizes[d]) s = symbol;
+    if (!s.valid()) {
+      s = guards.add_symbol(info.sizes[d]);
+      duck_.emplace_back(info.sizes[d], s);
+    }
+    m.sizes[d] = s;
+    for (size_t k = 0; k < guards.symbols().size(); ++k)
+      if (guards.symbols()[k] == s) info.size_symbols[d] = static_cast<int>(k);
+  }
+  sym::Expr stride = 1;
+  for (size_t d = 0; d < n; ++d) m.strides[d] = info.strides[d];  // size-1 and broadcast dims keep theirs
+  for (size_t d : order) {
+    m.strides[d] = stride;
+    stride = stride * m.sizes[d];
+  }
+  info.stride_exprs = m.strides;
+}
+
 Interpreter* Interpreter::root() { return parent_ ? parent_->root() : this; }
 
 std::string Interpreter::location() const { return g_ && !g_->source_loc.empty() ? g_->source_loc : filename_; }
@@ -78,13 +160,14 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     std::string why;
     if (!tensor_info(v, info, why)) unsupported("input " + src->str() + ": " + why);
     if (info.meta) unsupported("input " + src->str() + ": tensor on device meta");
-    out_.guards.add_tensor(src, info);
     const bool requires_grad = info.requires_grad;
     ir::TensorMeta m;
     m.dtype = info.dtype;
     m.device = info.device;
     for (int64_t s : info.sizes) m.sizes.push_back(s);
     for (int64_t s : info.strides) m.strides.push_back(s);
+    root()->symbolic_sizes(v, *src, info, m);
+    out_.guards.add_tensor(src, info);
     // A readable placeholder name from the source: L['self'].fc1.weight -> self_fc1_weight.
     std::string name;
     for (char c : src->str().substr(src->kind == Source::Kind::Global ? 1 : 0)) {
@@ -359,6 +442,8 @@ using detail::Unsupported;
 
 CaptureResult capture(PyObject* fn, const BoundArgs& args) {
   CaptureResult r;
+  GuardShapeEnv env(r.guards, false);
+  sym::ShapeEnvScope env_scope(&env);
   Interpreter it(fn, r);
   try {
     auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(fn));

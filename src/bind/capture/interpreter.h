@@ -186,6 +186,9 @@ class Interpreter {
   std::string callable_name(PyObject* f);
 
   VarPtr size_const(const sym::Expr& e);
+  // The value of a size at capture. A symbolic one is specialized: the entry then holds only
+  // for inputs where it has that value (a fact its guards check).
+  int64_t concrete_size(const sym::Expr& e);
 
   VarPtr shape_tuple(const ir::TensorMeta& m);
 
@@ -437,6 +440,13 @@ class Interpreter {
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded
   std::unordered_set<const ir::Node*> needs_grad_;  // root: nodes autograd would track
   std::vector<AttrStore> attr_stores_;  // root: the attribute-store log, in program order
+  const DynamicDims* dynamic_ = nullptr;  // root: which input dims get size symbols
+  std::vector<std::pair<int64_t, sym::Expr>> duck_;  // root: size -> its symbol (equal sizes share one)
+
+  // Symbolic sizes for the dims of a tensor input the policy makes dynamic: fills meta's sizes
+  // and strides and the guard's symbol indices. Only for dense layouts (strides are then
+  // products of sizes); other inputs stay static.
+  void symbolic_sizes(PyObject* v, const Source& src, TensorInfo& info, ir::TensorMeta& m);
 
  public:
   ~Interpreter() {

@@ -1,4 +1,6 @@
 #include "bind/guards/guards.h"
+
+#include <algorithm>
 #include "bind/interrupts.h"
 
 namespace kiln::bind {
@@ -8,9 +10,11 @@ std::string Guard::str() const {
   switch (kind) {
     case Kind::Tensor: {
       std::string sizes, strides;
+      const bool generic = !tensor.size_symbols.empty();
       for (size_t i = 0; i < tensor.sizes.size(); ++i) {
-        sizes += (i ? ", " : "") + std::to_string(tensor.sizes[i]);
-        strides += (i ? ", " : "") + std::to_string(tensor.strides[i]);
+        const bool dynamic = generic && tensor.size_symbols[i] >= 0;
+        sizes += (i ? ", " : "") + (dynamic ? "s" + std::to_string(tensor.size_symbols[i]) : std::to_string(tensor.sizes[i]));
+        strides += (i ? ", " : "") + (generic ? tensor.stride_exprs[i].str() : std::to_string(tensor.strides[i]));
       }
       return "TENSOR_MATCH: " + s + " " + dtype_name(tensor.dtype) + " " + tensor.device.str() + " size=[" + sizes +
              "] stride=[" + strides + "] requires_grad=" + (tensor.requires_grad ? "True" : "False");
@@ -89,7 +93,129 @@ void GuardSet::add_autocast(const AutocastState& state) {
   if (needed(g)) guards_.push_back(std::move(g));
 }
 
+sym::Expr GuardSet::add_symbol(int64_t hint) {
+  symbols_.push_back(sym::Expr::size_symbol("s" + std::to_string(symbols_.size())));
+  hints_.push_back(hint);
+  return symbols_.back();
+}
+
+int64_t GuardSet::hint(const sym::Expr& symbol) const {
+  for (size_t i = 0; i < symbols_.size(); ++i)
+    if (symbols_[i] == symbol) return hints_[i];
+  return -1;
+}
+
+void GuardSet::specialize(const sym::Expr& symbol) {
+  for (size_t i = 0; i < symbols_.size(); ++i)
+    if (symbols_[i] == symbol && !specialized(symbol)) specialized_.push_back(static_cast<int>(i));
+}
+
+bool GuardSet::specialized(const sym::Expr& symbol) const {
+  for (int i : specialized_)
+    if (symbols_[i] == symbol) return true;
+  return false;
+}
+
+void GuardSet::size_changes(const FrameView& f, std::map<std::string, std::set<int64_t>>& out) const {
+  for (const Guard& g : guards_) {
+    if (g.kind != Guard::Kind::Tensor) continue;
+    bool borrowed = g.source->kind == Source::Kind::Local;
+    PyObject* v = borrowed ? f.locals[g.source->local] : eval_source(*g.source, f);
+    if (!v) {
+      clear_error();
+      continue;
+    }
+    TensorInfo now;
+    std::string why;
+    if (is_tensor(v) && tensor_info(v, now, why) && now.sizes.size() == g.tensor.sizes.size() &&
+        now.dtype == g.tensor.dtype && now.device == g.tensor.device) {
+      for (size_t d = 0; d < now.sizes.size(); ++d) {
+        const bool symbolic = !g.tensor.size_symbols.empty() && g.tensor.size_symbols[d] >= 0;
+        if (!symbolic && now.sizes[d] != g.tensor.sizes[d]) out[g.source->str()].insert(static_cast<int64_t>(d));
+      }
+    }
+    if (!borrowed) Py_DECREF(v);
+  }
+}
+
+void GuardSet::add_fact(const sym::Expr& zero) {
+  if (std::find(facts_.begin(), facts_.end(), zero) == facts_.end()) facts_.push_back(zero);
+}
+
+void GuardSet::add_fact_nonnegative(const sym::Expr& e) {
+  if (std::find(nonneg_facts_.begin(), nonneg_facts_.end(), e) == nonneg_facts_.end()) nonneg_facts_.push_back(e);
+}
+
+bool GuardSet::has_fact(const sym::Expr& zero) const {
+  return std::find(facts_.begin(), facts_.end(), zero) != facts_.end() ||
+         std::find(facts_.begin(), facts_.end(), -zero) != facts_.end();
+}
+
+bool GuardSet::has_fact_nonnegative(const sym::Expr& e) const {
+  return std::find(nonneg_facts_.begin(), nonneg_facts_.end(), e) != nonneg_facts_.end();
+}
+
+std::optional<int64_t> GuardShapeEnv::hint(const sym::Expr& e) {
+  std::vector<sym::Expr> syms;
+  sym::collect_symbols(e, syms);
+  for (const sym::Expr& s : syms)
+    if (guards_.hint(s) < 0) return std::nullopt;
+  return sym::evaluate(e, [&](const sym::Expr& v) { return guards_.hint(v); });
+}
+
+bool GuardShapeEnv::assume_equal(const sym::Expr& a, const sym::Expr& b) {
+  auto ha = hint(a), hb = hint(b);
+  if (!ha || !hb || *ha != *hb) return false;
+  const bool spec_a = a.is_size_symbol() && b.as_const(), spec_b = b.is_size_symbol() && a.as_const();
+  if (frozen_) {
+    return (spec_a && guards_.specialized(a)) || (spec_b && guards_.specialized(b)) || guards_.has_fact(a - b);
+  }
+  if (spec_a) guards_.specialize(a);
+  else if (spec_b) guards_.specialize(b);
+  else guards_.add_fact(a - b);
+  return true;
+}
+
+bool GuardShapeEnv::assume_nonnegative(const sym::Expr& e) {
+  auto h = hint(e);
+  if (!h || *h < 0) return false;
+  if (frozen_) return guards_.has_fact_nonnegative(e);
+  guards_.add_fact_nonnegative(e);
+  return true;
+}
+
+std::map<sym::Expr, sym::Expr> GuardSet::specializations() const {
+  std::map<sym::Expr, sym::Expr> out;
+  for (int i : specialized_) out.emplace(symbols_[i], sym::Expr(hints_[i]));
+  return out;
+}
+
 bool GuardSet::check(const FrameView& f, std::string* why) const {
+  SymbolBindings bindings{&symbols_, std::vector<int64_t>(symbols_.size(), -1)};
+  if (!check_guards(f, why, bindings)) return false;
+  for (const sym::Expr& z : facts_) {
+    if (bindings.value_of(z) != 0) {
+      if (why) *why = "SIZE_FACT: " + z.str() + " == 0 failed";
+      return false;
+    }
+  }
+  for (const sym::Expr& z : nonneg_facts_) {
+    if (bindings.value_of(z) < 0) {
+      if (why) *why = "SIZE_FACT: " + z.str() + " >= 0 failed";
+      return false;
+    }
+  }
+  for (int i : specialized_) {
+    if (bindings.values[i] != hints_[i]) {
+      if (why) *why = "SIZE_FACT: " + symbols_[i].str() + " == " + std::to_string(hints_[i]) + " failed (now " +
+                      std::to_string(bindings.values[i]) + ")";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool GuardSet::check_guards(const FrameView& f, std::string* why, SymbolBindings& bindings) const {
   for (const Guard& g : guards_) {
     if (g.kind == Guard::Kind::Autocast) {
       if (!(autocast_state() == g.autocast)) {
@@ -112,7 +238,7 @@ bool GuardSet::check(const FrameView& f, std::string* why) const {
     std::string detail;
     if (ok) {
       switch (g.kind) {
-        case Guard::Kind::Tensor: ok = tensor_matches(v, g.tensor, why ? &detail : nullptr); break;
+        case Guard::Kind::Tensor: ok = tensor_matches(v, g.tensor, why ? &detail : nullptr, &bindings); break;
         case Guard::Kind::Type: ok = reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.expected; break;
         case Guard::Kind::Identity: ok = v == g.expected; break;
         case Guard::Kind::Length: {

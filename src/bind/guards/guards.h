@@ -4,12 +4,15 @@
 #pragma once
 #include <Python.h>
 
+#include <map>
+#include <set>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
 #include "bind/guards/source.h"
 #include "bind/torch/tensor_bridge.h"
+#include "core/sym/shape_env.h"
 
 namespace kiln::bind {
 
@@ -50,19 +53,61 @@ class GuardSet {
   void add_grad_mode(bool enabled);
   void add_autocast(const AutocastState& state);
 
+  // Size symbols (shape-generic entries): `hint` is the size at capture. Tensor guards name
+  // them by index (TensorInfo::size_symbols).
+  sym::Expr add_symbol(int64_t hint);
+  const std::vector<sym::Expr>& symbols() const { return symbols_; }
+  int64_t hint(const sym::Expr& symbol) const;
+  // A fact capture relied on: `symbol` has its hint's value (Python code read the size). The
+  // entry then holds for that size only.
+  void specialize(const sym::Expr& symbol);
+  bool specialized(const sym::Expr& symbol) const;
+  // A fact between sizes: `zero` evaluates to 0 (a relation a - b == 0 a shape rule relied on).
+  void add_fact(const sym::Expr& zero);
+  void add_fact_nonnegative(const sym::Expr& e);  // e >= 0
+  bool has_fact(const sym::Expr& zero) const;
+  bool has_fact_nonnegative(const sym::Expr& e) const;
+  // Specialized symbols and their values, to fold into the graph before it is compiled.
+  std::map<sym::Expr, sym::Expr> specializations() const;
+  // Automatic dynamic: for each tensor guard whose tensor now has the same rank but other
+  // sizes, the dims whose size changed (by the guard's source).
+  void size_changes(const FrameView& f, std::map<std::string, std::set<int64_t>>& out) const;
+
   // True when all hold. On failure, `why` (if given) names the first failing guard.
   bool check(const FrameView& f, std::string* why) const;
   const std::vector<Guard>& guards() const { return guards_; }
   std::vector<std::string> strs() const;
 
  private:
+  bool check_guards(const FrameView& f, std::string* why, SymbolBindings& bindings) const;
   // False when the guard adds nothing: the same check is there already, or the value lies
   // inside a code object whose identity is guarded (code objects never change).
   bool needed(const Guard& g);
 
   std::vector<Guard> guards_;
+  std::vector<sym::Expr> symbols_;
+  std::vector<int64_t> hints_;
+  std::vector<int> specialized_;  // symbol indices that must equal their hint
+  std::vector<sym::Expr> facts_;  // expressions of the symbols that must be 0
+  std::vector<sym::Expr> nonneg_facts_;  // ... that must be >= 0
   std::unordered_set<std::string> seen_;          // str() of each guard kept
   std::unordered_set<std::string> fixed_roots_;   // sources of identity-guarded code objects
+};
+
+// The shape environment of a capture (sym::ShapeEnv): sizes compare at the symbols' hints (this
+// call's sizes), and what a shape rule relies on becomes a fact of the guard set. Frozen (while
+// the captured graph compiles), it answers from the facts already there and adds none: every
+// fact an entry relies on was checked by its guards.
+class GuardShapeEnv : public sym::ShapeEnv {
+ public:
+  GuardShapeEnv(GuardSet& guards, bool frozen) : guards_(guards), frozen_(frozen) {}
+  bool assume_equal(const sym::Expr& a, const sym::Expr& b) override;
+  bool assume_nonnegative(const sym::Expr& e) override;
+  std::optional<int64_t> hint(const sym::Expr& e) override;
+
+ private:
+  GuardSet& guards_;
+  bool frozen_;
 };
 
 }  // namespace kiln::bind

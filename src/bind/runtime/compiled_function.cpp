@@ -205,6 +205,11 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   // So does the default one, until kiln generates 16-bit kernels, for a graph that would need
   // them (autocast regions, bf16 models): still one captured graph with autocast's casts.
   const bool eager_backend = cfg.backend == Backend::Eager;
+  if (!e->capture.guards.symbols().empty() && (eager_backend || needs_half_kernels(*e->capture.graph))) {
+    e->eager = true;  // build_entry captures again with static sizes
+    e->reason = "shape-generic graphs run through compiled kernels only";
+    return e;
+  }
   if (eager_backend || needs_half_kernels(*e->capture.graph)) {
     const char* why = "16-bit kernels are not generated yet: the graph runs through torch's ops";
     e->torch_program = prepare_torch_program(*e->capture.graph, error);
@@ -227,6 +232,8 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     record_explain(*e, name);
     return e;
   }
+  // Sizes the capture specialized are constants in the kernels (their guards hold them).
+  e->capture.graph->substitute_sizes(e->capture.guards.specializations());
   e->compiled = std::make_unique<pipeline::CompiledGraph>();
   pipeline::CompileOptions opts;
   opts.mode = cfg.mode;
@@ -241,6 +248,9 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     static std::mutex compiling;
     GilRelease unlocked;
     std::lock_guard<std::mutex> one_at_a_time(compiling);
+    // Layout choices for symbolic sizes read the capture's hints; no new facts.
+    GuardShapeEnv env(e->capture.guards, true);
+    sym::ShapeEnvScope env_scope(&env);
     ok = pipeline::compile_graph(*e->capture.graph, opts, *e->compiled, error);
   }
   s.compile_seconds += since(t1);
@@ -265,11 +275,41 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
 
 }  // namespace
 
-std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name) {
+namespace {
+std::unique_ptr<Entry> build_entry_interruptible(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg,
+                                                 const std::string& name) {
   std::unique_ptr<Entry> e = build_entry_once(fn, args, cfg, name, true);
   // A SIGINT handler of the program's own that does not raise: the program goes on, and so does
   // the compile, this time to its end.
   if (!e && !PyErr_Occurred()) e = build_entry_once(fn, args, cfg, name, false);
+  return e;
+}
+}  // namespace
+
+std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name) {
+  const Stats before = stats();
+  const size_t explained = explain_log() ? explain_log()->size() : 0;
+  std::unique_ptr<Entry> e = build_entry_interruptible(fn, args, cfg, name);
+  // A shape-generic entry must be a whole compiled graph: if capture or compilation with
+  // symbolic sizes stopped anywhere (a break, a shape rule that needs constant sizes, a graph
+  // that runs through torch), capture again with every size static.
+  if (e && !e->capture.guards.symbols().empty() && (e->eager || e->capture.graph_break)) {
+    log("recompiles", name + ": a shape-generic entry failed (" +
+                          (e->eager ? e->reason : e->capture.graph_break->reason) + "): captured with static sizes");
+    // The attempt counts as nothing but time: its breaks and fallbacks did not happen.
+    Stats& s = stats();
+    const double capture_s = s.capture_seconds, compile_s = s.compile_seconds;
+    s = before;
+    s.capture_seconds = capture_s;
+    s.compile_seconds = compile_s;
+    if (explain_log()) explain_log()->resize(explained);
+    DynamicDims none;
+    none.none = true;
+    BoundArgs fixed = args;
+    fixed.dynamic = &none;
+    if (fixed.memo) fixed.memo->clear();
+    e = build_entry_interruptible(fn, fixed, cfg, name);
+  }
   return e;
 }
 
@@ -578,6 +618,7 @@ CodeCache::CodeCache(PyObject* code, const CompileConfig& c) : cfg(c) {
   PyObject* vn = PyCode_GetVarnames(co);
   for (Py_ssize_t i = 0; vn && i < nargs; ++i) names.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(vn, i)));
   Py_XDECREF(vn);
+  dynamic.all = cfg.dynamic == Dynamic::Always;
 }
 
 namespace {
@@ -651,6 +692,11 @@ Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) 
     why = failed_guards(c, fv);
     log("recompiles", c.name + ": recompiling: " + why);
   }
+  // Automatic dynamic (dynamic=None): an input dim whose size differs from what an entry was
+  // specialized on is captured with a symbolic size from now on, so one entry serves all.
+  if (c.cfg.dynamic == Dynamic::Automatic)
+    for (auto& e : c.entries) e->capture.guards.size_changes(fv, c.dynamic.by_source);
+  bound.dynamic = &c.dynamic;
   // Capture runs Python code and creates and frees sources: what the memo holds may be stale.
   if (bound.memo) bound.memo->clear();
   if (bound.names.empty()) bound.names = c.names;

@@ -19,8 +19,13 @@ struct TorchProgram;
 // (kiln.compile(backend="eager"), as torch.compile(backend="eager") runs its FX graph).
 enum class Backend { Inductor, Eager };
 
+// torch.compile's `dynamic`: None (automatic: static first, then the dims that changed made
+// symbolic), True (symbolic from the first compile), False (static; marked dims still symbolic).
+enum class Dynamic { Automatic, Always, Never };
+
 struct CompileConfig {
   Backend backend = Backend::Inductor;
+  Dynamic dynamic = Dynamic::Automatic;
   std::string mode = "default";
   bool fullgraph = false;
   bool disable = false;
@@ -76,6 +81,7 @@ struct CodeCache {
   bool simple = false;         // positional parameters only: calls with exactly those bind for free
   std::vector<std::string> names;  // of the parameter slots
   std::vector<bool> private_params;  // see BoundArgs::private_slots (resume functions)
+  DynamicDims dynamic;               // input dims captured with symbolic sizes from now on
   CodeCache() = default;
   CodeCache(PyObject* code, const CompileConfig& cfg);
 };

@@ -55,6 +55,13 @@ PyObject* attr_object(const ir::AttrValue& v) {
     }
     PyObject* operator()(const std::string& s) const { return PyUnicode_FromString(s.c_str()); }
     PyObject* operator()(DType t) const { return Py_NewRef(torch_dtype_object(t)); }
+    // Graphs the eager backend runs have constant sizes (shape-generic ones are compiled).
+    PyObject* operator()(const sym::Expr& e) const { return PyLong_FromLongLong(e.as_const().value_or(0)); }
+    PyObject* operator()(const std::vector<sym::Expr>& l) const {
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(l.size()));
+      for (size_t i = 0; i < l.size(); ++i) PyTuple_SET_ITEM(t, i, operator()(l[i]));
+      return t;
+    }
   };
   return std::visit(V{}, v);
 }

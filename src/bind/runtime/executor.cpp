@@ -26,9 +26,23 @@ c10::ScalarType scalar_type(DType t) {
   return map[static_cast<int>(t)];
 }
 
-std::vector<int64_t> ints(const std::vector<Expr>& xs) {
+// Values of the size symbols of one call (empty for a program of constant sizes).
+struct SymbolValues {
+  const std::vector<loop::SymbolBinding>* symbols = nullptr;
+  std::vector<int64_t> values;
+  int64_t operator()(const Expr& e) const {
+    if (auto c = e.as_const()) return *c;
+    return sym::evaluate(e, [this](const Expr& v) {
+      for (size_t i = 0; i < symbols->size(); ++i)
+        if ((*symbols)[i].symbol == v) return values[i];
+      throw std::runtime_error("kiln: unbound size symbol " + v.str());
+    });
+  }
+};
+
+std::vector<int64_t> ints(const std::vector<Expr>& xs, const SymbolValues& sv) {
   std::vector<int64_t> out;
-  for (const Expr& e : xs) out.push_back(*e.as_const());
+  for (const Expr& e : xs) out.push_back(sv(e));
   return out;
 }
 
@@ -45,6 +59,15 @@ c10::IValue attr_ivalue(const ir::AttrValue& v) {
     c10::IValue operator()(const std::vector<int64_t>& l) const { return c10::IValue(l); }
     c10::IValue operator()(const std::string& s) const { return c10::IValue(s); }
     c10::IValue operator()(DType t) const { return c10::IValue(scalar_type(t)); }
+    c10::IValue operator()(const std::vector<sym::Expr>& l) const {
+      std::vector<int64_t> out;
+      for (const sym::Expr& e : l) out.push_back(operator()(e).toInt());
+      return c10::IValue(out);
+    }
+    c10::IValue operator()(const sym::Expr& e) const {
+      if (auto c = e.as_const()) return c10::IValue(*c);
+      throw std::runtime_error("kiln: a symbolic size reached an extern operator's arguments");
+    }
   };
   return std::visit(V{}, v);
 }
@@ -56,9 +79,9 @@ struct ViewPlan {
   int64_t offset = 0;
 };
 
-ViewPlan plan_view(const loop::BufferView& v) {
+ViewPlan plan_view(const loop::BufferView& v, const SymbolValues& sv) {
   if (v.buffer < 0) return {};
-  return {v.buffer, ints(v.sizes), ints(v.strides), *v.offset.as_const()};
+  return {v.buffer, ints(v.sizes, sv), ints(v.strides, sv), sv(v.offset)};
 }
 
 // The tensor a view describes: the buffer's own tensor when the view covers it as it is.
@@ -70,6 +93,10 @@ at::Tensor view_of(const at::Tensor& base, const ViewPlan& v) {
 struct ExternPlan {
   std::optional<c10::OperatorHandle> op;  // none: a torch_call (the callable is in its attributes)
   const ops::OpDef* def;
+};
+
+// An extern's tensors, with sizes resolved.
+struct ExternViews {
   std::vector<ViewPlan> inputs;
   std::vector<int64_t> out_strides;
 };
@@ -100,7 +127,7 @@ bool same_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
   return true;
 }
 
-bool run_torch_call(const loop::Extern& e, const ExternPlan& plan, const std::vector<at::Tensor>& tensors, at::Tensor& out) {
+bool run_torch_call(const loop::Extern& e, const ExternViews& plan, const std::vector<at::Tensor>& tensors, at::Tensor& out) {
   const TorchCall& call = torch_call(static_cast<int>(e.attrs.get_int("fn")));
   std::vector<PyObject*> ins;
   for (const ViewPlan& v : plan.inputs) ins.push_back(THPVariable_Wrap(view_of(tensors[v.buffer], v)));
@@ -129,13 +156,23 @@ bool run_torch_call(const loop::Extern& e, const ExternPlan& plan, const std::ve
 
 }  // namespace
 
+// Every size of one call: resolved once at prepare time when the program's sizes are constant,
+// at each call from the inputs' sizes when it is shape-generic.
+struct Resolved {
+  SymbolValues symbols;
+  std::vector<int64_t> slot_bytes;
+  std::vector<std::vector<int64_t>> sizes, strides;  // of each buffer
+  std::vector<ExternViews> externs;
+  std::vector<ViewPlan> outputs;
+  std::vector<unsigned> grids;  // CUDA launches
+};
+
 struct PreparedProgram {
   std::vector<ExternPlan> externs;
-  std::vector<int64_t> slot_bytes;
-  std::vector<int64_t> buffer_bytes;
   std::vector<bool> extern_output;  // buffers that extern ops allocate themselves
-  std::vector<std::vector<int64_t>> sizes, strides;  // of each buffer, resolved once
-  std::vector<ViewPlan> outputs;
+  bool symbolic = false;
+  const std::vector<loop::SymbolBinding>* symbols_desc = nullptr;
+  Resolved fixed;                   // !symbolic
   // Lifetimes, per step: tensors of kiln's own made just before the step that first touches
   // them, and every buffer no later step reads dropped right after its last step, as eager
   // frees what it no longer needs. Holding a whole model's intermediates to the end of the
@@ -208,24 +245,44 @@ struct AutocastExcluded::State {
 AutocastExcluded::AutocastExcluded() : state_(std::make_unique<State>()) {}
 AutocastExcluded::~AutocastExcluded() = default;
 
+namespace {
+
+// Resolves every size of the program for the given symbol values.
+void resolve(const pipeline::CompiledGraph& cg, SymbolValues sv, Resolved& r) {
+  const loop::Program& p = cg.program;
+  r.symbols = std::move(sv);
+  r.slot_bytes.assign(p.num_slots, 0);
+  r.sizes.clear();
+  r.strides.clear();
+  for (const loop::Buffer& b : p.buffers) {
+    r.sizes.push_back(ints(b.sizes, r.symbols));
+    r.strides.push_back(ints(b.strides, r.symbols));
+    if (b.slot >= 0) r.slot_bytes[b.slot] = std::max(r.slot_bytes[b.slot], r.symbols(b.bytes()));
+  }
+  r.externs.clear();
+  for (const loop::Extern& e : p.externs) {
+    ExternViews v{{}, ints(p.buffers[e.output].strides, r.symbols)};
+    for (const loop::BufferView& in : e.inputs) v.inputs.push_back(plan_view(in, r.symbols));
+    r.externs.push_back(std::move(v));
+  }
+  r.outputs.clear();
+  for (const loop::Output& o : p.outputs)
+    r.outputs.push_back(o.input_alias >= 0 ? ViewPlan{} : plan_view(o.view, r.symbols));
+  r.grids.clear();
+  for (const pipeline::CompiledKernel& k : cg.kernels)
+    r.grids.push_back(k.grid_expr.valid() ? static_cast<unsigned>(r.symbols(k.grid_expr)) : k.grid);
+}
+
+}  // namespace
+
 std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& cg, std::string& error) {
   auto prep = std::make_shared<PreparedProgram>();
   const loop::Program& p = cg.program;
   prep->extern_output.assign(p.buffers.size(), false);
   for (const loop::Extern& e : p.externs) prep->extern_output[e.output] = true;
-  prep->slot_bytes.assign(p.num_slots, 0);
-  for (const loop::Buffer& b : p.buffers) {
-    auto bytes = b.bytes().as_const();
-    if (!bytes) {
-      error = "symbolic buffer size";
-      return nullptr;
-    }
-    prep->buffer_bytes.push_back(*bytes);
-    prep->sizes.push_back(ints(b.sizes));
-    prep->strides.push_back(ints(b.strides));
-    if (b.slot >= 0) prep->slot_bytes[b.slot] = std::max(prep->slot_bytes[b.slot], *bytes);
-  }
-  // Sizes are known to be constant from here on (the check above).
+  prep->symbols_desc = &p.symbols;
+  prep->symbolic = !p.symbols.empty();
+  if (!prep->symbolic) resolve(cg, SymbolValues{&p.symbols, {}}, prep->fixed);
   for (const loop::Extern& e : p.externs) {
     std::optional<c10::OperatorHandle> handle;
     if (e.op != "torch_call") {
@@ -235,11 +292,8 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
         return nullptr;
       }
     }
-    ExternPlan plan{handle, ops::find_op(e.op), {}, ints(p.buffers[e.output].strides)};
-    for (const loop::BufferView& v : e.inputs) plan.inputs.push_back(plan_view(v));
-    prep->externs.push_back(std::move(plan));
+    prep->externs.push_back(ExternPlan{handle, ops::find_op(e.op)});
   }
-  for (const loop::Output& o : p.outputs) prep->outputs.push_back(o.input_alias >= 0 ? ViewPlan{} : plan_view(o.view));
   plan_lifetimes(p, *prep);
   prep->has_cuda = p.device.type == DeviceType::CUDA;
   if (prep->has_cuda) {
@@ -269,17 +323,26 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       tensors[p.inputs[i]] = t;
       ptrs[p.inputs[i]] = t.data_ptr();
     }
+    // A shape-generic program reads its size symbols off the inputs (the guards checked that
+    // they satisfy what the entry relies on) and resolves its sizes for this call.
+    Resolved per_call;
+    if (prep.symbolic) {
+      SymbolValues sv{&p.symbols, {}};
+      for (const loop::SymbolBinding& b : p.symbols) sv.values.push_back(tensors[p.inputs[b.input]].size(b.dim));
+      resolve(cg, std::move(sv), per_call);
+    }
+    const Resolved& rs = prep.symbolic ? per_call : prep.fixed;
     const auto options = at::TensorOptions().device(device_of(p.device));
-    std::vector<at::Tensor> slots(prep.slot_bytes.size());
+    std::vector<at::Tensor> slots(rs.slot_bytes.size());
     // Outputs, and temporaries that extern ops read (slot -1), are tensors of their own; the
     // other temporaries live in reuse slots.
     auto make = [&](size_t step) {
       for (int id : prep.make_before[step]) {
         const loop::Buffer& b = p.buffers[id];
-        tensors[id] = at::empty_strided(prep.sizes[id], prep.strides[id], options.dtype(scalar_type(b.dtype)));
+        tensors[id] = at::empty_strided(rs.sizes[id], rs.strides[id], options.dtype(scalar_type(b.dtype)));
         ptrs[id] = tensors[id].data_ptr();
       }
-      for (int s : prep.make_slot_before[step]) slots[s] = at::empty({prep.slot_bytes[s]}, options.dtype(at::kByte));
+      for (int s : prep.make_slot_before[step]) slots[s] = at::empty({rs.slot_bytes[s]}, options.dtype(at::kByte));
     };
     auto drop = [&](size_t step) {
       for (int id : prep.drop_after[step]) {
@@ -307,14 +370,16 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         args.clear();
         for (int b : k.buffers) args.push_back(prep.slot_of[b] >= 0 ? slots[prep.slot_of[b]].data_ptr() : ptrs[b]);
         if (ck.cpu_fn) {
+          if (prep.symbolic) args.push_back(const_cast<int64_t*>(rs.symbols.values.data()));
           GilRelease unlocked;  // other Python threads run while the kernel does
           ck.cpu_fn(args.data());
           return true;
         }
         std::vector<void*> argp;
         for (void*& a : args) argp.push_back(&a);
+        for (const int64_t& v : rs.symbols.values) argp.push_back(const_cast<int64_t*>(&v));
         std::string err;
-        if (!compile::cuda_launch(ck.cuda_fn, ck.grid, 1, 1, ck.block, 1, 1, 0, stream, argp.data(), err)) {
+        if (!compile::cuda_launch(ck.cuda_fn, rs.grids[st.index], 1, 1, ck.block, 1, 1, 0, stream, argp.data(), err)) {
           PyErr_SetString(PyExc_RuntimeError, ("kiln: kernel launch failed: " + err).c_str());
           return false;
         }
@@ -322,15 +387,16 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       }
       const loop::Extern& e = p.externs[st.index];
       ExternPlan& plan = prep.externs[st.index];
+      const ExternViews& views = rs.externs[st.index];
       at::Tensor r;
       if (!plan.op) {
-        if (!run_torch_call(e, plan, tensors, r)) return false;
+        if (!run_torch_call(e, views, tensors, r)) return false;
       } else {
         torch::jit::Stack stack;
         size_t next_input = 0;
         for (const ops::Param& param : plan.def->schema.params) {
           if (param.is_tensor()) {
-            const ViewPlan& v = plan.inputs[next_input++];
+            const ViewPlan& v = views.inputs[next_input++];
             if (v.buffer < 0) stack.emplace_back();
             else stack.emplace_back(view_of(tensors[v.buffer], v));
           } else if (const ir::AttrValue* a = e.attrs.find(param.name)) {
@@ -346,7 +412,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
           plan.op->callBoxed(&stack);
         }
         r = stack[0].toTensor();
-        if (!same_layout(r, plan.out_strides)) r = r.contiguous();
+        if (!same_layout(r, views.out_strides)) r = r.contiguous();
       }
       ptrs[e.output] = r.data_ptr();
       tensors[e.output] = std::move(r);
@@ -371,7 +437,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         outputs.push_back(inputs[alias]);
         continue;
       }
-      const ViewPlan& v = prep.outputs[i];
+      const ViewPlan& v = rs.outputs[i];
       outputs.push_back(THPVariable_Wrap(view_of(tensors[v.buffer], v)));
     }
     return true;

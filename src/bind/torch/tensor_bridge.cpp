@@ -97,7 +97,16 @@ bool tensor_info(PyObject* obj, TensorInfo& out, std::string& why) {
   return true;
 }
 
-bool tensor_matches(PyObject* obj, const TensorInfo& info, std::string* why) {
+int64_t SymbolBindings::value_of(const sym::Expr& e) const {
+  if (auto c = e.as_const()) return *c;
+  return sym::evaluate(e, [this](const sym::Expr& v) -> int64_t {
+    for (size_t i = 0; i < symbols->size(); ++i)
+      if ((*symbols)[i] == v) return values[i];
+    return -1;
+  });
+}
+
+bool tensor_matches(PyObject* obj, const TensorInfo& info, std::string* why, SymbolBindings* bindings) {
   if (Py_TYPE(obj) != info.type) {
     if (why) *why = "type changed";
     return false;
@@ -114,14 +123,50 @@ bool tensor_matches(PyObject* obj, const TensorInfo& info, std::string* why) {
     return false;
   }
   auto sizes = t.sizes();
-  if (sizes.size() != info.sizes.size() || !std::equal(sizes.begin(), sizes.end(), info.sizes.begin())) {
-    if (why) *why = "size changed";
-    return false;
-  }
   auto strides = t.strides();
-  if (!std::equal(strides.begin(), strides.end(), info.strides.begin())) {
-    if (why) *why = "stride changed";
-    return false;
+  if (!info.size_symbols.empty() && bindings) {
+    if (sizes.size() != info.sizes.size()) {
+      if (why) *why = "dim changed";
+      return false;
+    }
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      const int k = info.size_symbols[d];
+      if (k < 0) {
+        if (sizes[d] != info.sizes[d]) {
+          if (why) *why = "size of dim " + std::to_string(d) + " changed";
+          return false;
+        }
+        continue;
+      }
+      int64_t& bound = bindings->values[k];
+      if (sizes[d] < 2) {
+        if (why) *why = "dim " + std::to_string(d) + " of dynamic size " + (*bindings->symbols)[k].str() + " is " +
+                        std::to_string(sizes[d]) + " (sizes 0 and 1 are specialized)";
+        return false;
+      }
+      if (bound >= 0 && bound != sizes[d]) {
+        if (why) *why = "dim " + std::to_string(d) + " is " + std::to_string(sizes[d]) + ", no longer equal to " +
+                        (*bindings->symbols)[k].str() + " = " + std::to_string(bound);
+        return false;
+      }
+      bound = sizes[d];
+    }
+    for (size_t d = 0; d < strides.size(); ++d) {
+      if (sizes[d] == 1) continue;  // a size-1 dim's stride never matters
+      if (strides[d] != bindings->value_of(info.stride_exprs[d])) {
+        if (why) *why = "stride changed";
+        return false;
+      }
+    }
+  } else {
+    if (sizes.size() != info.sizes.size() || !std::equal(sizes.begin(), sizes.end(), info.sizes.begin())) {
+      if (why) *why = "size changed";
+      return false;
+    }
+    if (!std::equal(strides.begin(), strides.end(), info.strides.begin())) {
+      if (why) *why = "stride changed";
+      return false;
+    }
   }
   if (t.requires_grad() != info.requires_grad) {
     if (why) *why = "requires_grad changed";

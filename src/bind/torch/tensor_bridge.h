@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/ir/dtype.h"
+#include "core/sym/expr.h"
 
 namespace kiln::bind {
 
@@ -19,6 +20,18 @@ struct TensorInfo {
   bool requires_grad = false;
   bool meta = false;  // on the meta device: a layout without memory
   PyTypeObject* type = nullptr;
+  // A shape-generic guard (dynamic dims): per dim, the index of its size symbol in the guard
+  // set's symbol table, or -1 where the size must equal sizes[d]; and the strides as
+  // expressions of the symbols. Empty: every size and stride must be equal.
+  std::vector<int> size_symbols;
+  std::vector<sym::Expr> stride_exprs;
+};
+
+// The values of a guard set's size symbols during one check: -1 until a tensor binds it.
+struct SymbolBindings {
+  const std::vector<sym::Expr>* symbols = nullptr;
+  std::vector<int64_t> values;
+  int64_t value_of(const sym::Expr& e) const;
 };
 
 // True for torch.Tensor and its subclasses (Parameter included).
@@ -29,7 +42,9 @@ bool tensor_info(PyObject* obj, TensorInfo& out, std::string& why);
 
 // Fast guard check: does `obj` still match `info`? Compares type, dtype, device, sizes,
 // strides and requires_grad. Fills `why` with the first mismatch.
-bool tensor_matches(PyObject* obj, const TensorInfo& info, std::string* why);
+// A shape-generic `info` binds its symbols in `bindings` (a dim of size 0 or 1 never matches a
+// symbol; a symbol met again must have the same value: duck sizing) and checks its strides.
+bool tensor_matches(PyObject* obj, const TensorInfo& info, std::string* why, SymbolBindings* bindings = nullptr);
 
 // torch.dtype / torch.device objects for a kiln dtype/device (borrowed references).
 PyObject* torch_dtype_object(DType t);

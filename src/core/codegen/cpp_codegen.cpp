@@ -72,11 +72,25 @@ class KernelWriter {
       out_ += "  " + cv + ctype(b.dtype) + "* __restrict__ " + b.name + " = (" + cv + ctype(b.dtype) + "*)kiln_args[" +
               std::to_string(i) + "];\n";
     }
+    // A shape-generic program's size symbols follow the buffers, as one array of int64.
+    if (!p_.symbols.empty()) {
+      out_ += "  const kiln_i64* kiln_syms = (const kiln_i64*)kiln_args[" + std::to_string(k_.buffers.size()) + "];\n";
+      for (size_t i = 0; i < p_.symbols.size(); ++i)
+        out_ += "  const kiln_i64 " + p_.symbols[i].symbol.name() + " = kiln_syms[" + std::to_string(i) + "];\n";
+    }
     int64_t outer = const_product(k_.ranges);
     int64_t inner = 1;
     for (const Stage& st : k_.stages)
       if (!st.vars.empty()) inner = std::max<int64_t>(inner, const_product(st.ranges));
     bool parallel = outer < 0 || inner < 0 || (outer > 1 && outer * inner >= kParallelThreshold);
+    // Symbolic sizes: whether the team forks is decided per call, from the sizes of that call.
+    std::string when;
+    if (outer < 0 || inner < 0) {
+      Expr work = sym::product(k_.ranges);
+      for (const Stage& st : k_.stages)
+        if (!st.vars.empty()) work = work * sym::product(st.ranges);
+      when = " if(" + work.c_str() + " >= " + std::to_string(kParallelThreshold) + ")";
+    }
     bool pointwise_only = true;
     for (const Stage& st : k_.stages) pointwise_only &= st.vars.empty();
 
@@ -103,7 +117,7 @@ class KernelWriter {
       if (d == 0 && parallel) {
         bool simd = pointwise_only && collapse == n;
         out_ += indent + (simd ? "#pragma omp parallel for simd schedule(static)" : "#pragma omp parallel for schedule(static)") +
-                split + "\n";
+                split + when + "\n";
       } else if (innermost && pointwise_only && !(parallel && d < collapse)) {
         out_ += indent + "#pragma omp simd\n";
       }

@@ -70,19 +70,30 @@ class CudaKernelWriter {
     int64_t inner = 1;
     for (const Stage& st : k_.stages)
       if (!st.vars.empty()) rowwise = true, inner = std::max(inner, const_product(st.ranges));
-    int64_t outer = const_product(k_.ranges);
+    // Symbolic extents: sizes are at least 2 and usually large, so take the widest block.
+    bool symbolic_inner = false;
+    for (const Stage& st : k_.stages)
+      if (!st.vars.empty() && !sym::product(st.ranges).as_const()) symbolic_inner = true;
+    const Expr outer_e = sym::product(k_.ranges);
+    const bool symbolic_outer = !outer_e.as_const();
+    const int64_t outer = symbolic_outer ? int64_t(1) << 20 : *outer_e.as_const();
+    outer_ = symbolic_outer ? outer_e.c_str() : std::to_string(outer);
     CudaLaunch l;
     l.name = k_.name;
     if (rowwise) {
       // About 8 elements a thread, at most 256 threads: enough work per thread to hide load
       // latency, few warps for the block-wide reductions to combine.
       l.block = 32;
-      while (l.block < 256 && int64_t(l.block) * 8 < inner) l.block *= 2;
+      while (l.block < 256 && (symbolic_inner || int64_t(l.block) * 8 < inner)) l.block *= 2;
       l.grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(outer, 1), 1 << 30));
+      if (symbolic_outer) l.grid_expr = sym::min(sym::max(outer_e, 1), Expr(int64_t(1) << 30));
     } else {
       l.block = outer >= 256 ? 256 : 128;
       int64_t blocks = (outer + l.block - 1) / l.block;
       l.grid = static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 132 * 64));
+      if (symbolic_outer)
+        l.grid_expr = sym::min(sym::max(sym::floordiv(outer_e + Expr(int64_t(l.block) - 1), Expr(int64_t(l.block))), 1),
+                               Expr(132 * 64));
     }
     block_ = l.block;
     out_ += "// " + k_.name + ": fuses " + std::to_string(k_.ops.size()) + " op(s)\n";
@@ -92,12 +103,13 @@ class CudaKernelWriter {
       std::string cv = stored.count(b.id) ? "" : "const ";
       out_ += (i ? ", " : "") + cv + ctype(b.dtype) + "* __restrict__ " + b.name;
     }
+    for (const loop::SymbolBinding& sb : p_.symbols) out_ += ", const long long " + sb.symbol.name();
     out_ += ") {\n";
     ScalarEmitter em(p_, out_, [](int acc) { return "acc" + std::to_string(acc); });
     std::string indent = "  ";
     if (rowwise) {
       out_ += indent + "__shared__ double kiln_smem_raw[32];\n";
-      out_ += indent + "for (kiln_idx kiln_row = blockIdx.x; kiln_row < " + std::to_string(outer) +
+      out_ += indent + "for (kiln_idx kiln_row = blockIdx.x; kiln_row < " + outer_ +
               "; kiln_row += gridDim.x) {\n";
       indent += "  ";
       unravel(out_, indent, "kiln_row", k_.vars, k_.ranges);
@@ -106,7 +118,7 @@ class CudaKernelWriter {
     } else {
       out_ += indent + "#pragma unroll 4\n";  // several independent loads in flight per thread
       out_ += indent + "for (kiln_idx kiln_lin = (kiln_idx)blockIdx.x * " + std::to_string(l.block) +
-              " + threadIdx.x; kiln_lin < " + std::to_string(outer) + "; kiln_lin += (kiln_idx)gridDim.x * " +
+              " + threadIdx.x; kiln_lin < " + outer_ + "; kiln_lin += (kiln_idx)gridDim.x * " +
               std::to_string(l.block) + ") {\n";
       indent += "  ";
       unravel(out_, indent, "kiln_lin", k_.vars, k_.ranges);
@@ -137,7 +149,7 @@ class CudaKernelWriter {
       std::string t = ctype(st.acc_dtype);
       out_ += indent + t + " " + acc + " = " + acc_init(st.reduce, st.acc_dtype) + ";\n";
       out_ += indent + "#pragma unroll 4\n";
-      out_ += indent + "for (kiln_idx kiln_q = threadIdx.x; kiln_q < " + std::to_string(const_product(st.ranges)) +
+      out_ += indent + "for (kiln_idx kiln_q = threadIdx.x; kiln_q < " + sym::product(st.ranges).c_str() +
               "; kiln_q += " + std::to_string(block_) + ") {\n";
       em.push_scope();
       unravel(out_, in2, "kiln_q", st.vars, st.ranges);
@@ -163,7 +175,7 @@ class CudaKernelWriter {
       return;
     }
     out_ += indent + "#pragma unroll 4\n";
-    out_ += indent + "for (kiln_idx kiln_q = threadIdx.x; kiln_q < " + std::to_string(const_product(st.ranges)) +
+    out_ += indent + "for (kiln_idx kiln_q = threadIdx.x; kiln_q < " + sym::product(st.ranges).c_str() +
             "; kiln_q += " + std::to_string(block_) + ") {\n";
     em.push_scope();
     unravel(out_, in2, "kiln_q", st.vars, st.ranges);
@@ -179,6 +191,7 @@ class CudaKernelWriter {
   const Kernel& k_;
   std::string& out_;
   unsigned block_ = 256;
+  std::string outer_;  // the outer space's point count, as source text
 };
 
 // 32-bit index arithmetic is much cheaper on the GPU; it is exact while every buffer spans
@@ -191,9 +204,12 @@ bool fits_int32(const loop::Program& p) {
     if (!bytes || *bytes / dtype_size(b.dtype) >= limit) return false;
   }
   for (const Kernel& k : p.kernels) {
+    if (!sym::product(k.ranges).as_const()) return false;  // shape-generic: sizes unknown
     if (const_product(k.ranges) * 2 >= limit) return false;
     for (const Stage& st : k.stages)
-      if (const_product(k.ranges) * std::max<int64_t>(const_product(st.ranges), 1) >= limit) return false;
+      if (!sym::product(st.ranges).as_const() ||
+          const_product(k.ranges) * std::max<int64_t>(const_product(st.ranges), 1) >= limit)
+        return false;
   }
   return true;
 }

@@ -16,6 +16,9 @@ namespace kiln::codegen {
 struct CudaLaunch {
   std::string name;
   unsigned grid = 1, block = 1;
+  // Shape-generic kernels: the grid as an expression of the size symbols (evaluated at each
+  // launch); their values follow the buffers as int64 arguments.
+  sym::Expr grid_expr;
 };
 
 struct CudaSource {

@@ -121,6 +121,7 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
     case SOp::Const: return literal(n.fval, n.ival, n.dtype);
     case SOp::Acc: return acc_name_(n.acc);
     case SOp::Load: e = p_.buffers[n.buffer].name + "[" + n.index.c_str() + "]"; break;
+    case SOp::Index: e = "((" + ctype(n.dtype) + ")(" + n.index.c_str() + "))"; break;
     case SOp::Cast: {
       // float -> int32/int64 -> float: one prelude helper (kiln_through_int32/64), so the CPU
       // compiler cannot fold the pair into a trunc() that keeps -0.0, inf and nan (see preludes).

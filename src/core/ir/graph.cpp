@@ -84,6 +84,33 @@ std::optional<DType> Attrs::get_dtype(const std::string& key) const {
   return std::nullopt;
 }
 
+AttrValue sizes_attr(const std::vector<Expr>& sizes) {
+  std::vector<int64_t> ints;
+  for (const Expr& e : sizes) {
+    auto c = e.as_const();
+    if (!c) return sizes;
+    ints.push_back(*c);
+  }
+  return ints;
+}
+
+std::vector<Expr> Attrs::get_exprs(const std::string& key) const {
+  const AttrValue* v = find(key);
+  if (!v) return {};
+  if (auto* l = std::get_if<std::vector<Expr>>(v)) return *l;
+  std::vector<Expr> out;
+  for (int64_t i : get_ints(key)) out.push_back(Expr(i));
+  return out;
+}
+
+sym::Expr Attrs::get_expr(const std::string& key) const {
+  const AttrValue* v = find(key);
+  if (!v) return {};
+  if (auto* e = std::get_if<sym::Expr>(v)) return *e;
+  if (auto* i = std::get_if<int64_t>(v)) return *i;
+  return {};
+}
+
 std::string attr_str(const AttrValue& v) {
   struct V {
     std::string operator()(int64_t i) const { return std::to_string(i); }
@@ -95,6 +122,8 @@ std::string attr_str(const AttrValue& v) {
       return s;
     }
     std::string operator()(bool b) const { return b ? "True" : "False"; }
+    std::string operator()(const sym::Expr& e) const { return e.str(); }
+    std::string operator()(const std::vector<sym::Expr>& l) const { return sym::str(l); }
     std::string operator()(const std::vector<int64_t>& l) const {
       std::string s = "[";
       for (size_t i = 0; i < l.size(); ++i) s += (i ? ", " : "") + std::to_string(l[i]);
@@ -174,6 +203,27 @@ Node* Graph::placeholder(const std::string& name, const TensorMeta& meta) {
   // Placeholders stay in front so that the order is topological for any later node.
   auto pos = std::find_if(nodes_.begin(), nodes_.end(), [](auto& x) { return x->op_name() != "placeholder"; });
   return nodes_.insert(pos, std::move(n))->get();
+}
+
+void Graph::substitute_sizes(const std::map<Expr, Expr>& repl) {
+  if (repl.empty()) return;
+  auto sub = [&](Expr& e) { e = sym::substitute(e, repl); };
+  for (auto& n : nodes_) {
+    for (Expr& e : n->meta.sizes) sub(e);
+    for (Expr& e : n->meta.strides) sub(e);
+    sub(n->meta.offset);
+    std::vector<std::pair<std::string, AttrValue>> items = n->attrs.items();
+    for (auto& [k, v] : items)
+      if (auto* e = std::get_if<Expr>(&v)) n->attrs.set(k, sym::substitute(*e, repl));
+  }
+}
+
+Node* Graph::size_value(const Expr& e, DType t) {
+  if (auto c = e.as_const()) return scalar(static_cast<double>(*c), t);
+  Attrs a;
+  a.set("expr", e);
+  a.set("dtype", t);
+  return must_add("size_value", {}, a);
 }
 
 Node* Graph::scalar(double v, DType t) {

@@ -6,6 +6,7 @@
 // Nodes are owned by their graph and kept in a valid topological order at all times.
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,7 +40,13 @@ struct TensorMeta {
 
 std::vector<Expr> contiguous_strides(const std::vector<Expr>& sizes);
 
-using AttrValue = std::variant<int64_t, double, bool, std::vector<int64_t>, std::string, DType>;
+// sym::Expr: a size that may be symbolic (size_value's expression).
+// std::vector<sym::Expr>: a list of sizes some of which are symbolic (a decomposition's reshape).
+using AttrValue =
+    std::variant<int64_t, double, bool, std::vector<int64_t>, std::string, DType, sym::Expr, std::vector<sym::Expr>>;
+
+// A list of sizes as an attribute: plain ints when all are constant, else expressions.
+AttrValue sizes_attr(const std::vector<Expr>& sizes);
 
 // Non-tensor arguments, in schema order. Few per node, so a flat list beats a map.
 class Attrs {
@@ -53,6 +60,8 @@ class Attrs {
   std::vector<int64_t> get_ints(const std::string& key) const;
   std::string get_str(const std::string& key, const std::string& dflt = "") const;
   std::optional<DType> get_dtype(const std::string& key) const;
+  sym::Expr get_expr(const std::string& key) const;  // an int converts; invalid Expr if absent
+  std::vector<Expr> get_exprs(const std::string& key) const;  // int lists convert
   const std::vector<std::pair<std::string, AttrValue>>& items() const { return items_; }
   std::string str() const;
   bool operator==(const Attrs& o) const { return items_ == o.items_; }
@@ -91,6 +100,8 @@ class Graph {
 
   Node* placeholder(const std::string& name, const TensorMeta& meta);
   Node* scalar(double v, DType t);  // a Python number
+  // A size as a number (a mean's count): a scalar when constant, else a size_value node.
+  Node* size_value(const Expr& e, DType t);
 
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
   const std::vector<Node*>& inputs() const { return inputs_; }
@@ -105,6 +116,9 @@ class Graph {
   // that expand one node into several and must keep topological order).
   void move_tail_before(size_t tail_start, const Node* before);
   void recompute_users();
+  // Replaces size symbols by expressions (specialized ones by their values) in every node's
+  // sizes, strides, offset and size attributes.
+  void substitute_sizes(const std::map<Expr, Expr>& repl);
 
   std::string str() const;          // FX-like readable form
   size_t op_count() const;          // nodes that are not placeholders/scalars

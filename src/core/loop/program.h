@@ -90,8 +90,18 @@ struct Output {
   int input_alias = -1;  // when the output is a graph input returned as is
 };
 
+// A size symbol's value at run time: the size of dim `dim` of graph input `input`.
+struct SymbolBinding {
+  Expr symbol;
+  int input = 0;
+  int dim = 0;
+};
+
 struct Program {
   ScalarCtx exprs;
+  // The size symbols of a shape-generic program, in the order kernels receive their values
+  // (empty: every size is a constant). Each is read from the first input dim it names.
+  std::vector<SymbolBinding> symbols;
   std::vector<Buffer> buffers;
   std::vector<Kernel> kernels;
   std::vector<Extern> externs;

@@ -36,6 +36,7 @@ enum class SOp : uint8_t {
   Acc,    // the result of reduction `acc` of the enclosing kernel
   Cast,   // a -> dtype
   Where,  // a ? b : c
+  Index,  // the value of `index`, an expression of sizes (a symbolic size as a number), as dtype
 #define KILN_X(name, str) name,
   KILN_SCALAR_UNARY(KILN_X) KILN_SCALAR_BINARY(KILN_X)
 #undef KILN_X
@@ -81,6 +82,7 @@ class ScalarCtx {
   SRef unary(SOp op, SRef a);
   SRef binary(SOp op, SRef a, SRef b);  // operands must share a dtype; comparisons give bool
   SRef where(SRef cond, SRef a, SRef b);
+  SRef size_value(sym::Expr e, DType t);  // constant when e is
 
   const SNode& operator[](SRef r) const { return nodes_[r]; }
   DType dtype(SRef r) const { return nodes_[r].dtype; }

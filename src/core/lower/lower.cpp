@@ -119,8 +119,21 @@ class Lowering {
       b.kind = BufferKind::Input;
       b.io_index = static_cast<int>(n->attrs.get_int("index"));
       int id = p_.add_buffer(b);
+      for (size_t d = 0; d < b.sizes.size(); ++d) {
+        const Expr& e = b.sizes[d];
+        if (!e.is_size_symbol()) continue;
+        bool bound = false;
+        for (const loop::SymbolBinding& sb : p_.symbols) bound |= sb.symbol == e;
+        if (!bound) p_.symbols.push_back({e, static_cast<int>(p_.inputs.size()), static_cast<int>(d)});
+      }
       p_.inputs.push_back(id);
       values_[n] = buffer_value(id);
+      return true;
+    }
+    if (op.name == "size_value") {
+      DType t = n->meta.dtype;
+      SRef c = s_.size_value(n->attrs.get_expr("expr"), t);
+      values_[n] = Value{{}, t, [c](const Exprs&) { return c; }, -1, {}};
       return true;
     }
     if (op.name == "scalar") {
@@ -352,11 +365,11 @@ class Lowering {
     const loop::SNode& node = s_[r];
     if (node.op != loop::SOp::Load) return std::nullopt;
     auto aff = sym::affine(node.index, vars);
-    if (!aff || !aff->offset.as_const()) return std::nullopt;
+    if (!aff) return std::nullopt;
     loop::BufferView bv;
     bv.buffer = node.buffer;
     bv.sizes = v.sizes;
-    for (int64_t c : aff->coeffs) bv.strides.push_back(Expr(c));
+    bv.strides = aff->coeffs;
     bv.offset = aff->offset;
     return bv;
   }

@@ -3,6 +3,7 @@
 // disagree.
 #include <stdexcept>
 
+#include "core/sym/shape_env.h"
 #include "core/ops/registry.h"
 
 namespace kiln::ops {
@@ -17,20 +18,12 @@ Attrs A(std::initializer_list<std::pair<std::string, ir::AttrValue>> kv) {
 }
 
 Node* reshape(Graph& g, Node* x, const std::vector<Expr>& sizes) {
-  Ints s;
-  for (const Expr& e : sizes) {
-    auto c = e.as_const();
-    if (!c) throw std::runtime_error("kiln: symbolic reshape in a decomposition is not supported yet");
-    s.push_back(*c);
-  }
-  return g.must_add("reshape", {x}, A({{"shape", s}}));
+  return g.must_add("reshape", {x}, A({{"shape", ir::sizes_attr(sizes)}}));
 }
 
 Node* expand(Graph& g, Node* x, const std::vector<Expr>& sizes) {
   if (x->meta.sizes == sizes) return x;
-  Ints s;
-  for (const Expr& e : sizes) s.push_back(*e.as_const());
-  return g.must_add("expand", {x}, A({{"size", s}}));
+  return g.must_add("expand", {x}, A({{"size", ir::sizes_attr(sizes)}}));
 }
 
 Node* decompose_matmul(Graph& g, Node* n) {
@@ -39,7 +32,7 @@ Node* decompose_matmul(Graph& g, Node* n) {
   if (da == 0 || db == 0) throw std::runtime_error("RuntimeError: both arguments to matmul need to be at least 1D, but they are " +
                                                    std::to_string(da) + "D and " + std::to_string(db) + "D");
   if (da == 1 && db == 1) {
-    if (a->meta.sizes[0] != b->meta.sizes[0])
+    if (!sym::same_size(a->meta.sizes[0], b->meta.sizes[0]))
       throw std::runtime_error("RuntimeError: inconsistent tensor size, expected tensor [" + a->meta.sizes[0].str() +
                                "] and src [" + b->meta.sizes[0].str() + "] to have the same number of elements, but got " +
                                a->meta.sizes[0].str() + " and " + b->meta.sizes[0].str() + " elements respectively");
@@ -152,9 +145,7 @@ Node* decompose_mean(Graph& g, Node* n) {
   a.set("keepdim", n->attrs.get_bool("keepdim"));
   Node* s = g.must_add("sum", {x}, a);
   Expr count = sym::floordiv(x->meta.numel(), sym::max(s->meta.numel(), Expr(1)));
-  auto c = count.as_const();
-  if (!c) throw std::runtime_error("kiln: mean over symbolic sizes is not supported yet");
-  return g.must_add("div", {s, g.scalar(static_cast<double>(*c), DType::Int64)});
+  return g.must_add("div", {s, g.size_value(count, DType::Int64)});
 }
 
 }  // namespace

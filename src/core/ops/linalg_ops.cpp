@@ -1,4 +1,5 @@
 // Matrix products run as extern calls of torch's own kernels (BLAS/cuBLAS); kiln fuses around them.
+#include "core/sym/shape_env.h"
 #include "core/ops/registry.h"
 
 namespace kiln::ops {
@@ -51,7 +52,7 @@ std::vector<OpDef> linalg_ops() {
         if (a.dim() != 2) return err = "RuntimeError: self must be a matrix", false;
         if (b.dim() != 2) return err = "RuntimeError: mat2 must be a matrix", false;
         if (!same_device(a, b, err)) return false;
-        if (a.sizes[1] != b.sizes[0]) {
+        if (!sym::same_size(a.sizes[1], b.sizes[0])) {
           err = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (" + dims_str(a) + " and " + dims_str(b) + ")";
           return false;
         }
@@ -68,7 +69,7 @@ std::vector<OpDef> linalg_ops() {
         if (a.dim() != 3) return err = "RuntimeError: batch1 must be a 3D tensor", false;
         if (b.dim() != 3) return err = "RuntimeError: batch2 must be a 3D tensor", false;
         if (!same_device(a, b, err)) return false;
-        if (a.sizes[0] != b.sizes[0] || a.sizes[2] != b.sizes[1]) {
+        if (!sym::same_size(a.sizes[0], b.sizes[0]) || !sym::same_size(a.sizes[2], b.sizes[1])) {
           err = "RuntimeError: Expected size for first two dimensions of batch2 tensor to be: [" + a.sizes[0].str() + ", " +
                 a.sizes[2].str() + "] but got: [" + b.sizes[0].str() + ", " + b.sizes[1].str() + "].";
           return false;
@@ -85,7 +86,7 @@ std::vector<OpDef> linalg_ops() {
         const TensorMeta &c = in[0]->meta, &a = in[1]->meta, &b = in[2]->meta;
         if (a.dim() != 2 || b.dim() != 2) return err = "RuntimeError: mat1 and mat2 must be matrices", false;
         if (!same_device(a, b, err) || !same_device(a, c, err)) return false;
-        if (a.sizes[1] != b.sizes[0]) {
+        if (!sym::same_size(a.sizes[1], b.sizes[0])) {
           err = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (" + dims_str(a) + " and " + dims_str(b) + ")";
           return false;
         }

@@ -3,6 +3,7 @@
 // with what surrounds it.
 #include <stdexcept>
 
+#include "core/sym/shape_env.h"
 #include "core/ops/registry.h"
 
 namespace kiln::ops {
@@ -13,7 +14,13 @@ using Ints = std::vector<int64_t>;
 // Output size of a sliding window: (in + 2p - d(k-1) - 1) / s + 1, rounded down (or up).
 bool window_out(const Expr& in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode, Expr& out, std::string& err) {
   auto n = in.as_const();
-  if (!n) return err = "kiln: symbolic spatial size", false;
+  if (!n) {
+    // A symbolic size: the floor form as an expression (torch's kernel checks the size at run
+    // time); ceil mode's last-window rule is left to static shapes.
+    if (ceil_mode || s <= 0) return err = "kiln: symbolic spatial size with ceil_mode", false;
+    out = sym::floordiv(in + Expr(2 * p - d * (k - 1) - 1), Expr(s)) + Expr(1);
+    return true;
+  }
   int64_t span = *n + 2 * p - d * (k - 1) - 1;
   if (span < 0 || s <= 0) {
     err = "RuntimeError: Calculated output size is too small";
@@ -160,8 +167,8 @@ std::vector<OpDef> nn_ops() {
         const TensorMeta &x = in[0]->meta, &w = in[1]->meta;
         if (x.dim() != 4 || w.dim() != 4) return err = "kiln: conv2d on unbatched or non-4D input", false;
         int64_t groups = a.get_int("groups", 1);
-        auto cin = x.sizes[1].as_const(), wc = w.sizes[1].as_const();
-        if (!cin || !wc || *wc * groups != *cin) {
+        auto wc = w.sizes[1].as_const();
+        if (!wc || !sym::same_size(x.sizes[1], Expr(*wc * groups))) {
           err = "RuntimeError: Given groups=" + std::to_string(groups) + ", weight of size " + sym::str(w.sizes) +
                 ", expected input" + sym::str(x.sizes) + " to have " + (wc ? std::to_string(*wc * groups) : "?") +
                 " channels, but got " + x.sizes[1].str() + " channels instead";

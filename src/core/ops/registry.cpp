@@ -1,3 +1,4 @@
+#include "core/sym/shape_env.h"
 #include "core/ops/registry.h"
 
 #include <algorithm>
@@ -179,6 +180,10 @@ bool broadcast_shapes(const std::vector<std::vector<Expr>>& shapes, std::vector<
         o = d;
         continue;
       }
+      if (sym::same_size(o, d)) {  // a symbolic size the inputs give the same value: a fact
+        if (d.as_const()) o = d;     // keep the constant
+        continue;
+      }
       error = "RuntimeError: The size of tensor a (" + o.str() + ") must match the size of tensor b (" + d.str() +
               ") at non-singleton dimension " + std::to_string(i + off);
       return false;
@@ -212,9 +217,11 @@ std::vector<Expr> iterator_strides(const std::vector<Expr>& sizes, const std::ve
   // inside), then lay the result out densely in that order. A transposed input's result is
   // transposed too, as in eager.
   const size_t rank = sizes.size();
+  // Symbolic sizes order by their values for this capture's inputs (sym::size_hint): dense
+  // layouts keep their dim order for every size the guards admit.
   std::vector<int64_t> shape(rank);
   for (size_t i = 0; i < rank; ++i) {
-    auto c = sizes[i].as_const();
+    auto c = sym::size_hint(sizes[i]);
     if (!c) return ir::contiguous_strides(sizes);
     shape[i] = *c;
   }
@@ -224,8 +231,8 @@ std::vector<Expr> iterator_strides(const std::vector<Expr>& sizes, const std::ve
     std::vector<int64_t> st(rank, 0);
     const size_t off = rank - m.sizes.size();
     for (size_t i = 0; i < m.sizes.size(); ++i) {
-      auto sz = m.sizes[i].as_const();
-      auto s = m.strides.size() == m.sizes.size() ? m.strides[i].as_const() : std::nullopt;
+      auto sz = sym::size_hint(m.sizes[i]);
+      auto s = m.strides.size() == m.sizes.size() ? sym::size_hint(m.strides[i]) : std::nullopt;
       if (!sz || !s) return ir::contiguous_strides(sizes);
       st[off + i] = (*sz == 1 && shape[off + i] != 1) ? 0 : *s;
     }
@@ -258,10 +265,10 @@ std::vector<Expr> iterator_strides(const std::vector<Expr>& sizes, const std::ve
   for (size_t i = 0; i < rank; ++i) identity = identity && perm[i] == rank - 1 - i;
   if (identity) return ir::contiguous_strides(sizes);
   std::vector<Expr> out(rank);
-  int64_t next = 1;
+  Expr next = 1;
   for (size_t i = 0; i < rank; ++i) {
-    out[perm[i]] = Expr(next);
-    next *= shape[perm[i]];
+    out[perm[i]] = next;
+    next = next * sizes[perm[i]];
   }
   return out;
 }
@@ -273,8 +280,8 @@ std::vector<Expr> preserved_strides(const TensorMeta& x) {
   // dense strides in the input's dim order (empty_like's rule, TensorIterator's with one operand).
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
   for (size_t i = 0; i < x.sizes.size(); ++i) {
-    auto sz = x.sizes[i].as_const();
-    auto s = i < x.strides.size() ? x.strides[i].as_const() : std::nullopt;
+    auto sz = sym::size_hint(x.sizes[i]);
+    auto s = i < x.strides.size() ? sym::size_hint(x.strides[i]) : std::nullopt;
     if (!sz || !s) return ir::contiguous_strides(x.sizes);
     if (*sz != 1) dims.emplace_back(*s, *sz);
   }

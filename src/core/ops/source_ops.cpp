@@ -22,7 +22,13 @@ std::vector<OpDef> source_ops() {
     out.wrapped_number = true;
     return true;
   };
-  return {ph, sc};
+  OpDef sv;
+  sv.name = "size_value";
+  sv.schema = Schema::parse("size_value(int expr, ScalarType dtype)");
+  sv.kind = OpKind::Source;
+  sv.doc = "a size as a number (a mean's count), symbolic under dynamic shapes";
+  sv.infer = sc.infer;
+  return {ph, sc, sv};
 }
 
 }  // namespace kiln::ops

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/sym/shape_env.h"
 #include "core/ops/registry.h"
 
 namespace kiln::ops {
@@ -12,6 +13,26 @@ using Exprs = std::vector<Expr>;
 
 bool all_const(const Exprs& xs) {
   return std::all_of(xs.begin(), xs.end(), [](const Expr& e) { return e.as_const().has_value(); });
+}
+
+// x[start:end:step] over a dim of `size`, Python's clamping: (start, length). Exact for a
+// symbolic size too (min/max expressions the simplifier folds where the size's bounds decide).
+std::pair<Expr, Expr> slice_window(const Expr& size, const Attrs& a) {
+  const int64_t step = std::max<int64_t>(a.get_int("step", 1), 1);
+  auto clamp = [&](int64_t v) -> Expr {
+    if (auto c = size.as_const()) {
+      if (v < 0) v += *c;
+      return Expr(std::clamp<int64_t>(v, 0, *c));
+    }
+    return v < 0 ? sym::max(size + Expr(v), Expr(0)) : sym::min(Expr(v), size);
+  };
+  Expr start = a.has("start") ? clamp(a.get_int("start")) : Expr(0);
+  Expr end = a.has("end") ? clamp(a.get_int("end")) : size;
+  if (auto c = (end - start).as_const()) {
+    int64_t n = *c > 0 ? (*c + step - 1) / step : 0;
+    return {start, Expr(n)};
+  }
+  return {start, sym::max(sym::floordiv(end - start + Expr(step - 1), Expr(step)), Expr(0))};
 }
 
 // Strides that let `new_sizes` view memory laid out by (sizes, strides), or nullopt when the
@@ -53,38 +74,49 @@ std::optional<Exprs> view_strides(const Exprs& sizes, const Exprs& strides, cons
   return out;
 }
 
-bool infer_shape_arg(const TensorMeta& x, std::vector<int64_t> shape, Exprs& out, std::string& err) {
+bool infer_shape_arg(const TensorMeta& x, const Exprs& shape, Exprs& out, std::string& err) {
   int64_t infer_at = -1;
   Expr known = 1;
   out.clear();
   for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == -1) {
+    auto c = shape[i].as_const();
+    if (c && *c == -1) {
       if (infer_at >= 0) {
         err = "RuntimeError: only one dimension can be inferred";
         return false;
       }
       infer_at = static_cast<int64_t>(i);
       out.push_back(Expr(1));
-    } else if (shape[i] < 0) {
-      err = "RuntimeError: invalid shape dimension " + std::to_string(shape[i]);
+    } else if (c && *c < 0) {
+      err = "RuntimeError: invalid shape dimension " + std::to_string(*c);
       return false;
     } else {
-      out.push_back(Expr(shape[i]));
-      known = known * Expr(shape[i]);
+      out.push_back(shape[i]);
+      known = known * shape[i];
     }
   }
   Expr numel = x.numel();
   if (infer_at >= 0) {
     auto k = known.as_const(), n = numel.as_const();
     if (k && n && (*k == 0 || *n % *k != 0)) {
-      err = "RuntimeError: shape '" + ir::attr_str(shape) + "' is invalid for input of size " + std::to_string(*n);
+      err = "RuntimeError: shape '" + sym::str(shape) + "' is invalid for input of size " + std::to_string(*n);
       return false;
+    }
+    if (!k || !n) {
+      // A symbolic count: the inferred dim is numel / known, which must divide evenly.
+      Expr q = sym::floordiv(numel, known);
+      if (!sym::same_size(q * known, numel)) {
+        err = "RuntimeError: shape '" + sym::str(shape) + "' is invalid for input of size " + numel.str();
+        return false;
+      }
+      out[infer_at] = q;
+      return true;
     }
     out[infer_at] = sym::floordiv(numel, known);
     return true;
   }
-  if (numel != known) {
-    err = "RuntimeError: shape '" + ir::attr_str(shape) + "' is invalid for input of size " + numel.str();
+  if (!sym::same_size(numel, known)) {
+    err = "RuntimeError: shape '" + sym::str(shape) + "' is invalid for input of size " + numel.str();
     return false;
   }
   return true;
@@ -98,7 +130,7 @@ OpDef reshape_like(const std::string& name, bool must_view, std::vector<std::str
   d.infer = [must_view, name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
     const TensorMeta& x = in[0]->meta;
     out = x;
-    if (!infer_shape_arg(x, a.get_ints("shape"), out.sizes, err)) return false;
+    if (!infer_shape_arg(x, a.get_exprs("shape"), out.sizes, err)) return false;
     auto st = view_strides(x.sizes, x.strides, out.sizes);
     if (!st) {
       if (must_view) {
@@ -218,9 +250,10 @@ std::vector<OpDef> view_ops() {
   expand.kind = OpKind::View;
   expand.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
     const TensorMeta& x = in[0]->meta;
-    std::vector<int64_t> size = a.get_ints("size");
+    const Exprs size = a.get_exprs("size");
+    auto is = [](const Expr& e, int64_t v) { return e.is_const(v); };
     if (static_cast<int64_t>(size.size()) < x.dim()) {
-      err = "RuntimeError: expand(torch.FloatTensor{" + sym::str(x.sizes) + "}, size=" + ir::attr_str(size) +
+      err = "RuntimeError: expand(torch.FloatTensor{" + sym::str(x.sizes) + "}, size=" + sym::str(size) +
             "): the number of sizes provided (" + std::to_string(size.size()) +
             ") must be greater or equal to the number of dimensions in the tensor (" + std::to_string(x.dim()) + ")";
       return false;
@@ -230,8 +263,9 @@ std::vector<OpDef> view_ops() {
     out.sizes.assign(size.size(), Expr(1));
     out.strides.assign(size.size(), Expr(0));
     for (size_t i = 0; i < size.size(); ++i) {
+      auto c = size[i].as_const();
       if (i < off) {
-        if (size[i] < 0) {
+        if (c && *c < 0) {
           err = "RuntimeError: The expanded size of the tensor (-1) isn't allowed in a leading, non-existing dimension " + std::to_string(i);
           return false;
         }
@@ -239,15 +273,15 @@ std::vector<OpDef> view_ops() {
         continue;
       }
       const Expr& have = x.sizes[i - off];
-      if (size[i] == -1 || have == Expr(size[i])) {
+      if (is(size[i], -1) || have == size[i] || (!is(size[i], 1) && !is(have, 1) && sym::same_size(have, size[i]))) {
         out.sizes[i] = have;
         out.strides[i] = x.strides[i - off];
       } else if (have.is_const(1)) {
         out.sizes[i] = size[i];
       } else {
-        err = "RuntimeError: The expanded size of the tensor (" + std::to_string(size[i]) +
+        err = "RuntimeError: The expanded size of the tensor (" + size[i].str() +
               ") must match the existing size (" + have.str() + ") at non-singleton dimension " + std::to_string(i) +
-              ".  Target sizes: " + ir::attr_str(size) + ".  Tensor sizes: " + sym::str(x.sizes);
+              ".  Target sizes: " + sym::str(size) + ".  Tensor sizes: " + sym::str(x.sizes);
         return false;
       }
     }
@@ -343,25 +377,14 @@ std::vector<OpDef> view_ops() {
       return false;
     }
     if (!wrap_dim(d, x.dim(), err)) return false;
-    auto size = x.sizes[d].as_const();
-    if (!size) {
-      err = "slice of a dimension of symbolic size";
-      return false;
-    }
     int64_t step = a.get_int("step", 1);
     if (step <= 0) {
       err = "ValueError: step must be greater than zero";
       return false;
     }
-    auto clamp = [&](int64_t v) {
-      if (v < 0) v += *size;
-      return std::clamp<int64_t>(v, 0, *size);
-    };
-    int64_t start = a.has("start") ? clamp(a.get_int("start")) : 0;
-    int64_t end = a.has("end") ? clamp(a.get_int("end")) : *size;
-    int64_t len = end > start ? (end - start + step - 1) / step : 0;
+    auto [start, len] = slice_window(x.sizes[d], a);
     out = x;
-    out.offset = x.offset + x.strides[d] * Expr(start);
+    out.offset = x.offset + x.strides[d] * start;
     out.sizes[d] = len;
     out.strides[d] = x.strides[d] * Expr(step);
     return true;
@@ -370,15 +393,10 @@ std::vector<OpDef> view_ops() {
     const TensorMeta& x = n.inputs[0]->meta;
     int64_t d = n.attrs.get_int("dim");
     if (d < 0) d += x.dim();
-    // start as the shape rule normalized it: the offset it added, over the stride
-    int64_t size = *x.sizes[d].as_const(), start = 0;
-    if (n.attrs.has("start")) {
-      start = n.attrs.get_int("start");
-      if (start < 0) start += size;
-      start = std::clamp<int64_t>(start, 0, size);
-    }
+    // start as the shape rule normalized it
+    Expr start = slice_window(x.sizes[d], n.attrs).first;
     Exprs r = idx;
-    r[d] = Expr(start) + idx[d] * Expr(n.attrs.get_int("step", 1));
+    r[d] = start + idx[d] * Expr(n.attrs.get_int("step", 1));
     return r;
   };
   slice.python = {"torch.ops.aten.slice.Tensor"};
@@ -399,8 +417,17 @@ std::vector<OpDef> view_ops() {
     if (!wrap_dim(d, x.dim(), err)) return false;
     auto size = x.sizes[d].as_const();
     if (!size) {
-      err = "select of a dimension of symbolic size";
-      return false;
+      // A symbolic dim: the index must lie inside it (a fact of the entry).
+      if (!(i >= 0 ? sym::known_less(Expr(i), x.sizes[d]) : sym::known_less(Expr(-i - 1), x.sizes[d]))) {
+        err = "IndexError: index " + std::to_string(i) + " is out of bounds for dimension " + std::to_string(d) +
+              " with size " + x.sizes[d].str();
+        return false;
+      }
+      out = x;
+      out.offset = x.offset + x.strides[d] * (i < 0 ? x.sizes[d] + Expr(i) : Expr(i));
+      out.sizes.erase(out.sizes.begin() + d);
+      out.strides.erase(out.strides.begin() + d);
+      return true;
     }
     if (i < -*size || i >= *size) {
       err = "IndexError: index " + std::to_string(i) + " is out of bounds for dimension " + std::to_string(d) +
@@ -418,9 +445,8 @@ std::vector<OpDef> view_ops() {
     const TensorMeta& x = n.inputs[0]->meta;
     int64_t d = n.attrs.get_int("dim"), i = n.attrs.get_int("index");
     if (d < 0) d += x.dim();
-    if (i < 0) i += *x.sizes[d].as_const();
     Exprs r = idx;
-    r.insert(r.begin() + d, Expr(i));
+    r.insert(r.begin() + d, i < 0 ? x.sizes[d] + Expr(i) : Expr(i));
     return r;
   };
   select.python = {"torch.select", "Tensor.select"};

@@ -51,6 +51,32 @@ std::string kernel_source(const std::string& tu, const std::string& name) {
 
 }  // namespace
 
+namespace {
+// Every size symbol the program uses must be readable from an input dim at run time.
+bool symbols_bound(const loop::Program& p, std::string& error) {
+  std::vector<sym::Expr> used;
+  for (const loop::Buffer& b : p.buffers) {
+    for (const sym::Expr& e : b.sizes) sym::collect_symbols(e, used);
+    for (const sym::Expr& e : b.strides) sym::collect_symbols(e, used);
+    sym::collect_symbols(b.offset, used);
+  }
+  for (const loop::Kernel& k : p.kernels) {
+    for (const sym::Expr& e : k.ranges) sym::collect_symbols(e, used);
+    for (const loop::Stage& st : k.stages)
+      for (const sym::Expr& e : st.ranges) sym::collect_symbols(e, used);
+  }
+  for (const sym::Expr& e : used) {
+    bool bound = false;
+    for (const loop::SymbolBinding& b : p.symbols) bound |= b.symbol == e;
+    if (!bound) {
+      error = "size symbol " + e.str() + " is not the size of an input dim";
+      return false;
+    }
+  }
+  return true;
+}
+}  // namespace
+
 bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& out, std::string& error) {
   auto t0 = std::chrono::steady_clock::now();
   try {
@@ -71,6 +97,7 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
   out.loop_text = p.str();
   debug_dump(options.name + ".loop_scheduled.txt", out.loop_text);
   if (!supported_dtypes(p, error)) return false;
+  if (!symbols_bound(p, error)) return false;
 
   if (p.kernels.empty()) {
     out.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -132,6 +159,7 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
       if (!ck.cuda_fn) return false;
       ck.grid = cs.launches[i].grid;
       ck.block = cs.launches[i].block;
+      ck.grid_expr = cs.launches[i].grid_expr;
       out.kernels.push_back(ck);
     }
   }

@@ -29,6 +29,8 @@ struct CompiledKernel {
   void (*cpu_fn)(void* const*) = nullptr;
   void* cuda_fn = nullptr;       // CUfunction
   unsigned grid = 1, block = 1;
+  // Shape-generic kernels: the grid as an expression of the size symbols, evaluated at launch.
+  sym::Expr grid_expr;
 };
 
 struct CompiledGraph {

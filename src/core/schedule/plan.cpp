@@ -39,14 +39,13 @@ void for_each_index(const loop::Program& p, const Kernel& k, const std::function
 // and steps over dim i exactly as far as over the whole of dim i+1.
 bool mergeable(const loop::Program& p, const Kernel& k, const std::vector<Expr>& all_vars, const std::vector<Expr>& vars,
                const std::vector<Expr>& ranges, size_t i) {
-  if (!ranges[i + 1].as_const()) return false;
   size_t ii = std::find(all_vars.begin(), all_vars.end(), vars[i]) - all_vars.begin();
   size_t jj = std::find(all_vars.begin(), all_vars.end(), vars[i + 1]) - all_vars.begin();
   bool ok = true;
   for_each_index(p, k, [&](const Expr& idx) {
     if (!ok) return;
     auto a = sym::affine(idx, all_vars);
-    if (!a || a->coeffs[ii] != a->coeffs[jj] * *ranges[i + 1].as_const()) ok = false;
+    if (!a || a->coeffs[ii] != a->coeffs[jj] * ranges[i + 1]) ok = false;
   });
   return ok;
 }

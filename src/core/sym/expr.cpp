@@ -133,6 +133,9 @@ Expr Expr::var(const std::string& name, std::optional<int64_t> extent) {
   return Expr(intern(ExprKind::Var, extent ? *extent : -1, name, {}));
 }
 
+Expr Expr::size_symbol(const std::string& name) { return Expr(intern(ExprKind::Var, -2, name, {})); }
+bool Expr::is_size_symbol() const { return node_ && node_->kind == ExprKind::Var && node_->value == -2; }
+
 ExprKind Expr::kind() const { return node_->kind; }
 std::optional<int64_t> Expr::as_const() const {
   if (node_ && node_->kind == ExprKind::Const) return node_->value;
@@ -229,6 +232,16 @@ Expr floordiv(Expr a, Expr b) {
     Expr q = make(ExprKind::FloorDiv, {r, b});
     return build(pulled) + q;
   }
+  // (b*x) // b == x for a symbolic b (sizes are positive): a mean's count, a view's -1.
+  if (a == b) return Expr(1);
+  if (a.kind() == ExprKind::Mul) {
+    std::vector<Expr> rest = a.args();
+    auto it = std::find(rest.begin(), rest.end(), b);
+    if (it != rest.end() && b.is_size_symbol()) {
+      rest.erase(it);
+      return product(rest);
+    }
+  }
   return make(ExprKind::FloorDiv, {a, b});
 }
 
@@ -292,6 +305,7 @@ Bounds bounds(const Expr& e) {
     case ExprKind::Var: {
       // Size symbols are at least 0 (sizes) and index variables lie in [0, extent).
       if (auto x = e.extent()) return {0, *x - 1};
+      if (e.is_size_symbol()) return {2, std::nullopt};
       return {0, std::nullopt};
     }
     case ExprKind::Add: {
@@ -375,17 +389,48 @@ bool depends_on(const Expr& e, const Expr& var) {
   return false;
 }
 
+namespace {
+// Constants and size symbols only: a stride of a dynamic shape, never an index.
+bool only_size_symbols(const Expr& e) {
+  if (e.kind() == ExprKind::Const) return true;
+  if (e.kind() == ExprKind::Var) return e.is_size_symbol();
+  for (const Expr& a : e.args())
+    if (!only_size_symbols(a)) return false;
+  return true;
+}
+}  // namespace
+
 std::optional<Affine> affine(const Expr& e, const std::vector<Expr>& vars) {
   Linear l = linearize(e);
   Affine out;
-  out.coeffs.assign(vars.size(), 0);
+  out.coeffs.assign(vars.size(), Expr(0));
   Linear rest;
   rest.constant = l.constant;
   for (auto& [t, k] : l.terms) {
     auto it = std::find(vars.begin(), vars.end(), t);
     if (it != vars.end()) {
-      out.coeffs[it - vars.begin()] += k;
+      out.coeffs[it - vars.begin()] = out.coeffs[it - vars.begin()] + Expr(k);
       continue;
+    }
+    // var * (a product of size symbols): a symbolic stride.
+    if (t.kind() == ExprKind::Mul) {
+      int found = -1;
+      std::vector<Expr> others;
+      bool ok = true;
+      for (const Expr& f : t.args()) {
+        auto vi = std::find(vars.begin(), vars.end(), f);
+        if (vi != vars.end() && found < 0) {
+          found = static_cast<int>(vi - vars.begin());
+          continue;
+        }
+        if (!only_size_symbols(f)) ok = false;
+        others.push_back(f);
+      }
+      if (!ok) return std::nullopt;
+      if (found >= 0) {
+        out.coeffs[found] = out.coeffs[found] + Expr(k) * product(others);
+        continue;
+      }
     }
     for (const Expr& v : vars)
       if (depends_on(t, v)) return std::nullopt;
@@ -393,6 +438,43 @@ std::optional<Affine> affine(const Expr& e, const std::vector<Expr>& vars) {
   }
   out.offset = build(rest);
   return out;
+}
+
+int64_t evaluate(const Expr& e, const std::function<int64_t(const Expr& var)>& value_of) {
+  switch (e.kind()) {
+    case ExprKind::Const: return e.value();
+    case ExprKind::Var: return value_of(e);
+    case ExprKind::Add: {
+      int64_t s = 0;
+      for (const Expr& a : e.args()) s += evaluate(a, value_of);
+      return s;
+    }
+    case ExprKind::Mul: {
+      int64_t s = 1;
+      for (const Expr& a : e.args()) s *= evaluate(a, value_of);
+      return s;
+    }
+    case ExprKind::FloorDiv: {
+      int64_t a = evaluate(e.args()[0], value_of), b = evaluate(e.args()[1], value_of);
+      return b == 0 ? 0 : fdiv(a, b);
+    }
+    case ExprKind::Mod: {
+      int64_t a = evaluate(e.args()[0], value_of), b = evaluate(e.args()[1], value_of);
+      return b == 0 ? 0 : fmod(a, b);
+    }
+    case ExprKind::Min: return std::min(evaluate(e.args()[0], value_of), evaluate(e.args()[1], value_of));
+    case ExprKind::Max: return std::max(evaluate(e.args()[0], value_of), evaluate(e.args()[1], value_of));
+  }
+  return 0;
+}
+
+void collect_symbols(const Expr& e, std::vector<Expr>& out) {
+  if (!e.valid() || e.kind() == ExprKind::Const) return;
+  if (e.kind() == ExprKind::Var) {
+    if (e.is_size_symbol() && std::find(out.begin(), out.end(), e) == out.end()) out.push_back(e);
+    return;
+  }
+  for (const Expr& a : e.args()) collect_symbols(a, out);
 }
 
 Expr product(const std::vector<Expr>& xs) {

@@ -28,6 +28,11 @@ class Expr {
   Expr(int64_t v);  // NOLINT: constants convert implicitly so shape code reads naturally
   Expr(int v) : Expr(static_cast<int64_t>(v)) {}  // NOLINT
   static Expr var(const std::string& name, std::optional<int64_t> extent = std::nullopt);
+  // A dynamic size ("s0"): a Var that stands for a tensor dim of at least 2 (sizes 0 and 1
+  // are never symbolic, as in torch), bound per call from the inputs. Distinct from an index
+  // variable of the same name.
+  static Expr size_symbol(const std::string& name);
+  bool is_size_symbol() const;
 
   const ExprNode* node() const { return node_; }
   bool valid() const { return node_ != nullptr; }
@@ -55,7 +60,7 @@ class Expr {
 
 struct ExprNode {
   ExprKind kind;
-  int64_t value = 0;              // Const: the value; Var: extent or -1 when unbounded
+  int64_t value = 0;              // Const: the value; Var: extent, -1 when unbounded, -2 for a size symbol
   std::string name;               // Var
   std::vector<Expr> args;         // operands, canonical order for Add/Mul
   uint64_t id = 0;                // creation order
@@ -78,12 +83,19 @@ Bounds bounds(const Expr& e);
 // Replace variables by expressions (re-simplifying).
 Expr substitute(const Expr& e, const std::map<Expr, Expr>& repl);
 
-// If `e` is affine in `vars` (coefficients constant), returns the coefficients and the
-// remaining offset (which may contain other variables).
-struct Affine { std::vector<int64_t> coeffs; Expr offset; };
+// If `e` is affine in `vars`, returns the coefficients and the remaining offset. Coefficients
+// and offset are free of `vars` but may hold size symbols (the strides of a dynamic shape).
+struct Affine { std::vector<Expr> coeffs; Expr offset; };
 std::optional<Affine> affine(const Expr& e, const std::vector<Expr>& vars);
 
 bool depends_on(const Expr& e, const Expr& var);
+
+// The value of `e` with every size symbol bound by `value_of` (called with each Var; it must
+// know them all). Floor division and modulo as Python's; a zero divisor gives 0.
+int64_t evaluate(const Expr& e, const std::function<int64_t(const Expr& var)>& value_of);
+
+// Size symbols in `e`, each once, in order of first appearance (appended to `out`).
+void collect_symbols(const Expr& e, std::vector<Expr>& out);
 
 // Product of a list (1 for an empty list).
 Expr product(const std::vector<Expr>& xs);

@@ -1,0 +1,199 @@
+"""Dynamic shapes (issue 11): input dims with symbolic sizes, one compiled entry for many sizes.
+
+`dynamic=True` captures every input dim of size 2 or more with a size symbol from the first
+call; `dynamic=None` (the default) compiles the first call static and, when an entry fails only
+on sizes, captures those dims symbolically ("automatic dynamic"); `dynamic=False` stays static.
+`torch._dynamo.mark_dynamic` / `mark_static` are read off the tensors. Each test compares with
+eager on fresh inputs of several sizes and checks how many entries kiln compiled, so a test
+passes only if the shape-generic entry itself ran (a fallback to eager or to a recompile per
+size fails it).
+"""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+from _helpers import assert_same
+
+SIZES = [3, 5, 8, 17, 33, 64, 2, 9, 100, 7]
+
+
+def _graphs():
+    return kiln.stats()["graphs_compiled"]
+
+
+def _run_sizes(fn, make_args, sizes, dynamic, *, max_graphs, device="cpu"):
+    kiln.reset()
+    cf = kiln.compile(fn, dynamic=dynamic)
+    for n in sizes:
+        args = make_args(n, device)
+        assert_same(cf(*args), fn(*args), rtol=1e-4, atol=1e-5)
+    s = kiln.stats()
+    assert s["eager_fallbacks"] == 0, s["fallback_reasons"]
+    assert s["graph_breaks"] == 0
+    assert s["graphs_compiled"] <= max_graphs, s["recompile_reasons"]
+    return s
+
+
+def _pointwise_and_reductions(x, y):
+    return (x * 2 + y).relu().sum(-1), torch.softmax(x, -1), x.mean(0), (x - y).abs().amax(1, keepdim=True)
+
+
+def test_dynamic_true_compiles_once_for_every_size(device):
+    _run_sizes(_pointwise_and_reductions, lambda n, d: (torch.randn(n, 8, device=d), torch.randn(n, 8, device=d)),
+               SIZES, True, max_graphs=1, device=device)
+
+
+def test_automatic_dynamic_compiles_at_most_twice(device):
+    s = _run_sizes(_pointwise_and_reductions,
+                   lambda n, d: (torch.randn(n, 8, device=d), torch.randn(n, 8, device=d)),
+                   SIZES, None, max_graphs=2, device=device)
+    assert s["recompiles"] == 1
+
+
+def test_dynamic_false_compiles_per_size():
+    kiln.reset()
+    cf = kiln.compile(_pointwise_and_reductions, dynamic=False, options={"cache_limit": 64})
+    for n in [3, 5, 8]:
+        x, y = torch.randn(n, 8), torch.randn(n, 8)
+        assert_same(cf(x, y), _pointwise_and_reductions(x, y))
+    assert _graphs() == 3
+
+
+def test_two_dynamic_dims_and_a_reduction_over_the_dynamic_one(device):
+    def fn(x):
+        return x.sum(0), torch.log_softmax(x, 0), x.mean(1), x.t() * 3
+
+    _run_sizes(fn, lambda n, d: (torch.randn(n, n + 3, device=d),), SIZES, True, max_graphs=1, device=device)
+
+
+def test_matmul_with_dynamic_m_and_k(device):
+    w = torch.randn(16, 4, device=device)
+
+    def fn(a, b):
+        return (a @ b).relu(), torch.bmm(a[None], b[None]).squeeze(0), F.linear(a @ b, w.t())
+
+    _run_sizes(fn, lambda n, d: (torch.randn(n, 2 * n + 1, device=d), torch.randn(2 * n + 1, 16, device=d)),
+               SIZES, True, max_graphs=1, device=device)
+
+
+def test_layer_norm_and_linear_over_a_dynamic_batch(device):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 8)).to(device).eval()
+
+    def fn(x):
+        return m(x).softmax(-1)
+
+    with torch.no_grad():
+        _run_sizes(fn, lambda n, d: (torch.randn(n, 32, device=d),), SIZES, None, max_graphs=2, device=device)
+
+
+def test_conv_with_a_dynamic_batch(device):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                      nn.Flatten(), nn.Linear(8, 4)).to(device).eval()
+    with torch.no_grad():
+        _run_sizes(m, lambda n, d: (torch.randn(n, 3, 16, 16, device=d),), [2, 3, 5, 8], True, max_graphs=1,
+                   device=device)
+
+
+def test_views_of_dynamic_sizes(device):
+    def fn(x):
+        return x.reshape(-1), x.t().contiguous(), x.unsqueeze(1).expand(-1, 3, -1) + 1, x[1:, ::2] * 2, x.flatten()
+
+    _run_sizes(fn, lambda n, d: (torch.randn(n, 6, device=d),), SIZES, True, max_graphs=1, device=device)
+
+
+def test_transposed_input_is_shape_generic(device):
+    def fn(x):
+        return torch.sin(x) + x.sum(0, keepdim=True)
+
+    _run_sizes(fn, lambda n, d: (torch.randn(8, n, device=d).t(),), SIZES, True, max_graphs=1, device=device)
+
+
+def test_sizes_zero_and_one_stay_static():
+    kiln.reset()
+    cf = kiln.compile(lambda x: x * 2, dynamic=True)
+    for n in [4, 9, 1, 0, 6, 1, 0]:
+        x = torch.randn(n, 3)
+        assert_same(cf(x), x * 2)
+    # 4 and 9 share the generic entry; 1 and 0 are specialized, each once
+    assert _graphs() == 3
+
+
+def test_inputs_that_stop_being_equal_recompile_and_stay_correct():
+    def fn(x, y):
+        return x + y.sum()
+
+    kiln.reset()
+    cf = kiln.compile(fn, dynamic=True)
+    x, y = torch.randn(6), torch.randn(6)  # duck sizing: both dims are one symbol
+    assert_same(cf(x, y), fn(x, y))
+    x, y = torch.randn(6), torch.randn(7)  # no longer equal: a guard fails, never a wrong result
+    assert_same(cf(x, y), fn(x, y))
+    x, y = torch.randn(11), torch.randn(4)
+    assert_same(cf(x, y), fn(x, y))
+    assert kiln.stats()["eager_fallbacks"] == 0
+    assert _graphs() == 2
+
+
+def test_mark_dynamic_and_mark_static_are_honoured():
+    def fn(x):
+        return x.exp().sum(1)
+
+    kiln.reset()
+    cf = kiln.compile(fn, dynamic=False)
+    for n in [3, 5, 9]:
+        x = torch.randn(n, 4)
+        torch._dynamo.mark_dynamic(x, 0)
+        assert_same(cf(x), fn(x))
+    assert _graphs() == 1
+
+    kiln.reset()
+    cf = kiln.compile(fn, dynamic=True)
+    for n in [3, 5]:
+        x = torch.randn(n, 4)
+        torch._dynamo.mark_static(x, 0)
+        assert_same(cf(x), fn(x))
+    assert _graphs() == 2
+
+
+def test_python_reads_of_a_dynamic_size_specialize_it():
+    # Code that computes with x.shape[0] in Python gets an entry for that size (the size is a
+    # fact its guards check): correct for every size, compiled per size that is read.
+    def fn(x):
+        return x.view(x.shape[0], -1) * x.shape[0]
+
+    kiln.reset()
+    cf = kiln.compile(fn, dynamic=True, options={"cache_limit": 16})
+    for n in [3, 5, 3, 5]:
+        x = torch.randn(n, 2, 2)
+        assert_same(cf(x), fn(x))
+    assert kiln.stats()["eager_fallbacks"] == 0
+    assert _graphs() == 2
+
+
+def test_shape_generic_guards_are_in_explain():
+    def fn(x):
+        return torch.tanh(x) * 2
+
+    e = kiln.explain(kiln.compile(fn, dynamic=True))(torch.randn(5, 3))
+    text = str(e)
+    assert "s0" in text and "s1" in text, text
+
+
+def test_dynamic_dim_broadcast_against_a_constant_falls_back_to_static():
+    # x's dim 1 is symbolic; the bias has a fixed size 4: kiln cannot prove them equal yet, so
+    # the entry is captured static (correct, one entry per size).
+    b = torch.randn(4)
+
+    def fn(x):
+        return x + b
+
+    kiln.reset()
+    cf = kiln.compile(fn, dynamic=True)
+    for n in [3, 5]:
+        x = torch.randn(n, 4)
+        assert_same(cf(x), fn(x))
+    assert kiln.stats()["eager_fallbacks"] == 0
