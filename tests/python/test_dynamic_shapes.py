@@ -105,6 +105,15 @@ def test_views_of_dynamic_sizes(device):
     _run_sizes(fn, lambda n, d: (torch.randn(n, 6, device=d),), SIZES, True, max_graphs=1, device=device)
 
 
+def test_slices_with_bounds_past_a_dynamic_size(device):
+    # x[5:] of a dim of 3 is empty, of 17 has 12 rows: the length is min/max arithmetic on the
+    # symbol, evaluated per call.
+    def fn(x):
+        return x[5:] * 2, x[-3:].sum(0), x[1:-1:2].exp(), x[:, 1].sum() + x[-1]
+
+    _run_sizes(fn, lambda n, d: (torch.randn(n, 4, device=d),), SIZES, True, max_graphs=1, device=device)
+
+
 def test_transposed_input_is_shape_generic(device):
     def fn(x):
         return torch.sin(x) + x.sum(0, keepdim=True)

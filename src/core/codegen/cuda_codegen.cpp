@@ -50,9 +50,11 @@ void unravel(std::string& out, const std::string& indent, const std::string& lin
     if (d == 0) {
       out += indent + "const kiln_idx " + vars[d].name() + " = " + rest + ";\n";
     } else {
-      out += indent + "const kiln_idx " + vars[d].name() + " = " + rest + " % " + ranges[d].c_str() + ";\n";
+      // Parenthesized: a symbolic extent is a product (s2*s2), and % binds as tightly as *.
+      const std::string r = "(" + ranges[d].c_str() + ")";
+      out += indent + "const kiln_idx " + vars[d].name() + " = " + rest + " % " + r + ";\n";
       std::string next = vars[d].name() + "_rest";
-      out += indent + "const kiln_idx " + next + " = " + rest + " / " + ranges[d].c_str() + ";\n";
+      out += indent + "const kiln_idx " + next + " = " + rest + " / " + r + ";\n";
       rest = next;
     }
   }

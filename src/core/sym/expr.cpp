@@ -513,8 +513,13 @@ std::string print(const Expr& e, bool c) {
     }
     case ExprKind::FloorDiv: return "(" + print(e.args()[0], c) + (c ? " / " : " // ") + operand(e.args()[1], c) + ")";
     case ExprKind::Mod: return "(" + print(e.args()[0], c) + " % " + operand(e.args()[1], c) + ")";
-    case ExprKind::Min: return std::string(c ? "kiln_min(" : "min(") + print(e.args()[0], c) + ", " + print(e.args()[1], c) + ")";
-    case ExprKind::Max: return std::string(c ? "kiln_max(" : "max(") + print(e.args()[0], c) + ", " + print(e.args()[1], c) + ")";
+    // Both operands as long long in C: the helpers are templates over one type.
+    case ExprKind::Min:
+      return c ? "kiln_min((long long)" + operand(e.args()[0], c) + ", (long long)" + operand(e.args()[1], c) + ")"
+               : "min(" + print(e.args()[0], c) + ", " + print(e.args()[1], c) + ")";
+    case ExprKind::Max:
+      return c ? "kiln_max((long long)" + operand(e.args()[0], c) + ", (long long)" + operand(e.args()[1], c) + ")"
+               : "max(" + print(e.args()[0], c) + ", " + print(e.args()[1], c) + ")";
   }
   return "?";
 }
