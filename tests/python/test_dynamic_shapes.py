@@ -168,19 +168,96 @@ def test_mark_dynamic_and_mark_static_are_honoured():
     assert _graphs() == 2
 
 
-def test_python_reads_of_a_dynamic_size_specialize_it():
-    # Code that computes with x.shape[0] in Python gets an entry for that size (the size is a
-    # fact its guards check): correct for every size, compiled per size that is read.
+def test_shape_arithmetic_in_python_stays_symbolic():
+    # B, T = x.shape; view(B * T, -1); x * T; T // 2; comparisons that hold (T > 1) become facts
     def fn(x):
-        return x.view(x.shape[0], -1) * x.shape[0]
+        B, T, C = x.shape
+        y = x.reshape(B * T, C) * T
+        if T > 1 and B >= 2:
+            y = y + 1
+        return y.view(B, T, C)[:, 1:].sum(1) / x.size(-1) + (T // 2), x.numel() * x.mean()
+
+    _run_sizes(fn, lambda n, d: (torch.randn(n, n + 2, 4, device=d),), [3, 5, 8, 12, 4], True, max_graphs=1)
+
+
+def test_python_reads_of_a_dynamic_size_specialize_it():
+    # A size used as a Python value (a loop count, math.sqrt) gets an entry for that size (the
+    # size is a fact its guards check): correct for every size, compiled per size read.
+    import math
+
+    def fn(x):
+        out = x * math.sqrt(x.shape[0])
+        for i in range(x.shape[1]):
+            out = out + i
+        return out
 
     kiln.reset()
     cf = kiln.compile(fn, dynamic=True, options={"cache_limit": 16})
     for n in [3, 5, 3, 5]:
-        x = torch.randn(n, 2, 2)
+        x = torch.randn(n, n, 2)
         assert_same(cf(x), fn(x))
     assert kiln.stats()["eager_fallbacks"] == 0
     assert _graphs() == 2
+
+
+class _Block(nn.Module):
+    """A GPT-style block as people write it: sizes read off the input, views with them."""
+
+    def __init__(self, C=32, H=4):
+        super().__init__()
+        self.H = H
+        self.qkv, self.o = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q = q.view(B, T, self.H, C // self.H).transpose(1, 2)
+        k = k.view(B, T, self.H, C // self.H).transpose(1, 2)
+        v = v.view(B, T, self.H, C // self.H).transpose(1, 2)
+        att = F.softmax((q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5)), dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.o(y)
+        return x + self.mlp(self.ln2(x))
+
+
+SHAPES = [(2, 5), (3, 7), (2, 9), (4, 16), (2, 3), (3, 33), (2, 2), (5, 11), (3, 12), (2, 64)]
+
+
+def test_transformer_block_over_ten_shapes_compiles_at_most_twice(device):
+    torch.manual_seed(0)
+    m = _Block().to(device).eval()
+    kiln.reset()
+    cf = kiln.compile(m)
+    with torch.no_grad():
+        for b, t in SHAPES:
+            x = torch.randn(b, t, 32, device=device)
+            assert_same(cf(x), m(x), rtol=1e-4, atol=1e-5)
+    s = kiln.stats()
+    assert s["eager_fallbacks"] == 0 and s["graph_breaks"] == 0, s["fallback_reasons"]
+    assert s["graphs_compiled"] <= 2, s["recompile_reasons"]
+
+
+def test_transformer_block_dynamic_true_compiles_once(device):
+    torch.manual_seed(0)
+    m = _Block().to(device).eval()
+    kiln.reset()
+    cf = kiln.compile(m, dynamic=True)
+    with torch.no_grad():
+        for b, t in SHAPES:
+            x = torch.randn(b, t, 32, device=device)
+            assert_same(cf(x), m(x), rtol=1e-4, atol=1e-5)
+    assert kiln.stats()["graphs_compiled"] == 1, kiln.stats()["recompile_reasons"]
+
+
+def test_split_and_chunk_are_views_that_stay_symbolic():
+    def fn(x):
+        a, b = x.chunk(2, dim=-1)
+        c, d, e = torch.split(x, [1, 2, 3], dim=-1)
+        return a * b, c + d.sum(-1, keepdim=True) - e.mean(-1, keepdim=True)
+
+    _run_sizes(fn, lambda n, d: (torch.randn(n, 6),), SIZES, True, max_graphs=1)
 
 
 def test_shape_generic_guards_are_in_explain():

@@ -42,6 +42,8 @@ struct CallRules {
       add(object_at("inspect.signature"), signature);
       add(I.resolve_torch("max"), torch_max_min);
       add(I.resolve_torch("min"), torch_max_min);
+      add(I.resolve_torch("split"), torch_split);
+      add(I.resolve_torch("chunk"), torch_split);
       for (const char* ctx : {"torch.no_grad", "torch.enable_grad", "torch.inference_mode", "torch.set_grad_enabled",
                               "contextlib.nullcontext", "torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
         add(object_at(ctx), mode);
@@ -218,6 +220,13 @@ struct CallRules {
     if (args.size() == 2 && args[1]->is_tensor() && kwargs.empty())
       return I.call_op(*function_binding(I.resolve_torch(max ? "maximum" : "minimum")), args, {});
     return nullptr;
+  }
+
+  // torch.split(x, ...) / torch.chunk(x, ...): the Tensor methods (views of x by slices).
+  static VarPtr torch_split(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.empty() || !args[0]->is_tensor()) return nullptr;
+    std::vector<VarPtr> rest(args.begin() + 1, args.end());
+    return I.split_tensor(args[0], fn->known() == I.resolve_torch("chunk"), rest, kwargs);
   }
 
   static VarPtr mode(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {

@@ -38,7 +38,7 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
     VarPtr v;
     if (!p.kwarg_only && pos < args.size()) {
       // int[] takes the rest of the positionals when given as varargs: x.view(2, 3).
-      if (p.type.rfind("int[]", 0) == 0 && args[pos]->is_const() && PyLong_Check(args[pos]->obj()) &&
+      if (p.is_int_list() && p.list_size() == 0 && args[pos]->is_const() && PyLong_Check(args[pos]->known()) &&
           pos + 1 < args.size() && pi + 1 == s.params.size()) {
         std::vector<VarPtr> rest(args.begin() + pos, args.end());
         v = Var::tuple(rest);
@@ -75,6 +75,27 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
                     p.name + "' must be Tensor, not " + (v->is_const() ? Py_TYPE(v->obj())->tp_name : "a value"));
       inputs.push_back(as_node(v, p.name.c_str()));
       continue;
+    }
+    if (p.is_sym_int_list()) {  // sizes that may be symbolic: view(B, T, -1)
+      std::vector<VarPtr> items;
+      if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) items = v->seq();
+      else if (v->symint().valid()) items = {v};
+      bool symbolic = false;
+      for (const VarPtr& x : items) symbolic |= x->symint().valid();
+      if (symbolic) {
+        std::vector<sym::Expr> sizes;
+        for (const VarPtr& x : items) {
+          if (sym::Expr e = x->symint(); e.valid()) {
+            sizes.push_back(e);
+            continue;
+          }
+          PyObject* o = const_obj(x, p.name.c_str());
+          if (!PyLong_Check(o) || PyBool_Check(o)) unsupported(p.name + " must be a list of ints");
+          sizes.push_back(sym::Expr(static_cast<int64_t>(PyLong_AsLongLong(o))));
+        }
+        attrs.set(p.name, ir::sizes_attr(sizes));
+        continue;
+      }
     }
     PyObject* o = const_obj(v, p.name.c_str());
     if (o == Py_None) {
@@ -677,10 +698,23 @@ int64_t Interpreter::concrete_size(const sym::Expr& e) {
   return sym::evaluate(e, [&](const sym::Expr& v) { return guards.hint(v); });
 }
 
-VarPtr Interpreter::size_const(const sym::Expr& e) { return Var::steal_constant(PyLong_FromLongLong(concrete_size(e))); }
+VarPtr Interpreter::size_const(const sym::Expr& e) {
+  if (e.as_const()) return Var::steal_constant(PyLong_FromLongLong(*e.as_const()));
+  // A symbolic int: shape arithmetic and view sizes keep it symbolic; reading its value
+  // specializes it.
+  GuardSet& guards = root()->out_.guards;
+  return Var::symint(e, sym::evaluate(e, [&](const sym::Expr& v) { return guards.hint(v); }));
+}
 
 VarPtr Interpreter::shape_tuple(const ir::TensorMeta& m) {
   static PyObject* size_type = resolve_torch("Size");
+  bool symbolic = false;
+  for (const sym::Expr& e : m.sizes) symbolic |= !e.as_const();
+  if (symbolic) {  // a tuple of symbolic ints (torch.Size of SymInts in torch)
+    std::vector<VarPtr> items;
+    for (const sym::Expr& e : m.sizes) items.push_back(size_const(e));
+    return Var::tuple(std::move(items));
+  }
   PyObject* t = PyTuple_New(m.dim());
   for (int64_t i = 0; i < m.dim(); ++i) {
     PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(concrete_size(m.sizes[i])));
@@ -688,6 +722,64 @@ VarPtr Interpreter::shape_tuple(const ir::TensorMeta& m) {
   PyObject* size = PyObject_CallOneArg(size_type, t);
   Py_DECREF(t);
   return real(size);
+}
+
+VarPtr Interpreter::split_tensor(const VarPtr& x, bool chunk, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  const ir::TensorMeta& m = x->node()->meta;
+  VarPtr what, dim_v;
+  if (!args.empty()) what = args[0];
+  if (args.size() > 1) dim_v = args[1];
+  if (args.size() > 2) return nullptr;
+  for (const auto& [k, v] : kwargs) {
+    if (k == "dim") dim_v = v;
+    else if (k == (chunk ? "chunks" : "split_size_or_sections") || (!chunk && k == "split_size")) what = v;
+    else return nullptr;
+  }
+  if (!what || m.dim() == 0) return nullptr;
+  int64_t d = 0;
+  if (dim_v) {
+    PyObject* o = const_obj(dim_v, "dim");
+    if (!PyLong_Check(o) || PyBool_Check(o)) return nullptr;
+    d = PyLong_AsLongLong(o);
+  }
+  std::string err;
+  if (!ops::wrap_dim(d, m.dim(), err)) return nullptr;
+  // The number of pieces is a Python value: a symbolic size along `dim` is specialized.
+  const int64_t n = concrete_size(m.sizes[d]);
+  std::vector<int64_t> lengths;
+  PyObject* o = const_obj(what, "split size");
+  if (PyLong_Check(o) && !PyBool_Check(o)) {
+    int64_t k = PyLong_AsLongLong(o);
+    if (k <= 0 || n == 0) return nullptr;  // torch's own errors and edge cases
+    if (chunk) k = (n + k - 1) / k;
+    for (int64_t start = 0; start < n; start += k) lengths.push_back(std::min(k, n - start));
+  } else if (!chunk && (PyList_Check(o) || PyTuple_Check(o))) {
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Size(o); ++i) {
+      PyObject* item = PySequence_GetItem(o, i);
+      const bool ok = item && PyLong_Check(item) && !PyBool_Check(item);
+      const int64_t len = ok ? PyLong_AsLongLong(item) : -1;
+      Py_XDECREF(item);
+      if (len < 0) return nullptr;
+      lengths.push_back(len);
+      total += len;
+    }
+    if (total != n) return nullptr;  // torch raises its own message
+  } else {
+    return nullptr;
+  }
+  std::vector<VarPtr> pieces;
+  int64_t start = 0;
+  for (int64_t len : lengths) {
+    ir::Attrs a;
+    a.set("dim", d);
+    a.set("start", start);
+    a.set("end", start + len);
+    a.set("step", int64_t{1});
+    pieces.push_back(Var::tensor(add_node("slice", {x->node()}, a)));
+    start += len;
+  }
+  return Var::tuple(std::move(pieces));
 }
 
 VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
@@ -702,6 +794,8 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     if (!ops::wrap_dim(d, m.dim(), err)) unsupported("shape/dtype check of size failed: " + err);
     return size_const(m.sizes[d]);
   }
+  if (name == "split" || name == "chunk")
+    if (VarPtr r = split_tensor(self, name == "chunk", args, kwargs)) return r;
   if (name == "dim" || name == "ndimension") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
   if (name == "numel" || name == "nelement") return size_const(m.numel());
   if (name == "is_contiguous") return Var::constant(m.strides == ir::contiguous_strides(m.sizes) ? Py_True : Py_False);

@@ -333,6 +333,7 @@ ir::Node* Interpreter::add_node(const std::string& op, std::vector<ir::Node*> in
 
 ir::Node* Interpreter::as_node(const VarPtr& v, const char* what) {
   if (v->is_tensor()) return v->node();
+  if (sym::Expr e = v->symint(); e.valid()) return g_->size_value(e, DType::Int64);  // x * x.shape[0]
   if (v->is_const() && !is_python_scalar(v->obj()) && (PyLong_Check(v->obj()) || PyFloat_Check(v->obj()))) {
     // an IntEnum or a float subclass: the number it is
     PyObject* plain = PyLong_Check(v->obj()) ? PyNumber_Index(v->obj()) : PyFloat_FromDouble(PyFloat_AsDouble(v->obj()));
@@ -444,6 +445,18 @@ CaptureResult capture(PyObject* fn, const BoundArgs& args) {
   CaptureResult r;
   GuardShapeEnv env(r.guards, false);
   sym::ShapeEnvScope env_scope(&env);
+  // A symbolic int whose Python value capture reads is specialized (a fact of the entry).
+  std::function<void(const sym::Expr&)> specialize = [&r](const sym::Expr& e) {
+    std::vector<sym::Expr> syms;
+    sym::collect_symbols(e, syms);
+    for (const sym::Expr& s : syms) r.guards.specialize(s);
+  };
+  auto* saved_hook = Var::specialize_hook();
+  Var::specialize_hook() = &specialize;
+  struct RestoreHook {
+    std::function<void(const sym::Expr&)>* saved;
+    ~RestoreHook() { Var::specialize_hook() = saved; }
+  } restore{saved_hook};
   Interpreter it(fn, r);
   try {
     auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(fn));

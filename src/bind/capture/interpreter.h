@@ -189,10 +189,14 @@ class Interpreter {
   // The value of a size at capture. A symbolic one is specialized: the entry then holds only
   // for inputs where it has that value (a fact its guards check).
   int64_t concrete_size(const sym::Expr& e);
+  VarPtr symint_binary(const std::string& base, const VarPtr& a, const VarPtr& b);
+  VarPtr symint_compare(const std::string& op, const VarPtr& a, const VarPtr& b);
 
   VarPtr shape_tuple(const ir::TensorMeta& m);
 
   VarPtr call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+  // x.split(k or sections, dim) / x.chunk(n, dim) as slices of x (nullptr: left to torch).
+  VarPtr split_tensor(const VarPtr& x, bool chunk, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   // ModuleDict and ParameterDict (and subclasses): containers whose iteration yields keys.
   static bool is_keyed_container(PyObject* m);

@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "core/sym/shape_env.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
@@ -26,6 +27,74 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
   if (result != a->node()) result->attrs.set("inplace_of", static_cast<int64_t>(a->node()->id));
   a->node() = result;
   return a;
+}
+
+namespace {
+// An int operand as a size expression: a symbolic int, or a plain int (not a bool).
+std::optional<sym::Expr> int_expr(const VarPtr& v) {
+  if (sym::Expr e = v->symint(); e.valid()) return e;
+  PyObject* o = v->is_const() ? v->known() : nullptr;
+  if (o && PyLong_CheckExact(o)) {
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (!overflow) return sym::Expr(static_cast<int64_t>(x));
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+// Shape arithmetic on symbolic ints stays symbolic: + - * on any, // and % by a positive
+// constant or a size (Python's floor semantics, which sym::floordiv/mod follow). Its value for
+// this call comes from Python on the hints. nullptr: not such an operation.
+VarPtr Interpreter::symint_binary(const std::string& base, const VarPtr& a, const VarPtr& b) {
+  if (!a->symint().valid() && !b->symint().valid()) return nullptr;
+  auto x = int_expr(a), y = int_expr(b);
+  if (!x || !y) return nullptr;
+  sym::Expr r;
+  if (base == "ADD") r = *x + *y;
+  else if (base == "SUBTRACT") r = *x - *y;
+  else if (base == "MULTIPLY") r = *x * *y;
+  else if ((base == "FLOOR_DIVIDE" || base == "REMAINDER") &&
+           ((y->as_const() && *y->as_const() > 0) || y->is_size_symbol()))
+    r = base == "FLOOR_DIVIDE" ? sym::floordiv(*x, *y) : sym::mod(*x, *y);
+  else return nullptr;
+  GuardSet& guards = root()->out_.guards;
+  return Var::symint(r, sym::evaluate(r, [&](const sym::Expr& v) { return guards.hint(v); }));
+}
+
+// A comparison of sizes: decided for this call's sizes, and the outcome becomes a fact of the
+// entry (s0 > 1, s0 <= 512), so the branch taken holds for every call the guards admit. An
+// outcome no fact can state (s0 != 7) specializes the sizes instead.
+VarPtr Interpreter::symint_compare(const std::string& op, const VarPtr& a, const VarPtr& b) {
+  if (!a->symint().valid() && !b->symint().valid()) return nullptr;
+  auto x = int_expr(a), y = int_expr(b);
+  if (!x || !y) return nullptr;
+  GuardSet& guards = root()->out_.guards;
+  auto hint = [&](const sym::Expr& e) { return sym::evaluate(e, [&](const sym::Expr& v) { return guards.hint(v); }); };
+  const int64_t hx = hint(*x), hy = hint(*y);
+  bool result;
+  sym::Expr lo, hi;  // the fact: lo <= hi
+  if (op == "<") result = hx < hy, lo = result ? *x + 1 : *y, hi = result ? *y : *x;
+  else if (op == "<=") result = hx <= hy, lo = result ? *x : *y + 1, hi = result ? *y : *x;
+  else if (op == ">") result = hx > hy, lo = result ? *y + 1 : *x, hi = result ? *x : *y;
+  else if (op == ">=") result = hx >= hy, lo = result ? *y : *x + 1, hi = result ? *x : *y;
+  else {
+    result = op == "==" ? hx == hy : hx != hy;
+    if ((op == "==") == result) {
+      if (!sym::same_size(*x, *y)) unsupported("internal: an equality of sizes could not be recorded");
+    } else {
+      a->obj(), b->obj();  // unequal: no fact says so; the sizes are specialized
+    }
+    return Var::constant(result ? Py_True : Py_False);
+  }
+  sym::Expr gap = hi - lo;
+  if (auto c = gap.as_const()) {
+    if (*c < 0) unsupported("internal: a size comparison contradicts its own hint");
+  } else if (!(sym::bounds(gap).lo && *sym::bounds(gap).lo >= 0)) {
+    sym::ShapeEnv* env = sym::current_shape_env();
+    if (!env || !env->assume_nonnegative(gap)) a->obj(), b->obj();
+  }
+  return Var::constant(result ? Py_True : Py_False);
 }
 
 VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
@@ -80,6 +149,7 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
       return Var::tuple(std::move(items), seq->kind() == Var::Kind::List);
     }
   }
+  if (VarPtr r = symint_binary(base, a, b)) return r;
   static const std::unordered_map<std::string, binaryfunc> py = {
       {"ADD", PyNumber_Add}, {"SUBTRACT", PyNumber_Subtract}, {"MULTIPLY", PyNumber_Multiply},
       {"TRUE_DIVIDE", PyNumber_TrueDivide}, {"FLOOR_DIVIDE", PyNumber_FloorDivide}, {"REMAINDER", PyNumber_Remainder},
@@ -98,6 +168,7 @@ VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
                                                                      {"!=", "ne"}, {">", "gt"}, {">=", "ge"}};
     return Var::tensor(add_node(ops.at(op), {as_node(a, "operand"), as_node(b, "operand")}));
   }
+  if (VarPtr r = symint_compare(op, a, b)) return r;
   static const std::unordered_map<std::string, int> cmp = {{"<", Py_LT}, {"<=", Py_LE}, {"==", Py_EQ},
                                                           {"!=", Py_NE}, {">", Py_GT}, {">=", Py_GE}};
   return real(PyObject_RichCompare(const_obj(a, "operand"), const_obj(b, "operand"), cmp.at(op)));

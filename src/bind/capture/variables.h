@@ -2,6 +2,8 @@
 #pragma once
 #include <Python.h>
 
+#include <functional>
+
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -13,6 +15,8 @@
 #include "bind/guards/source.h"
 #include "bind/torch/tensor_bridge.h"
 #include "core/ir/graph.h"
+
+#include "core/sym/expr.h"
 
 namespace kiln::bind {
 
@@ -37,6 +41,11 @@ struct Unsupported : std::runtime_error {
 // What a tracker knows, one struct per kind. Python objects in them are owned by the tracker.
 struct ConstV {  // a Python value known at capture time (guarded if it came from the frame)
   PyObject* value = nullptr;
+  // A symbolic int (a dynamic size, or arithmetic on one): `value` is its value for this call
+  // (the hint). Reading the value (Var::obj) specializes it: the entry then holds for that
+  // value only. Code that knows sizes (shape arithmetic, view/reshape sizes, tensor operands)
+  // reads `sym` instead and stays shape-generic.
+  mutable sym::Expr sym;
   bool by_type = false;  // from the frame, guarded by its type and the attributes read, not its
                          // identity (Interpreter::by_structure)
   VarPtr super_self;     // a super() object: the receiver tracker its methods bind to
@@ -147,11 +156,33 @@ struct Var {
   bool is_tensor() const { return is<TensorV>(); }
   // The Python object a constant or a module tracker stands for.
   PyObject* obj() const {
-    if (auto* c = get_if<ConstV>()) return c->value;
+    if (auto* c = get_if<ConstV>()) {
+      if (c->sym.valid()) {
+        if (auto* f = specialize_hook()) (*f)(c->sym);
+        c->sym = sym::Expr();
+      }
+      return c->value;
+    }
     if (auto* m = get_if<ModuleV>()) return m->module;
     wrong_kind("a Python object");
   }
-  // The same, or nullptr for a tracker of another kind (for comparisons with known objects).
+  // The symbolic int a constant stands for (invalid: a plain Python value).
+  sym::Expr symint() const {
+    auto* c = get_if<ConstV>();
+    return c ? c->sym : sym::Expr();
+  }
+  // What reading a symbolic int's value does: capture's specialization of its symbols.
+  static std::function<void(const sym::Expr&)>*& specialize_hook() {
+    thread_local std::function<void(const sym::Expr&)>* hook = nullptr;
+    return hook;
+  }
+  static VarPtr symint(const sym::Expr& e, int64_t hint) {
+    auto v = std::make_shared<Var>(ConstV{PyLong_FromLongLong(hint)});
+    if (!e.as_const()) v->as<ConstV>().sym = e;
+    return v;
+  }
+  // The same, or nullptr for a tracker of another kind (for comparisons with known objects;
+  // a symbolic int is not specialized by this: identity says nothing about its value).
   PyObject* known() const {
     if (auto* c = get_if<ConstV>()) return c->value;
     if (auto* m = get_if<ModuleV>()) return m->module;

@@ -71,7 +71,7 @@ Node* decompose_batch_norm(Graph& g, Node* n) {
 Ints trailing_norm_dims(const char* op, Node* x, const Ints& shape) {
   int64_t k = static_cast<int64_t>(shape.size()), r = x->meta.dim();
   bool ok = k > 0 && k <= r;
-  for (int64_t i = 0; ok && i < k; ++i) ok = x->meta.sizes[r - k + i].is_const(shape[i]);
+  for (int64_t i = 0; ok && i < k; ++i) ok = sym::same_size(x->meta.sizes[r - k + i], Expr(shape[i]));
   if (!ok)
     throw std::runtime_error("RuntimeError: Given normalized_shape=" + ir::attr_str(shape) + ", expected input with shape [*" +
                              (std::string(op) == "layer_norm" ? ", " : "") + ir::attr_str(shape).substr(1) +
@@ -137,7 +137,7 @@ Node* decompose_group_norm(Graph& g, Node* n) {
     throw std::runtime_error("ValueError: Expected more than 1 value per channel when training, got input size " + ir::attr_str(stat_shape));
   if (!is_floating(x->meta.dtype)) throw std::runtime_error("kiln: group_norm of an integer tensor");
   for (Node* p : {w, b})
-    if (p && !(p->meta.dim() == 1 && p->meta.sizes[0].is_const(c)))
+    if (p && !(p->meta.dim() == 1 && sym::same_size(p->meta.sizes[0], Expr(c))))
       throw std::runtime_error("RuntimeError: Expected weight to be a vector of size equal to the number of channels in input, but got weight of shape " +
                                sym::str(p->meta.sizes) + " and input of shape " + ir::attr_str(sizes));
   Ints split = {sizes[0], groups, c / groups}, dims;

@@ -57,8 +57,8 @@ Schema Schema::parse(const std::string& text) {
 
 size_t Param::list_size() const {
   if (!is_int_list()) return 0;
-  size_t close = type.find(']');
-  return close > 4 ? std::stoul(type.substr(4, close - 4)) : 0;
+  size_t open = type.find('['), close = type.find(']');
+  return close > open + 1 ? std::stoul(type.substr(open + 1, close - open - 1)) : 0;
 }
 
 std::optional<ir::AttrValue> Param::default_value() const {

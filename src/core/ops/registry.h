@@ -50,7 +50,9 @@ struct Param {
   bool has_default = false;
   bool kwarg_only = false;
   bool is_tensor() const { return type == "Tensor" || type == "Tensor?"; }
-  bool is_int_list() const { return type.rfind("int[", 0) == 0; }
+  bool is_int_list() const { return type.rfind("int[", 0) == 0 || is_sym_int_list(); }
+  // Sizes that may be symbolic (torch's SymInt[]): the op's rules read them as expressions.
+  bool is_sym_int_list() const { return type.rfind("SymInt[", 0) == 0; }
   // N for "int[N]" (a single int given for it is repeated N times), 0 for "int[]".
   size_t list_size() const;
   // The default as an attribute value; nullopt for None or no default.

@@ -37,34 +37,38 @@ std::pair<Expr, Expr> slice_window(const Expr& size, const Attrs& a) {
 
 // Strides that let `new_sizes` view memory laid out by (sizes, strides), or nullopt when the
 // reshape needs a copy. Walks dims from the innermost, matching chunks of contiguous memory.
+// Symbolic sizes: which view dims a chunk takes is decided at the sizes at hand
+// (sym::size_hint), and each chunk's element count equal to its view dims' is a fact the entry
+// relies on (sym::same_size), so the strides hold for every size its guards admit.
 std::optional<Exprs> view_strides(const Exprs& sizes, const Exprs& strides, const Exprs& new_sizes) {
-  if (!all_const(sizes) || !all_const(strides) || !all_const(new_sizes)) {
-    if (strides == ir::contiguous_strides(sizes)) return ir::contiguous_strides(new_sizes);
-    return std::nullopt;
-  }
-  auto v = [](const Expr& e) { return *e.as_const(); };
-  int64_t numel = 1;
-  for (auto& s : sizes) numel *= v(s);
+  if (strides == ir::contiguous_strides(sizes)) return ir::contiguous_strides(new_sizes);
+  auto h = [](const Expr& e) { return sym::size_hint(e); };
+  for (const Expr& e : sizes)
+    if (!h(e)) return std::nullopt;
+  for (const Expr& e : strides)
+    if (!h(e)) return std::nullopt;
+  for (const Expr& e : new_sizes)
+    if (!h(e)) return std::nullopt;
+  if (*h(sym::product(sizes)) == 0) return ir::contiguous_strides(new_sizes);
   Exprs out(new_sizes.size());
-  if (numel == 0) return ir::contiguous_strides(new_sizes);
   if (sizes.empty()) {
     for (auto& o : out) o = 1;
     return out;
   }
   int64_t view_d = static_cast<int64_t>(new_sizes.size()) - 1;
-  int64_t chunk_base = v(strides.back());
-  int64_t tensor_numel = 1, view_numel = 1;
+  Expr chunk_base = strides.back();
+  Expr tensor_numel = 1, view_numel = 1;
   for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
-    tensor_numel *= v(sizes[d]);
-    if (d == 0 || (v(sizes[d - 1]) != 1 && v(strides[d - 1]) != tensor_numel * chunk_base)) {
-      while (view_d >= 0 && (view_numel < tensor_numel || v(new_sizes[view_d]) == 1)) {
+    tensor_numel = tensor_numel * sizes[d];
+    if (d == 0 || (*h(sizes[d - 1]) != 1 && !sym::same_size(strides[d - 1], tensor_numel * chunk_base))) {
+      while (view_d >= 0 && (*h(view_numel) < *h(tensor_numel) || *h(new_sizes[view_d]) == 1)) {
         out[view_d] = view_numel * chunk_base;
-        view_numel *= v(new_sizes[view_d]);
+        view_numel = view_numel * new_sizes[view_d];
         --view_d;
       }
-      if (view_numel != tensor_numel) return std::nullopt;
+      if (!sym::same_size(view_numel, tensor_numel)) return std::nullopt;
       if (d > 0) {
-        chunk_base = v(strides[d - 1]);
+        chunk_base = strides[d - 1];
         tensor_numel = 1;
         view_numel = 1;
       }
@@ -125,7 +129,7 @@ bool infer_shape_arg(const TensorMeta& x, const Exprs& shape, Exprs& out, std::s
 OpDef reshape_like(const std::string& name, bool must_view, std::vector<std::string> py) {
   OpDef d;
   d.name = name;
-  d.schema = Schema::parse(name + "(Tensor self, int[] shape)");
+  d.schema = Schema::parse(name + "(Tensor self, SymInt[] shape)");
   d.kind = OpKind::View;
   d.infer = [must_view, name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
     const TensorMeta& x = in[0]->meta;
@@ -246,7 +250,7 @@ std::vector<OpDef> view_ops() {
 
   OpDef expand;
   expand.name = "expand";
-  expand.schema = Schema::parse("expand(Tensor self, int[] size)");
+  expand.schema = Schema::parse("expand(Tensor self, SymInt[] size)");
   expand.kind = OpKind::View;
   expand.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
     const TensorMeta& x = in[0]->meta;
