@@ -177,8 +177,8 @@ def main(argv=None) -> int:
              if rescued else ""))
     srcs = collections.Counter(s for r in ill + zonly for s in r.ill_sources)
     if srcs:
-        print("Where they became ill-conditioned (programs):")
-        for k, n in srcs.most_common(12):
+        print("Where values became ill-conditioned or signs of zero unspecified (programs):")
+        for k, n in srcs.most_common(20):
             print(f"  {n:5d}  {k}")
     if failing:
         print(f"\nFailing seeds: {','.join(map(str, failing))}")

@@ -1803,6 +1803,8 @@ class Conditioning(torch.overrides.TorchFunctionMode):
             if name in ("sum", "nansum", "mean", "prod", "amax", "amin", "max", "min"):
                 # the sign of a zero sum, product or max follows the signs of the zeros in its slice
                 zs = any_over((zs_x & (xd == 0)) | (near0 & (xd != 0)))
+                self._source(name, "a zero of either sign within the bands",
+                             zs[0] & (o0 == 0) & ~any_over(zs_x & (xd == 0))[0])
             else:
                 zs = [torch.zeros(o.shape, dtype=torch.bool) for o in outs]
             if name in ("any", "all"):
@@ -1870,7 +1872,10 @@ class Conditioning(torch.overrides.TorchFunctionMode):
             kba, kbb = self._kb(a, ma[0]), self._kb(b, mb[0])
             za = (ma[2] & (a == 0)) | ((kba > 0) & (a.detach().double().abs() <= kba) & (a != 0))
             zb = (mb[2] & (b == 0)) | ((kbb > 0) & (b.detach().double().abs() <= kbb) & (b != 0))
-            self._write(o, dep(ma[0], mb[0]) | own, ill, (o == 0) & dep(za, zb))
+            zs = (o == 0) & dep(za, zb)
+            self._source("matmul", "a zero of either sign within the bands",
+                         zs & ~dep(ma[2] & (a == 0), mb[2] & (b == 0)))
+            self._write(o, dep(ma[0], mb[0]) | own, ill, zs)
         else:
             self._write(o, False, ill, False)
 
