@@ -11,9 +11,14 @@ child interpreters, `--batch` seeds to a child, `--jobs` children at a time; a c
 crashes (segfault, abort, SIGFPE) or hangs is reported against the seed it was running.
 
 Prints each failing seed with its program and the differences, then a summary by category
-(programs per category), the most frequent failure signatures, and how many programs kiln ran
-(partly) eagerly. `--ignore stride,message` leaves categories out of the report and the exit
-status; `--no-strides` does not compare strides at all. Exit status 1 if anything failed.
+(programs per category), the most frequent failure signatures, how many programs kiln ran
+(partly) eagerly, and the reach of the conditioning rule: how many programs had values left
+uncompared because eager's computation of them is ill-conditioned at their inputs (a last-bit
+difference that kiln may legitimately make, amplified past the tolerance: a remainder at a
+multiple of its divisor, a comparison of nearly equal values, a tie of +0.0 and -0.0 in a max;
+see Conditioning in tests/python/_fuzz.py), and how many of those did differ there.
+`--ignore stride,message` leaves categories out of the report and the exit status;
+`--no-strides` does not compare strides at all. Exit status 1 if anything failed.
 """
 from __future__ import annotations
 
@@ -158,6 +163,22 @@ def main(argv=None) -> int:
     if reasons:
         print("Fallback / graph-break reasons (programs):")
         for k, n in reasons.most_common(25):
+            print(f"  {n:5d}  {k}")
+    # -- the conditioning rule's reach ---------------------------------------------------------
+    ill = [r for r in results if r.uncompared_values]
+    zonly = [r for r in results if r.uncompared_zero_signs and not r.uncompared_values]
+    rescued = [r for r in results if r.uncompared_differed]
+    print(f"\nConditioning rule (values ill-conditioned at their inputs are not compared): "
+          f"{len(ill)} of {len(results)} programs had values left uncompared "
+          f"({sum(r.uncompared_values for r in ill)} values), {len(zonly)} more only signs of zero "
+          f"({sum(r.uncompared_zero_signs for r in zonly)}); kiln differed from eager there in "
+          f"{len(rescued)} programs ({sum(r.uncompared_differed for r in rescued)} elements)"
+          + (f": seeds {', '.join(str(r.seed) for r in rescued[:12])}{' ...' if len(rescued) > 12 else ''}"
+             if rescued else ""))
+    srcs = collections.Counter(s for r in ill + zonly for s in r.ill_sources)
+    if srcs:
+        print("Where values became ill-conditioned or signs of zero unspecified (programs):")
+        for k, n in srcs.most_common(20):
             print(f"  {n:5d}  {k}")
     if failing:
         print(f"\nFailing seeds: {','.join(map(str, failing))}")

@@ -5,7 +5,10 @@ The seeds run in batches, each batch in a child interpreter, so that a crash of 
 (segfault, abort, SIGFPE) or a hang fails the batch's test with the seed and program it was
 running instead of ending the session. A batch fails on any difference (values, dtype, shape,
 strides, structure, exceptions) and prints each failing program's seed, source, inputs and the
-difference; re-run one with ``python bench/fuzz.py --seeds SEED``.
+difference; re-run one with ``python bench/fuzz.py --seeds SEED``. Values that eager's own
+computation makes ill-conditioned at the inputs (a legitimate last-bit difference amplified past
+the tolerance) are not compared: the conditioning rule, see _fuzz.Conditioning and
+test_fuzz_conditioning.py.
 
 Environment: KILN_FUZZ_IGNORE=stride,message leaves those categories out (names as
 bench/fuzz.py --ignore takes them); KILN_FUZZ_NO_STRIDES=1 does not compare strides at all.
