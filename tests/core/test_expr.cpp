@@ -376,8 +376,8 @@ TEST(Expr, CStrIsCSource) {
   Expr t0 = Expr::var("t0"), t1 = Expr::var("t1", 4);
   EXPECT_EQ(sym::floordiv(t0, Expr(8)).c_str(), "(t0 / 8)");
   EXPECT_EQ(sym::mod(t0, Expr(8)).c_str(), "(t0 % 8)");
-  EXPECT_EQ(sym::min(t1, t0).c_str(), "kiln_min(t0, t1)");
-  EXPECT_EQ(sym::max(t1, t0).c_str(), "kiln_max(t0, t1)");
+  EXPECT_EQ(sym::min(t1, t0).c_str(), "kiln_min((long long)t0, (long long)t1)");  // one type for the template
+  EXPECT_EQ(sym::max(t1, t0).c_str(), "kiln_max((long long)t0, (long long)t1)");
   // Constants past the int range get a 64-bit suffix.
   EXPECT_EQ((Expr(int64_t{1} << 40) * t0).c_str(), "1099511627776LL*t0");
   EXPECT_EQ(Expr(7).c_str(), "7");
@@ -393,4 +393,18 @@ TEST(Expr, PrintedDivisionByAProductKeepsItsGrouping) {
   EXPECT_NE(ms.find("% ("), std::string::npos) << ms;
   std::string mc = sym::mod(x, n * m).c_str();
   EXPECT_NE(mc.find("% ("), std::string::npos) << mc;
+}
+
+TEST(Expr, DivisionBySizesOfIndexVariablesOverSizes) {
+  // The index arithmetic of reshapes over dynamic sizes: loop variables over [0, s2) divided by
+  // products of sizes fold away, as they do for constant sizes.
+  Expr s1 = Expr::size_symbol("s1"), s2 = Expr::size_symbol("s2");
+  Expr r0 = Expr::index_var("r0", s2), x1 = Expr::index_var("x1", s1), x2 = Expr::index_var("x2", s2);
+  EXPECT_TRUE(sym::floordiv(r0 + s2 * x2, s2 * s2).is_const(0));
+  EXPECT_EQ(sym::mod(r0 + s2 * x2 + s1 * s2 * s2 * x1, s2), r0);
+  EXPECT_EQ(sym::mod(sym::floordiv(r0 + s2 * x2 + s2 * s2 * x1, s2), s2), x2);
+  EXPECT_EQ(sym::floordiv(r0 + s2 * x2 + s2 * s2 * x1, s2 * s2), x1);
+  // Not provably in range: kept.
+  Expr y = Expr::index_var("y", s1);
+  EXPECT_FALSE(sym::floordiv(y, s2).as_const().has_value());
 }

@@ -218,8 +218,7 @@ class Lowering {
     Exprs idx;
     // Extents let the simplifier undo the div/mod of reshapes over the probe.
     for (size_t i = 0; i < sizes.size(); ++i) {
-      auto c = sizes[i].as_const();
-      idx.push_back(Expr::var("probe" + std::to_string(i), c ? std::optional<int64_t>(*c) : std::nullopt));
+      idx.push_back(Expr::index_var("probe" + std::to_string(i), sizes[i]));
     }
     return idx;
   }
@@ -236,8 +235,7 @@ class Lowering {
   Exprs fresh_vars(const std::string& prefix, const Exprs& ranges) {
     Exprs vars;
     for (size_t i = 0; i < ranges.size(); ++i) {
-      auto ext = ranges[i].as_const();
-      vars.push_back(Expr::var(prefix + std::to_string(i), ext ? std::optional<int64_t>(*ext) : std::nullopt));
+      vars.push_back(Expr::index_var(prefix + std::to_string(i), ranges[i]));
     }
     return vars;
   }

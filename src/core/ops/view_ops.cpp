@@ -11,10 +11,6 @@ namespace {
 
 using Exprs = std::vector<Expr>;
 
-bool all_const(const Exprs& xs) {
-  return std::all_of(xs.begin(), xs.end(), [](const Expr& e) { return e.as_const().has_value(); });
-}
-
 // x[start:end:step] over a dim of `size`, Python's clamping: (start, length). Exact for a
 // symbolic size too (min/max expressions the simplifier folds where the size's bounds decide).
 std::pair<Expr, Expr> slice_window(const Expr& size, const Attrs& a) {

@@ -93,8 +93,7 @@ class Fuser {
   Exprs group_vars(const std::string& prefix, const Exprs& ranges) {
     Exprs v;
     for (size_t i = 0; i < ranges.size(); ++i) {
-      auto c = ranges[i].as_const();
-      v.push_back(Expr::var(prefix + std::to_string(i), c ? std::optional<int64_t>(*c) : std::nullopt));
+      v.push_back(Expr::index_var(prefix + std::to_string(i), ranges[i]));
     }
     return v;
   }

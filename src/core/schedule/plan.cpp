@@ -80,8 +80,7 @@ void collapse(loop::Program& p, Kernel& k, std::vector<Expr>& vars, std::vector<
     all.insert(all.end(), others.begin(), others.end());
     if (!mergeable(p, k, all, vars, ranges, i - 1)) continue;
     Expr extent = ranges[i - 1] * ranges[i];
-    auto c = extent.as_const();
-    Expr m = Expr::var(prefix + "m" + std::to_string(counter++), c ? std::optional<int64_t>(*c) : std::nullopt);
+    Expr m = Expr::index_var(prefix + "m" + std::to_string(counter++), extent);
     // Affine accesses: dropping dim i-1 and re-indexing dim i by the merged var is exact.
     rewrite_indices(p, k, {{vars[i - 1], Expr(0)}, {vars[i], m}});
     vars.erase(vars.begin() + i - 1, vars.begin() + i + 1);

@@ -125,6 +125,92 @@ void fold_divmod(Linear& l) {
   }
 }
 
+// Factors of a product of sizes: a positive constant and size symbols (with repeats).
+bool size_factors(const Expr& e, int64_t& k, std::vector<Expr>& syms) {
+  if (auto c = e.as_const()) {
+    k *= *c;
+    return *c > 0;
+  }
+  if (e.is_size_symbol()) {
+    syms.push_back(e);
+    return true;
+  }
+  if (e.kind() != ExprKind::Mul) return false;
+  for (const Expr& f : e.args())
+    if (!size_factors(f, k, syms)) return false;
+  return true;
+}
+
+// An exclusive upper bound of a sum of index variables times non-negative coefficients plus
+// a non-negative constant, as an expression (nullopt when not of that form).
+std::optional<Expr> sum_upper(const Linear& l) {
+  if (l.constant < 0) return std::nullopt;
+  Expr u = Expr(l.constant + 1);
+  for (auto& [t, k] : l.terms) {
+    if (k < 0) return std::nullopt;
+    // t = v * (sizes): an index variable with an extent, scaled
+    Expr v, scale = Expr(1);
+    if (t.kind() == ExprKind::Var) {
+      v = t;
+    } else if (t.kind() == ExprKind::Mul) {
+      for (const Expr& f : t.args()) {
+        if (f.kind() == ExprKind::Var && !f.is_size_symbol() && !v.valid()) v = f;
+        else scale = scale * f;
+      }
+      int64_t kk = 1;
+      std::vector<Expr> ss;
+      if (!v.valid() || !size_factors(scale, kk, ss)) return std::nullopt;
+    } else {
+      return std::nullopt;
+    }
+    auto ext = v.index_extent();
+    if (!ext) return std::nullopt;
+    u = u + Expr(k) * scale * *ext - Expr(k) * scale;  // expanded: sums of products compare structurally
+  }
+  return u;
+}
+
+struct SizeSplit {
+  Expr quotient, rest;
+  bool rest_in_range = false;  // 0 <= rest < divisor
+};
+
+// a = quotient * b + rest, taking out of `a` the terms a symbolic divisor b divides.
+std::optional<SizeSplit> split_by_size(const Expr& a, const Expr& b) {
+  if (b.as_const()) return std::nullopt;
+  int64_t bk = 1;
+  std::vector<Expr> bsyms;
+  if (!size_factors(b, bk, bsyms) || bsyms.empty()) return std::nullopt;
+  Linear l = linearize(a), quot, rest;
+  rest.constant = l.constant;
+  for (auto& [t, k] : l.terms) {
+    std::vector<Expr> f = t.kind() == ExprKind::Mul ? t.args() : std::vector<Expr>{t};
+    int64_t tk = k;
+    for (auto it = f.begin(); it != f.end();)
+      if (auto c = it->as_const()) tk *= *c, it = f.erase(it);
+      else ++it;
+    bool divides = tk % bk == 0;
+    for (const Expr& s : bsyms) {
+      if (!divides) break;
+      auto it = std::find(f.begin(), f.end(), s);
+      if (it == f.end()) divides = false;
+      else f.erase(it);
+    }
+    if (divides) {
+      Expr q = product(f);
+      quot.terms[q] += tk / bk;
+    } else {
+      rest.terms[t] += k;
+    }
+  }
+  SizeSplit out{build(quot), build(rest)};
+  if (auto u = sum_upper(rest)) {
+    Bounds gap = bounds(b - *u);
+    out.rest_in_range = *u == b || (gap.lo && *gap.lo >= 0);
+  }
+  return out;
+}
+
 }  // namespace
 
 Expr::Expr(int64_t v) : node_(intern(ExprKind::Const, v, "", {})) {}
@@ -134,6 +220,18 @@ Expr Expr::var(const std::string& name, std::optional<int64_t> extent) {
 }
 
 Expr Expr::size_symbol(const std::string& name) { return Expr(intern(ExprKind::Var, -2, name, {})); }
+
+Expr Expr::index_var(const std::string& name, const Expr& extent) {
+  if (auto c = extent.as_const()) return var(name, *c);
+  return Expr(intern(ExprKind::Var, -3, name, {extent}));
+}
+
+std::optional<Expr> Expr::index_extent() const {
+  if (node_->kind != ExprKind::Var) return std::nullopt;
+  if (node_->value >= 0) return Expr(node_->value);
+  if (node_->value == -3) return node_->args[0];
+  return std::nullopt;
+}
 bool Expr::is_size_symbol() const { return node_ && node_->kind == ExprKind::Var && node_->value == -2; }
 
 ExprKind Expr::kind() const { return node_->kind; }
@@ -232,6 +330,12 @@ Expr floordiv(Expr a, Expr b) {
     Expr q = make(ExprKind::FloorDiv, {r, b});
     return build(pulled) + q;
   }
+  // A divisor made of sizes (s2, s1*s2, 4*s2): pull out the terms it divides; the rest, when
+  // provably in [0, b), vanishes (the index arithmetic of reshapes over dynamic sizes).
+  if (auto split = split_by_size(a, b)) {
+    if (split->rest_in_range) return split->quotient;
+    if (!split->quotient.is_const(0)) return split->quotient + floordiv(split->rest, b);
+  }
   // (b*x) // b == x for a symbolic b (sizes are positive): a mean's count, a view's -1.
   if (a == b) return Expr(1);
   if (a.kind() == ExprKind::Mul) {
@@ -273,6 +377,10 @@ Expr mod(Expr a, Expr b) {
     }
     return make(ExprKind::Mod, {r, b});
   }
+  if (auto split = split_by_size(a, b)) {
+    if (split->rest_in_range) return split->rest;
+    if (!split->quotient.is_const(0)) return mod(split->rest, b);
+  }
   return make(ExprKind::Mod, {a, b});
 }
 
@@ -306,6 +414,10 @@ Bounds bounds(const Expr& e) {
       // Size symbols are at least 0 (sizes) and index variables lie in [0, extent).
       if (auto x = e.extent()) return {0, *x - 1};
       if (e.is_size_symbol()) return {2, std::nullopt};
+      if (auto x = e.index_extent()) {
+        Bounds b = bounds(*x);
+        return {0, b.hi ? std::optional<int64_t>(*b.hi - 1) : std::nullopt};
+      }
       return {0, std::nullopt};
     }
     case ExprKind::Add: {

@@ -32,6 +32,10 @@ class Expr {
   // are never symbolic, as in torch), bound per call from the inputs. Distinct from an index
   // variable of the same name.
   static Expr size_symbol(const std::string& name);
+  // An index variable over [0, extent): a constant extent, or a symbolic one (a loop over a
+  // dynamic size), which lets floor division and modulo by sizes simplify.
+  static Expr index_var(const std::string& name, const Expr& extent);
+  std::optional<Expr> index_extent() const;  // Var only: its extent as an expression, if any
   bool is_size_symbol() const;
 
   const ExprNode* node() const { return node_; }
@@ -60,7 +64,8 @@ class Expr {
 
 struct ExprNode {
   ExprKind kind;
-  int64_t value = 0;              // Const: the value; Var: extent, -1 when unbounded, -2 for a size symbol
+  int64_t value = 0;              // Const: the value; Var: extent, -1 unbounded, -2 a size symbol,
+                                  // -3 a symbolic extent (args[0])
   std::string name;               // Var
   std::vector<Expr> args;         // operands, canonical order for Add/Mul
   uint64_t id = 0;                // creation order
