@@ -283,3 +283,27 @@ def test_dynamic_dim_broadcast_against_a_constant_falls_back_to_static():
         x = torch.randn(n, 4)
         assert_same(cf(x), fn(x))
     assert kiln.stats()["eager_fallbacks"] == 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_scaled_dot_product_attention_is_one_extern_with_symbolic_sizes(device, causal):
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal) * 2
+
+    s = _run_sizes(fn, lambda n, d: tuple(torch.randn(2, 4, n, 16, device=d) for _ in range(3)), SIZES, True,
+                   max_graphs=1, device=device)
+    assert s["kernels_generated"] >= 1
+
+
+def test_bert_with_a_dynamic_batch_compiles_once():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    m = transformers.BertModel(transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                                       intermediate_size=128)).eval()
+
+    def fn(ids):
+        return m(input_ids=ids).last_hidden_state
+
+    with torch.no_grad():
+        s = _run_sizes(fn, lambda n, d: (torch.randint(0, 1000, (n, 16)),), [2, 4, 3, 8], True, max_graphs=1)
+    assert s["graph_breaks"] == 0

@@ -141,6 +141,7 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
   bool any_tensor = false;
   for (ir::Node* n : inputs) any_tensor |= n && !n->meta.wrapped_number;
   if (!any_tensor) unsupported(b.op->name + "() called without tensor arguments");
+  if (b.op->covers && !b.op->covers(inputs, attrs)) return nullptr;  // torch's operator runs it
   if (inplace) {
     const VarPtr& target = args.empty() ? kwargs.front().second : args.front();
     if (!target->is_tensor()) unsupported("in-place " + b.op->name + " on a non-tensor");
@@ -422,7 +423,8 @@ VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<Var
 
 VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
   PyObject* f = fn->obj();
-  if (const OpBinding* b = function_binding(f)) return call_op(*b, std::move(args), kwargs);
+  if (const OpBinding* b = function_binding(f))
+    if (VarPtr r = call_op(*b, args, kwargs)) return r;  // else a call the entry leaves to torch
   if (VarPtr r = call_rule(fn, args, kwargs)) return r;  // call_rules.cpp: by the callee object
   // ---- by category ----
   if (PyType_Check(f))
@@ -886,6 +888,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     check_inplace_target(self, name);
     args.insert(args.begin(), self);
     VarPtr r = call_op(*ob, std::move(args), kwargs);
+    if (!r) unsupported("Tensor." + name + "() with these arguments is not captured yet");
     return mutate(self, r->node());
   }
   const OpBinding* b = method_binding(name);
@@ -903,7 +906,16 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   // x.float() on a float32 x is x itself in eager (an alias, not a copy).
   if (b->op->name == "convert" && args.empty() && b->fixed.get_dtype("dtype") == m.dtype) return self;
   args.insert(args.begin(), self);
-  return call_op(*b, std::move(args), kwargs);
+  if (VarPtr r = call_op(*b, args, kwargs)) return r;
+  // A call the entry leaves to torch: the method as a torch_call.
+  PyObject* method = PyObject_GetAttrString(resolve_torch("Tensor"), name.c_str());
+  if (!method) {
+    clear_error();
+    unsupported("Tensor." + name + "() does not exist");
+  }
+  keep_.push_back(method);
+  if (VarPtr r = torch_extern(method, "Tensor." + name, args, kwargs)) return r;
+  unsupported("Tensor." + name + "() with these arguments is not captured yet");
 }
 
 PyObject* Interpreter::resolve_torch_path(const std::string& path) {

@@ -412,7 +412,11 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
           plan.op->callBoxed(&stack);
         }
         r = stack[0].toTensor();
-        if (!same_layout(r, views.out_strides)) r = r.contiguous();
+        if (!same_layout(r, views.out_strides)) {  // laid out as planned (kernels index by these strides)
+          at::Tensor laid = at::empty_strided(r.sizes(), views.out_strides, r.options());
+          laid.copy_(r);
+          r = std::move(laid);
+        }
       }
       ptrs[e.output] = r.data_ptr();
       tensors[e.output] = std::move(r);

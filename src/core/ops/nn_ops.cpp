@@ -268,6 +268,40 @@ std::vector<OpDef> nn_ops() {
   emb.python = {"torch.nn.functional.embedding"};
   infer_by_decomposition(emb);
   ops.push_back(emb);
+  // torch's fused attention, as one extern call of its operator: capture keeps it (and its
+  // sizes symbolic) instead of a torch_call whose layout is found for fixed sizes. The result
+  // is laid out as torch's fused CPU/CUDA kernels give it, [B, L, H, E] transposed to
+  // [B, H, L, E] (the executor copies where torch's math path chose another layout).
+  ops.push_back(extern_op(
+      "scaled_dot_product_attention",
+      "scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False)",
+      "aten::scaled_dot_product_attention",
+      [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+        const TensorMeta &q = in[0]->meta, &v = in[2]->meta;
+        const int64_t r = q.dim();
+        out = TensorMeta{q.dtype, q.device, q.sizes, {}, 0, false};
+        out.sizes[r - 1] = v.sizes[r - 1];
+        out.strides = ir::contiguous_strides(out.sizes);
+        if (r == 4) {  // [B, H, L, E] with the strides of [B, L, H, E]
+          const Expr &H = out.sizes[1], &L = out.sizes[2], &E = out.sizes[3];
+          out.strides = {L * H * E, E, H * E, Expr(1)};
+        }
+        return true;
+      },
+      {"torch.nn.functional.scaled_dot_product_attention"}));
+  // Random dropout, grouped query heads, broadcast or mismatched sizes, mixed dtypes: torch's
+  // operator (and its errors) as a torch_call.
+  ops.back().covers = [](const std::vector<Node*>& in, const Attrs& a) {
+    if (a.get_float("dropout_p", 0.0) != 0.0 || a.get_bool("enable_gqa") || !in[0] || !in[1] || !in[2]) return false;
+    const TensorMeta &q = in[0]->meta, &k = in[1]->meta, &v = in[2]->meta;
+    const int64_t r = q.dim();
+    if (r < 2 || k.dim() != r || v.dim() != r) return false;
+    if (q.dtype != k.dtype || q.dtype != v.dtype || !is_floating(q.dtype)) return false;
+    if (q.device != k.device || q.device != v.device) return false;
+    for (int64_t d = 0; d + 2 < r; ++d)
+      if (!sym::same_size(q.sizes[d], k.sizes[d]) || !sym::same_size(q.sizes[d], v.sizes[d])) return false;
+    return sym::same_size(q.sizes[r - 1], k.sizes[r - 1]) && sym::same_size(k.sizes[r - 2], v.sizes[r - 2]);
+  };
   return ops;
 }
 

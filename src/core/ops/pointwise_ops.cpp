@@ -124,16 +124,14 @@ bool torch_gelu_kernel(const ScalarCtx& s, const ir::Node& in, DType t, bool tan
   if (tanh_approx || t != DType::Float32 || !s.torch.gelu_contiguous_f32_kernel) return false;
   const ir::TensorMeta& m = in.meta;
   if (m.device.type != DeviceType::CPU || m.dtype != DType::Float32 || m.strides.size() != m.sizes.size()) return false;
-  int64_t numel = 1, expect = 1;
+  // Row-major dense, symbolic sizes included (a symbolic size is at least 2).
+  Expr expect = 1;
   for (size_t i = m.sizes.size(); i-- > 0;) {
-    auto size = m.sizes[i].as_const();
-    auto stride = m.strides[i].as_const();
-    if (!size || !stride) return false;
-    if (*size != 1 && *stride != expect) return false;
-    expect *= *size;
-    numel *= *size;
+    if (!m.sizes[i].is_const(1) && m.strides[i] != expect) return false;
+    expect = expect * m.sizes[i];
   }
-  return numel >= 2;
+  auto numel = expect.as_const();
+  return !numel || *numel >= 2;
 }
 
 // That kernel's gelu: x * (1 + erf(x / sqrt(2))) halved afterwards (the same number, but

@@ -89,6 +89,10 @@ struct OpDef {
   OpKind kind = OpKind::Pointwise;
   Promotion promotion = Promotion::Default;
   InferFn infer;
+  // Which calls the entry computes (empty: all). A call it leaves out runs through torch's own
+  // operator (a torch_call), as an operator with no entry does: grouped-query or dropout
+  // attention, say.
+  std::function<bool(const std::vector<Node*>& inputs, const Attrs& attrs)> covers;
   DecomposeFn decompose;
   ScalarFn scalar;
   ReduceOp reduce = ReduceOp::Sum;

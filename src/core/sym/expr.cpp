@@ -623,8 +623,17 @@ std::string print(const Expr& e, bool c) {
       for (size_t i = 0; i < e.args().size(); ++i) s += (i ? "*" : "") + print(e.args()[i], c);
       return s;
     }
-    case ExprKind::FloorDiv: return "(" + print(e.args()[0], c) + (c ? " / " : " // ") + operand(e.args()[1], c) + ")";
-    case ExprKind::Mod: return "(" + print(e.args()[0], c) + " % " + operand(e.args()[1], c) + ")";
+    // C's / and % truncate: exact for the non-negative operands of index arithmetic; a
+    // numerator that may be negative (a slice length over a dynamic size) takes the preludes'
+    // floor forms, as Python and sym::evaluate compute it.
+    case ExprKind::FloorDiv:
+    case ExprKind::Mod: {
+      const bool div = e.kind() == ExprKind::FloorDiv;
+      Bounds b = bounds(e.args()[0]);
+      if (c && !(b.lo && *b.lo >= 0))
+        return std::string(div ? "kiln_ifloordiv(" : "kiln_imod(") + print(e.args()[0], c) + ", " + print(e.args()[1], c) + ")";
+      return "(" + print(e.args()[0], c) + (div ? (c ? " / " : " // ") : " % ") + operand(e.args()[1], c) + ")";
+    }
     // Both operands as long long in C: the helpers are templates over one type.
     case ExprKind::Min:
       return c ? "kiln_min((long long)" + operand(e.args()[0], c) + ", (long long)" + operand(e.args()[1], c) + ")"

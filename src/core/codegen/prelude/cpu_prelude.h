@@ -172,6 +172,17 @@ template <typename T> static inline T kiln_relu(T x) { return x < (T)0 ? (T)0 : 
 template <typename T> static inline T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? b : a)); }
 template <typename T> static inline T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (b < a ? b : a)); }
 
+// Floor division and modulo of size expressions whose numerator may be negative (a slice
+// length over a dynamic size): Python's semantics. Divisors are sizes, never zero.
+static inline long long kiln_ifloordiv(long long a, long long b) {
+  long long q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline long long kiln_imod(long long a, long long b) {
+  long long r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+
 // Integer division by zero must not trap: the kernel records it and the executor raises
 // torch's ZeroDivisionError after the call.
 static int kiln_error_flag = 0;

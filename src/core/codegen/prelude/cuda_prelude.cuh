@@ -58,6 +58,16 @@ template <typename T> __device__ __forceinline__ T kiln_trunc(T x) { return x; }
 template <typename T> __device__ __forceinline__ T kiln_abs(T x) { return x < 0 ? (T)-x : x; }
 template <typename T> __device__ __forceinline__ T kiln_relu(T x) { return x < (T)0 ? (T)0 : x; }
 // Ties keep a, as std::max / std::min do in torch's kernels (clamp(-0.0, min=0) is -0.0).
+// Floor division and modulo of size expressions whose numerator may be negative (a slice
+// length over a dynamic size): Python's semantics. Divisors are sizes, never zero.
+__device__ __forceinline__ long long kiln_ifloordiv(long long a, long long b) {
+  long long q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+__device__ __forceinline__ long long kiln_imod(long long a, long long b) {
+  long long r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
 template <typename T> __device__ __forceinline__ T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? b : a)); }
 template <typename T> __device__ __forceinline__ T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (b < a ? b : a)); }
 // Integer division by zero does not trap on the GPU; like torch's CUDA kernels, kiln's give
