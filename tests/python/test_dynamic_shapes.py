@@ -311,3 +311,39 @@ def test_bert_with_a_dynamic_batch_compiles_once():
     with torch.no_grad():
         s = _run_sizes(fn, lambda n, d: (torch.randint(0, 1000, (n, 16)),), [2, 4, 3, 8], True, max_graphs=1)
     assert s["graph_breaks"] == 0
+
+
+def test_slices_with_symbolic_bounds_stay_symbolic(device):
+    def fn(x):
+        B, T, C = x.shape
+        return x[:, : T - 1] * 2, x[:, -T + 1:].sum(1), x[:, 1:T].mean(), x[..., : C // 2] + 1
+
+    _run_sizes(fn, lambda n, d: (torch.randn(2, n, 4, device=d),), [3, 5, 9, 4, 17], True, max_graphs=1, device=device)
+
+
+def test_arange_over_a_size_builds_positions_and_causal_masks(device):
+    def fn(x):
+        T = x.shape[1]
+        pos = torch.arange(T, device=x.device) + 3
+        causal = torch.arange(T, device=x.device)[None, :] <= torch.arange(T, device=x.device)[:, None]
+        scores = (x @ x.transpose(-1, -2)).masked_fill(~causal, float("-inf"))
+        return x * pos[:, None], scores.softmax(-1), torch.arange(1, T, 2, device=x.device) * 1.5
+
+    _run_sizes(fn, lambda n, d: (torch.randn(2, n, n, device=d),), [3, 5, 9, 4, 12], True, max_graphs=1, device=device)
+
+
+def test_size_inequalities_are_facts_not_specializations():
+    def fn(x, y):
+        if x.shape[0] != y.shape[0]:  # true for every size here: the fact s0 < s1 holds it
+            return x.sum() + y.sum()
+        return x.sum() - y.sum()
+
+    kiln.reset()
+    cf = kiln.compile(fn, dynamic=True)
+    for n in [3, 5, 8]:
+        x, y = torch.randn(n), torch.randn(n + 4)
+        assert_same(cf(x, y), fn(x, y))
+    assert _graphs() == 1
+    x, y = torch.randn(9), torch.randn(4)  # the order flips: the fact fails, a new entry, correct
+    assert_same(cf(x, y), fn(x, y))
+    assert _graphs() == 2

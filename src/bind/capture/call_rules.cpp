@@ -43,6 +43,7 @@ struct CallRules {
       add(I.resolve_torch("max"), torch_max_min);
       add(I.resolve_torch("min"), torch_max_min);
       add(I.resolve_torch("split"), torch_split);
+      add(I.resolve_torch("arange"), torch_arange);
       add(I.resolve_torch("chunk"), torch_split);
       for (const char* ctx : {"torch.no_grad", "torch.enable_grad", "torch.inference_mode", "torch.set_grad_enabled",
                               "contextlib.nullcontext", "torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
@@ -227,6 +228,54 @@ struct CallRules {
     if (args.empty() || !args[0]->is_tensor()) return nullptr;
     std::vector<VarPtr> rest(args.begin() + 1, args.end());
     return I.split_tensor(args[0], fn->known() == I.resolve_torch("chunk"), rest, kwargs);
+  }
+
+  // torch.arange over integers with a symbolic bound (arange(x.shape[1])): an arange node whose
+  // length stays symbolic. Constant bounds, floats and other keywords are torch's factory.
+  static VarPtr torch_arange(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    bool symbolic = false;
+    for (const VarPtr& a : args) symbolic |= a->symint().valid();
+    if (!symbolic || args.empty() || args.size() > 3) return nullptr;
+    std::vector<sym::Expr> bounds;
+    for (const VarPtr& a : args) {
+      if (sym::Expr e = a->symint(); e.valid()) {
+        bounds.push_back(e);
+        continue;
+      }
+      PyObject* o = a->known();
+      if (!o || !PyLong_CheckExact(o)) return nullptr;
+      bounds.push_back(sym::Expr(static_cast<int64_t>(PyLong_AsLongLong(o))));
+    }
+    sym::Expr start = bounds.size() >= 2 ? bounds[0] : sym::Expr(0), end = bounds.size() >= 2 ? bounds[1] : bounds[0];
+    int64_t step = 1;
+    if (bounds.size() == 3) {
+      auto c = bounds[2].as_const();
+      if (!c || *c <= 0) return nullptr;
+      step = *c;
+    }
+    std::string device = "cpu";
+    for (const auto& [k, v] : kwargs) {
+      if (k == "device") {
+        PyObject* d = I.const_obj(v, "device");
+        PyObject* s = PyObject_Str(d);
+        if (!s) return I.real(nullptr);
+        device = PyUnicode_AsUTF8(s);
+        Py_DECREF(s);
+        if (device != "cpu" && device.rfind("cuda", 0) != 0) return nullptr;
+      } else if (k == "dtype") {
+        PyObject* d = I.const_obj(v, "dtype");
+        if (d != Py_None && d != I.resolve_torch("int64")) return nullptr;
+      } else {
+        return nullptr;
+      }
+    }
+    ir::Attrs a;
+    a.set("start", start);
+    a.set("end", end);
+    a.set("step", step);
+    a.set("dtype", DType::Int64);
+    a.set("device", device);
+    return Var::tensor(I.add_node("arange", {}, a));
   }
 
   static VarPtr mode(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {

@@ -97,6 +97,12 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
         continue;
       }
     }
+    if (p.type.rfind("SymInt", 0) == 0 && !p.is_sym_int_list()) {  // a size that may be symbolic
+      if (sym::Expr e = v->symint(); e.valid()) {
+        attrs.set(p.name, e);
+        continue;
+      }
+    }
     PyObject* o = const_obj(v, p.name.c_str());
     if (o == Py_None) {
       if (p.type.back() != '?' && !(p.has_default && p.dflt == "None")) unsupported(p.name + " must not be None");
@@ -115,7 +121,7 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
       if (!to_int_list(o, l)) unsupported(p.name + " must be a list of ints");
       if (p.list_size() > 1 && l.size() == 1) l.assign(p.list_size(), l[0]);  // stride=2 -> [2, 2]
       attrs.set(p.name, l);
-    } else if (p.type.rfind("int", 0) == 0) {
+    } else if (p.type.rfind("int", 0) == 0 || p.type.rfind("SymInt", 0) == 0) {
       if (!PyLong_Check(o) || PyBool_Check(o)) unsupported(p.name + " must be an int");
       attrs.set(p.name, static_cast<int64_t>(PyLong_AsLongLong(o)));
     } else if (p.type.rfind("float", 0) == 0 || p.type == "Scalar" || p.type == "Scalar?") {

@@ -5,6 +5,7 @@
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
 #include "bind/torch/tensor_bridge.h"
+#include "core/support/log.h"
 #include "core/sym/shape_env.h"
 
 namespace kiln::bind::detail {
@@ -445,11 +446,16 @@ CaptureResult capture(PyObject* fn, const BoundArgs& args) {
   CaptureResult r;
   GuardShapeEnv env(r.guards, false);
   sym::ShapeEnvScope env_scope(&env);
+  Interpreter it(fn, r);
   // A symbolic int whose Python value capture reads is specialized (a fact of the entry).
-  std::function<void(const sym::Expr&)> specialize = [&r](const sym::Expr& e) {
+  std::function<void(const sym::Expr&)> specialize = [&r, &it](const sym::Expr& e) {
     std::vector<sym::Expr> syms;
     sym::collect_symbols(e, syms);
-    for (const sym::Expr& s : syms) r.guards.specialize(s);
+    for (const sym::Expr& s : syms) {
+      if (!r.guards.specialized(s) && log_enabled("guards"))
+        log("guards", "specialized " + s.str() + " (read as a Python value) at " + it.location());
+      r.guards.specialize(s);
+    }
   };
   auto* saved_hook = Var::specialize_hook();
   Var::specialize_hook() = &specialize;
@@ -457,7 +463,6 @@ CaptureResult capture(PyObject* fn, const BoundArgs& args) {
     std::function<void(const sym::Expr&)>* saved;
     ~RestoreHook() { Var::specialize_hook() = saved; }
   } restore{saved_hook};
-  Interpreter it(fn, r);
   try {
     auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(fn));
     if (co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE))

@@ -174,7 +174,7 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
 
 VarPtr Interpreter::index_tensor(const VarPtr& base, const VarPtr& index) {
   std::vector<VarPtr> parts = index->kind() == Var::Kind::Tuple ? index->seq() : std::vector<VarPtr>{index};
-  if (index->is_const() && PyTuple_Check(index->obj())) {
+  if (index->is_const() && PyTuple_Check(index->known())) {  // known(): a symbolic slice stays one
     parts.clear();
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(index->obj()); ++i) parts.push_back(Var::constant(PyTuple_GET_ITEM(index->obj(), i)));
   }
@@ -185,7 +185,7 @@ VarPtr Interpreter::index_tensor(const VarPtr& base, const VarPtr& index) {
       static PyObject* getitem = PyObject_GetAttrString(resolve_torch("Tensor"), "__getitem__");
       return torch_extern(getitem, "Tensor.__getitem__", {base, index}, {});
     }
-    PyObject* o = p->obj();
+    PyObject* o = p->known();  // type checks only: a symbolic index keeps its symbols here
     if (o == Py_None || o == Py_Ellipsis) continue;
     if (PyBool_Check(o) || !(PyLong_Check(o) || PySlice_Check(o)))
       unsupported("indexing a tensor with a " + std::string(Py_TYPE(o)->tp_name) + " is not captured yet");
@@ -198,6 +198,20 @@ VarPtr Interpreter::index_tensor(const VarPtr& base, const VarPtr& index) {
   int64_t dim = 0;
   bool seen_ellipsis = false;
   for (const VarPtr& p : parts) {
+    if (const std::vector<sym::Expr>* sl = p->symslice()) {  // x[:, :T]: bounds stay symbolic
+      ir::Attrs a;
+      a.set("dim", dim);
+      const char* keys[] = {"start", "end", "step"};
+      for (int k = 0; k < 3; ++k)
+        if ((*sl)[k].valid()) {
+          if (auto c = (*sl)[k].as_const()) a.set(keys[k], *c);
+          else if (k < 2) a.set(keys[k], (*sl)[k]);
+          else a.set(keys[k], static_cast<int64_t>(concrete_size((*sl)[k])));  // a step is specialized
+        }
+      x = add_node("slice", {x}, a);
+      ++dim;
+      continue;
+    }
     PyObject* o = p->obj();
     if (o == Py_Ellipsis) {
       if (seen_ellipsis) unsupported("an index can only have a single ellipsis");

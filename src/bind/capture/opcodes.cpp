@@ -482,6 +482,7 @@ int Interpreter::op_contains_op(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_unary_negative(const Instr& in, const CodeInfo& ci) {
   VarPtr a = pop();
   if (a->is_tensor()) push(Var::tensor(add_node("neg", {a->node()})));
+  else if (VarPtr r = symint_binary("MULTIPLY", a, Var::steal_constant(PyLong_FromLong(-1)))) push(r);  // -T
   else push(real(PyNumber_Negative(const_obj(a, "operand"))));
   return -1;
 }
@@ -583,19 +584,42 @@ int Interpreter::op_binary_subscr(const Instr& in, const CodeInfo& ci) {
   return -1;
 }
 
+// A slice of constants; with symbolic-int bounds, one that keeps their expressions.
+VarPtr Interpreter::make_slice(const VarPtr& start, const VarPtr& stop, const VarPtr& step) {
+  bool symbolic = false;
+  for (const VarPtr& p : {start, stop, step}) symbolic |= p && p->symint().valid();
+  if (!symbolic)
+    return real(PySlice_New(const_obj(start, "slice"), const_obj(stop, "slice"), step ? const_obj(step, "slice") : nullptr));
+  std::vector<sym::Expr> exprs;
+  std::vector<PyObject*> hints;
+  for (const VarPtr& p : {start, stop, step}) {
+    if (!p) {
+      exprs.emplace_back();
+      hints.push_back(Py_None);
+      continue;
+    }
+    PyObject* h = p->known();  // the hint: no specialization
+    if (sym::Expr e = p->symint(); e.valid()) exprs.push_back(e);
+    else if (h && PyLong_CheckExact(h)) exprs.push_back(sym::Expr(static_cast<int64_t>(PyLong_AsLongLong(h))));
+    else exprs.push_back(sym::Expr());
+    if (!h) h = const_obj(p, "slice");
+    hints.push_back(h);
+  }
+  VarPtr v = real(PySlice_New(hints[0], hints[1], hints[2]));
+  v->as<ConstV>().slice = exprs;
+  return v;
+}
+
 int Interpreter::op_build_slice(const Instr& in, const CodeInfo& ci) {
   std::vector<VarPtr> parts(in.arg);
   for (int i = in.arg - 1; i >= 0; --i) parts[i] = pop();
-  PyObject* s = PySlice_New(const_obj(parts[0], "slice"), const_obj(parts[1], "slice"),
-                            in.arg == 3 ? const_obj(parts[2], "slice") : nullptr);
-  push(real(s));
+  push(make_slice(parts[0], parts[1], in.arg == 3 ? parts[2] : nullptr));
   return -1;
 }
 
 int Interpreter::op_binary_slice(const Instr& in, const CodeInfo& ci) {
   VarPtr stop = pop(), start = pop(), base = pop();
-  PyObject* s = PySlice_New(const_obj(start, "slice"), const_obj(stop, "slice"), nullptr);
-  push(subscript(base, real(s)));
+  push(subscript(base, make_slice(start, stop, nullptr)));
   return -1;
 }
 

@@ -80,12 +80,13 @@ VarPtr Interpreter::symint_compare(const std::string& op, const VarPtr& a, const
   else if (op == ">=") result = hx >= hy, lo = result ? *y : *x + 1, hi = result ? *x : *y;
   else {
     result = op == "==" ? hx == hy : hx != hy;
-    if ((op == "==") == result) {
+    if (hx == hy) {
       if (!sym::same_size(*x, *y)) unsupported("internal: an equality of sizes could not be recorded");
-    } else {
-      a->obj(), b->obj();  // unequal: no fact says so; the sizes are specialized
+      return Var::constant(result ? Py_True : Py_False);
     }
-    return Var::constant(result ? Py_True : Py_False);
+    // Unequal (s0 != 1): the strict order the sizes have now is the fact, x < y or x > y.
+    if (hx < hy) lo = *x + 1, hi = *y;
+    else lo = *y + 1, hi = *x;
   }
   sym::Expr gap = hi - lo;
   if (auto c = gap.as_const()) {

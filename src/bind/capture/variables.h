@@ -46,6 +46,9 @@ struct ConstV {  // a Python value known at capture time (guarded if it came fro
   // value only. Code that knows sizes (shape arithmetic, view/reshape sizes, tensor operands)
   // reads `sym` instead and stays shape-generic.
   mutable sym::Expr sym;
+  // A slice whose bounds are symbolic ints (x[:, :T]): start, stop, step as expressions
+  // (invalid: None), `value` the slice of their hints. Reading the value specializes them.
+  mutable std::vector<sym::Expr> slice;
   bool by_type = false;  // from the frame, guarded by its type and the attributes read, not its
                          // identity (Interpreter::by_structure)
   VarPtr super_self;     // a super() object: the receiver tracker its methods bind to
@@ -161,6 +164,10 @@ struct Var {
         if (auto* f = specialize_hook()) (*f)(c->sym);
         c->sym = sym::Expr();
       }
+      for (const sym::Expr& e : c->slice)
+        if (e.valid())
+          if (auto* f = specialize_hook()) (*f)(e);
+      c->slice.clear();
       return c->value;
     }
     if (auto* m = get_if<ModuleV>()) return m->module;
@@ -175,6 +182,11 @@ struct Var {
   static std::function<void(const sym::Expr&)>*& specialize_hook() {
     thread_local std::function<void(const sym::Expr&)>* hook = nullptr;
     return hook;
+  }
+  // A slice with symbolic bounds (empty: not one).
+  const std::vector<sym::Expr>* symslice() const {
+    auto* c = get_if<ConstV>();
+    return c && !c->slice.empty() ? &c->slice : nullptr;
   }
   static VarPtr symint(const sym::Expr& e, int64_t hint) {
     auto v = std::make_shared<Var>(ConstV{PyLong_FromLongLong(hint)});

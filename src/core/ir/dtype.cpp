@@ -82,6 +82,15 @@ DType result_type(const std::vector<PromotionOperand>& ops, DType default_float)
   return r.set ? r.t : default_float;
 }
 
+Device Device::parse(const std::string& s) {
+  Device d;
+  if (s.rfind("cuda", 0) == 0) {
+    d.type = DeviceType::CUDA;
+    d.index = s.size() > 5 ? std::stoi(s.substr(5)) : 0;
+  }
+  return d;
+}
+
 std::string Device::str() const {
   if (type == DeviceType::CPU) return "cpu";
   return index >= 0 ? "cuda:" + std::to_string(index) : "cuda";

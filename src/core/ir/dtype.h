@@ -40,6 +40,7 @@ struct Device {
   bool operator==(const Device& o) const { return type == o.type && index == o.index; }
   bool operator!=(const Device& o) const { return !(*this == o); }
   std::string str() const;
+  static Device parse(const std::string& s);  // "cpu", "cuda", "cuda:1" (str()'s form)
 };
 
 }  // namespace kiln

@@ -130,6 +130,16 @@ class Lowering {
       values_[n] = buffer_value(id);
       return true;
     }
+    if (op.name == "arange") {  // element i: start + i*step, an index expression
+      DType t = n->meta.dtype;
+      Expr start = n->attrs.get_expr("start");
+      const int64_t step = n->attrs.get_int("step", 1);
+      loop::ScalarCtx* s = &s_;
+      values_[n] = Value{n->meta.sizes, t, [s, start, step, t](const Exprs& idx) {
+                           return s->size_value(start + idx[0] * Expr(step), t);
+                         }, -1, {"arange"}};
+      return true;
+    }
     if (op.name == "size_value") {
       DType t = n->meta.dtype;
       SRef c = s_.size_value(n->attrs.get_expr("expr"), t);

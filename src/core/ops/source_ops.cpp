@@ -28,7 +28,25 @@ std::vector<OpDef> source_ops() {
   sv.kind = OpKind::Source;
   sv.doc = "a size as a number (a mean's count), symbolic under dynamic shapes";
   sv.infer = sc.infer;
-  return {ph, sc, sv};
+  // torch.arange(start, end, step) over integers whose end is a size (arange(x.shape[1])): a
+  // tensor whose element i is start + i*step, its length symbolic. Capture makes one only for
+  // symbolic bounds; constant ones stay torch's factory.
+  OpDef ar;
+  ar.name = "arange";
+  ar.schema = Schema::parse("arange(SymInt start, SymInt end, int step, ScalarType dtype, str device)");
+  ar.kind = OpKind::Source;
+  ar.doc = "integers start + i*step below end, for a symbolic end (its values are index expressions)";
+  ar.infer = [](const std::vector<Node*>&, const Attrs& a, TensorMeta& out, std::string& err) {
+    const int64_t step = a.get_int("step", 1);
+    if (step <= 0) return err = "kiln: arange with a non-positive step", false;
+    Expr len = sym::max(sym::floordiv(a.get_expr("end") - a.get_expr("start") + Expr(step - 1), Expr(step)), Expr(0));
+    out.dtype = *a.get_dtype("dtype");
+    out.device = Device::parse(a.get_str("device"));
+    out.sizes = {len};
+    out.strides = {Expr(1)};
+    return true;
+  };
+  return {ph, sc, sv, ar};
 }
 
 }  // namespace kiln::ops

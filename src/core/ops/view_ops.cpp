@@ -15,15 +15,18 @@ using Exprs = std::vector<Expr>;
 // symbolic size too (min/max expressions the simplifier folds where the size's bounds decide).
 std::pair<Expr, Expr> slice_window(const Expr& size, const Attrs& a) {
   const int64_t step = std::max<int64_t>(a.get_int("step", 1), 1);
-  auto clamp = [&](int64_t v) -> Expr {
-    if (auto c = size.as_const()) {
-      if (v < 0) v += *c;
-      return Expr(std::clamp<int64_t>(v, 0, *c));
+  auto clamp = [&](const Expr& bound) -> Expr {
+    if (auto v = bound.as_const()) {
+      if (auto c = size.as_const()) return Expr(std::clamp<int64_t>(*v < 0 ? *v + *c : *v, 0, *c));
+      return *v < 0 ? sym::max(size + bound, Expr(0)) : sym::min(bound, size);
     }
-    return v < 0 ? sym::max(size + Expr(v), Expr(0)) : sym::min(Expr(v), size);
+    // A symbolic bound (x[:, :T]): its sign for the sizes at hand is a fact of the entry.
+    if (sym::known_less(Expr(-1), bound)) return sym::min(bound, size);
+    if (sym::known_less(bound, Expr(0))) return sym::max(size + bound, Expr(0));
+    throw std::runtime_error("kiln: a slice bound of unknown sign");
   };
-  Expr start = a.has("start") ? clamp(a.get_int("start")) : Expr(0);
-  Expr end = a.has("end") ? clamp(a.get_int("end")) : size;
+  Expr start = a.has("start") ? clamp(a.get_expr("start")) : Expr(0);
+  Expr end = a.has("end") ? clamp(a.get_expr("end")) : size;
   if (auto c = (end - start).as_const()) {
     int64_t n = *c > 0 ? (*c + step - 1) / step : 0;
     return {start, Expr(n)};
@@ -367,7 +370,7 @@ std::vector<OpDef> view_ops() {
   // x[a:b:c] along one dim (and torch.narrow): a strided window, start folded into the offset.
   OpDef slice;
   slice.name = "slice";
-  slice.schema = Schema::parse("slice(Tensor self, int dim=0, int? start=None, int? end=None, int step=1)");
+  slice.schema = Schema::parse("slice(Tensor self, int dim=0, SymInt? start=None, SymInt? end=None, int step=1)");
   slice.kind = OpKind::View;
   slice.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
     const TensorMeta& x = in[0]->meta;

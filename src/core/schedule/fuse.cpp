@@ -22,6 +22,7 @@ SRef map_indices(loop::ScalarCtx& s, SRef root, const std::function<Expr(const E
   return s.rewrite(
       root,
       [&](loop::ScalarCtx& c, const SNode& n, SRef self) {
+        if (n.op == SOp::Index) return c.size_value(f(n.index), n.dtype);  // arange's values
         if (n.op != SOp::Load) return self;
         return c.load(n.buffer, f(n.index), n.dtype);
       },

@@ -23,9 +23,22 @@ void visit_loads(const loop::ScalarCtx& s, SRef r, std::set<SRef>& seen, const s
   visit_loads(s, n.c, seen, f);
 }
 
+// Index nodes (arange's values) are expressions of the loop vars too.
+void visit_index_values(const loop::ScalarCtx& s, SRef r, std::set<SRef>& seen, const std::function<void(const Expr&)>& f) {
+  if (r < 0 || !seen.insert(r).second) return;
+  const SNode& n = s[r];
+  if (n.op == SOp::Index) f(n.index);
+  visit_index_values(s, n.a, seen, f);
+  visit_index_values(s, n.b, seen, f);
+  visit_index_values(s, n.c, seen, f);
+}
+
 void for_each_index(const loop::Program& p, const Kernel& k, const std::function<void(const Expr&)>& f) {
-  std::set<SRef> seen;
-  auto loads = [&](SRef v) { visit_loads(p.exprs, v, seen, [&](const SNode& n) { f(n.index); }); };
+  std::set<SRef> seen, seen_values;
+  auto loads = [&](SRef v) {
+    visit_loads(p.exprs, v, seen, [&](const SNode& n) { f(n.index); });
+    visit_index_values(p.exprs, v, seen_values, f);
+  };
   for (const Stage& st : k.stages) {
     if (st.kind == Stage::Kind::Reduce) loads(st.value);
     for (const loop::Store& s : st.stores) {
@@ -57,6 +70,7 @@ void rewrite_indices(loop::Program& p, Kernel& k, const std::map<Expr, Expr>& re
     return p.exprs.rewrite(
         v,
         [&](loop::ScalarCtx& c, const SNode& n, SRef self) {
+          if (n.op == SOp::Index) return c.size_value(sub(n.index), n.dtype);  // arange's values
           return n.op == SOp::Load ? c.load(n.buffer, sub(n.index), n.dtype) : self;
         },
         memo);

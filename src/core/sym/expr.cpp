@@ -388,6 +388,7 @@ Expr min(Expr a, Expr b) {
   auto ca = a.as_const(), cb = b.as_const();
   if (ca && cb) return Expr(std::min(*ca, *cb));
   if (a == b) return a;
+  if (auto d = (a - b).as_const()) return *d <= 0 ? a : b;  // min(s1, s1 - 1)
   Bounds ba = bounds(a), bb = bounds(b);
   if (ba.hi && bb.lo && *ba.hi <= *bb.lo) return a;
   if (bb.hi && ba.lo && *bb.hi <= *ba.lo) return b;
@@ -399,6 +400,7 @@ Expr max(Expr a, Expr b) {
   auto ca = a.as_const(), cb = b.as_const();
   if (ca && cb) return Expr(std::max(*ca, *cb));
   if (a == b) return a;
+  if (auto d = (a - b).as_const()) return *d >= 0 ? a : b;
   Bounds ba = bounds(a), bb = bounds(b);
   if (ba.hi && bb.lo && *ba.hi <= *bb.lo) return b;
   if (bb.hi && ba.lo && *bb.hi <= *ba.lo) return a;
