@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "core/support/log.h"
 #include "bind/interrupts.h"
 #include "bind/python_objects.h"
 #include "bind/capture/resume.h"
@@ -702,7 +703,11 @@ int64_t Interpreter::concrete_size(const sym::Expr& e) {
   GuardSet& guards = root()->out_.guards;
   std::vector<sym::Expr> syms;
   sym::collect_symbols(e, syms);
-  for (const sym::Expr& s : syms) guards.specialize(s);
+  for (const sym::Expr& s : syms) {
+    if (!guards.specialized(s) && log_enabled("guards"))
+      log("guards", "specialized " + s.str() + " (a size a torch operator or a Python value needs) at " + location());
+    guards.specialize(s);
+  }
   return sym::evaluate(e, [&](const sym::Expr& v) { return guards.hint(v); });
 }
 
