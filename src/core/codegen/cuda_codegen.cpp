@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/codegen/scalar_emitter.h"
+#include "core/sym/shape_env.h"
 
 namespace kiln::codegen {
 
@@ -72,10 +73,14 @@ class CudaKernelWriter {
     int64_t inner = 1;
     for (const Stage& st : k_.stages)
       if (!st.vars.empty()) rowwise = true, inner = std::max(inner, const_product(st.ranges));
-    // Symbolic extents: sizes are at least 2 and usually large, so take the widest block.
+    // Symbolic extents: the block is sized for the sizes the entry was captured at (the
+    // shape environment's hints), else the widest.
     bool symbolic_inner = false;
-    for (const Stage& st : k_.stages)
-      if (!st.vars.empty() && !sym::product(st.ranges).as_const()) symbolic_inner = true;
+    for (const Stage& st : k_.stages) {
+      if (st.vars.empty() || sym::product(st.ranges).as_const()) continue;
+      if (auto h = sym::size_hint(sym::product(st.ranges))) inner = std::max(inner, *h);
+      else symbolic_inner = true;
+    }
     const Expr outer_e = sym::product(k_.ranges);
     const bool symbolic_outer = !outer_e.as_const();
     const int64_t outer = symbolic_outer ? int64_t(1) << 20 : *outer_e.as_const();
