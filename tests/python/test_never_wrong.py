@@ -442,3 +442,24 @@ def test_views_handed_over_at_a_break_have_eagers_strides_in_size_1_dims():
     assert_same(kiln.compile(fn)(a_kiln), fn(a_eager))
     view = kiln.compile(lambda x: x[None])(a)
     assert view.stride() == a[None].stride()
+
+
+def test_an_attribute_found_absent_is_guarded():
+    # Objects passed in are guarded by type and by what capture read; an attribute hasattr or
+    # getattr(..., default) found missing is read too: a new object that has it must not reuse
+    # the entry that took the other branch.
+    class Cfg:
+        pass
+
+    def fn(x, cfg):
+        if hasattr(cfg, "scale"):
+            return x * cfg.scale
+        return x + getattr(cfg, "shift", 1.0)
+
+    cf = kiln.compile(fn)
+    plain, scaled, shifted = Cfg(), Cfg(), Cfg()
+    scaled.scale = 3.0
+    shifted.shift = -2.0
+    for cfg in (plain, scaled, shifted, Cfg(), plain):
+        x = torch.randn(4)
+        torch.testing.assert_close(cf(x, cfg), fn(x, cfg))

@@ -78,6 +78,9 @@ struct CallRules {
       const char* attr = PyUnicode_AsUTF8(args[1]->obj());
       const Interpreter::AttrStore* logged = I.logged_attr(args[0]->obj(), attr);
       int has = logged ? logged->value != nullptr : PyObject_HasAttrString(args[0]->obj(), attr);
+      // An attribute found absent is guarded (a new object of the same type may have it); a
+      // present one is guarded by reading it, as obj.name is.
+      if (!has && !logged && args[0]->source) I.guard_hasattr(args[0], args[1]->obj(), false);
       if (has_only) {
         if (has) I.getattr(args[0], attr);
         return Var::constant(has ? Py_True : Py_False);

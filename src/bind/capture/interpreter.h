@@ -189,6 +189,7 @@ class Interpreter {
   // The value of a size at capture. A symbolic one is specialized: the entry then holds only
   // for inputs where it has that value (a fact its guards check).
   int64_t concrete_size(const sym::Expr& e);
+  void guard_hasattr(const VarPtr& obj, PyObject* name, bool present) { root()->out_.guards.add_hasattr(obj->source, name, present); }
   VarPtr make_slice(const VarPtr& start, const VarPtr& stop, const VarPtr& step);
   VarPtr symint_binary(const std::string& base, const VarPtr& a, const VarPtr& b);
   VarPtr symint_compare(const std::string& op, const VarPtr& a, const VarPtr& b);

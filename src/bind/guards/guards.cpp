@@ -31,6 +31,8 @@ std::string Guard::str() const {
     case Kind::Length: return "LENGTH_CHECK: len(" + s + ") == " + std::to_string(length);
     case Kind::GradMode: return std::string("GRAD_MODE: torch.is_grad_enabled() == ") + (flag ? "True" : "False");
     case Kind::Autocast: return "AUTOCAST: " + autocast.str();
+    case Kind::HasAttr:
+      return std::string("HASATTR: ") + (flag ? "" : "not ") + "hasattr(" + s + ", '" + PyUnicode_AsUTF8(expected) + "')";
   }
   return "?";
 }
@@ -85,6 +87,15 @@ void GuardSet::add_grad_mode(bool enabled) {
   Guard g{Guard::Kind::GradMode, nullptr};
   g.flag = enabled;
   if (needed(g)) guards_.push_back(std::move(g));
+}
+
+void GuardSet::add_hasattr(SourcePtr s, PyObject* name, bool present) {
+  Guard g{Guard::Kind::HasAttr, std::move(s)};
+  g.expected = name;
+  g.flag = present;
+  if (!needed(g)) return;
+  Py_INCREF(name);
+  guards_.push_back(std::move(g));
 }
 
 void GuardSet::add_autocast(const AutocastState& state) {
@@ -241,6 +252,15 @@ bool GuardSet::check_guards(const FrameView& f, std::string* why, SymbolBindings
         case Guard::Kind::Tensor: ok = tensor_matches(v, g.tensor, why ? &detail : nullptr, &bindings); break;
         case Guard::Kind::Type: ok = reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.expected; break;
         case Guard::Kind::Identity: ok = v == g.expected; break;
+        case Guard::Kind::HasAttr: {
+          PyObject* a = PyObject_GetAttr(v, g.expected);
+          int r = a != nullptr;
+          if (a) Py_DECREF(a);
+          else if (PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
+          else clear_error(), r = -1;
+          ok = r == (g.flag ? 1 : 0);
+          break;
+        }
         case Guard::Kind::Length: {
           Py_ssize_t n = PyObject_Size(v);
           if (n < 0) clear_error();

@@ -25,6 +25,7 @@ struct Guard {
     Length,    // len(value) == length, for tuples/lists
     GradMode,  // torch.is_grad_enabled() == flag
     Autocast,  // torch.autocast's state (on/off and dtype, per device type) == autocast
+    HasAttr,   // hasattr(value, expected) == flag (an attribute capture found absent, or present)
   } kind;
   SourcePtr source;
   TensorInfo tensor;
@@ -52,6 +53,7 @@ class GuardSet {
   void add_length(SourcePtr s, Py_ssize_t n);
   void add_grad_mode(bool enabled);
   void add_autocast(const AutocastState& state);
+  void add_hasattr(SourcePtr s, PyObject* name, bool present);  // name: a str (borrowed)
 
   // Size symbols (shape-generic entries): `hint` is the size at capture. Tensor guards name
   // them by index (TensorInfo::size_symbols).

@@ -60,24 +60,24 @@ typedef kiln_v2df kiln_mv_vd;
   }
 #define KILN_MV_CW_F ((int)(sizeof(kiln_mv_vf) / sizeof(float)))
 #define KILN_MV_CW_D ((int)(sizeof(kiln_mv_vd) / sizeof(double)))
+// The float and double clones of ISA letter L (the vector ABI's b, c, d, e), NF and ND lanes.
+#define KILN_MV_CLONES_AT(L, VF, NF, VD, ND, fn)                                                          \
+  KILN_MV_CLONE(float, VF, NF, kiln_mv_vf, KILN_MV_CW_F, KILN_MV_F(fn), "_ZGV" #L "N" #NF "v_kiln_mv_" #fn "f", \
+                kiln_mv_##fn##f_##L)                                                                      \
+  KILN_MV_CLONE(double, VD, ND, kiln_mv_vd, KILN_MV_CW_D, KILN_MV_D(fn), "_ZGV" #L "N" #ND "v_kiln_mv_" #fn,   \
+                kiln_mv_##fn##_##L)
 #ifdef __AVX512F__
-#define KILN_MV_CLONES_E(fn)                                                                          \
-  KILN_MV_CLONE(float, kiln_v16sf, 16, kiln_mv_vf, KILN_MV_CW_F, KILN_MV_F(fn), "_ZGVeN16v_kiln_mv_" #fn "f", kiln_mv_##fn##f_e) \
-  KILN_MV_CLONE(double, kiln_v8df, 8, kiln_mv_vd, KILN_MV_CW_D, KILN_MV_D(fn), "_ZGVeN8v_kiln_mv_" #fn, kiln_mv_##fn##_e)
+#define KILN_MV_CLONES_E(fn) KILN_MV_CLONES_AT(e, kiln_v16sf, 16, kiln_v8df, 8, fn)
 #else
 #define KILN_MV_CLONES_E(fn)
 #endif
 #ifdef __AVX2__
-#define KILN_MV_CLONES_D(fn)                                                                          \
-  KILN_MV_CLONE(float, kiln_v8sf, 8, kiln_mv_vf, KILN_MV_CW_F, KILN_MV_F(fn), "_ZGVdN8v_kiln_mv_" #fn "f", kiln_mv_##fn##f_d) \
-  KILN_MV_CLONE(double, kiln_v4df, 4, kiln_mv_vd, KILN_MV_CW_D, KILN_MV_D(fn), "_ZGVdN4v_kiln_mv_" #fn, kiln_mv_##fn##_d)
+#define KILN_MV_CLONES_D(fn) KILN_MV_CLONES_AT(d, kiln_v8sf, 8, kiln_v4df, 4, fn)
 #else
 #define KILN_MV_CLONES_D(fn)
 #endif
 #ifdef __AVX__
-#define KILN_MV_CLONES_C(fn)                                                                          \
-  KILN_MV_CLONE(float, kiln_v8sf, 8, kiln_mv_vf, KILN_MV_CW_F, KILN_MV_F(fn), "_ZGVcN8v_kiln_mv_" #fn "f", kiln_mv_##fn##f_c) \
-  KILN_MV_CLONE(double, kiln_v4df, 4, kiln_mv_vd, KILN_MV_CW_D, KILN_MV_D(fn), "_ZGVcN4v_kiln_mv_" #fn, kiln_mv_##fn##_c)
+#define KILN_MV_CLONES_C(fn) KILN_MV_CLONES_AT(c, kiln_v8sf, 8, kiln_v4df, 4, fn)
 #else
 #define KILN_MV_CLONES_C(fn)
 #endif
@@ -94,9 +94,7 @@ typedef kiln_v2df kiln_mv_vd;
   extern "C" float kiln_mv_##fn##f_s(float x) { kiln_mv_vf v = {}; v[0] = x; return KILN_MV_F(fn)(v)[0]; } \
   extern "C" KILN_MV_HIDDEN double kiln_mv_##fn##_s(double x) __asm__("kiln_mv_" #fn);                \
   extern "C" double kiln_mv_##fn##_s(double x) { kiln_mv_vd v = {}; v[0] = x; return KILN_MV_D(fn)(v)[0]; } \
-  KILN_MV_CLONE(float, kiln_v4sf, 4, kiln_mv_vf, KILN_MV_CW_F, KILN_MV_F(fn), "_ZGVbN4v_kiln_mv_" #fn "f", kiln_mv_##fn##f_b) \
-  KILN_MV_CLONE(double, kiln_v2df, 2, kiln_mv_vd, KILN_MV_CW_D, KILN_MV_D(fn), "_ZGVbN2v_kiln_mv_" #fn, kiln_mv_##fn##_b) \
-  KILN_MV_CLONES_C(fn) KILN_MV_CLONES_D(fn) KILN_MV_CLONES_E(fn)
+  KILN_MV_CLONES_AT(b, kiln_v4sf, 4, kiln_v2df, 2, fn) KILN_MV_CLONES_C(fn) KILN_MV_CLONES_D(fn) KILN_MV_CLONES_E(fn)
 KILN_MVEC_DECLARE(exp) KILN_MVEC_DECLARE(exp2) KILN_MVEC_DECLARE(expm1) KILN_MVEC_DECLARE(log)
 KILN_MVEC_DECLARE(log2) KILN_MVEC_DECLARE(log1p) KILN_MVEC_DECLARE(sin) KILN_MVEC_DECLARE(cos)
 KILN_MVEC_DECLARE(tan) KILN_MVEC_DECLARE(tanh) KILN_MVEC_DECLARE(erf)
