@@ -708,7 +708,7 @@ int64_t Interpreter::concrete_size(const sym::Expr& e) {
       log("guards", "specialized " + s.str() + " (a size a torch operator or a Python value needs) at " + location());
     guards.specialize(s);
   }
-  return sym::evaluate(e, [&](const sym::Expr& v) { return guards.hint(v); });
+  return guards.value_at_hints(e);
 }
 
 VarPtr Interpreter::size_const(const sym::Expr& e) {
@@ -716,7 +716,7 @@ VarPtr Interpreter::size_const(const sym::Expr& e) {
   // A symbolic int: shape arithmetic and view sizes keep it symbolic; reading its value
   // specializes it.
   GuardSet& guards = root()->out_.guards;
-  return Var::symint(e, sym::evaluate(e, [&](const sym::Expr& v) { return guards.hint(v); }));
+  return Var::symint(e, guards.value_at_hints(e));
 }
 
 VarPtr Interpreter::shape_tuple(const ir::TensorMeta& m) {

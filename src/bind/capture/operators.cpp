@@ -59,7 +59,7 @@ VarPtr Interpreter::symint_binary(const std::string& base, const VarPtr& a, cons
     r = base == "FLOOR_DIVIDE" ? sym::floordiv(*x, *y) : sym::mod(*x, *y);
   else return nullptr;
   GuardSet& guards = root()->out_.guards;
-  return Var::symint(r, sym::evaluate(r, [&](const sym::Expr& v) { return guards.hint(v); }));
+  return Var::symint(r, guards.value_at_hints(r));
 }
 
 // A comparison of sizes: decided for this call's sizes, and the outcome becomes a fact of the
@@ -70,7 +70,7 @@ VarPtr Interpreter::symint_compare(const std::string& op, const VarPtr& a, const
   auto x = int_expr(a), y = int_expr(b);
   if (!x || !y) return nullptr;
   GuardSet& guards = root()->out_.guards;
-  auto hint = [&](const sym::Expr& e) { return sym::evaluate(e, [&](const sym::Expr& v) { return guards.hint(v); }); };
+  auto hint = [&](const sym::Expr& e) { return guards.value_at_hints(e); };
   const int64_t hx = hint(*x), hy = hint(*y);
   bool result;
   sym::Expr lo, hi;  // the fact: lo <= hi

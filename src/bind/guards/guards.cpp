@@ -116,6 +116,10 @@ int64_t GuardSet::hint(const sym::Expr& symbol) const {
   return -1;
 }
 
+int64_t GuardSet::value_at_hints(const sym::Expr& e) const {
+  return sym::evaluate(e, [this](const sym::Expr& v) { return hint(v); });
+}
+
 void GuardSet::specialize(const sym::Expr& symbol) {
   for (size_t i = 0; i < symbols_.size(); ++i)
     if (symbols_[i] == symbol && !specialized(symbol)) specialized_.push_back(static_cast<int>(i));
@@ -171,7 +175,7 @@ std::optional<int64_t> GuardShapeEnv::hint(const sym::Expr& e) {
   sym::collect_symbols(e, syms);
   for (const sym::Expr& s : syms)
     if (guards_.hint(s) < 0) return std::nullopt;
-  return sym::evaluate(e, [&](const sym::Expr& v) { return guards_.hint(v); });
+  return guards_.value_at_hints(e);
 }
 
 bool GuardShapeEnv::assume_equal(const sym::Expr& a, const sym::Expr& b) {

@@ -60,6 +60,8 @@ class GuardSet {
   sym::Expr add_symbol(int64_t hint);
   const std::vector<sym::Expr>& symbols() const { return symbols_; }
   int64_t hint(const sym::Expr& symbol) const;
+  // An expression of the symbols at their hints (every symbol in it must be this set's).
+  int64_t value_at_hints(const sym::Expr& e) const;
   // A fact capture relied on: `symbol` has its hint's value (Python code read the size). The
   // entry then holds for that size only.
   void specialize(const sym::Expr& symbol);
