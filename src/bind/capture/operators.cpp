@@ -74,19 +74,23 @@ VarPtr Interpreter::symint_compare(const std::string& op, const VarPtr& a, const
   const int64_t hx = hint(*x), hy = hint(*y);
   bool result;
   sym::Expr lo, hi;  // the fact: lo <= hi
-  if (op == "<") result = hx < hy, lo = result ? *x + 1 : *y, hi = result ? *y : *x;
-  else if (op == "<=") result = hx <= hy, lo = result ? *x : *y + 1, hi = result ? *y : *x;
-  else if (op == ">") result = hx > hy, lo = result ? *y + 1 : *x, hi = result ? *x : *y;
-  else if (op == ">=") result = hx >= hy, lo = result ? *y : *x + 1, hi = result ? *x : *y;
-  else {
-    result = op == "==" ? hx == hy : hx != hy;
+  if (op == "==" || op == "!=") {
+    result = (hx == hy) == (op == "==");
     if (hx == hy) {
       if (!sym::same_size(*x, *y)) unsupported("internal: an equality of sizes could not be recorded");
       return Var::constant(result ? Py_True : Py_False);
     }
     // Unequal (s0 != 1): the strict order the sizes have now is the fact, x < y or x > y.
-    if (hx < hy) lo = *x + 1, hi = *y;
-    else lo = *y + 1, hi = *x;
+    lo = (hx < hy ? *x : *y) + 1;
+    hi = hx < hy ? *y : *x;
+  } else {
+    // l < r or l <= r; the outcome, or its negation, is the fact.
+    const bool flip = op == ">" || op == ">=", strict = op == "<" || op == ">";
+    const sym::Expr &l = flip ? *y : *x, &r = flip ? *x : *y;
+    const int64_t hl = flip ? hy : hx, hr = flip ? hx : hy;
+    result = strict ? hl < hr : hl <= hr;
+    lo = result ? l + (strict ? 1 : 0) : r + (strict ? 0 : 1);  // l (+1) <= r, or r (+1) <= l
+    hi = result ? r : l;
   }
   sym::Expr gap = hi - lo;
   if (auto c = gap.as_const()) {
