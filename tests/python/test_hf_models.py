@@ -2,10 +2,11 @@
 
 The models run as transformers ships them: the forward decorators (config defaults, output
 capture with its context variable and try/finally), the attention-implementation registry,
-mask helpers and the ModelOutput dataclasses are captured, not patched. GPT-2, T5 and Llama run
-with use_cache=False in the first test: a DynamicCache made inside forward is not captured yet.
-A decoding step given a cache made outside (as generate() makes it) is captured: the cache's
-layers are updated by attribute stores that kiln replays after the graph.
+mask helpers and the ModelOutput dataclasses are captured, not patched. The causal LMs run with
+use_cache at its default: the DynamicCache their forward builds is an object made during capture
+(its __init__ inlined, its layers updated in the graph) and handed out built for real. A decoding
+step given a cache made outside (as generate() makes it) is captured: the cache's layers are
+updated by attribute stores that kiln replays after the graph.
 """
 import copy
 
@@ -34,14 +35,14 @@ def _config(name):
                                                num_attention_heads=4, intermediate_size=64, max_position_embeddings=66)
     if name == "gpt2":
         return T.GPT2LMHeadModel, T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                               use_cache=False, bos_token_id=0, eos_token_id=0)
+                                               bos_token_id=0, eos_token_id=0)
     if name == "t5":
         return T.T5Model, T.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                                      use_cache=False)
     if name == "llama":
         return T.LlamaForCausalLM, T.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                                 max_position_embeddings=64, use_cache=False)
+                                                 max_position_embeddings=64)
     raise ValueError(name)
 
 
@@ -84,6 +85,14 @@ def test_model_one_graph_equal_to_eager(name, device):
             assert list(out.keys()) == list(ref.keys())
             for a, b in zip(_tensors(out), _tensors(ref)):
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+            if name in ("gpt2", "llama"):  # the cache made inside forward, handed out for real
+                cache, ref_cache = out.past_key_values, ref.past_key_values
+                assert type(cache) is type(ref_cache) and len(cache.layers) == len(ref_cache.layers)
+                for a, b in zip(cache.layers, ref_cache.layers):
+                    assert type(a) is type(b) and vars(a).keys() == vars(b).keys()
+                    torch.testing.assert_close(a.keys, b.keys, rtol=tol, atol=tol)
+                    torch.testing.assert_close(a.values, b.values, rtol=tol, atol=tol)
+                assert cache.get_seq_length() == ref_cache.get_seq_length()
 
 
 def test_bert_return_dict_false_and_tuple_indexing():

@@ -463,3 +463,21 @@ def test_an_attribute_found_absent_is_guarded():
     for cfg in (plain, scaled, shifted, Cfg(), plain):
         x = torch.randn(4)
         torch.testing.assert_close(cf(x, cfg), fn(x, cfg))
+
+
+class _DoublingDict(dict):
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value * 2)  # a C method with a tensor: runs at a graph break
+
+
+def test_a_super_method_run_at_a_graph_break_binds_this_calls_object():
+    # The method super() finds is bound to the receiver of each call, never to the object the
+    # capture saw (an entry is reused for every object of the type).
+    store = kiln.compile(_DoublingDict.__setitem__)
+    a, b = _DoublingDict(), _DoublingDict()
+    x = torch.randn(3)
+    store(a, "k", x)
+    store(b, "j", x + 1)
+    assert list(a) == ["k"] and list(b) == ["j"]
+    torch.testing.assert_close(a["k"], x * 2)
+    torch.testing.assert_close(b["j"], (x + 1) * 2)

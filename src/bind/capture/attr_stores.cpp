@@ -5,6 +5,7 @@
 namespace kiln::bind::detail {
 
 void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr value) {
+  if (auto* r = obj->get_if<RecordV>(); r && r->plain) return object_store(obj, name, std::move(value));
   if (obj->kind() == Var::Kind::Record) {
     if (!value) unsupported("del of a dataclass field");
     PyObject* key = PyUnicode_FromString(name.c_str());

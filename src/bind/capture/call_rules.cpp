@@ -64,13 +64,10 @@ struct CallRules {
     if (args[0]->kind() == Var::Kind::Record) {  // a dataclass instance made in the frame
       const VarPtr& rec = args[0];
       std::string attr = PyUnicode_AsUTF8(I.const_obj(args[1], "attribute name"));
-      const RecordV& r = rec->as<RecordV>();
-      bool has = std::any_of(r.keys.begin(), r.keys.end(),
-                             [&](PyObject* k) { return PyUnicode_CompareWithASCIIString(k, attr.c_str()) == 0; }) ||
-                 PyObject_HasAttrString(r.cls, attr.c_str());
+      bool has = I.object_has_attr(rec, attr);
       if (has_only) return Var::constant(has ? Py_True : Py_False);
       if (!has && args.size() == 3) return args[2];
-      return I.record_attr(rec, attr);
+      return I.getattr(rec, attr);
     }
     if (kwargs.empty() && (args[0]->kind() == Var::Kind::Module || (args[0]->is_const() && args[0]->source)) &&
         args[1]->is_const() && PyUnicode_Check(args[1]->obj())) {
@@ -104,6 +101,7 @@ struct CallRules {
     PyObject* of = nullptr;  // the class that answers
     if (Interpreter::structural(a) && kwargs.empty()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->obj()));
     else if (a->is_tensor()) of = I.resolve_torch("Tensor");
+    else if (a->symint().valid() || a->symslice()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->known()));  // its type, not its value
     if (!of) return nullptr;
     int r = PyObject_IsSubclass(of, I.const_obj(args[1], "isinstance() class"));
     if (r < 0) I.real(nullptr);
@@ -116,6 +114,7 @@ struct CallRules {
     if (auto* r = a->get_if<RecordV>()) return Var::constant(r->cls);
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (Interpreter::structural(a) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->obj())));
+    if ((a->symint().valid() || a->symslice()) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->known())));
     if (a->is_tensor() && a->node()->op_name() != "placeholder") return Var::constant(I.resolve_torch("Tensor"));
     return nullptr;
   }
@@ -125,6 +124,10 @@ struct CallRules {
     const VarPtr& a = args[0];
     if (auto* r = a->get_if<RecordV>(); r && PyObject_IsSubclass(r->cls, reinterpret_cast<PyObject*>(&PyDict_Type)) == 1)
       return Var::steal_constant(PyLong_FromSize_t(r->view.size()));
+    if (auto* r = a->get_if<RecordV>(); r && r->plain) {
+      if (VarPtr n = I.object_dunder(a, "__len__", {})) return n;
+      unsupported(std::string("object of type '") + reinterpret_cast<PyTypeObject*>(r->cls)->tp_name + "' has no len(): TypeError");
+    }
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (a->kind() == Var::Kind::Module) return Var::steal_constant(PyLong_FromSsize_t(I.module_children(a)));
     if (a->is_tensor()) {

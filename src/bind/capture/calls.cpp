@@ -1,5 +1,6 @@
 #include "bind/capture/interpreter.h"
 #include "core/support/log.h"
+#include "core/sym/fit.h"
 #include "bind/interrupts.h"
 #include "bind/python_objects.h"
 #include "bind/capture/resume.h"
@@ -163,10 +164,18 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
     case Var::Kind::Method:
     {
       const MethodV& m = fn->as<MethodV>();
-      if (m.self->kind() == Var::Kind::Record) return call_record_method(m.self, m.name, args, kwargs);
-      if (m.fn) {  // a base-class function reached through super()
+      if (auto* r = m.self->get_if<RecordV>(); r && !(r->plain && m.fn)) return call_record_method(m.self, m.name, args, kwargs);
+      if (m.fn && PyFunction_Check(m.fn)) {  // a method of an object made in the frame, or reached through super()
         args.insert(args.begin(), m.self);
         return inline_call(m.fn, nullptr, std::move(args), kwargs);
+      }
+      if (m.fn) {
+        static PyObject* object_init = PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__init__");
+        if (m.fn == object_init && args.empty() && kwargs.empty()) return Var::constant(Py_None);  // super().__init__()
+        if (m.self->kind() == Var::Kind::Record)
+          unsupported("call of " + m.name + " of an object made during capture (not a Python function)");
+        args.insert(args.begin(), m.self);  // a C method through super(): called with the receiver
+        return call(Var::constant(m.fn), std::move(args), std::move(kwargs));
       }
       if (m.self->kind() == Var::Kind::Tuple || m.self->kind() == Var::Kind::List)
         return call_sequence_method(m.self, m.name, std::move(args), kwargs);
@@ -175,6 +184,10 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
       return call_tensor_method(m.self, m.name, std::move(args), kwargs);
     }
     case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
+    case Var::Kind::Record:
+      if (fn->as<RecordV>().plain && object_has_attr(fn, "__call__"))  // obj(x): type(obj).__call__
+        return call(getattr(fn, "__call__"), std::move(args), std::move(kwargs));
+      unsupported("call of a non-callable object: TypeError");
     case Var::Kind::Function: {
       FunctionV& f = fn->as<FunctionV>();
       if (!f.mode) return inline_call(f.fn, nullptr, std::move(args), kwargs, &f.cells);
@@ -296,6 +309,29 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
     std::vector<VarPtr> out;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fast); ++i) out.push_back(Var::constant(PyList_GET_ITEM(fast, i)));
     return out;
+  }
+  if (auto* r = v->get_if<RecordV>(); r && r->plain) {
+    if (VarPtr it = object_dunder(v, "__iter__", {})) return items_of(it);
+    unsupported(std::string("'") + reinterpret_cast<PyTypeObject*>(r->cls)->tp_name + "' object is not iterable: TypeError");
+  }
+  if (structural(v) && v->source) {
+    // A sequence object of the caller's (a config's per-layer view): its items read through
+    // their sources like a list's, its length guarded.
+    static PyObject* sequence = object_at("collections.abc.Sequence");
+    if (sequence && PyObject_IsInstance(v->obj(), sequence) == 1) {
+      Py_ssize_t n = PySequence_Size(v->obj());
+      if (n < 0) real(nullptr);
+      if (n > 10000) unsupported("loop of more than 10000 iterations");
+      out_.guards.add_length(v->source, n);
+      std::vector<VarPtr> out;
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = PySequence_GetItem(v->obj(), i);
+        if (!item) real(nullptr);
+        out.push_back(wrap(item, Source::item(v->source, i)));
+        Py_DECREF(item);
+      }
+      return out;
+    }
   }
   if (v->kind() == Var::Kind::Module) {
     // Children in order, by name (Sequential may name them: OrderedDict construction); a
@@ -434,8 +470,10 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (VarPtr r = call_op(*b, args, kwargs)) return r;  // else a call the entry leaves to torch
   if (VarPtr r = call_rule(fn, args, kwargs)) return r;  // call_rules.cpp: by the callee object
   // ---- by category ----
-  if (PyType_Check(f))
+  if (PyType_Check(f)) {
     if (VarPtr r = make_record(f, args, kwargs)) return r;
+    if (VarPtr r = make_object(f, args, kwargs)) return r;  // a plain user class: __init__ inlined
+  }
   if (const std::string* method = inplace_function_method(f); method && !args.empty() && args[0]->is_tensor()) {
     // torch.relu_(x), torch.sigmoid_(x): the Tensor method of the same name
     std::vector<VarPtr> rest(args.begin() + 1, args.end());
@@ -565,6 +603,19 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
   };
   if (!kwargs.empty()) return nullptr;
   if ((f == builtin("list") || f == builtin("tuple")) && args.empty()) return Var::tuple({}, f == builtin("list"));
+  auto is_object = [](const VarPtr& v) { return v->kind() == Var::Kind::Record && v->as<RecordV>().plain; };
+  if (std::any_of(args.begin(), args.end(), is_object)) {
+    // builtins that iterate an object made in the frame: over the items its __iter__ gives
+    bool consumer = false;
+    for (const char* c : {"sum", "list", "tuple", "min", "max", "sorted", "any", "all", "enumerate", "zip", "map", "filter"})
+      consumer |= f == builtin(c);
+    if (consumer) {
+      std::vector<VarPtr> iterated = args;
+      for (VarPtr& a : iterated)
+        if (is_object(a)) a = Var::iterator(items_of(a));
+      return builtin_over_trackers(f, iterated, kwargs);
+    }
+  }
   if (f == builtin("dict") && args.empty()) return Var::dict();
   if (f == builtin("map") && args.size() >= 2 && std::any_of(args.begin() + 1, args.end(), tracker)) {
     std::vector<std::vector<VarPtr>> cols;
@@ -936,6 +987,57 @@ PyObject* Interpreter::resolve_torch_path(const std::string& path) {
   return obj;
 }
 
+std::optional<std::vector<sym::Expr>> Interpreter::symbolic_layouts(const std::vector<ir::Node*>& inputs,
+                                                                    const std::vector<TensorInfo>& results,
+                                                                    const MakeMetas& make_metas, const CallOnMetas& call_on) {
+  GuardSet& guards = root()->out_.guards;
+  std::vector<sym::Expr> syms;
+  for (ir::Node* n : inputs) {
+    for (const sym::Expr& e : n->meta.sizes) sym::collect_symbols(e, syms);
+    for (const sym::Expr& e : n->meta.strides) sym::collect_symbols(e, syms);
+  }
+  std::sort(syms.begin(), syms.end());
+  syms.erase(std::unique(syms.begin(), syms.end()), syms.end());
+  syms.erase(std::remove_if(syms.begin(), syms.end(), [&](const sym::Expr& s) { return guards.specialized(s); }), syms.end());
+  if (syms.empty()) return std::nullopt;
+  std::vector<int64_t> hints;
+  for (const sym::Expr& s : syms) hints.push_back(guards.value_at_hints(s));
+  auto probe = [&](const std::vector<int64_t>& values) -> std::optional<std::vector<int64_t>> {
+    auto value = [&](const sym::Expr& v) {
+      for (size_t i = 0; i < syms.size(); ++i)
+        if (syms[i] == v) return values[i];
+      return guards.value_at_hints(v);
+    };
+    std::vector<PyObject*> metas;
+    PyObject* r = make_metas(value, metas) ? call_on(metas) : nullptr;
+    for (PyObject* m : metas) Py_DECREF(m);
+    if (!r) {
+      clear_error();
+      return std::nullopt;
+    }
+    std::vector<PyObject*> items;
+    if (PyTuple_Check(r)) for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r); ++i) items.push_back(PyTuple_GET_ITEM(r, i));
+    else items.push_back(r);
+    std::vector<int64_t> flat;
+    bool ok = items.size() == results.size();
+    for (size_t k = 0; ok && k < items.size(); ++k) {
+      TensorInfo info;
+      std::string why;
+      ok = is_tensor(items[k]) && tensor_info(items[k], info, why) && info.sizes.size() == results[k].sizes.size() &&
+           info.dtype == results[k].dtype;
+      if (!ok) break;
+      flat.insert(flat.end(), info.sizes.begin(), info.sizes.end());
+      flat.insert(flat.end(), info.strides.begin(), info.strides.end());
+    }
+    Py_DECREF(r);
+    if (!ok) return std::nullopt;
+    return flat;
+  };
+  if (auto fit = sym::fit_multilinear(syms, hints, probe)) return fit;
+  for (const sym::Expr& s : syms) concrete_size(s);  // no shape-generic layout: this call's sizes
+  return std::nullopt;
+}
+
 VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   std::string leaf = name.substr(name.rfind('.') + 1);
   // Random draws (their order against eager's RNG stream matters), device moves, data reads
@@ -1004,40 +1106,50 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
       keep_.push_back(tkw);
     }
   }
-  // The layout of the result: the operator on meta tensors of the inputs' layouts.
+  // The layout of the result: the operator on meta tensors of the inputs' layouts, at the
+  // sizes of this call (`value` gives each size symbol's value; symbols stay unspecialized).
   static PyObject* empty_strided = resolve_torch("empty_strided");
+  GuardSet& guards = root()->out_.guards;
+  auto make_metas = [&](const std::function<int64_t(const sym::Expr&)>& value, std::vector<PyObject*>& metas) {
+    for (ir::Node* n : inputs) {
+      PyObject* sz = PyTuple_New(static_cast<Py_ssize_t>(n->meta.sizes.size()));
+      PyObject* st = PyTuple_New(static_cast<Py_ssize_t>(n->meta.strides.size()));
+      for (size_t i = 0; i < n->meta.sizes.size(); ++i) PyTuple_SET_ITEM(sz, i, PyLong_FromLongLong(sym::evaluate(n->meta.sizes[i], value)));
+      for (size_t i = 0; i < n->meta.strides.size(); ++i) PyTuple_SET_ITEM(st, i, PyLong_FromLongLong(sym::evaluate(n->meta.strides[i], value)));
+      PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(n->meta.dtype), "device", "meta");
+      PyObject* a = PyTuple_Pack(2, sz, st);
+      PyObject* m = PyObject_Call(empty_strided, a, kw);
+      Py_DECREF(a);
+      Py_DECREF(kw);
+      Py_DECREF(sz);
+      Py_DECREF(st);
+      if (!m) return false;
+      metas.push_back(m);
+    }
+    return true;
+  };
+  auto call_on = [&](const std::vector<PyObject*>& metas) -> PyObject* {
+    PyObject* margs = substitute(targs, metas.data());
+    PyObject* mkw = tkw ? substitute(tkw, metas.data()) : nullptr;
+    if (factory_device) {
+      PyObject* meta = PyUnicode_FromString("meta");
+      PyDict_SetItemString(mkw, "device", meta);
+      Py_DECREF(meta);
+    }
+    PyObject* r = PyObject_Call(f, margs, mkw);
+    Py_DECREF(margs);
+    Py_XDECREF(mkw);
+    return r;
+  };
   std::vector<PyObject*> metas;
   auto drop_metas = [&] {
     for (PyObject* m : metas) Py_DECREF(m);
+    metas.clear();
   };
-  for (ir::Node* n : inputs) {
-    std::vector<int64_t> sizes, strides;
-    // The operator's result layout is found for these sizes: symbolic ones are specialized.
-    for (const auto& e : n->meta.sizes) sizes.push_back(concrete_size(e));
-    for (const auto& e : n->meta.strides) strides.push_back(concrete_size(e));
-    PyObject* sz = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
-    PyObject* st = PyTuple_New(static_cast<Py_ssize_t>(strides.size()));
-    for (size_t i = 0; i < sizes.size(); ++i) PyTuple_SET_ITEM(sz, i, PyLong_FromLongLong(sizes[i]));
-    for (size_t i = 0; i < strides.size(); ++i) PyTuple_SET_ITEM(st, i, PyLong_FromLongLong(strides[i]));
-    PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(n->meta.dtype), "device", "meta");
-    PyObject* a = PyTuple_Pack(2, sz, st);
-    PyObject* m = PyObject_Call(empty_strided, a, kw);
-    Py_DECREF(a);
-    Py_DECREF(kw);
-    Py_DECREF(sz);
-    Py_DECREF(st);
-    if (!m) {
-      drop_metas();
-      real(nullptr);
-    }
-    metas.push_back(m);
-  }
-  PyObject* margs = substitute(targs, metas.data());
-  PyObject* mkw = tkw ? substitute(tkw, metas.data()) : nullptr;
-  if (factory_device) {
-    PyObject* meta = PyUnicode_FromString("meta");
-    PyDict_SetItemString(mkw, "device", meta);
-    Py_DECREF(meta);
+  auto at_hints = [&](const sym::Expr& v) { return guards.value_at_hints(v); };
+  if (!make_metas(at_hints, metas)) {
+    drop_metas();
+    real(nullptr);
   }
   auto versions = [&] {
     std::vector<long long> v;
@@ -1050,9 +1162,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     return v;
   };
   const std::vector<long long> before = versions();
-  PyObject* r = PyObject_Call(f, margs, mkw);
-  Py_DECREF(margs);
-  Py_XDECREF(mkw);
+  PyObject* r = call_on(metas);
   // An operator that hands back an input itself, unchanged (x.type_as(x)): eager's result is
   // that very tensor, so it is that very tracker, and later in-place updates reach both names.
   // (F.hardtanh(x, inplace=True) hands back x changed: its version counter moved.)
@@ -1080,17 +1190,31 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   const bool tuple = PyTuple_Check(r);
   if (tuple) for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r); ++i) results.push_back(PyTuple_GET_ITEM(r, i));
   else results.push_back(r);
-  std::vector<VarPtr> outs;
+  std::vector<TensorInfo> infos(results.size());
   for (size_t k = 0; k < results.size(); ++k) {
-    TensorInfo info;
     std::string why;
-    if (!is_tensor(results[k]) || !tensor_info(results[k], info, why)) unsupported(name + " returns something other than tensors");
+    if (!is_tensor(results[k]) || !tensor_info(results[k], infos[k], why)) unsupported(name + " returns something other than tensors");
+  }
+  std::optional<std::vector<sym::Expr>> layouts = symbolic_layouts(inputs, infos, make_metas, call_on);
+  std::vector<VarPtr> outs;
+  size_t next_expr = 0;
+  for (size_t k = 0; k < results.size(); ++k) {
+    const TensorInfo& info = infos[k];
     ir::Attrs a;
     a.set("fn", static_cast<int64_t>(register_torch_call(f, targs, tkw, tuple ? static_cast<int>(k) : -1)));
     a.set("target", name);
     if (tuple) a.set("result", static_cast<int64_t>(k));
-    a.set("out_sizes", info.sizes);
-    a.set("out_strides", info.strides);
+    if (layouts) {
+      std::vector<sym::Expr> sizes(layouts->begin() + next_expr, layouts->begin() + next_expr + info.sizes.size());
+      next_expr += info.sizes.size();
+      std::vector<sym::Expr> strides(layouts->begin() + next_expr, layouts->begin() + next_expr + info.strides.size());
+      next_expr += info.strides.size();
+      a.set("out_sizes", sizes);
+      a.set("out_strides", strides);
+    } else {
+      a.set("out_sizes", info.sizes);
+      a.set("out_strides", info.strides);
+    }
     a.set("out_dtype", info.dtype);
     if (factory_device) {
       PyObject* type = PyObject_GetAttrString(factory_device, "type");

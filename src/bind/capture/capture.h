@@ -34,6 +34,9 @@ struct OutSpec {
     Null,     // the NULL of CALL's calling convention (stack only)
     Unbound,  // a local not assigned yet (locals only)
     Construct,  // value(**items[0]): a dataclass instance made anew (items[0] is a Dict spec)
+    Bound,      // value (a function or C method) bound to items[0]: a method reached through super()
+    Object,     // object.__new__(value), its __dict__ updated from items[0] (a Dict spec): an
+                // instance of a plain class made during capture, without running __init__ again
   } kind = Kind::Const;
   int index = 0;                 // Graph: which graph output
   int memo = -1;                 // at a break: values one tracker stands for are one object
@@ -119,6 +122,7 @@ struct CaptureResult {
   std::vector<SourcePtr> input_sources;  // one per graph placeholder
   GuardSet guards;
   OutSpec output;                // the return value, unless the capture ends in a break
+  int output_memo_slots = 0;     // OutSpec::memo ids in output and replays (one object each)
   std::vector<StoreReplay> replays;  // attribute stores to do after the graph, in program order
   std::unique_ptr<GraphBreak> graph_break;
   std::string captured_text;     // the graph as captured, before any pass

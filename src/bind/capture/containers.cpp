@@ -143,6 +143,10 @@ VarPtr Interpreter::real(PyObject* r) {
 }
 
 void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, const VarPtr& value) {
+  if (auto* r = container->get_if<RecordV>(); r && r->plain) {
+    if (!object_dunder(container, "__setitem__", {key, value})) unsupported("item assignment into an object without __setitem__: TypeError");
+    return;
+  }
   if (container->kind() == Var::Kind::Record) return record_store(container, const_obj(key, "key"), value, true);
   if (container->kind() == Var::Kind::Dict && !container->source) {
     dict_set(container, const_obj(key, "dict key"), value);

@@ -100,7 +100,7 @@ Interpreter::Snapshot Interpreter::snapshot() const {
 OutSpec Interpreter::break_spec(const VarPtr& v) {
   OutSpec s = break_spec_of(v);
   if (s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy ||
-      s.kind == OutSpec::Kind::Construct) {
+      s.kind == OutSpec::Kind::Construct || s.kind == OutSpec::Kind::Object) {
     auto [it, fresh] = break_memo_.emplace(v.get(), static_cast<int>(break_memo_.size()));
     s.memo = it->second;
   }
@@ -132,10 +132,10 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
     case Var::Kind::Null: s.kind = OutSpec::Kind::Null; return s;
     case Var::Kind::Method: {
       const MethodV& m = v->as<MethodV>();
-      if (m.fn) {  // a base-class function reached through super(): bind it to the receiver
-        if (!(m.self->kind() == Var::Kind::Module || m.self->is_const())) unsupported("super() method of this receiver");
-        s.kind = OutSpec::Kind::Const;
-        s.value = PyMethod_New(m.fn, m.self->obj());
+      if (m.fn) {  // a class's function or C method (through super()): bound to this call's receiver
+        s.kind = OutSpec::Kind::Bound;
+        s.value = Py_NewRef(m.fn);
+        s.items.push_back(break_spec(m.self));
         return s;
       }
       s.kind = OutSpec::Kind::Method;
@@ -151,7 +151,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       // A cell of the frame: the resume function makes a new one (MAKE_CELL) around this.
       if (!v->as<CellV>().content) unsupported("an empty closure cell at a graph break");
       return break_spec(v->as<CellV>().content);
-    case Var::Kind::Record: return record_spec(v, true);
+    case Var::Kind::Record: return v->as<RecordV>().plain ? object_spec(v, true) : record_spec(v, true);
     case Var::Kind::Function:
       if (!v->as<FunctionV>().rebuildable) unsupported("a function closing over tensors at a graph break");
       s.kind = OutSpec::Kind::Const;

@@ -418,7 +418,16 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
     case Var::Kind::Dict:
       if (v->source) return OutSpec::from_source(v->source);
       return dict_spec(v, false);
-    case Var::Kind::Record: return record_spec(v, false);
+    case Var::Kind::Record: {
+      if (!v->as<RecordV>().plain) return record_spec(v, false);
+      // one object however often the program hands it out
+      Interpreter* r = root();
+      auto [it, fresh] = r->break_memo_.emplace(v.get(), static_cast<int>(r->break_memo_.size()));
+      s = object_spec(v, false);
+      s.memo = it->second;
+      r->out_.output_memo_slots = static_cast<int>(r->break_memo_.size());
+      return s;
+    }
     case Var::Kind::Function:
       if (!v->as<FunctionV>().rebuildable) unsupported("returns a function closing over tensors");
       s.kind = OutSpec::Kind::Const;

@@ -282,6 +282,18 @@ class Interpreter {
                             const KwArgs& kwargs);
   OutSpec record_spec(const VarPtr& rec, bool at_break);
 
+  // ---- instances of plain user classes made in the frame (user_objects.cpp) ----
+  // Why cls's instances are not plain Python objects kiln can model (nullptr: they are).
+  static const char* plain_class_problem(PyObject* cls);
+  // cls(...): a plain Record tracker, with cls.__init__ inlined on it. nullptr: not a plain class.
+  VarPtr make_object(PyObject* cls, std::vector<VarPtr> args, const KwArgs& kwargs);
+  VarPtr object_attr(const VarPtr& rec, const std::string& name);
+  bool object_has_attr(const VarPtr& rec, const std::string& name);
+  void object_store(const VarPtr& rec, const std::string& name, VarPtr value);  // value nullptr: del
+  // type(obj).name(obj, *args) inlined, or nullptr when the class has no such method.
+  VarPtr object_dunder(const VarPtr& rec, const char* name, std::vector<VarPtr> args);
+  OutSpec object_spec(const VarPtr& rec, bool at_break);
+
   // ---- in-place updates ----
   // An in-place op on a tensor only the graph can see is the out-of-place op whose result
   // every name of that tensor now holds: the tracker is shared by all its aliases (locals,
@@ -343,6 +355,16 @@ class Interpreter {
   // result's layout comes from running it on meta tensors now; the runtime calls it for real.
   // nullptr: `f` is a Python function whose result is not tensors (the caller inlines it).
   VarPtr torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+
+  // The results' sizes and strides (each result's sizes then strides, in order) as expressions in
+  // the size symbols of the inputs, found by probing the operator on meta tensors at other
+  // values of the symbols (sym::fit_multilinear). nullopt: the inputs have no symbols, or the
+  // layouts fit no polynomial; the symbols are then specialized to this call's sizes.
+  using MakeMetas = std::function<bool(const std::function<int64_t(const sym::Expr&)>&, std::vector<PyObject*>&)>;
+  using CallOnMetas = std::function<PyObject*(const std::vector<PyObject*>&)>;
+  std::optional<std::vector<sym::Expr>> symbolic_layouts(const std::vector<ir::Node*>& inputs,
+                                                         const std::vector<TensorInfo>& results,
+                                                         const MakeMetas& make_metas, const CallOnMetas& call_on);
 
   // ---- output ----
   OutSpec output_spec(const VarPtr& v);
@@ -441,6 +463,7 @@ class Interpreter {
   VarPtr return_value_;
   std::vector<VarPtr> yields_;        // a generator's values, produced all at once
   std::unordered_map<const Var*, int> break_memo_;  // break_spec's tracker -> object ids
+  std::unordered_set<const Var*> building_;  // root: objects whose spec is being built (cycles)
   bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
   AutocastState autocast_;            // root: torch.autocast's state where capture is
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded

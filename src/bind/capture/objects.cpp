@@ -80,28 +80,60 @@ VarPtr Interpreter::make_super(const std::vector<VarPtr>& args) {
   } else {
     unsupported("super() with one argument");
   }
-  if (!cls || !self || !(self->kind() == Var::Kind::Module || self->is_const())) unsupported("super() of this receiver");
-  VarPtr v = real(PyObject_CallFunctionObjArgs(builtin("super"), cls, self->obj(), nullptr));
+  // super(cls, type(self)): the lookup along type(self)'s MRO after cls, never bound to the
+  // object capture saw (a compiled entry serves other objects of that type); super_attr binds
+  // what it finds to the receiver's tracker.
+  PyObject* self_type = nullptr;
+  if (auto* r = self ? self->get_if<RecordV>() : nullptr; r && r->plain) self_type = r->cls;
+  else if (self && (self->kind() == Var::Kind::Module || self->is_const()))
+    self_type = reinterpret_cast<PyObject*>(Py_TYPE(self->known()));
+  if (!cls || !self_type) unsupported("super() of this receiver");
+  if (!PyType_Check(cls) || PyObject_IsSubclass(self_type, cls) != 1) unsupported("super(type, obj): obj must be an instance or subtype of type: TypeError");
+  VarPtr v = real(PyObject_CallFunctionObjArgs(builtin("super"), cls, self_type, nullptr));
   v->as<ConstV>().super_self = self;
   return v;
 }
 
 VarPtr Interpreter::super_attr(const VarPtr& sup, const std::string& name) {
-  PyObject* a = PyObject_GetAttrString(sup->obj(), name.c_str());
-  if (!a) return real(nullptr);
-  if (PyMethod_Check(a) && PyFunction_Check(PyMethod_GET_FUNCTION(a))) {
-    VarPtr m = Var::method(sup->as<ConstV>().super_self, name, PyMethod_GET_FUNCTION(a));
-    Py_DECREF(a);
-    return m;
-  }
   const VarPtr& self = sup->as<ConstV>().super_self;
-  if (PyCFunction_Check(a) && PyCFunction_GET_SELF(a) == self->obj() && PyDict_Check(self->obj()) &&
-      (name == "get" || name == "keys" || name == "items" || name == "values")) {
-    // super().get(k) in a dict subclass: dict's own read of the entries, guarded like any read
-    Py_DECREF(a);
-    return Var::method(self, name);
+  PyObject* thisclass = PyObject_GetAttrString(sup->obj(), "__thisclass__");
+  PyObject* self_type = PyObject_GetAttrString(sup->obj(), "__self_class__");
+  keep_.push_back(thisclass), keep_.push_back(self_type);
+  if (!thisclass || !self_type) real(nullptr);
+  // The attribute as the class after `thisclass` in the MRO defines it (the raw descriptor).
+  PyObject* mro = reinterpret_cast<PyTypeObject*>(self_type)->tp_mro;
+  PyObject* raw = nullptr;
+  bool after = false;
+  for (Py_ssize_t i = 0; mro && i < PyTuple_GET_SIZE(mro) && !raw; ++i) {
+    PyObject* base = PyTuple_GET_ITEM(mro, i);
+    if (after) {
+      // the class's own namespace (a mappingproxy: built-in types keep theirs out of tp_dict on 3.12)
+      PyObject* ns = PyObject_GetAttrString(base, "__dict__");
+      raw = ns ? PyMapping_GetItemString(ns, name.c_str()) : nullptr;
+      Py_XDECREF(ns);
+      if (raw) keep_.push_back(raw);
+      else clear_error();
+    }
+    after |= base == thisclass;
   }
-  return Var::steal_constant(a);
+  if (!raw) return real(PyObject_GetAttrString(sup->obj(), name.c_str()));  // raises AttributeError as Python does
+  if (self->known() && PyDict_Check(self->known()) && Py_IS_TYPE(raw, &PyMethodDescr_Type) &&
+      (name == "get" || name == "keys" || name == "items" || name == "values"))
+    return Var::method(self, name);  // super().get(k) in a dict subclass: dict's read of the entries, guarded
+  if (PyFunction_Check(raw) || Py_IS_TYPE(raw, &PyWrapperDescr_Type) || Py_IS_TYPE(raw, &PyMethodDescr_Type))
+    return Var::method(self, name, raw);  // bound to the receiver's tracker when called or handed out
+  if (Py_IS_TYPE(raw, &PyClassMethod_Type)) {
+    PyObject* func = PyObject_GetAttrString(raw, "__func__");
+    keep_.push_back(func);
+    if (func && PyFunction_Check(func)) return Var::method(Var::constant(self_type), name, func);
+  }
+  if (PyObject_TypeCheck(raw, &PyProperty_Type)) {
+    PyObject* fget = PyObject_GetAttrString(raw, "fget");
+    keep_.push_back(fget);
+    if (fget && PyFunction_Check(fget)) return inline_call(fget, nullptr, {self}, {});
+  }
+  // a staticmethod's function, a plain class attribute: what super(cls, type(self)) gives
+  return real(PyObject_GetAttrString(sup->obj(), name.c_str()));
 }
 
 VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
@@ -139,7 +171,7 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
     return Var::method(base, name);
   }
   if (base->kind() == Var::Kind::Module) return module_attr(base, name.c_str());
-  if (base->kind() == Var::Kind::Record) return record_attr(base, name);
+  if (auto* r = base->get_if<RecordV>()) return r->plain ? object_attr(base, name) : record_attr(base, name);
   if (base->is_const() && PyDict_CheckExact(base->obj()) &&
       (name == "items" || name == "keys" || name == "values" || name == "get" || name == "copy"))
     return Var::method(base, name);  // entries read through dict_entries, guarded

@@ -439,6 +439,7 @@ int Interpreter::op_is_op(const Instr& in, const CodeInfo& ci) {
     if ((structural(a) || structural(b)) && Py_TYPE(a->obj()) == Py_TYPE(b->obj())) const_obj(a, "operand"), const_obj(b, "operand");
     same = a->known() == b->obj();
   } else if (a->is_tensor() && b->is_tensor()) same = a->node() == b->node();
+  else if (a->kind() == Var::Kind::Record || b->kind() == Var::Kind::Record) same = a == b;  // one tracker per object made in the frame
   else same = false;  // a tensor is never None, a module never a number
   push(Var::constant((same != (in.arg == 1)) ? Py_True : Py_False));
   return -1;

@@ -191,6 +191,14 @@ bool Interpreter::truth(const VarPtr& v) {
   if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List || v->kind() == Var::Kind::Dict)
     return !(v->kind() == Var::Kind::Dict ? v->entries().values.empty() : v->seq().empty());
   if (v->kind() == Var::Kind::Module || v->kind() == Var::Kind::Function) return true;
+  if (auto* rec = v->get_if<RecordV>(); rec && rec->plain) {  // __bool__, else __len__, else true
+    if (VarPtr b = object_dunder(v, "__bool__", {})) {
+      if (!(b->is_const() && PyBool_Check(b->known()))) unsupported("__bool__ should return bool: TypeError");
+      return b->known() == Py_True;
+    }
+    if (VarPtr n = object_dunder(v, "__len__", {})) return truth(n);
+    return true;
+  }
   int r = PyObject_IsTrue(const_obj(v, "condition"));
   if (r < 0) real(nullptr);
   return r == 1;
@@ -220,6 +228,10 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
     return base->entries().values[i];
   }
   if (base->is_tensor()) return index_tensor(base, index);
+  if (auto* r = base->get_if<RecordV>(); r && r->plain) {
+    if (VarPtr v = object_dunder(base, "__getitem__", {index})) return v;
+    unsupported(std::string("'") + reinterpret_cast<PyTypeObject*>(r->cls)->tp_name + "' object is not subscriptable: TypeError");
+  }
   if (base->kind() == Var::Kind::Record) return record_subscript(base, index);
   if (base->kind() == Var::Kind::Module && index->is_const() && PyUnicode_Check(index->obj())) {
     module_children(base);  // ModuleDict["name"], ParameterDict["name"]

@@ -95,9 +95,11 @@ struct FunctionV {          // a function made in the frame (def, lambda, compre
                               // hand it to Python
   ModeChangePtr mode;         // a decorator's modes for its body (torch.no_grad()(f))
 };
-struct RecordV : Entries {  // an instance of a dataclass made in the frame (records.cpp):
-  PyObject* cls = nullptr;  // its class; keys/values its attributes, fields first
+struct RecordV : Entries {  // an object made in the frame: a dataclass instance (records.cpp) or,
+  PyObject* cls = nullptr;  // with `plain`, any plain class's (user_objects.cpp); its class;
+                            // keys/values its attributes (a dataclass's fields first)
   std::vector<size_t> view;  // a mapping dataclass: the keys of its mapping, as indices into keys
+  bool plain = false;  // built by object.__new__ and its attributes, not by its constructor
 };
 struct ContextV {  // torch.no_grad(), torch.autocast(...), nullcontext(): what it changes
   ModeChangePtr mode;

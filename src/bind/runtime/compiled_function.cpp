@@ -177,7 +177,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     std::vector<bool> fresh;
     auto is_fresh = [](const OutSpec& s) {
       return s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy ||
-             s.kind == OutSpec::Kind::Tuple || s.kind == OutSpec::Kind::Construct;
+             s.kind == OutSpec::Kind::Tuple || s.kind == OutSpec::Kind::Construct || s.kind == OutSpec::Kind::Object;
     };
     for (const OutSpec& s : b->locals) fresh.push_back(is_fresh(s));
     for (const OutSpec& s : b->stack)
@@ -390,6 +390,27 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
       Py_DECREF(kw);
       return r;
     }
+    case OutSpec::Kind::Bound: {
+      PyObject* self = build_output(spec.items[0], outs, frame, memo);
+      if (!self) return nullptr;
+      PyObject* m = PyMethod_New(spec.value, self);
+      Py_DECREF(self);
+      return m;
+    }
+    case OutSpec::Kind::Object: {
+      PyObject* attrs = build_output(spec.items[0], outs, frame, memo);
+      if (!attrs) return nullptr;
+      PyObject* empty = PyTuple_New(0);
+      auto* cls = reinterpret_cast<PyTypeObject*>(spec.value);
+      PyObject* obj = PyBaseObject_Type.tp_new(cls, empty, nullptr);
+      Py_DECREF(empty);
+      PyObject* dict = obj ? PyObject_GenericGetDict(obj, nullptr) : nullptr;
+      int rc = dict ? PyDict_Update(dict, attrs) : -1;
+      Py_XDECREF(dict);
+      Py_DECREF(attrs);
+      if (rc < 0) Py_CLEAR(obj);
+      return obj;
+    }
     case OutSpec::Kind::Null:
     case OutSpec::Kind::Unbound: break;
   }
@@ -595,8 +616,10 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
       ran = run_program(*e.compiled, *e.prepared, inputs, outs);
     }
     if (ran) {
+      std::vector<PyObject*> memo(static_cast<size_t>(e.capture.output_memo_slots), nullptr);
       if (e.capture.graph_break) result = run_break(e, outs, fv);
-      else if (replay_stores(e, outs, fv, nullptr)) result = build_output(e.capture.output, outs, fv);
+      else if (replay_stores(e, outs, fv, &memo)) result = build_output(e.capture.output, outs, fv, &memo);
+      for (PyObject* o : memo) Py_XDECREF(o);
       for (PyObject* o : outs) Py_DECREF(o);
     }
   } else {

@@ -127,7 +127,8 @@ bool same_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
   return true;
 }
 
-bool run_torch_call(const loop::Extern& e, const ExternViews& plan, const std::vector<at::Tensor>& tensors, at::Tensor& out) {
+bool run_torch_call(const loop::Extern& e, const ExternViews& plan, const std::vector<at::Tensor>& tensors,
+                    const std::vector<int64_t>& expect_sizes, at::Tensor& out) {
   const TorchCall& call = torch_call(static_cast<int>(e.attrs.get_int("fn")));
   std::vector<PyObject*> ins;
   for (const ViewPlan& v : plan.inputs) ins.push_back(THPVariable_Wrap(view_of(tensors[v.buffer], v)));
@@ -146,6 +147,16 @@ bool run_torch_call(const loop::Extern& e, const ExternViews& plan, const std::v
   }
   out = THPVariable_Unpack(t);
   Py_DECREF(r);
+  if (out.sizes() != c10::IntArrayRef(expect_sizes)) {
+    // Capture inferred these sizes from the operator's behaviour at other sizes (sym/fit.h):
+    // a result that breaks the inference stops the call rather than being misread.
+    std::string got, want;
+    for (int64_t s : out.sizes()) got += (got.empty() ? "" : ", ") + std::to_string(s);
+    for (int64_t s : expect_sizes) want += (want.empty() ? "" : ", ") + std::to_string(s);
+    PyErr_Format(PyExc_RuntimeError, "kiln: %s returned sizes [%s] where its compiled graph expects [%s]",
+                 e.attrs.get_str("target").c_str(), got.c_str(), want.c_str());
+    return false;
+  }
   if (!same_layout(out, plan.out_strides)) {
     at::Tensor laid = at::empty_strided(out.sizes(), plan.out_strides, out.options());
     laid.copy_(out);
@@ -390,7 +401,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       const ExternViews& views = rs.externs[st.index];
       at::Tensor r;
       if (!plan.op) {
-        if (!run_torch_call(e, views, tensors, r)) return false;
+        if (!run_torch_call(e, views, tensors, rs.sizes[e.output], r)) return false;
       } else {
         torch::jit::Stack stack;
         size_t next_input = 0;

@@ -1,7 +1,9 @@
 // torch_call: any torch operator kiln has no entry for, called as an extern inside the graph.
 //
 // Capture works out the result's layout (it runs the operator on meta tensors) and records it
-// in the node's attributes; the runtime calls the operator itself. The node's inputs are the
+// in the node's attributes, as expressions in the inputs' size symbols where probing found
+// them (the runtime checks the sizes the operator gives against them); the runtime calls the
+// operator itself. The node's inputs are the
 // tensors the call takes (none for a factory, which names its device in `out_device`), in the order the runtime substitutes them into its arguments
 // (`fn` names that call in the binding layer's table; `target` is for printing).
 #include "core/ops/registry.h"
@@ -10,7 +12,7 @@ namespace kiln::ops {
 
 std::vector<OpDef> torch_call_ops() {
   OpDef d = extern_op(
-      "torch_call", "torch_call(int fn, str target, int[] out_sizes, int[] out_strides, ScalarType out_dtype)", "",
+      "torch_call", "torch_call(int fn, str target, SymInt[] out_sizes, SymInt[] out_strides, ScalarType out_dtype)", "",
       [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
         auto dtype = a.get_dtype("out_dtype");
         if (!dtype) return err = "torch_call without an output dtype", false;
@@ -25,8 +27,8 @@ std::vector<OpDef> torch_call_ops() {
           int64_t d = a.get_int("out_device");
           out.device = d < 0 ? Device{} : Device{DeviceType::CUDA, static_cast<int>(d)};
         }
-        for (int64_t s : a.get_ints("out_sizes")) out.sizes.push_back(s);
-        for (int64_t s : a.get_ints("out_strides")) out.strides.push_back(s);
+        out.sizes = a.get_exprs("out_sizes");  // symbolic where capture fitted them (sym/fit.h)
+        out.strides = a.get_exprs("out_strides");
         return true;
       },
       {});

@@ -1,0 +1,197 @@
+// Instances of plain user classes made during capture: `DynamicCache(config=...)` in a model's
+// forward, a helper object built and used in the function.
+//
+// `cls(...)` does not run for real while capturing. The object is a Record tracker (the same
+// tracker dataclass instances use, with `plain` set) of its instance attributes; `__init__`
+// (and `super().__init__`) is inlined with the tracker as `self`, so its stores fill the
+// tracker. Attribute reads follow Python's order: a data descriptor of the class (a property,
+// inlined), then the instance's attributes, then the class's (methods bind to the tracker);
+// `__getattr__` is inlined for a name found nowhere. The object is built for real only where the
+// program hands it out (a return, a graph break): object.__new__(cls) with its attributes set
+// into its __dict__, without running __init__ again, so what the program saw is what it gets.
+//
+// Only classes whose instances are plain Python objects qualify: object's __new__, a __dict__,
+// the generic __getattribute__ and __setattr__, a metaclass that does not override __call__,
+// not abstract, not an nn.Module. Others stay calls that end capture with a reason.
+#include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
+#include "bind/python_objects.h"
+
+namespace kiln::bind::detail {
+
+namespace {
+
+PyTypeObject* type_of(const VarPtr& rec) { return reinterpret_cast<PyTypeObject*>(rec->as<RecordV>().cls); }
+
+// The class attribute `name` as Python's lookup finds it along the MRO (borrowed), or nullptr.
+PyObject* class_lookup(PyTypeObject* t, const char* name) {
+  PyObject* key = PyUnicode_FromString(name);
+  PyObject* a = key ? _PyType_Lookup(t, key) : nullptr;
+  Py_XDECREF(key);
+  return a;
+}
+
+bool is_nn_module_class(PyObject* cls) {
+  static PyObject* module_type = object_at("torch.nn.Module");
+  return module_type && PyObject_IsSubclass(cls, module_type) == 1;
+}
+
+PyObject* object_init() {
+  static PyObject* init = PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__init__");
+  return init;
+}
+
+}  // namespace
+
+const char* Interpreter::plain_class_problem(PyObject* cls) {
+  if (!PyType_Check(cls)) return "not a class";
+  auto* t = reinterpret_cast<PyTypeObject*>(cls);
+  if (!PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE)) return "a built-in class";
+  if (Py_TYPE(cls)->tp_call != PyType_Type.tp_call) return "its metaclass overrides __call__";
+  if (t->tp_new != PyBaseObject_Type.tp_new) return "it has its own __new__ (or a built-in base)";
+  if (t->tp_dictoffset == 0) return "its instances have no __dict__ (__slots__)";
+  if (PyType_HasFeature(t, Py_TPFLAGS_IS_ABSTRACT)) return "it is abstract";
+  static PyObject* generic_getattribute =
+      PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__getattribute__");
+  PyObject* getattribute = class_lookup(t, "__getattribute__");
+  if (t->tp_getattro != PyObject_GenericGetAttr && getattribute != generic_getattribute)
+    return "it overrides __getattribute__";  // a class with __getattr__ only is modelled
+  if (t->tp_setattro != PyObject_GenericSetAttr) return "it overrides __setattr__";
+  if (is_nn_module_class(cls)) return "it is an nn.Module";
+  return nullptr;
+}
+
+VarPtr Interpreter::make_object(PyObject* cls, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  if (plain_class_problem(cls)) return nullptr;
+  auto* t = reinterpret_cast<PyTypeObject*>(cls);
+  auto rec = std::make_shared<Var>(RecordV{});
+  rec->as<RecordV>().cls = Py_NewRef(cls);
+  rec->as<RecordV>().plain = true;
+  PyObject* init = class_lookup(t, "__init__");
+  if (!init || init == object_init()) {
+    if (!args.empty() || !kwargs.empty()) unsupported(std::string(t->tp_name) + "() takes no arguments: TypeError");
+    return rec;
+  }
+  if (!PyFunction_Check(init)) unsupported(std::string(t->tp_name) + ".__init__ is not a Python function");
+  keep_.push_back(Py_NewRef(init));
+  args.insert(args.begin(), rec);
+  VarPtr r = inline_call(init, nullptr, std::move(args), kwargs);
+  if (!(r->is_const() && r->known() == Py_None)) unsupported("__init__() should return None: TypeError");
+  return rec;
+}
+
+VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
+  PyTypeObject* t = type_of(rec);
+  PyObject* a = class_lookup(t, name.c_str());
+  if (a && Py_TYPE(a)->tp_descr_set) {  // a data descriptor wins over the instance's attributes
+    if (PyObject_TypeCheck(a, &PyProperty_Type)) {
+      PyObject* fget = PyObject_GetAttrString(a, "fget");
+      if (!fget) real(nullptr);
+      keep_.push_back(fget);
+      if (!PyFunction_Check(fget)) unsupported("property " + name + " without a Python getter");
+      return inline_call(fget, nullptr, {rec}, {});
+    }
+    unsupported("attribute " + name + " of a " + t->tp_name + " is a data descriptor kiln does not model");
+  }
+  const RecordV& r = rec->as<RecordV>();
+  for (size_t i = 0; i < r.keys.size(); ++i)
+    if (PyUnicode_CompareWithASCIIString(r.keys[i], name.c_str()) == 0) return r.values[i];
+  if (name == "__class__") return Var::constant(r.cls);
+  if (name == "__dict__") unsupported("__dict__ of an object made during capture");
+  if (a) {
+    if (PyFunction_Check(a)) return Var::method(rec, name, a);
+    if (Py_IS_TYPE(a, &PyStaticMethod_Type) || Py_IS_TYPE(a, &PyClassMethod_Type) || !Py_TYPE(a)->tp_descr_get ||
+        Py_IS_TYPE(a, &PyMethodDescr_Type) || Py_IS_TYPE(a, &PyWrapperDescr_Type)) {
+      if (Py_IS_TYPE(a, &PyMethodDescr_Type) || Py_IS_TYPE(a, &PyWrapperDescr_Type))
+        return Var::method(rec, name, a);  // object's own (__repr__, __eq__): called with the object
+      if (Py_IS_TYPE(a, &PyClassMethod_Type) || Py_IS_TYPE(a, &PyStaticMethod_Type)) {
+        PyObject* func = PyObject_GetAttrString(a, "__func__");
+        if (!func) real(nullptr);
+        keep_.push_back(func);
+        if (PyFunction_Check(func))  // a classmethod binds the class, a staticmethod nothing
+          return Py_IS_TYPE(a, &PyClassMethod_Type) ? Var::method(Var::constant(r.cls), name, func) : Var::constant(func);
+      }
+      return real(PyObject_GetAttrString(r.cls, name.c_str()));  // a plain class attribute
+    }
+    unsupported("attribute " + name + " of a " + t->tp_name + " is a descriptor kiln does not model");
+  }
+  if (PyObject* ga = class_lookup(t, "__getattr__"); ga && PyFunction_Check(ga)) {
+    keep_.push_back(Py_NewRef(ga));
+    return inline_call(ga, nullptr, {rec, real(PyUnicode_FromString(name.c_str()))}, {});
+  }
+  unsupported(std::string("AttributeError: '") + t->tp_name + "' object has no attribute '" + name + "'");
+}
+
+bool Interpreter::object_has_attr(const VarPtr& rec, const std::string& name) {
+  const RecordV& r = rec->as<RecordV>();
+  for (PyObject* k : r.keys)
+    if (PyUnicode_CompareWithASCIIString(k, name.c_str()) == 0) return true;
+  if (!r.plain) return PyObject_HasAttrString(r.cls, name.c_str());
+  if (class_lookup(type_of(rec), name.c_str()) || name == "__class__") return true;
+  if (class_lookup(type_of(rec), "__getattr__")) unsupported("hasattr() on an object with __getattr__");
+  return false;
+}
+
+void Interpreter::object_store(const VarPtr& rec, const std::string& name, VarPtr value) {
+  PyTypeObject* t = type_of(rec);
+  PyObject* a = class_lookup(t, name.c_str());
+  if (a && Py_TYPE(a)->tp_descr_set) {
+    if (PyObject_TypeCheck(a, &PyProperty_Type)) {
+      PyObject* f = PyObject_GetAttrString(a, value ? "fset" : "fdel");
+      if (!f) real(nullptr);
+      keep_.push_back(f);
+      if (!PyFunction_Check(f)) unsupported("property " + name + " cannot be set: AttributeError");
+      std::vector<VarPtr> args = {rec};
+      if (value) args.push_back(value);
+      inline_call(f, nullptr, std::move(args), {});
+      return;
+    }
+    unsupported("attribute " + name + " of a " + t->tp_name + " is a data descriptor kiln does not model");
+  }
+  RecordV& r = rec->as<RecordV>();
+  for (size_t i = 0; i < r.keys.size(); ++i)
+    if (PyUnicode_CompareWithASCIIString(r.keys[i], name.c_str()) == 0) {
+      if (value) {
+        r.values[i] = std::move(value);
+      } else {
+        Py_DECREF(r.keys[i]);
+        r.keys.erase(r.keys.begin() + static_cast<std::ptrdiff_t>(i));
+        r.values.erase(r.values.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      return;
+    }
+  if (!value) unsupported("AttributeError: del of attribute " + name + " the object does not have");
+  r.keys.push_back(PyUnicode_FromString(name.c_str()));
+  r.values.push_back(std::move(value));
+}
+
+VarPtr Interpreter::object_dunder(const VarPtr& rec, const char* name, std::vector<VarPtr> args) {
+  PyObject* f = class_lookup(type_of(rec), name);
+  if (!f) return nullptr;
+  if (!PyFunction_Check(f)) unsupported(std::string(name) + " of a " + type_of(rec)->tp_name + " is not a Python function");
+  keep_.push_back(Py_NewRef(f));
+  args.insert(args.begin(), rec);
+  return inline_call(f, nullptr, std::move(args), {});
+}
+
+OutSpec Interpreter::object_spec(const VarPtr& rec, bool at_break) {
+  Interpreter* r = root();
+  if (!r->building_.insert(rec.get()).second)
+    unsupported(std::string("a ") + type_of(rec)->tp_name + " made during capture refers to itself");
+  OutSpec attrs;
+  attrs.kind = OutSpec::Kind::Dict;
+  const RecordV& rv = rec->as<RecordV>();
+  attrs.value = PyTuple_New(static_cast<Py_ssize_t>(rv.keys.size()));
+  for (size_t i = 0; i < rv.keys.size(); ++i) {
+    PyTuple_SET_ITEM(attrs.value, i, Py_NewRef(rv.keys[i]));
+    attrs.items.push_back(at_break ? break_spec(rv.values[i]) : output_spec(rv.values[i]));
+  }
+  r->building_.erase(rec.get());
+  OutSpec s;
+  s.kind = OutSpec::Kind::Object;
+  s.value = Py_NewRef(rv.cls);
+  s.items.push_back(std::move(attrs));
+  return s;
+}
+
+}  // namespace kiln::bind::detail

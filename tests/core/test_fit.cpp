@@ -1,0 +1,67 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/sym/fit.h"
+
+using kiln::sym::Expr;
+using kiln::sym::fit_multilinear;
+
+namespace {
+
+int64_t eval(const Expr& e, const std::vector<Expr>& syms, const std::vector<int64_t>& vals) {
+  return kiln::sym::evaluate(e, [&](const Expr& v) {
+    for (size_t i = 0; i < syms.size(); ++i)
+      if (syms[i] == v) return vals[i];
+    return int64_t{-1};
+  });
+}
+
+}  // namespace
+
+TEST(FitMultilinear, CatAndContiguousStridesOfTwoSymbols) {
+  Expr b = Expr::size_symbol("fb"), s = Expr::size_symbol("fs");
+  // cat([x[b, 4, s, 8], y[b, 4, 1, 8]], dim=2): sizes [b, 4, s + 1, 8], contiguous strides
+  auto probe = [](const std::vector<int64_t>& v) -> std::optional<std::vector<int64_t>> {
+    int64_t B = v[0], S = v[1];
+    return std::vector<int64_t>{B, 4, S + 1, 8, 4 * (S + 1) * 8, (S + 1) * 8, 8, 1};
+  };
+  auto fit = fit_multilinear({b, s}, {2, 16}, probe);
+  ASSERT_TRUE(fit);
+  EXPECT_EQ((*fit)[0], b);
+  EXPECT_EQ((*fit)[2], s + 1);
+  EXPECT_EQ((*fit)[4], Expr(32) * s + 32);
+  for (int64_t B : {3, 7}) for (int64_t S : {2, 100})
+    EXPECT_EQ(eval((*fit)[4], {b, s}, {B, S}), 32 * (S + 1));
+}
+
+TEST(FitMultilinear, ProductOfTwoSymbols) {
+  Expr b = Expr::size_symbol("pb"), s = Expr::size_symbol("ps");
+  auto probe = [](const std::vector<int64_t>& v) -> std::optional<std::vector<int64_t>> {
+    return std::vector<int64_t>{v[0] * v[1] * 3 - 2};
+  };
+  auto fit = fit_multilinear({b, s}, {5, 9}, probe);
+  ASSERT_TRUE(fit);
+  EXPECT_EQ((*fit)[0], Expr(3) * (b * s) - 2);
+}
+
+TEST(FitMultilinear, FloorDivisionAndSquaresAndRejectionsHaveNoFit) {
+  Expr s = Expr::size_symbol("qs");
+  auto pool = [](const std::vector<int64_t>& v) -> std::optional<std::vector<int64_t>> {
+    return std::vector<int64_t>{(v[0] - 3) / 2 + 1};
+  };
+  EXPECT_FALSE(fit_multilinear({s}, {16}, pool));
+  auto square = [](const std::vector<int64_t>& v) -> std::optional<std::vector<int64_t>> {
+    return std::vector<int64_t>{v[0] * v[0]};
+  };
+  EXPECT_FALSE(fit_multilinear({s}, {16}, square));
+  auto clamp = [](const std::vector<int64_t>& v) -> std::optional<std::vector<int64_t>> {
+    return std::vector<int64_t>{std::min<int64_t>(v[0], 20)};
+  };
+  EXPECT_FALSE(fit_multilinear({s}, {16}, clamp));
+  auto rejects = [](const std::vector<int64_t>& v) -> std::optional<std::vector<int64_t>> {
+    if (v[0] > 17) return std::nullopt;
+    return std::vector<int64_t>{v[0]};
+  };
+  EXPECT_FALSE(fit_multilinear({s}, {16}, rejects));
+}

@@ -1,0 +1,291 @@
+"""Objects of plain user classes made inside compiled code (a KV cache built in forward, a small
+helper object): __init__ and super().__init__ inlined on a tracker, attributes, methods,
+properties, class attributes, the container protocol, and the object built for real only
+where the program hands it out, with the attributes the program gave it."""
+import abc
+
+import pytest
+import torch
+
+import kiln
+
+
+def _one_graph(fn, *args, **kwargs):
+    e = kiln.explain(fn)(*args, **kwargs)
+    assert e.graph_count == 1 and not e.break_reasons, e
+    return e
+
+
+class Affine:
+    bias = 0.5  # a class attribute
+
+    def __init__(self, scale, shift=None):
+        self.scale = scale
+        self.shift = shift if shift is not None else torch.zeros(())
+
+    def __call__(self, x):
+        return x * self.scale + self.shift + self.bias
+
+    def then(self, other):
+        return Affine(self.scale * other.scale, self.shift * other.scale + other.shift)
+
+
+def test_object_built_used_and_returned():
+    def f(x, w):
+        a = Affine(w.sigmoid(), w.cos())
+        b = a.then(Affine(2.0))
+        return b(x), b
+
+    x, w = torch.randn(4, 3), torch.randn(3)
+    _one_graph(f, x, w)
+    (y, obj), (ry, robj) = kiln.compile(f)(x, w), f(x, w)
+    torch.testing.assert_close(y, ry)
+    assert type(obj) is Affine and set(vars(obj)) == set(vars(robj)) == {"scale", "shift"}
+    torch.testing.assert_close(obj.scale, robj.scale)
+    torch.testing.assert_close(obj.shift, robj.shift)
+
+
+class Base:
+    def __init__(self, dim):
+        self.dim = dim
+        self.calls = 0
+
+    def reduce(self, x):
+        self.calls += 1
+        return x.sum(self.dim)
+
+
+class Child(Base):
+    def __init__(self, dim, eps):
+        super().__init__(dim)
+        self.eps = eps
+
+    def reduce(self, x):
+        return super().reduce(x) + self.eps
+
+
+class Plain:
+    def __init__(self):
+        super().__init__()  # object.__init__
+        self.tag = "plain"
+
+
+def test_super_init_and_super_method_calls():
+    def f(x):
+        c = Child(-1, 0.25)
+        y = c.reduce(x) * c.reduce(x.cos())
+        return y + c.calls, c, Plain().tag
+
+    x = torch.randn(3, 5)
+    _one_graph(f, x)
+    (y, c, tag), (ry, rc, rtag) = kiln.compile(f)(x), f(x)
+    torch.testing.assert_close(y, ry)
+    assert type(c) is Child and vars(c) == vars(rc) and tag == rtag
+
+
+class Window:
+    def __init__(self, t):
+        self._t = t
+        self.history = []
+
+    @property
+    def t(self):
+        return self._t
+
+    @t.setter
+    def t(self, v):
+        self.history.append(v.shape[-1])
+        self._t = v
+
+    @staticmethod
+    def pad(x):
+        return torch.nn.functional.pad(x, (1, 1))
+
+    @classmethod
+    def of(cls, x):
+        return cls(x * 2)
+
+    def __len__(self):
+        return self._t.shape[-1]
+
+    def __getitem__(self, i):
+        return self._t[..., i]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
+def test_properties_static_and_class_methods_and_container_protocol():
+    def f(x):
+        w = Window.of(x)
+        w.t = Window.pad(w.t)
+        total = sum(w) if w else x.sum(-1)
+        return total + w[0] + len(w), w.history, w
+
+    x = torch.randn(2, 4)
+    _one_graph(f, x)
+    (y, hist, w), (ry, rhist, rw) = kiln.compile(f)(x), f(x)
+    torch.testing.assert_close(y, ry)
+    assert hist == rhist == [6]
+    assert type(w) is Window and len(w) == len(rw)
+    torch.testing.assert_close(w.t, rw.t)
+
+
+class Lazy:
+    def __init__(self):
+        self.ready = False
+
+    def __getattr__(self, name):
+        return 3.0 if name == "fallback" else None
+
+
+def test_isinstance_type_hasattr_getattr_and___getattr__():
+    def f(x):
+        o = Lazy()
+        k = 1.0 if isinstance(o, Lazy) and type(o) is Lazy and not o.ready else 0.0
+        k += 2.0 if hasattr(o, "ready") and getattr(o, "ready", True) is False else 0.0
+        return x * k + o.fallback + (0.0 if o.missing is None else 1.0)
+
+    x = torch.randn(3)
+    _one_graph(f, x)
+    torch.testing.assert_close(kiln.compile(f)(x), f(x))
+
+
+class Layer:
+    def __init__(self):
+        self.keys = None
+
+    def update(self, k):
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=-2)
+        return self.keys
+
+    def length(self):
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+
+class Cache:
+    """A KV cache as transformers writes one: layers made lazily as update() reaches them."""
+
+    def __init__(self, layer_cls=Layer):
+        self.layers = []
+        self.layer_cls = layer_cls
+
+    def update(self, k, idx):
+        while len(self.layers) <= idx:
+            self.layers.append(self.layer_cls())
+        return self.layers[idx].update(k)
+
+    def get_seq_length(self, idx=0):
+        return self.layers[idx].length() if idx < len(self.layers) else 0
+
+
+def _decoder(x, cache=None):
+    cache = Cache() if cache is None else cache
+    start = cache.get_seq_length()
+    h = x
+    for i in range(2):
+        k = cache.update(h * (i + 1), i)
+        h = h + torch.softmax(h @ k.transpose(-1, -2), -1) @ k
+    return h, cache, start
+
+
+def test_a_kv_cache_made_inside_the_function_is_captured_and_handed_out():
+    x = torch.randn(2, 5, 8)
+    _one_graph(_decoder, x)
+    compiled = kiln.compile(_decoder)
+    (h, cache, start), (rh, rcache, rstart) = compiled(x), _decoder(x)
+    torch.testing.assert_close(h, rh)
+    assert start == rstart == 0 and type(cache) is Cache and len(cache.layers) == 2
+    assert all(type(layer) is Layer for layer in cache.layers)
+    for a, b in zip(cache.layers, rcache.layers):
+        torch.testing.assert_close(a.keys, b.keys)
+    # the cache handed out is a real one: the next step continues it, compiled and eagerly alike
+    step = torch.randn(2, 1, 8)
+    (h2, cache2, start2), (rh2, _, rstart2) = compiled(step, cache), _decoder(step, rcache)
+    assert cache2 is cache and start2 == rstart2 == 5
+    torch.testing.assert_close(h2, rh2)
+    torch.testing.assert_close(cache.layers[1].keys, rcache.layers[1].keys)
+
+
+def test_one_object_handed_out_twice_is_one_object():
+    def f(x):
+        a = Affine(x.sum())
+        return [a, a], {"same": a}
+
+    x = torch.randn(3)
+    _one_graph(f, x)
+    (pair, d) = kiln.compile(f)(x)
+    assert pair[0] is pair[1] is d["same"]
+    torch.testing.assert_close(pair[0].scale, x.sum())
+
+
+def test_an_object_lives_across_a_graph_break():
+    def f(x):
+        c = Child(0, 1.0)
+        y = c.reduce(x)
+        print("", end="")  # a graph break: the object is built for real here, then resumed with
+        return c.reduce(y.unsqueeze(0)) + c.calls
+
+    x = torch.randn(4, 3)
+    e = kiln.explain(f)(x)
+    assert e.graph_count == 2, e
+    torch.testing.assert_close(kiln.compile(f)(x), f(x))
+
+
+class Slotted:
+    __slots__ = ("v",)
+
+    def __init__(self, v):
+        self.v = v
+
+
+class WithNew:
+    def __new__(cls, v):
+        obj = super().__new__(cls)
+        obj.made_by_new = True
+        return obj
+
+    def __init__(self, v):
+        self.v = v
+
+
+class Abstract(abc.ABC):
+    @abc.abstractmethod
+    def run(self):
+        ...
+
+
+@pytest.mark.parametrize("cls", [Slotted, WithNew])
+def test_classes_kiln_does_not_model_run_in_python_with_a_reason(cls):
+    def f(x):
+        o = cls(x.sin())
+        return o.v * 2
+
+    x = torch.randn(3)
+    e = kiln.explain(f)(x)
+    assert e.break_reasons and "call to" in str(e.break_reasons[0]), e
+    torch.testing.assert_close(kiln.compile(f)(x), f(x))
+
+
+def test_instantiating_an_abstract_class_raises_like_eager():
+    def f(x):
+        Abstract()
+        return x
+
+    with pytest.raises(TypeError) as eager:
+        f(torch.randn(2))
+    with pytest.raises(TypeError) as ours:
+        kiln.compile(f)(torch.randn(2))
+    assert str(ours.value) == str(eager.value)
+
+
+def test_missing_attribute_raises_attribute_error_like_eager():
+    def f(x):
+        o = Affine(x)
+        return o.nope
+
+    with pytest.raises(AttributeError):
+        f(torch.randn(2))
+    with pytest.warns(UserWarning), pytest.raises(AttributeError):
+        kiln.compile(f)(torch.randn(2))
