@@ -26,15 +26,15 @@ VOCAB = 96
 def _config(name):
     if name == "bert":
         return T.BertModel, T.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                         intermediate_size=64, max_position_embeddings=64)
+                                         intermediate_size=64, max_position_embeddings=128)
     if name == "distilbert":
         return T.DistilBertModel, T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
-                                                     max_position_embeddings=64)
+                                                     max_position_embeddings=128)
     if name == "roberta":
         return T.RobertaModel, T.RobertaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                                                num_attention_heads=4, intermediate_size=64, max_position_embeddings=66)
     if name == "gpt2":
-        return T.GPT2LMHeadModel, T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+        return T.GPT2LMHeadModel, T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128,
                                                bos_token_id=0, eos_token_id=0)
     if name == "t5":
         return T.T5Model, T.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
@@ -42,7 +42,7 @@ def _config(name):
     if name == "llama":
         return T.LlamaForCausalLM, T.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                                 max_position_embeddings=64)
+                                                 max_position_embeddings=128)
     raise ValueError(name)
 
 
@@ -178,3 +178,39 @@ def test_generate_again_with_a_new_cache_object_reuses_the_compiled_steps(name):
     assert after["frames_captured"] == before["frames_captured"], after["recompile_reasons"][-3:]
     assert after["eager_fallbacks"] == before["eager_fallbacks"]
     assert after["cache_hits_memory"] > before["cache_hits_memory"]
+
+
+def _generate_compiled(model, prompt, **kw):
+    """generate() with the forward compiled, as Hugging Face documents it for torch.compile:
+    the tokens of two calls and what each call compiled."""
+    eager_forward = model.forward
+    model.forward = kiln.compile(eager_forward)
+    try:
+        s0 = kiln.stats()
+        first = model.generate(prompt, **kw)
+        s1 = kiln.stats()
+        second = model.generate(prompt, **kw)
+        s2 = kiln.stats()
+    finally:
+        model.forward = eager_forward
+    return first, second, s0, s1, s2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_generate_64_tokens_compiles_at_most_three_entries(name, device):
+    # Prefill (prompt length) and decode (cache length growing each step) are shape-generic:
+    # the sequence length and the cache length become symbols after the first size change.
+    cls, cfg = _config(name)
+    torch.manual_seed(0)
+    model = cls(cfg).to(device).eval()
+    model.generation_config.pad_token_id = 0
+    prompt = torch.randint(1, VOCAB, (1, 16), device=device)
+    kw = dict(max_new_tokens=64, min_new_tokens=64, do_sample=False)
+    with torch.no_grad():
+        expected = model.generate(prompt, **kw)
+        first, second, s0, s1, s2 = _generate_compiled(model, prompt, **kw)
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    assert s1["frames_captured"] - s0["frames_captured"] <= 3, s1["recompile_reasons"][-3:]
+    assert s2["frames_captured"] == s1["frames_captured"], s2["recompile_reasons"][-3:]
+    assert s2["eager_fallbacks"] == s0["eager_fallbacks"] and s2["graph_breaks"] == s0["graph_breaks"]
