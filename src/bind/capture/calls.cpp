@@ -931,10 +931,8 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       check_inplace_target(self, name);
       ir::Node* src = args[0]->node();
       if (src->meta.sizes != m.sizes) {
-        std::vector<int64_t> size;
-        for (const auto& e : m.sizes) size.push_back(concrete_size(e));
         ir::Attrs a;
-        a.set("size", size);
+        a.set("size", m.sizes);  // symbolic sizes stay symbolic
         src = add_node("expand", {src}, a);
       }
       if (src->meta.dtype != m.dtype) {
@@ -945,12 +943,18 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       return mutate(self, add_node("clone", {src}));  // a copy, not `src + 0`: -0.0 stays -0.0
     }
     const OpBinding* ob = method_binding(base);
-    if (!ob || ob->op->kind == ops::OpKind::View || ob->op->aliases())
-      unsupported("Tensor." + name + "() is not captured yet");
+    if (ob && (ob->op->kind == ops::OpKind::View || ob->op->aliases())) unsupported("Tensor." + name + "() is not captured yet");
     check_inplace_target(self, name);
     args.insert(args.begin(), self);
-    VarPtr r = call_op(*ob, std::move(args), kwargs);
-    if (!r) unsupported("Tensor." + name + "() with these arguments is not captured yet");
+    VarPtr r = ob ? call_op(*ob, args, kwargs) : nullptr;
+    if (!r) {
+      // x.index_copy_(...): torch's out-of-place operator (x.index_copy) as a torch_call
+      PyObject* method = PyObject_GetAttrString(resolve_torch("Tensor"), base.c_str());
+      if (!method) clear_error();
+      else keep_.push_back(method);
+      if (method) r = torch_extern(method, "Tensor." + base, args, kwargs);
+    }
+    if (!r || !r->is_tensor()) unsupported("Tensor." + name + "() is not captured yet");
     return mutate(self, r->node());
   }
   const OpBinding* b = method_binding(name);

@@ -123,6 +123,9 @@ struct CaptureResult {
   GuardSet guards;
   OutSpec output;                // the return value, unless the capture ends in a break
   int output_memo_slots = 0;     // OutSpec::memo ids in output and replays (one object each)
+  // Inputs the captured code updates in place: (input index, graph output) pairs; the runtime
+  // copies each output into its input after the graph ran, before anything else sees them.
+  std::vector<std::pair<int, int>> writebacks;
   std::vector<StoreReplay> replays;  // attribute stores to do after the graph, in program order
   std::unique_ptr<GraphBreak> graph_break;
   std::string captured_text;     // the graph as captured, before any pass

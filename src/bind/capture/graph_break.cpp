@@ -94,6 +94,7 @@ Interpreter::Snapshot Interpreter::snapshot() const {
   for (const VarPtr& v : locals_) s.locals.push_back(clone(v, memo));
   s.kwnames = kwnames_;
   s.attr_stores = parent_ ? 0 : attr_stores_.size();
+  if (!parent_) s.mutations = const_cast<Interpreter*>(this)->input_mutations();
   return s;
 }
 
@@ -220,6 +221,7 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   const size_t below = before.stack.size() - operands;
   ResumeShape shape;
   try {
+    write_back(before.mutations);  // the updates of inputs done before the instruction
     for (size_t i = 0; i < before.stack.size(); ++i) {
       OutSpec spec = break_spec(before.stack[i]);
       if (i < below) {

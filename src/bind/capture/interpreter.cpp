@@ -31,6 +31,7 @@ void Interpreter::run(const BoundArgs& args) {
   }
   VarPtr r = run_frame();
   if (!r) return;  // the capture ended in a graph break
+  write_back(input_mutations());
   out_.replays = store_replays(attr_stores_.size(), false);
   out_.output = output_spec(r);
 }
@@ -155,8 +156,10 @@ std::string Interpreter::location() const { return g_ && !g_->source_loc.empty()
 
 VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
   if (is_tensor(v)) {
+    // Every read of one source is one tracker: an in-place update of the input reaches them all.
+    Interpreter* r = root();
     for (size_t i = 0; i < out_.input_sources.size(); ++i)
-      if (out_.input_sources[i]->str() == src->str()) return Var::tensor(g_->inputs()[i], src);
+      if (out_.input_sources[i]->str() == src->str()) return r->input_vars_[i];
     TensorInfo info;
     std::string why;
     if (!tensor_info(v, info, why)) unsupported("input " + src->str() + ": " + why);
@@ -179,9 +182,12 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     if (name.size() > 1 && (name[0] == 'L' || name[0] == 'G' || name[0] == 'C') && name[1] == '_') name = name.substr(2);
     if (name.empty() || isdigit(static_cast<unsigned char>(name[0]))) name = "arg" + name;
     ir::Node* n = g_->placeholder(name, m);
-    if (requires_grad) root()->needs_grad_.insert(n);
+    if (requires_grad) r->needs_grad_.insert(n);
     out_.input_sources.push_back(src);
-    return Var::tensor(n, src);
+    r->input_vars_.push_back(Var::tensor(n, src));
+    r->input_objects_.push_back(Py_NewRef(v));
+    r->keep_.push_back(v);
+    return r->input_vars_.back();
   }
   if (is_python_scalar(v) || v == Py_None || PyUnicode_CheckExact(v) || PyAnySet_CheckExact(v)) {
     out_.guards.add_equals(src, v);
@@ -392,6 +398,8 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
   OutSpec s;
   switch (v->kind()) {
     case Var::Kind::Tensor: {
+      if (auto w = root()->written_back_.find(v->node()); w != root()->written_back_.end())
+        return OutSpec::from_source(root()->out_.input_sources[w->second]);  // the caller's tensor, updated
       if (root()->needs_grad_.count(v->node()) && v->node()->op_name() != "placeholder")
         unsupported("a result requires grad (its inputs do, and grad mode is on): kiln does not build backward graphs yet (AOTAutograd is a later stage); run under torch.no_grad() or torch.inference_mode()");
       auto& outs = g_->outputs();

@@ -327,7 +327,16 @@ class Interpreter {
     std::vector<VarPtr> stack, locals;
     std::vector<std::string> kwnames;
     size_t attr_stores = 0;  // the root's log of attribute stores, as long as it was
+    std::vector<std::pair<size_t, ir::Node*>> mutations;  // input_mutations() then
   };
+
+  // ---- in-place updates of inputs (functionalized, written back) ----
+  // The inputs an in-place op has changed so far: (input index, the node holding its value).
+  std::vector<std::pair<size_t, ir::Node*>> input_mutations();
+  // Makes those values graph outputs written back into their inputs after the graph, and
+  // guards that no other input shares their memory. Outputs that are those values then
+  // re-read the input (the caller's tensor, as eager hands it back).
+  void write_back(const std::vector<std::pair<size_t, ir::Node*>>& mutations);
 
   // Trackers are shared and updated in place (in-place ops, list appends), so a snapshot copies
   // them, keeping aliases among them aliases.
@@ -464,6 +473,9 @@ class Interpreter {
   std::vector<VarPtr> yields_;        // a generator's values, produced all at once
   std::unordered_map<const Var*, int> break_memo_;  // break_spec's tracker -> object ids
   std::unordered_set<const Var*> building_;  // root: objects whose spec is being built (cycles)
+  std::vector<VarPtr> input_vars_;      // root: per graph input, the one tracker all reads of its source share
+  std::vector<PyObject*> input_objects_;  // root: per graph input, the tensor at capture (kept alive by keep_)
+  std::unordered_map<const ir::Node*, size_t> written_back_;  // root: final value of a mutated input -> input
   bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
   AutocastState autocast_;            // root: torch.autocast's state where capture is
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded

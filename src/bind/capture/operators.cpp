@@ -9,10 +9,46 @@ namespace kiln::bind::detail {
 
 void Interpreter::check_inplace_target(const VarPtr& a, const std::string& what) {
   const ir::Node* n = a->node();
-  if (n->op_name() == "placeholder") unsupported("in-place " + what + " on an input mutates the caller's tensor: not captured yet");
   if (n->op->aliases() || n->attrs.get_bool("view")) unsupported("in-place " + what + " on a view: not captured yet");
   for (const ir::Node* u : n->users)
     if (u->op->aliases() || u->attrs.get_bool("view")) unsupported("in-place " + what + " on a tensor that has views: not captured yet");
+  if (n->op_name() != "placeholder") return;
+  // An input: updated out of place in the graph, the result copied into the caller's tensor
+  // after it (write_back). Every read of the input shares this tracker, so later reads see the
+  // update; another input sharing its memory would not, so capture and guards refuse that.
+  Interpreter* r = root();
+  if (r->needs_grad_.count(n))
+    unsupported("in-place " + what + " on an input that requires grad: kiln does not build backward graphs yet");
+  const auto& ins = g_->inputs();
+  const size_t i = static_cast<size_t>(std::find(ins.begin(), ins.end(), n) - ins.begin());
+  if (i >= r->input_objects_.size()) unsupported("in-place " + what + " on an input kiln cannot write back");
+  const void* mine = storage_of(r->input_objects_[i]);
+  for (size_t k = 0; k < r->input_objects_.size(); ++k)
+    if (k != i && mine && storage_of(r->input_objects_[k]) == mine)
+      unsupported("in-place " + what + " on an input that shares memory with another input (" + r->out_.input_sources[k]->str() + ")");
+}
+
+std::vector<std::pair<size_t, ir::Node*>> Interpreter::input_mutations() {
+  std::vector<std::pair<size_t, ir::Node*>> out;
+  const auto& ins = g_->inputs();
+  for (size_t i = 0; i < input_vars_.size(); ++i)
+    if (input_vars_[i]->is_tensor() && input_vars_[i]->node() != ins[i]) out.emplace_back(i, input_vars_[i]->node());
+  return out;
+}
+
+void Interpreter::write_back(const std::vector<std::pair<size_t, ir::Node*>>& mutations) {
+  if (mutations.empty()) return;
+  auto& outs = g_->outputs();
+  std::vector<bool> mutated(out_.input_sources.size(), false);
+  for (const auto& [input, value] : mutations) {
+    auto it = std::find(outs.begin(), outs.end(), value);
+    const int index = static_cast<int>(it - outs.begin());
+    if (it == outs.end()) outs.push_back(value);
+    out_.writebacks.emplace_back(static_cast<int>(input), index);
+    written_back_[value] = input;
+    mutated[input] = true;
+  }
+  out_.guards.add_no_alias(out_.input_sources, std::move(mutated));
 }
 
 VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {

@@ -33,6 +33,12 @@ std::string Guard::str() const {
     case Kind::Autocast: return "AUTOCAST: " + autocast.str();
     case Kind::HasAttr:
       return std::string("HASATTR: ") + (flag ? "" : "not ") + "hasattr(" + s + ", '" + PyUnicode_AsUTF8(expected) + "')";
+    case Kind::NoAlias: {
+      std::string m;
+      for (size_t i = 0; i < sources.size(); ++i)
+        if (mutated[i]) m += (m.empty() ? "" : ", ") + sources[i]->str();
+      return "NO_ALIAS: " + m + " (updated in place) share memory with no other input";
+    }
   }
   return "?";
 }
@@ -87,6 +93,13 @@ void GuardSet::add_grad_mode(bool enabled) {
   Guard g{Guard::Kind::GradMode, nullptr};
   g.flag = enabled;
   if (needed(g)) guards_.push_back(std::move(g));
+}
+
+void GuardSet::add_no_alias(std::vector<SourcePtr> inputs, std::vector<bool> mutated) {
+  Guard g{Guard::Kind::NoAlias, nullptr};
+  g.sources = std::move(inputs);
+  g.mutated = std::move(mutated);
+  guards_.push_back(std::move(g));
 }
 
 void GuardSet::add_hasattr(SourcePtr s, PyObject* name, bool present) {
@@ -235,6 +248,33 @@ bool GuardSet::check_guards(const FrameView& f, std::string* why, SymbolBindings
     if (g.kind == Guard::Kind::Autocast) {
       if (!(autocast_state() == g.autocast)) {
         if (why) *why = g.str() + " failed (now " + autocast_state().str() + ")";
+        return false;
+      }
+      continue;
+    }
+    if (g.kind == Guard::Kind::NoAlias) {
+      // storages of the inputs updated in place, against every input's
+      std::vector<const void*> written, all;
+      bool ok = true;
+      for (size_t i = 0; i < g.sources.size() && ok; ++i) {
+        PyObject* v = eval_source(*g.sources[i], f);
+        if (!v) {
+          clear_error();
+          ok = false;
+          break;
+        }
+        const void* s = storage_of(v);
+        Py_DECREF(v);
+        if (!s) continue;
+        for (const void* w : written) ok = ok && w != s;
+        if (g.mutated[i]) {
+          for (const void* a : all) ok = ok && a != s;
+          written.push_back(s);
+        }
+        all.push_back(s);
+      }
+      if (!ok) {
+        if (why) *why = g.str() + " failed";
         return false;
       }
       continue;

@@ -26,6 +26,7 @@ struct Guard {
     GradMode,  // torch.is_grad_enabled() == flag
     Autocast,  // torch.autocast's state (on/off and dtype, per device type) == autocast
     HasAttr,   // hasattr(value, expected) == flag (an attribute capture found absent, or present)
+    NoAlias,   // the tensors at `sources` flagged in `mutated` share storage with none of the others
   } kind;
   SourcePtr source;
   TensorInfo tensor;
@@ -33,6 +34,8 @@ struct Guard {
   Py_ssize_t length = 0;
   bool flag = false;
   AutocastState autocast;
+  std::vector<SourcePtr> sources;  // NoAlias: every tensor input of the graph
+  std::vector<bool> mutated;       // NoAlias: those the graph updates in place (written back)
 
   std::string str() const;
 };
@@ -54,6 +57,9 @@ class GuardSet {
   void add_grad_mode(bool enabled);
   void add_autocast(const AutocastState& state);
   void add_hasattr(SourcePtr s, PyObject* name, bool present);  // name: a str (borrowed)
+  // The inputs an entry updates in place (written back after its graph) share memory with no
+  // other input: the graph reads each input as it was before the call.
+  void add_no_alias(std::vector<SourcePtr> inputs, std::vector<bool> mutated);
 
   // Size symbols (shape-generic entries): `hint` is the size at capture. Tensor guards name
   // them by index (TensorInfo::size_symbols).

@@ -615,13 +615,16 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
     } else {
       ran = run_program(*e.compiled, *e.prepared, inputs, outs);
     }
+    // In-place updates of inputs, into the caller's tensors, before anything reads them.
+    for (const auto& [input, output] : e.capture.writebacks)
+      if (ran && !copy_into(inputs[input], outs[output])) ran = false;
     if (ran) {
       std::vector<PyObject*> memo(static_cast<size_t>(e.capture.output_memo_slots), nullptr);
       if (e.capture.graph_break) result = run_break(e, outs, fv);
       else if (replay_stores(e, outs, fv, &memo)) result = build_output(e.capture.output, outs, fv, &memo);
       for (PyObject* o : memo) Py_XDECREF(o);
-      for (PyObject* o : outs) Py_DECREF(o);
     }
+    for (PyObject* o : outs) Py_XDECREF(o);
   } else {
     PyErr_SetString(PyExc_RuntimeError, "kiln: an input of a compiled graph vanished between guard and use");
   }

@@ -66,6 +66,22 @@ bool has_plain_torch_function(PyTypeObject* type) {
 
 bool is_tensor(PyObject* obj) { return THPVariable_Check(obj); }
 
+const void* storage_of(PyObject* obj) {
+  if (!THPVariable_Check(obj)) return nullptr;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  return t.has_storage() ? t.storage().data() : nullptr;
+}
+
+bool copy_into(PyObject* dst, PyObject* src) {
+  try {
+    THPVariable_Unpack(dst).copy_(THPVariable_Unpack(src));
+    return true;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return false;
+  }
+}
+
 bool tensor_info(PyObject* obj, TensorInfo& out, std::string& why) {
   if (!THPVariable_Check(obj)) {
     why = "not a tensor";

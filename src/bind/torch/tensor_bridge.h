@@ -58,6 +58,13 @@ PyObject* wrapped_number_tensor(PyObject* number);
 
 bool grad_enabled();
 
+// The memory a tensor's storage starts at (tensors that share storage share it); nullptr for a
+// non-tensor.
+const void* storage_of(PyObject* obj);
+// dst.copy_(src) for two tensors (an in-place update of an input, written back after the
+// graph). False with a Python error set when torch raises.
+bool copy_into(PyObject* dst, PyObject* src);
+
 // torch.autocast's state for the device types kiln compiles for: whether it is on, and its dtype.
 struct AutocastState {
   bool cpu = false, cuda = false;

@@ -1,0 +1,109 @@
+"""In-place updates of a compiled function's inputs (a KV cache's index_copy_, a counter's add_,
+buffers updated in a forward): captured out of place in the graph, the results copied into
+the caller's tensors after it. Callers see eager's effects; inputs that share memory with an
+updated input are never read stale."""
+import pytest
+import torch
+
+import kiln
+
+
+def _one_graph(fn, *args):
+    e = kiln.explain(fn)(*args)
+    assert e.graph_count == 1 and not e.break_reasons, e
+    return e
+
+
+def _clones(args):
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _same_effects(fn, *args):
+    """fn compiled and eagerly on copies of args: the same results and the same inputs after."""
+    ref_args, our_args = _clones(args), _clones(args)
+    ref = fn(*ref_args)
+    out = kiln.compile(fn)(*our_args)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(our_args, ref_args):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a, b)
+    return out, our_args
+
+
+def kv_update(cache, pos, new, counter):
+    cache.index_copy_(2, pos, new)
+    counter.add_(new.shape[2])
+    return cache.sum(-1), counter * 1
+
+
+def test_index_copy_and_add_on_inputs_are_written_back():
+    args = (torch.zeros(1, 2, 8, 4), torch.tensor([3, 4]), torch.randn(1, 2, 2, 4), torch.tensor(3))
+    _one_graph(kv_update, *_clones(args))
+    _same_effects(kv_update, *args)
+    compiled = kiln.compile(kv_update)
+    cache, counter = torch.zeros(1, 2, 8, 4), torch.tensor(0)
+    for step in range(4):  # the same entry, each call continuing the caller's tensors
+        new = torch.randn(1, 2, 1, 4)
+        compiled(cache, torch.tensor([step]), new, counter)
+        torch.testing.assert_close(cache[:, :, step:step + 1], new)
+    assert counter.item() == 4
+
+
+def reads_after_update(x, buf):
+    a = buf * 1  # read before the update
+    buf.mul_(2).add_(x)
+    b = buf + 0  # and after: the updated value
+    return a, b, buf
+
+
+def test_reads_before_and_after_the_update_see_eager_values_and_the_input_is_returned():
+    x, buf = torch.randn(5), torch.randn(5)
+    _one_graph(reads_after_update, x, buf.clone())
+    out, (_, buf_after) = _same_effects(reads_after_update, x, buf)
+    assert out[2] is buf_after  # eager returns the caller's tensor itself
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(()))
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.seen += x.shape[0]
+        return self.lin(x) * self.seen
+
+
+def test_a_module_buffer_updated_in_forward():
+    m, ref = Counter(), Counter()
+    ref.load_state_dict(m.state_dict())
+    compiled = kiln.compile(m)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(compiled(x), ref(x))
+        assert m.seen.item() == ref.seen.item() == 6
+
+
+def aliased(x, y):
+    x.add_(1)
+    return y * 2
+
+
+def test_an_input_sharing_memory_with_an_updated_one_is_never_read_stale():
+    compiled = kiln.compile(aliased)
+    a, b = torch.zeros(3), torch.zeros(3)
+    torch.testing.assert_close(compiled(a, b), torch.zeros(3))
+    a = torch.zeros(3)
+    torch.testing.assert_close(compiled(a, a), torch.full((3,), 2.0))  # eager: y is x, updated
+    base = torch.zeros(6)
+    torch.testing.assert_close(compiled(base[:3], base), torch.tensor([2.0, 2, 2, 0, 0, 0]))
+
+
+def test_an_input_that_requires_grad_is_left_to_eager_with_its_error():
+    w = torch.zeros(3, requires_grad=True)
+    with pytest.raises(RuntimeError) as eager:
+        aliased(w, torch.ones(3))
+    with pytest.raises(RuntimeError) as ours:
+        kiln.compile(aliased)(w, torch.ones(3))
+    assert str(ours.value) == str(eager.value)
