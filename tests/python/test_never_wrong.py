@@ -481,3 +481,39 @@ def test_a_super_method_run_at_a_graph_break_binds_this_calls_object():
     assert list(a) == ["k"] and list(b) == ["j"]
     torch.testing.assert_close(a["k"], x * 2)
     torch.testing.assert_close(b["j"], (x + 1) * 2)
+
+
+class _Box:
+    def __init__(self, v):
+        self.v = v
+
+
+class _Mapping(dict):
+    pass
+
+
+def test_a_closure_made_before_a_graph_break_closes_over_this_calls_values():
+    # The closure is made anew for each call around that call's objects (a function object
+    # kept from the capture would keep the first call's box).
+    def f(box, x):
+        scaled = lambda: box.v * 2  # noqa: E731
+        print("", end="")  # a graph break: the closure is handed to the resumed code
+        return scaled() + x
+
+    compiled = kiln.compile(f)
+    x = torch.randn(3)
+    for v in (1.0, 5.0, -2.0):
+        torch.testing.assert_close(compiled(_Box(torch.full((3,), v)), x), f(_Box(torch.full((3,), v)), x))
+
+
+def test_a_bound_method_kept_across_a_graph_break_is_this_calls_objects():
+    def f(d, x):
+        items = d.items  # a C method bound to the caller's dict
+        print("", end="")
+        return dict(items())["k"] + x
+
+    compiled = kiln.compile(f)
+    x = torch.randn(3)
+    for v in (1.0, 7.0):
+        d = _Mapping(k=torch.full((3,), v))
+        torch.testing.assert_close(compiled(d, x), f(d, x))

@@ -35,6 +35,7 @@ struct OutSpec {
     Unbound,  // a local not assigned yet (locals only)
     Construct,  // value(**items[0]): a dataclass instance made anew (items[0] is a Dict spec)
     Bound,      // value (a function or C method) bound to items[0]: a method reached through super()
+    Closure,    // a copy of the function `value` with new closure cells holding items (Unbound: empty)
     Object,     // object.__new__(value), its __dict__ updated from items[0] (a Dict spec): an
                 // instance of a plain class made during capture, without running __init__ again
   } kind = Kind::Const;

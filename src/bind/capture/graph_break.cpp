@@ -123,7 +123,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       return s;
     case Var::Kind::Const:
     case Var::Kind::Module:
-      if (structural(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
+      if (structural(v) || bound_to_structure(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
       s.kind = !v->source && (PyDict_CheckExact(v->obj()) || PyList_CheckExact(v->obj()) || PySet_CheckExact(v->obj()))
                    ? OutSpec::Kind::Copy
                    : OutSpec::Kind::Const;
@@ -153,11 +153,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       if (!v->as<CellV>().content) unsupported("an empty closure cell at a graph break");
       return break_spec(v->as<CellV>().content);
     case Var::Kind::Record: return v->as<RecordV>().plain ? object_spec(v, true) : record_spec(v, true);
-    case Var::Kind::Function:
-      if (!v->as<FunctionV>().rebuildable) unsupported("a function closing over tensors at a graph break");
-      s.kind = OutSpec::Kind::Const;
-      s.value = Py_NewRef(v->as<FunctionV>().fn);
-      return s;
+    case Var::Kind::Function: return function_spec(v, true);
   }
   unsupported("a value kiln cannot rebuild at a graph break");
 }
@@ -260,6 +256,28 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   brk->memo_slots = static_cast<int>(break_memo_.size());
   out_.graph_break = std::move(brk);
   return true;
+}
+
+OutSpec Interpreter::function_spec(const VarPtr& v, bool at_break) {
+  const FunctionV& f = v->as<FunctionV>();
+  OutSpec s;
+  if (f.cells.empty()) {  // code, globals and constant defaults: the same function every call
+    s.kind = OutSpec::Kind::Const;
+    s.value = Py_NewRef(f.fn);
+    return s;
+  }
+  // A closure: made anew per call around cells holding this call's values (what the cells hold
+  // may come from the frame: the object of this call, not of the capture).
+  s.kind = OutSpec::Kind::Closure;
+  s.value = Py_NewRef(f.fn);
+  for (const VarPtr& c : f.cells) {
+    const VarPtr& content = c->as<CellV>().content;
+    OutSpec item;
+    if (!content) item.kind = OutSpec::Kind::Unbound;
+    else item = at_break ? break_spec(content) : output_spec(content);
+    s.items.push_back(std::move(item));
+  }
+  return s;
 }
 
 OutSpec Interpreter::dict_spec(const VarPtr& v, bool at_break) {

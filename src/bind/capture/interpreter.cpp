@@ -266,6 +266,14 @@ bool Interpreter::by_structure(PyObject* v) {
 
 bool Interpreter::structural(const VarPtr& v) { return v->is_const() && v->source && v->as<ConstV>().by_type; }
 
+bool Interpreter::bound_to_structure(const VarPtr& v) {
+  PyObject* o = v->is_const() && v->source ? v->known() : nullptr;
+  if (!o) return false;
+  if (PyMethod_Check(o)) return by_structure(PyMethod_GET_SELF(o));
+  // a C method bound to such an object (its dict's items, keys, __setitem__)
+  return PyCFunction_Check(o) && PyCFunction_GET_SELF(o) && by_structure(PyCFunction_GET_SELF(o));
+}
+
 bool Interpreter::is_nn_module(PyObject* v) {
   static PyObject* module_type = object_at("torch.nn.Module");
   return module_type && PyObject_IsInstance(v, module_type) == 1;
@@ -418,7 +426,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       for (auto& item : v->seq()) s.items.push_back(output_spec(item));
       return s;
     case Var::Kind::Const:
-      if (structural(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
+      if (structural(v) || bound_to_structure(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
       s.kind = OutSpec::Kind::Const;
       Py_INCREF(v->obj());
       s.value = v->obj();
@@ -436,11 +444,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       r->out_.output_memo_slots = static_cast<int>(r->break_memo_.size());
       return s;
     }
-    case Var::Kind::Function:
-      if (!v->as<FunctionV>().rebuildable) unsupported("returns a function closing over tensors");
-      s.kind = OutSpec::Kind::Const;
-      s.value = Py_NewRef(v->as<FunctionV>().fn);
-      return s;
+    case Var::Kind::Function: return function_spec(v, false);
     default: unsupported("returns a value kiln cannot rebuild");
   }
 }

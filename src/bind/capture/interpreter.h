@@ -80,6 +80,9 @@ class Interpreter {
   // rather than by identity, until capture uses the object itself as a value (const_obj).
   static bool by_structure(PyObject* v);
   static bool structural(const VarPtr& v);
+  // A bound method of such an object, read from the frame (guarded by its function and the
+  // receiver's type): handed on, it is re-read for the call's own receiver.
+  static bool bound_to_structure(const VarPtr& v);
 
   // ---- the stack ----
   VarPtr pop();
@@ -355,6 +358,9 @@ class Interpreter {
   bool graph_break(const Instr& in, const CodeInfo& ci, size_t pc, const Snapshot& before, const std::string& why);
 
   OutSpec dict_spec(const VarPtr& v, bool at_break);
+  // A function made in the frame: itself, or for a closure, a new function per call around
+  // cells of this call's values.
+  OutSpec function_spec(const VarPtr& v, bool at_break);
 
   // x[...] with ints, slices, None and Ellipsis: a chain of select / slice / unsqueeze views.
   // Tensor and list indices (advanced indexing) are not captured yet.

@@ -390,6 +390,26 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
       Py_DECREF(kw);
       return r;
     }
+    case OutSpec::Kind::Closure: {
+      auto* f = reinterpret_cast<PyFunctionObject*>(spec.value);
+      PyObject* fn = PyFunction_NewWithQualName(f->func_code, f->func_globals, f->func_qualname);
+      PyObject* cells = fn ? PyTuple_New(static_cast<Py_ssize_t>(spec.items.size())) : nullptr;
+      for (size_t i = 0; cells && i < spec.items.size(); ++i) {
+        PyObject* content = nullptr;
+        if (spec.items[i].kind != OutSpec::Kind::Unbound && !(content = build_output(spec.items[i], outs, frame, memo))) {
+          Py_CLEAR(cells);
+          break;
+        }
+        PyTuple_SET_ITEM(cells, i, PyCell_New(content));
+        Py_XDECREF(content);
+      }
+      if (!cells || PyFunction_SetClosure(fn, cells) < 0 ||
+          (f->func_defaults && PyFunction_SetDefaults(fn, f->func_defaults) < 0) ||
+          (f->func_kwdefaults && PyFunction_SetKwDefaults(fn, f->func_kwdefaults) < 0))
+        Py_CLEAR(fn);
+      Py_XDECREF(cells);
+      return fn;
+    }
     case OutSpec::Kind::Bound: {
       PyObject* self = build_output(spec.items[0], outs, frame, memo);
       if (!self) return nullptr;
