@@ -116,6 +116,9 @@ struct CallRules {
     if (Interpreter::structural(a) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->obj())));
     if ((a->symint().valid() || a->symslice()) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->known())));
     if (a->is_tensor() && a->node()->op_name() != "placeholder") return Var::constant(I.resolve_torch("Tensor"));
+    if (a->is_tensor()) {  // an input: its class, which its tensor guard checks
+      if (PyObject* t = I.input_type(a->node())) return Var::constant(t);
+    }
     return nullptr;
   }
 

@@ -133,7 +133,11 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
       else unsupported(p.name + " must be a number");
     } else if (p.type.rfind("ScalarType", 0) == 0) {
       DType t;
-      if (!dtype_from_object(o, t)) unsupported(p.name + " must be a supported torch.dtype");
+      // torch's argument parser takes Python's number types as dtypes: int, float, bool
+      if (o == reinterpret_cast<PyObject*>(&PyLong_Type)) t = DType::Int64;
+      else if (o == reinterpret_cast<PyObject*>(&PyFloat_Type)) t = DType::Float64;
+      else if (o == reinterpret_cast<PyObject*>(&PyBool_Type)) t = DType::Bool;
+      else if (!dtype_from_object(o, t)) unsupported(p.name + " must be a supported torch.dtype");
       attrs.set(p.name, t);
     } else if (p.type.rfind("str", 0) == 0) {
       if (!PyUnicode_Check(o)) unsupported(p.name + " must be a str");

@@ -266,6 +266,14 @@ bool Interpreter::by_structure(PyObject* v) {
 
 bool Interpreter::structural(const VarPtr& v) { return v->is_const() && v->source && v->as<ConstV>().by_type; }
 
+PyObject* Interpreter::input_type(const ir::Node* placeholder) {
+  Interpreter* r = root();
+  const auto& ins = g_->inputs();
+  for (size_t i = 0; i < ins.size() && i < r->input_objects_.size(); ++i)
+    if (ins[i] == placeholder) return reinterpret_cast<PyObject*>(Py_TYPE(r->input_objects_[i]));
+  return nullptr;
+}
+
 bool Interpreter::bound_to_structure(const VarPtr& v) {
   PyObject* o = v->is_const() && v->source ? v->known() : nullptr;
   if (!o) return false;

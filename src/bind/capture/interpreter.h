@@ -83,6 +83,8 @@ class Interpreter {
   // A bound method of such an object, read from the frame (guarded by its function and the
   // receiver's type): handed on, it is re-read for the call's own receiver.
   static bool bound_to_structure(const VarPtr& v);
+  // The class of the tensor a graph input was read from (its tensor guard checks it), or nullptr.
+  PyObject* input_type(const ir::Node* placeholder);
 
   // ---- the stack ----
   VarPtr pop();
