@@ -90,8 +90,15 @@ def main():
             else:
                 model.forward = eager_forward
             before = kiln.stats()
-            first, t1 = timed_generate(model, prompt, device, **kw)
-            second, t2 = timed_generate(model, prompt, device, **kw)
+            try:
+                first, t1 = timed_generate(model, prompt, device, **kw)
+                second, t2 = timed_generate(model, prompt, device, **kw)
+            except Exception as e:  # a variant this torch/transformers pair cannot run
+                model.forward = eager_forward
+                why = str(e).strip().splitlines()[-1][:160]
+                rows.append((v, float("nan"), float("nan"), False, f"failed: {type(e).__name__}: {why}"))
+                print(f"{v:16s} failed: {type(e).__name__}: {why}", flush=True)
+                continue
             after = kiln.stats()
             model.forward = eager_forward
             if v == "eager":

@@ -149,3 +149,30 @@ def test_intermediates_are_freed_as_the_graph_runs():
         peaks[name] = torch.cuda.max_memory_allocated() - base
     one = x.numel() * x.element_size()
     assert peaks["kiln"] <= peaks["eager"] + 2 * one, peaks
+
+
+def test_a_cpu_counter_moved_to_the_gpu_in_the_graph():
+    # transformers' static cache keeps its position counter on the CPU until its first update
+    # moves it to the cache's device: a device move inside the graph
+    def f(x, counter):
+        c = counter.to(x.device)
+        pos = torch.arange(x.shape[-1], device=x.device) + c
+        return x * pos, c
+
+    x, counter = torch.randn(4, 8, device="cuda"), torch.tensor(5)
+    e = kiln.explain(f)(x, counter)
+    assert e.graph_count == 1 and not e.break_reasons, e
+    out, ref = kiln.compile(f)(x, counter), f(x, counter)
+    assert out[1].device == ref[1].device
+    torch.testing.assert_close(out, ref)
+
+
+def test_a_cpu_scalar_tensor_with_gpu_tensors():
+    # eager lets a 0-d CPU tensor take part in a GPU op: the result must be the same, never a
+    # kernel reading host memory
+    def f(x, s):
+        return x * s + 1
+
+    x = torch.randn(1000, device="cuda")
+    for s in (torch.tensor(2.5), torch.tensor(-1.0)):
+        torch.testing.assert_close(kiln.compile(f)(x, s), f(x, s))

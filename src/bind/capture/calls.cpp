@@ -879,6 +879,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     // itself where nothing changes. Device moves and copy=True stay eager.
     std::optional<DType> dtype;
     bool same_device = true, plain = true;
+    PyObject* target = nullptr;  // the device named, if any (a torch.device)
     auto take = [&](const VarPtr& v) {
       if (v->is_tensor()) {
         dtype = v->node()->meta.dtype;
@@ -900,7 +901,8 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
         return;
       }
       same_device = same_device && PyObject_RichCompareBool(d, torch_device_object(m.device), Py_EQ) == 1;
-      Py_DECREF(d);
+      keep_.push_back(d);
+      target = d;
     };
     for (const VarPtr& a : args) take(a);
     for (auto& [k, v] : kwargs) {
@@ -913,6 +915,35 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       ir::Attrs a;
       a.set("dtype", *dtype);
       return Var::tensor(add_node("convert", {self->node()}, a));
+    }
+    if (plain && target) {
+      // A move to another device (a CPU counter moved to the GPU): torch's Tensor.to as a
+      // torch_call that names the device it makes its result on; strides as the source's where
+      // they are contiguous (torch's preserve_format), else contiguous (the runtime lays out).
+      PyObject* type = PyObject_GetAttrString(target, "type");
+      PyObject* index = PyObject_GetAttrString(target, "index");
+      const bool cuda = type && PyUnicode_CompareWithASCIIString(type, "cuda") == 0;
+      const bool cpu = type && PyUnicode_CompareWithASCIIString(type, "cpu") == 0;
+      const int64_t at = index && index != Py_None ? PyLong_AsLongLong(index) : 0;
+      Py_XDECREF(type), Py_XDECREF(index);
+      clear_error();
+      if (cuda || cpu) {
+        static PyObject* to = PyObject_GetAttrString(resolve_torch("Tensor"), "to");
+        PyObject* slot = tensor_slot(0);
+        PyObject* targs = PyTuple_Pack(2, slot, target);
+        Py_DECREF(slot);
+        PyObject* tkw = dtype ? Py_BuildValue("{s:O}", "dtype", torch_dtype_object(*dtype)) : nullptr;
+        keep_.push_back(targs);
+        if (tkw) keep_.push_back(tkw);
+        ir::Attrs a;
+        a.set("fn", static_cast<int64_t>(register_torch_call(to, targs, tkw, -1)));
+        a.set("target", std::string("Tensor.to"));
+        a.set("out_sizes", m.sizes);
+        a.set("out_strides", m.strides == ir::contiguous_strides(m.sizes) ? m.strides : ir::contiguous_strides(m.sizes));
+        a.set("out_dtype", dtype ? *dtype : m.dtype);
+        a.set("out_device", cuda ? at : int64_t{-1});
+        return Var::tensor(add_node("torch_call", {self->node()}, a));
+      }
     }
   }
   if (name == "type" && args.size() == 1 && kwargs.empty() && args[0]->is_const()) {

@@ -23,7 +23,7 @@ std::vector<OpDef> torch_call_ops() {
             out.device = i->meta.device;
             break;
           }
-        if (in.empty() && a.has("out_device")) {  // a factory: no input to take the device from
+        if (a.has("out_device")) {  // a factory (no input to take the device from), or a device move
           int64_t d = a.get_int("out_device");
           out.device = d < 0 ? Device{} : Device{DeviceType::CUDA, static_cast<int>(d)};
         }
