@@ -180,6 +180,9 @@ struct Resolved {
 
 struct PreparedProgram {
   std::vector<ExternPlan> externs;
+  // Inputs on another device than the program's that kernels read (a 0-d CPU tensor in a GPU
+  // op, as eager allows): copied to the program's device per call, never read across devices.
+  std::vector<size_t> moved_inputs;
   std::vector<bool> extern_output;  // buffers that extern ops allocate themselves
   bool symbolic = false;
   const std::vector<loop::SymbolBinding>* symbols_desc = nullptr;
@@ -293,6 +296,13 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
   for (const loop::Extern& e : p.externs) prep->extern_output[e.output] = true;
   prep->symbols_desc = &p.symbols;
   prep->symbolic = !p.symbols.empty();
+  for (size_t i = 0; i < p.inputs.size(); ++i) {
+    const int id = p.inputs[i];
+    if (p.buffers[id].device == p.device) continue;
+    bool read = false;
+    for (const loop::Kernel& k : p.kernels) read |= std::find(k.buffers.begin(), k.buffers.end(), id) != k.buffers.end();
+    if (read) prep->moved_inputs.push_back(i);
+  }
   if (!prep->symbolic) resolve(cg, SymbolValues{&p.symbols, {}}, prep->fixed);
   for (const loop::Extern& e : p.externs) {
     std::optional<c10::OperatorHandle> handle;
@@ -332,6 +342,11 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
     for (size_t i = 0; i < p.inputs.size(); ++i) {
       const at::Tensor& t = THPVariable_Unpack(inputs[i]);
       tensors[p.inputs[i]] = t;
+      ptrs[p.inputs[i]] = t.data_ptr();
+    }
+    for (size_t i : prep.moved_inputs) {
+      at::Tensor& t = tensors[p.inputs[i]];
+      t = t.to(device_of(p.device));
       ptrs[p.inputs[i]] = t.data_ptr();
     }
     // A shape-generic program reads its size symbols off the inputs (the guards checked that

@@ -22,8 +22,10 @@ struct CudaLaunch {
 };
 
 struct CudaSource {
-  std::string source;
+  std::string source;                // the whole translation unit (for reading and dumps)
   std::vector<CudaLaunch> launches;  // one per kernel, in Program::kernels order
+  std::string header;                // what every kernel needs: the prelude, the index type
+  std::vector<std::string> kernels;  // each kernel's own text, in Program::kernels order
 };
 
 CudaSource generate_cuda(const loop::Program& p);

@@ -1,7 +1,10 @@
 #include "core/pipeline/compile_graph.h"
 
+#include <atomic>
 #include <chrono>
 #include <stdexcept>
+#include <thread>
+#include <unordered_map>
 
 #include "core/codegen/cpp_codegen.h"
 #include "core/codegen/cuda_codegen.h"
@@ -42,6 +45,54 @@ bool supported_dtypes(const loop::Program& p, std::string& error) {
 }
 
 // The source of one kernel inside the translation unit, for explain.
+// Every kernel is compiled as a translation unit of its own, under one name (kUnitKernelName):
+// kernels that fuse the same ops over the same layouts (a model's repeated layers) are then the
+// same text, compiled once and shared through NVRTC's disk cache by every graph that has them,
+// and the distinct ones compile on parallel threads. One NVRTC call over a whole graph ran on
+// one thread and recompiled a layer's kernels for each layer.
+constexpr const char* kUnitKernelName = "kiln_kernel";
+
+bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, const std::string& arch,
+                        const std::string& name_hint, std::vector<size_t>& unit_of, CompiledGraph& out,
+                        std::string& error) {
+  std::vector<std::string> units;
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < p.kernels.size(); ++i) {
+    std::string text = cs.kernels[i];
+    const std::string& name = p.kernels[i].name;
+    for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1))
+      if ((at + name.size() == text.size() || !(isalnum(static_cast<unsigned char>(text[at + name.size()])) || text[at + name.size()] == '_')) &&
+          (at == 0 || !(isalnum(static_cast<unsigned char>(text[at - 1])) || text[at - 1] == '_')))
+        text.replace(at, name.size(), kUnitKernelName);
+    std::string unit = cs.header + text;
+    auto [it, fresh] = index.emplace(unit, units.size());
+    if (fresh) units.push_back(std::move(unit));
+    unit_of.push_back(it->second);
+  }
+  std::vector<compile::NvrtcResult> results(units.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t u; (u = next++) < units.size();) results[u] = compile::nvrtc_compile(units[u], arch, name_hint);
+  };
+  const size_t threads = std::min<size_t>(units.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  const int device = p.device.index < 0 ? 0 : p.device.index;
+  out.disk_cache_hit = true;
+  for (const compile::NvrtcResult& r : results) {
+    if (!r.ok) {
+      error = "NVRTC failed: " + r.log;
+      return false;
+    }
+    out.disk_cache_hit = out.disk_cache_hit && r.cache_hit;
+    out.cuda_modules.push_back(compile::CudaModule::load(r.image, device, error));
+    if (!out.cuda_modules.back()) return false;
+  }
+  return true;
+}
+
 std::string kernel_source(const std::string& tu, const std::string& name) {
   auto start = tu.find("// " + name + ":");
   if (start == std::string::npos) return "";
@@ -143,19 +194,13 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
     }
     int cc = compile::cuda_compute_capability(p.device.index < 0 ? 0 : p.device.index);
     std::string arch = cc > 0 ? "sm_" + std::to_string(cc) : "compute_75";
-    compile::NvrtcResult nr = compile::nvrtc_compile(out.source, arch, options.name);
-    if (!nr.ok) {
-      error = "NVRTC failed: " + nr.log;
-      return false;
-    }
-    out.disk_cache_hit = nr.cache_hit;
-    out.cuda_module = compile::CudaModule::load(nr.image, p.device.index < 0 ? 0 : p.device.index, error);
-    if (!out.cuda_module) return false;
+    std::vector<size_t> unit_of;  // per kernel: the translation unit it was compiled in
+    if (!compile_cuda_units(cs, p, arch, options.name, unit_of, out, error)) return false;
     for (size_t i = 0; i < p.kernels.size(); ++i) {
       CompiledKernel ck;
       ck.name = p.kernels[i].name;
       ck.source = kernel_source(out.source, ck.name);
-      ck.cuda_fn = out.cuda_module->function(ck.name, error);
+      ck.cuda_fn = out.cuda_modules[unit_of[i]]->function(kUnitKernelName, error);
       if (!ck.cuda_fn) return false;
       ck.grid = cs.launches[i].grid;
       ck.block = cs.launches[i].block;

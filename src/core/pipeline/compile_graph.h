@@ -42,7 +42,7 @@ struct CompiledGraph {
   std::vector<CompiledKernel> kernels;
   int (*take_error)() = nullptr;  // CPU: reports (and clears) an integer division by zero
   std::shared_ptr<compile::SharedLibrary> library;
-  std::shared_ptr<compile::CudaModule> cuda_module;
+  std::vector<std::shared_ptr<compile::CudaModule>> cuda_modules;  // one per distinct kernel
   bool disk_cache_hit = false;
   bool cancelled = false;        // CompileOptions::cancel stopped the compile
   double compile_seconds = 0;
