@@ -234,3 +234,41 @@ def test_generate_with_a_static_cache_compiles_at_most_three_entries(name, devic
     assert s1["frames_captured"] - s0["frames_captured"] <= 3, s1["recompile_reasons"][-3:]
     assert s2["frames_captured"] == s1["frames_captured"], s2["recompile_reasons"][-3:]
     assert s2["eager_fallbacks"] == s0["eager_fallbacks"] and s2["graph_breaks"] == s0["graph_breaks"]
+
+
+def _encoder_decoder(name):
+    if name == "t5":
+        return T.T5ForConditionalGeneration, T.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                                        num_heads=4, decoder_start_token_id=0, pad_token_id=0)
+    return T.BartForConditionalGeneration, T.BartConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_encoder_decoder_with_its_cache_is_one_graph(name, device):
+    # use_cache at its default: the decoder builds an EncoderDecoderCache of two DynamicCaches,
+    # whose config is a copy of the legacy flat config edited for the decoder (copy.deepcopy)
+    cls, cfg = _encoder_decoder(name)
+    torch.manual_seed(0)
+    model = cls(cfg).to(device).eval()
+    with torch.no_grad():
+        ids = torch.randint(3, VOCAB, (2, 8), device=device)
+        dec = torch.randint(3, VOCAB, (2, 5), device=device)
+        e = kiln.explain(model)(input_ids=ids, decoder_input_ids=dec)
+        assert e.graph_count == 1 and not e.break_reasons, e
+        compiled = kiln.compile(model, fullgraph=True)
+        for b, s, t in [(2, 8, 5), (2, 8, 5), (3, 6, 4)]:
+            ids = torch.randint(3, VOCAB, (b, s), device=device)
+            dec = torch.randint(3, VOCAB, (b, t), device=device)
+            ref, out = model(input_ids=ids, decoder_input_ids=dec), compiled(input_ids=ids, decoder_input_ids=dec)
+            assert list(out.keys()) == list(ref.keys())
+            torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(out.encoder_last_hidden_state, ref.encoder_last_hidden_state, rtol=1e-4, atol=1e-4)
+            cache, ref_cache = out.past_key_values, ref.past_key_values
+            assert type(cache) is type(ref_cache)
+            for part in ("self_attention_cache", "cross_attention_cache"):
+                for a, r in zip(getattr(cache, part).layers, getattr(ref_cache, part).layers):
+                    torch.testing.assert_close(a.keys, r.keys, rtol=1e-4, atol=1e-4)

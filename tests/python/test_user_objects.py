@@ -289,3 +289,34 @@ def test_missing_attribute_raises_attribute_error_like_eager():
         f(torch.randn(2))
     with pytest.warns(UserWarning), pytest.raises(AttributeError):
         kiln.compile(f)(torch.randn(2))
+
+
+class Settings:
+    def __init__(self):
+        self.scale = 2.0
+        self.extra = {"shift": 1.0}
+
+    def renamed(self, prefix):
+        return {prefix + k: v for k, v in vars(self).items() if not isinstance(v, dict)}
+
+
+SETTINGS = Settings()
+
+
+def test_a_deep_copy_of_a_callers_object_is_the_captures_own():
+    # transformers copies a config and edits the copy (copy.deepcopy, setattr, delattr): the
+    # copy is made at capture time and edited for real; the caller's object is left unchanged
+    import copy
+
+    def f(x):
+        c = copy.deepcopy(SETTINGS)
+        c.scale = c.scale * 3
+        for k, v in c.renamed("dec_").items():
+            setattr(c, k, v)
+        delattr(c, "extra")
+        return x * c.dec_scale + (0.0 if hasattr(c, "extra") else 1.0)
+
+    x = torch.randn(4)
+    _one_graph(f, x)
+    torch.testing.assert_close(kiln.compile(f)(x), f(x))
+    assert SETTINGS.scale == 2.0 and "extra" in vars(SETTINGS)

@@ -4,7 +4,22 @@
 
 namespace kiln::bind::detail {
 
+VarPtr Interpreter::private_copy(PyObject* copier, const VarPtr& of) {
+  PyObject* src = const_obj(of, "object to copy");  // an object of the caller's: now pinned by identity
+  PyObject* copy = PyObject_CallOneArg(copier, src);
+  if (!copy) real(nullptr);
+  keep_.push_back(copy);
+  root()->private_.insert(copy);
+  return Var::constant(copy);
+}
+
 void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr value) {
+  if (obj->is_const() && is_private(obj->known())) {  // a private copy: the store is done now
+    PyObject* v = value ? const_obj(value, "attribute value") : nullptr;
+    if ((v ? PyObject_SetAttrString(obj->known(), name.c_str(), v) : PyObject_DelAttrString(obj->known(), name.c_str())) < 0)
+      real(nullptr);
+    return;
+  }
   if (auto* r = obj->get_if<RecordV>(); r && r->plain) return object_store(obj, name, std::move(value));
   if (obj->kind() == Var::Kind::Record) {
     if (!value) unsupported("del of a dataclass field");

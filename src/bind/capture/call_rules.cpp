@@ -38,6 +38,8 @@ struct CallRules {
       add(I.builtin("reversed"), iteration);
       add(I.builtin("next"), next_);
       add(I.builtin("iter"), iter_);
+      add(object_at("copy.deepcopy"), copy_);
+      add(object_at("copy.copy"), copy_);
       add(object_at("functools.partial"), partial);
       add(object_at("inspect.signature"), signature);
       add(I.resolve_torch("max"), torch_max_min);
@@ -177,6 +179,16 @@ struct CallRules {
     VarPtr v = items.front();
     items.erase(items.begin());
     return v;
+  }
+
+  // copy.deepcopy(config) / copy.copy(obj) of a Python object (legacy encoder-decoder configs are
+  // copied and edited to get the decoder's): copied for real now, a private object of the
+  // capture (Interpreter::private_copy).
+  static VarPtr copy_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 1 || !kwargs.empty() || !args[0]->is_const()) return nullptr;
+    PyObject* x = args[0]->known();
+    if (is_tensor(x) || Interpreter::is_nn_module(x) || is_python_scalar(x) || x == Py_None) return nullptr;
+    return I.private_copy(fn->obj(), args[0]);
   }
 
   static VarPtr iter_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {

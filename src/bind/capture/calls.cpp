@@ -528,6 +528,24 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (PyFunction_Check(target) && fn->source)
       return inline_call(target, Source::attr(fn->source, "__wrapped__"), std::move(args), kwargs);
   }
+  {
+    // A method of a private copy (its bound method, or its function called with it first), and
+    // setattr on one: run for real, on the capture's own object.
+    PyObject* receiver = PyMethod_Check(f) ? PyMethod_GET_SELF(f)
+                         : (!args.empty() && args[0]->is_const() &&
+                            (PyFunction_Check(f) || f == builtin("setattr") || f == builtin("delattr")))
+                             ? args[0]->known() : nullptr;
+    if (receiver && is_private(receiver)) {
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+      for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "argument")));
+      PyObject* kw = kwargs.empty() ? nullptr : PyDict_New();
+      for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), const_obj(v, "argument"));
+      PyObject* r = PyObject_Call(f, t, kw);
+      Py_DECREF(t);
+      Py_XDECREF(kw);
+      return real(r);
+    }
+  }
   if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
   if (PyMethod_Check(f) && PyFunction_Check(PyMethod_GET_FUNCTION(f)) && !is_torch_internal(PyMethod_GET_FUNCTION(f))) {
     // A bound method of a user object: inline its function with the receiver first.

@@ -124,6 +124,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
     case Var::Kind::Const:
     case Var::Kind::Module:
       if (v->is_const() && v->as<ConstV>().super_self) unsupported("a super() object at a graph break");
+      if (v->is_const() && is_private(v->known())) unsupported("an object kiln copied during capture at a graph break");
       if (structural(v) || bound_to_structure(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
       s.kind = !v->source && (PyDict_CheckExact(v->obj()) || PyList_CheckExact(v->obj()) || PySet_CheckExact(v->obj()))
                    ? OutSpec::Kind::Copy

@@ -434,6 +434,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       for (auto& item : v->seq()) s.items.push_back(output_spec(item));
       return s;
     case Var::Kind::Const:
+      if (is_private(v->known())) unsupported("hands out an object kiln copied during capture");
       if (structural(v) || bound_to_structure(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
       s.kind = OutSpec::Kind::Const;
       Py_INCREF(v->obj());

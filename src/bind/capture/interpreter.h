@@ -287,6 +287,14 @@ class Interpreter {
                             const KwArgs& kwargs);
   OutSpec record_spec(const VarPtr& rec, bool at_break);
 
+  // ---- private copies (copy.deepcopy of a config) ----
+  // The copy of a Python object made at capture time (its source object pinned by identity):
+  // nobody else holds it, so the capture uses it as a Python object of its own: its methods
+  // run for real and stores on it are done for real. Only constants derived from it reach
+  // the graph; handing the copy itself out ends the capture.
+  VarPtr private_copy(PyObject* copier, const VarPtr& of);
+  bool is_private(PyObject* o) { return root()->private_.count(o) > 0; }
+
   // ---- instances of plain user classes made in the frame (user_objects.cpp) ----
   // Why cls's instances are not plain Python objects kiln can model (nullptr: they are).
   static const char* plain_class_problem(PyObject* cls);
@@ -481,6 +489,7 @@ class Interpreter {
   std::vector<VarPtr> yields_;        // a generator's values, produced all at once
   std::unordered_map<const Var*, int> break_memo_;  // break_spec's tracker -> object ids
   std::unordered_set<const Var*> building_;  // root: objects whose spec is being built (cycles)
+  std::unordered_set<PyObject*> private_;  // root: private copies (kept alive by keep_)
   std::vector<VarPtr> input_vars_;      // root: per graph input, the one tracker all reads of its source share
   std::vector<PyObject*> input_objects_;  // root: per graph input, the tensor at capture (kept alive by keep_)
   std::unordered_map<const ir::Node*, size_t> written_back_;  // root: final value of a mutated input -> input
