@@ -347,3 +347,44 @@ def test_size_inequalities_are_facts_not_specializations():
     x, y = torch.randn(9), torch.randn(4)  # the order flips: the fact fails, a new entry, correct
     assert_same(cf(x, y), fn(x, y))
     assert _graphs() == 2
+
+
+def _window(x, n, pos):
+    # a Python length and a position, as decoding loops pass them: only arithmetic, a slice and
+    # arange use them, so they stay symbols
+    y = x[:, :n] * n + (n // 2)
+    return y.sum(-1) + torch.arange(n, device=x.device).float().sum() + pos * 2
+
+
+def test_python_ints_that_change_become_symbols(device):
+    compiled = kiln.compile(_window)
+    x = torch.randn(3, 40, device=device)
+    g0 = _graphs()
+    for n, pos in [(5, 3), (6, 4), (9, 10), (12, 11), (20, 2), (7, 7), (2, 30)]:
+        torch.testing.assert_close(compiled(x, n, pos), _window(x, n, pos))
+    assert _graphs() - g0 <= 2  # static, then n and pos symbolic
+    g1 = _graphs()
+    for n, pos in [(0, 5), (1, 5)]:  # 0 and 1 stay static, as in torch: a new entry, still eager's result
+        torch.testing.assert_close(compiled(x, n, pos), _window(x, n, pos))
+    assert _graphs() - g1 <= 2
+
+
+def test_an_int_read_as_a_python_value_specializes_and_stays_correct(device):
+    def f(x, n):
+        for _ in range(n):  # range(n) reads n's value: the entry holds for that n only
+            x = x * 2
+        return x + n
+
+    compiled = kiln.compile(f, dynamic=True)
+    x = torch.randn(4, device=device)
+    for n in (2, 3, 4, 3):
+        torch.testing.assert_close(compiled(x, n), f(x, n))
+
+
+def test_dynamic_true_makes_int_arguments_symbols():
+    compiled = kiln.compile(_window, dynamic=True)
+    x = torch.randn(3, 40)
+    g0 = _graphs()
+    for n, pos in [(5, 3), (6, 4), (9, 10)]:
+        torch.testing.assert_close(compiled(x, n, pos), _window(x, n, pos))
+    assert _graphs() - g0 == 1

@@ -121,6 +121,7 @@ struct CaptureResult {
   std::string location;          // "file.py:12" of the instruction it stopped at
   std::unique_ptr<ir::Graph> graph;
   std::vector<SourcePtr> input_sources;  // one per graph placeholder
+  std::vector<SourcePtr> scalar_sources;  // one per Graph::scalar_symbols entry (a Python int)
   GuardSet guards;
   OutSpec output;                // the return value, unless the capture ends in a break
   int output_memo_slots = 0;     // OutSpec::memo ids in output and replays (one object each)

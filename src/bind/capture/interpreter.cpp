@@ -152,6 +152,27 @@ void Interpreter::symbolic_sizes(PyObject* v, const Source& src, TensorInfo& inf
 
 Interpreter* Interpreter::root() { return parent_ ? parent_->root() : this; }
 
+VarPtr Interpreter::symbolic_int(PyObject* v, const SourcePtr& src) {
+  // A Python int argument (not a bool) the policy makes dynamic: under dynamic=True, or under
+  // automatic dynamic once it changed between calls. 0 and 1 stay static, as in torch.
+  if (!PyLong_CheckExact(v) || !dynamic_ || dynamic_->none || src->kind != Source::Kind::Local) return nullptr;
+  auto it = dynamic_->by_source.find(src->str());
+  const bool dyn = dynamic_->all || (it != dynamic_->by_source.end() && it->second.count(-1));
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+  if (!dyn || overflow || x < 2) return nullptr;
+  // A symbol of its own: an int equal to a size now (a position equal to the batch) is no reason
+  // to expect it equal next call.
+  GuardSet& guards = out_.guards;
+  const sym::Expr s = guards.add_symbol(x);
+  guards.add_int_symbol(src, s);
+  out_.scalar_sources.push_back(src);
+  g_->scalar_symbols.push_back(s);
+  VarPtr r = Var::symint(s, x);
+  r->source = src;
+  return r;
+}
+
 std::string Interpreter::location() const { return g_ && !g_->source_loc.empty() ? g_->source_loc : filename_; }
 
 VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
@@ -189,6 +210,7 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     r->keep_.push_back(v);
     return r->input_vars_.back();
   }
+  if (VarPtr s = root()->symbolic_int(v, src)) return s;
   if (is_python_scalar(v) || v == Py_None || PyUnicode_CheckExact(v) || PyAnySet_CheckExact(v)) {
     out_.guards.add_equals(src, v);
     return Var::constant(v, src);

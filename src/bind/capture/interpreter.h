@@ -505,6 +505,9 @@ class Interpreter {
   // and strides and the guard's symbol indices. Only for dense layouts (strides are then
   // products of sizes); other inputs stay static.
   void symbolic_sizes(PyObject* v, const Source& src, TensorInfo& info, ir::TensorMeta& m);
+  // A Python int argument as a size symbol (dynamic=True, or automatic dynamic after it changed),
+  // or nullptr: guarded by value as any constant.
+  VarPtr symbolic_int(PyObject* v, const SourcePtr& src);
 
  public:
   ~Interpreter() {

@@ -33,6 +33,7 @@ std::string Guard::str() const {
     case Kind::Autocast: return "AUTOCAST: " + autocast.str();
     case Kind::HasAttr:
       return std::string("HASATTR: ") + (flag ? "" : "not ") + "hasattr(" + s + ", '" + PyUnicode_AsUTF8(expected) + "')";
+    case Kind::IntSymbol: return "INT_SYMBOL: " + s + " is an int >= 2, bound to s" + std::to_string(length);
     case Kind::NoAlias: {
       std::string m;
       for (size_t i = 0; i < sources.size(); ++i)
@@ -95,6 +96,13 @@ void GuardSet::add_grad_mode(bool enabled) {
   if (needed(g)) guards_.push_back(std::move(g));
 }
 
+void GuardSet::add_int_symbol(SourcePtr s, const sym::Expr& symbol) {
+  Guard g{Guard::Kind::IntSymbol, std::move(s)};
+  for (size_t i = 0; i < symbols_.size(); ++i)
+    if (symbols_[i] == symbol) g.length = static_cast<Py_ssize_t>(i);
+  if (needed(g)) guards_.push_back(std::move(g));
+}
+
 void GuardSet::add_no_alias(std::vector<SourcePtr> inputs, std::vector<bool> mutated) {
   Guard g{Guard::Kind::NoAlias, nullptr};
   g.sources = std::move(inputs);
@@ -146,6 +154,13 @@ bool GuardSet::specialized(const sym::Expr& symbol) const {
 
 void GuardSet::size_changes(const FrameView& f, std::map<std::string, std::set<int64_t>>& out) const {
   for (const Guard& g : guards_) {
+    if (g.kind == Guard::Kind::Equals && PyLong_CheckExact(g.expected) && g.source->kind == Source::Kind::Local) {
+      // a Python int argument that changed: the int itself becomes a symbol (dim -1)
+      PyObject* v = f.locals[g.source->local];
+      if (v && PyLong_CheckExact(v) && PyObject_RichCompareBool(v, g.expected, Py_EQ) == 0) out[g.source->str()].insert(-1);
+      if (PyErr_Occurred()) clear_error();
+      continue;
+    }
     if (g.kind != Guard::Kind::Tensor) continue;
     bool borrowed = g.source->kind == Source::Kind::Local;
     PyObject* v = borrowed ? f.locals[g.source->local] : eval_source(*g.source, f);
@@ -303,6 +318,14 @@ bool GuardSet::check_guards(const FrameView& f, std::string* why, SymbolBindings
           else if (PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
           else clear_error(), r = -1;
           ok = r == (g.flag ? 1 : 0);
+          break;
+        }
+        case Guard::Kind::IntSymbol: {
+          long long x = PyLong_CheckExact(v) ? PyLong_AsLongLong(v) : -1;
+          if (x == -1 && PyErr_Occurred()) clear_error();
+          int64_t& bound = bindings.values[static_cast<size_t>(g.length)];
+          ok = x >= 2 && (bound < 0 || bound == x);
+          if (ok) bound = x;
           break;
         }
         case Guard::Kind::Length: {

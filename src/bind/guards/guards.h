@@ -27,6 +27,7 @@ struct Guard {
     Autocast,  // torch.autocast's state (on/off and dtype, per device type) == autocast
     HasAttr,   // hasattr(value, expected) == flag (an attribute capture found absent, or present)
     NoAlias,   // the tensors at `sources` flagged in `mutated` share storage with none of the others
+    IntSymbol, // an exact int >= 2 (not bool), the value of size symbol `length` (binds it)
   } kind;
   SourcePtr source;
   TensorInfo tensor;
@@ -60,6 +61,8 @@ class GuardSet {
   // The inputs an entry updates in place (written back after its graph) share memory with no
   // other input: the graph reads each input as it was before the call.
   void add_no_alias(std::vector<SourcePtr> inputs, std::vector<bool> mutated);
+  // A Python int kept symbolic: its value binds `symbol` (one of this set's).
+  void add_int_symbol(SourcePtr s, const sym::Expr& symbol);
 
   // Size symbols (shape-generic entries): `hint` is the size at capture. Tensor guards name
   // them by index (TensorInfo::size_symbols).

@@ -633,7 +633,14 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
     } else if (e.torch_program) {
       ran = run_torch_program(*e.torch_program, inputs, outs);
     } else {
-      ran = run_program(*e.compiled, *e.prepared, inputs, outs);
+      // Python ints the entry keeps symbolic: their values for this call (guards checked them)
+      std::vector<int64_t> scalars;
+      for (const SourcePtr& s : e.capture.scalar_sources) {
+        PyObject* v = eval_source(*s, fv);
+        scalars.push_back(v ? PyLong_AsLongLong(v) : 0);
+        Py_XDECREF(v);
+      }
+      ran = run_program(*e.compiled, *e.prepared, inputs, outs, scalars.data());
     }
     // In-place updates of inputs, into the caller's tensors, before anything reads them.
     for (const auto& [input, output] : e.capture.writebacks)

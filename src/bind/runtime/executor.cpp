@@ -331,7 +331,7 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
 }
 
 bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
-                 std::vector<PyObject*>& outputs) {
+                 std::vector<PyObject*>& outputs, const int64_t* scalars) {
   const loop::Program& p = cg.program;
   try {
     // The graph holds the casts torch.autocast makes (capture put them there): the extern ops
@@ -354,7 +354,8 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
     Resolved per_call;
     if (prep.symbolic) {
       SymbolValues sv{&p.symbols, {}};
-      for (const loop::SymbolBinding& b : p.symbols) sv.values.push_back(tensors[p.inputs[b.input]].size(b.dim));
+      for (const loop::SymbolBinding& b : p.symbols)  // an input dim's size, or a Python int passed in
+        sv.values.push_back(b.input < 0 ? scalars[b.dim] : tensors[p.inputs[b.input]].size(b.dim));
       resolve(cg, std::move(sv), per_call);
     }
     const Resolved& rs = prep.symbolic ? per_call : prep.fixed;

@@ -43,9 +43,10 @@ class AutocastExcluded {
 // Resolves what the run needs once: extern operator handles, slot sizes.
 std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& cg, std::string& error);
 
-// `inputs` are the graph inputs (tensors, borrowed). Fills `outputs` with new references.
-// Returns false with a Python error set on failure.
+// `inputs` are the graph inputs (tensors, borrowed); `scalars` the values of the graph's
+// Python-int symbols (Graph::scalar_symbols). Fills `outputs` with new references. Returns
+// false with a Python error set on failure.
 bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
-                 std::vector<PyObject*>& outputs);
+                 std::vector<PyObject*>& outputs, const int64_t* scalars = nullptr);
 
 }  // namespace kiln::bind

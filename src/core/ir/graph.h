@@ -123,6 +123,9 @@ class Graph {
   std::string str() const;          // FX-like readable form
   size_t op_count() const;          // nodes that are not placeholders/scalars
   std::string source_loc;           // set on nodes created while it is non-empty
+  // Size symbols that are Python ints the caller passes (a position, a length) rather than the
+  // size of an input dim: the runtime hands their values to the program, in this order.
+  std::vector<Expr> scalar_symbols;
 
  private:
   std::string unique_name(const std::string& base);

@@ -93,7 +93,7 @@ struct Output {
 // A size symbol's value at run time: the size of dim `dim` of graph input `input`.
 struct SymbolBinding {
   Expr symbol;
-  int input = 0;
+  int input = 0;  // the input whose dim `dim` has this size; -1: the `dim`-th scalar (a Python int)
   int dim = 0;
 };
 
@@ -102,6 +102,7 @@ struct Program {
   // The size symbols of a shape-generic program, in the order kernels receive their values
   // (empty: every size is a constant). Each is read from the first input dim it names.
   std::vector<SymbolBinding> symbols;
+  std::vector<Expr> scalar_symbols;  // the graph's Python-int symbols, in the order the runtime passes them
   std::vector<Buffer> buffers;
   std::vector<Kernel> kernels;
   std::vector<Extern> externs;

@@ -80,6 +80,9 @@ class Lowering {
   bool run(std::string& error) {
     std::unordered_map<const ir::Node*, int> output_pos;
     for (size_t i = 0; i < g_.outputs().size(); ++i) output_pos.emplace(g_.outputs()[i], static_cast<int>(i));
+    // Python ints as symbols: bound to the values the runtime passes (input -1, by position),
+    // unless an input dim has the same symbol (read from it, like any size).
+    for (size_t i = 0; i < g_.scalar_symbols.size(); ++i) p_.scalar_symbols.push_back(g_.scalar_symbols[i]);
     for (auto& up : g_.nodes()) {
       const ir::Node* n = up.get();
       if (n->meta.device != ir::TensorMeta{}.device && !n->meta.wrapped_number) p_.device = n->meta.device;
@@ -102,6 +105,11 @@ class Lowering {
     }
     for (Buffer& b : p_.buffers)
       if (b.kind == BufferKind::Output) b.io_index = 0;
+    for (size_t i = 0; i < p_.scalar_symbols.size(); ++i) {
+      bool bound = false;
+      for (const loop::SymbolBinding& sb : p_.symbols) bound |= sb.symbol == p_.scalar_symbols[i];
+      if (!bound) p_.symbols.push_back({p_.scalar_symbols[i], -1, static_cast<int>(i)});
+    }
     return true;
   }
 
