@@ -272,3 +272,21 @@ def test_encoder_decoder_with_its_cache_is_one_graph(name, device):
             for part in ("self_attention_cache", "cross_attention_cache"):
                 for a, r in zip(getattr(cache, part).layers, getattr(ref_cache, part).layers):
                     torch.testing.assert_close(a.keys, r.keys, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("mask", [False, True])
+def test_causal_lm_over_ten_shapes_compiles_at_most_twice(name, device, mask):
+    cls, cfg = _config(name)
+    torch.manual_seed(0)
+    model = cls(cfg).to(device).eval()
+    kiln.reset()
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        for b, s in [(2, 8), (3, 5), (4, 9), (2, 17), (5, 3), (3, 33), (2, 2), (6, 12), (3, 20), (7, 7)]:
+            kw = _inputs(name, b, s, device, mask)
+            ref, out = model(**kw), compiled(**kw)
+            torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+    st = kiln.stats()
+    assert st["graphs_compiled"] <= 2 and st["eager_fallbacks"] == 0, st["recompile_reasons"][-3:]

@@ -168,6 +168,18 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
     if (inplace && a->is_tensor()) return mutate(a, r);
     return Var::tensor(r);
   }
+  // (-1,) + shape[1:]: a constant tuple joins a tuple of trackers item by item (materializing
+  // the trackers would read symbolic sizes as Python values)
+  auto as_items = [](VarPtr& v, const VarPtr& other) {
+    PyObject* o = v->is_const() ? v->known() : nullptr;
+    const bool tuple = o && PyTuple_CheckExact(o) && other->kind() == Var::Kind::Tuple;
+    const bool list = o && PyList_CheckExact(o) && other->kind() == Var::Kind::List && !v->source;
+    if (!tuple && !list) return;
+    std::vector<VarPtr> items;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(o); ++i) items.push_back(Var::constant(PySequence_Fast_GET_ITEM(o, i)));
+    v = Var::tuple(std::move(items), list);
+  };
+  if (base == "ADD" && !inplace) as_items(a, b), as_items(b, a);
   const bool seq_a = a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List;
   const bool seq_b = b->kind() == Var::Kind::Tuple || b->kind() == Var::Kind::List;
   if ((seq_a || seq_b) && !(a->is_const() && b->is_const())) {
