@@ -288,3 +288,65 @@ def test_null_contexts_change_nothing():
     a = torch.randn(4)
     _one_graph(f, a)
     torch.testing.assert_close(kiln.compile(f)(a), f(a))
+
+
+def _lookup(d, k):
+    return d[k]
+
+
+def test_exceptions_raised_and_caught_inside_the_function_are_captured():
+    # try/except around code that raises during capture: the exception goes to the handler the
+    # exception table names, in the frame or in a caller, as in eager
+    def f(x, d):
+        try:
+            v = _lookup(d, "missing")  # KeyError inside an inlined call
+        except KeyError:
+            v = 2.0
+        try:
+            raise ValueError("bad")
+        except (TypeError, ValueError) as e:
+            n = len(str(e))
+        try:
+            try:
+                iter(5)
+            finally:
+                x = x + 1
+        except TypeError:
+            x = x * 2
+        try:
+            iter(None)
+            ok = 1.0
+        except TypeError:  # transformers' ModelOutput tests iterability this way
+            ok = 0.0
+        return x * v + n + ok
+
+    x, d = torch.randn(3), {"a": 1.0}
+    _one_graph(f, x, d)
+    torch.testing.assert_close(kiln.compile(f)(x, d), f(x, d))
+
+
+def test_an_exception_no_handler_takes_is_raised_as_eager_raises():
+    def f(x):
+        try:
+            y = x * 2
+        except KeyError:
+            y = x
+        raise ValueError(f"shape {tuple(y.shape)}")
+
+    with pytest.raises(ValueError, match=r"shape \(3,\)"):
+        kiln.compile(f)(torch.randn(3))
+
+
+def test_model_output_from_a_single_non_tensor_value():
+    from transformers.modeling_outputs import BaseModelOutput
+
+    def f(x):
+        empty = BaseModelOutput(last_hidden_state=None)  # iter(None) fails: nothing is mapped
+        seq = BaseModelOutput((x, x * 2))  # not (key, value) pairs: the field is mapped as it is
+        return len(empty), seq[0][1] + 1, list(seq.keys())
+
+    x = torch.randn(3)
+    _one_graph(f, x)
+    out, ref = kiln.compile(f)(x), f(x)
+    assert out[0] == ref[0] and out[2] == ref[2]
+    torch.testing.assert_close(out[1], ref[1])

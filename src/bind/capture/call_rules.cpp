@@ -194,6 +194,12 @@ struct CallRules {
   static VarPtr iter_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (args.size() != 1 || !kwargs.empty()) return nullptr;
+    if (args[0]->is_const() && !Interpreter::structural(args[0])) {
+      // iter(None), iter(3): the TypeError eager raises (code catches it to test iterability)
+      PyObject* it = PyObject_GetIter(args[0]->known());
+      if (!it) I.real(nullptr);
+      Py_DECREF(it);
+    }
     return Var::iterator(I.items_of(args[0]));
   }
 

@@ -474,6 +474,14 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (VarPtr r = call_op(*b, args, kwargs)) return r;  // else a call the entry leaves to torch
   if (VarPtr r = call_rule(fn, args, kwargs)) return r;  // call_rules.cpp: by the callee object
   // ---- by category ----
+  if (PyExceptionClass_Check(f) && !PyType_HasFeature(reinterpret_cast<PyTypeObject*>(f), Py_TPFLAGS_HEAPTYPE)) {
+    // ValueError("...") with Python values: made now, as eager makes it (raised, or caught)
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "exception argument")));
+    PyObject* r = kwargs.empty() ? PyObject_Call(f, t, nullptr) : nullptr;
+    Py_DECREF(t);
+    if (kwargs.empty()) return real(r);
+  }
   if (PyType_Check(f)) {
     if (VarPtr r = make_record(f, args, kwargs)) return r;
     if (VarPtr r = make_object(f, args, kwargs)) return r;  // a plain user class: __init__ inlined

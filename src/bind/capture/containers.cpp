@@ -128,16 +128,18 @@ VarPtr Interpreter::real(PyObject* r) {
     std::string msg = "Python operation raised";
     PyObject *t, *v, *tb;
     PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
     if (v) {
       PyObject* s = PyObject_Str(v);
       if (s) msg += ": " + std::string(PyUnicode_AsUTF8(s));
       Py_XDECREF(s);
     }
     Py_XDECREF(t);
-    Py_XDECREF(v);
     Py_XDECREF(tb);
     clear_error();
-    unsupported(msg);
+    if (!v) unsupported(msg);
+    root()->keep_.push_back(v);
+    throw Raised(v, msg);
   }
   return Var::steal_constant(r);
 }

@@ -44,17 +44,38 @@ VarPtr Interpreter::run_frame() {
     current_line_ = in.line;
     g_->source_loc = filename_ + ":" + std::to_string(in.line);
     int next;
+    // A Python exception the instruction raises goes to this frame's handler (try/except), as
+    // the exception table says; without one it leaves the frame (to the caller's handler, or at
+    // the function kiln compiles, to a graph break or eager, which raise it for real).
+    auto handle = [&](const Raised& r) {
+      ExceptionHandler h = exception_handler(code_, in.offset);
+      if (h.target < 0 || static_cast<size_t>(h.depth) > stack_.size()) return false;
+      stack_.resize(static_cast<size_t>(h.depth));
+      if (h.lasti) push(Var::steal_constant(PyLong_FromLong(in.offset)));
+      push(Var::constant(r.exc));
+      next = h.target;
+      return true;
+    };
     if (!parent_ && breakable(in)) {
       // What the frame held before this instruction, in case it must run in Python instead.
       Snapshot before = snapshot();
       try {
         next = step(in, ci);
+      } catch (const Raised& r) {
+        if (!handle(r)) {
+          if (!graph_break(in, ci, pc, before, r.what())) throw;
+          return nullptr;
+        }
       } catch (const Unsupported& e) {
         if (!graph_break(in, ci, pc, before, e.what())) throw;
         return nullptr;
       }
     } else {
-      next = step(in, ci);
+      try {
+        next = step(in, ci);
+      } catch (const Raised& r) {
+        if (!handle(r)) throw;
+      }
     }
     if (next == kReturn) return return_value_;
     if (next >= 0) {

@@ -35,6 +35,14 @@ struct Interrupted : std::runtime_error {
 
 [[noreturn]] inline void unsupported(const std::string& why) { throw Unsupported(why); }
 
+// A Python exception the captured code raises (an operation on constants raised, a `raise`):
+// what eager raises there. A handler of the frame (try/except) or of a caller takes it; one that
+// reaches the function kiln compiles ends capture like any Unsupported.
+struct Raised : Unsupported {
+  Raised(PyObject* e, const std::string& why) : Unsupported(why), exc(e) {}
+  PyObject* exc;  // the exception instance (kept alive by the root's keep_)
+};
+
 inline bool is_python_scalar(PyObject* o) { return PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o); }
 
 class Interpreter {
@@ -468,6 +476,10 @@ class Interpreter {
   int op_for_iter(const Instr& in, const CodeInfo& ci);
   int op_end_for(const Instr& in, const CodeInfo& ci);
   int op_jump_forward(const Instr& in, const CodeInfo& ci);
+  int op_push_exc_info(const Instr& in, const CodeInfo& ci);
+  int op_check_exc_match(const Instr& in, const CodeInfo& ci);
+  int op_pop_except(const Instr& in, const CodeInfo& ci);
+  int op_reraise(const Instr& in, const CodeInfo& ci);
 
   PyObject* fn_;
   CaptureResult& out_;
@@ -486,6 +498,9 @@ class Interpreter {
   SourcePtr fn_source_;   // where the inlined function came from (closure cells are read through it)
   int depth_ = 0;
   VarPtr return_value_;
+  std::vector<VarPtr> handling_;  // exceptions being handled (PUSH_EXC_INFO / POP_EXCEPT), innermost last
+  // Raises `exc` (an exception instance) from the captured code.
+  [[noreturn]] void raise(PyObject* exc);
   std::vector<VarPtr> yields_;        // a generator's values, produced all at once
   std::unordered_map<const Var*, int> break_memo_;  // break_spec's tracker -> object ids
   std::unordered_set<const Var*> building_;  // root: objects whose spec is being built (cycles)

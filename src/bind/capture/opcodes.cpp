@@ -209,8 +209,65 @@ int Interpreter::op_load_assertion_error(const Instr& in, const CodeInfo& ci) {
   unsupported("an assert fails (or depends on tensor data): eager raises");
 }
 
+void Interpreter::raise(PyObject* exc) {
+  root()->keep_.push_back(Py_NewRef(exc));
+  std::string msg = std::string("raise: eager raises ") + Py_TYPE(exc)->tp_name;
+  if (PyObject* s = PyObject_Str(exc)) {
+    if (PyUnicode_GET_LENGTH(s)) msg += ": " + std::string(PyUnicode_AsUTF8(s));
+    Py_DECREF(s);
+  }
+  clear_error();
+  throw Raised(exc, msg);
+}
+
 int Interpreter::op_raise_varargs(const Instr& in, const CodeInfo& ci) {
-  unsupported("raise: eager raises the exception");
+  if (in.arg == 0) {  // a bare `raise`: the exception being handled
+    if (handling_.empty() || !handling_.back()->is_const()) unsupported("raise: eager raises the exception");
+    raise(handling_.back()->known());
+  }
+  if (in.arg != 1) unsupported("raise ... from ...: eager raises the exception");
+  VarPtr e = pop();
+  if (!e->is_const()) unsupported("raise: eager raises the exception");
+  PyObject* o = e->known();
+  if (PyExceptionClass_Check(o)) {  // raise TypeError: an instance made from the class
+    PyObject* inst = PyObject_CallNoArgs(o);
+    if (!inst) real(nullptr);
+    root()->keep_.push_back(inst);
+    o = inst;
+  }
+  if (!PyExceptionInstance_Check(o)) unsupported("raise of a non-exception: TypeError");
+  raise(o);
+}
+
+// try/except (the handler code the exception table leads to): the exception is a constant
+// tracker of the instance; `except T:` matches it by type.
+int Interpreter::op_push_exc_info(const Instr& in, const CodeInfo& ci) {
+  VarPtr exc = pop();
+  push(handling_.empty() ? Var::constant(Py_None) : handling_.back());
+  push(exc);
+  handling_.push_back(exc);
+  return -1;
+}
+
+int Interpreter::op_check_exc_match(const Instr& in, const CodeInfo& ci) {
+  VarPtr type = pop();
+  PyObject* t = const_obj(type, "exception type");
+  int r = PyErr_GivenExceptionMatches(const_obj(peek(1), "exception"), t);
+  push(Var::constant(r ? Py_True : Py_False));
+  return -1;
+}
+
+int Interpreter::op_pop_except(const Instr& in, const CodeInfo& ci) {
+  pop();  // the exception handled before this one (kept in handling_)
+  if (!handling_.empty()) handling_.pop_back();
+  return -1;
+}
+
+int Interpreter::op_reraise(const Instr& in, const CodeInfo& ci) {
+  VarPtr exc = pop();
+  if (in.arg) pop();  // the offset the raise came from (lasti)
+  if (!exc->is_const() || !PyExceptionInstance_Check(exc->known())) unsupported("re-raise of a value kiln does not know");
+  raise(exc->known());
 }
 
 int Interpreter::op_store_attr(const Instr& in, const CodeInfo& ci) {
@@ -737,6 +794,10 @@ const std::array<Interpreter::Handler, OP_UNKNOWN + 1>& Interpreter::handlers() 
       {{OP_BINARY_OP}, &Interpreter::op_binary_op},
       {{OP_COMPARE_OP}, &Interpreter::op_compare_op},
       {{OP_IS_OP}, &Interpreter::op_is_op},
+      {{OP_PUSH_EXC_INFO}, &Interpreter::op_push_exc_info},
+      {{OP_CHECK_EXC_MATCH}, &Interpreter::op_check_exc_match},
+      {{OP_POP_EXCEPT}, &Interpreter::op_pop_except},
+      {{OP_RERAISE}, &Interpreter::op_reraise},
       {{OP_CONTAINS_OP}, &Interpreter::op_contains_op},
       {{OP_UNARY_NEGATIVE}, &Interpreter::op_unary_negative},
       {{OP_UNARY_POSITIVE}, &Interpreter::op_unary_positive},

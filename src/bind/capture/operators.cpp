@@ -257,7 +257,14 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
     if (index->is_const() && PyLong_Check(index->obj())) {
       Py_ssize_t i = PyLong_AsSsize_t(index->obj()), n = static_cast<Py_ssize_t>(base->seq().size());
       if (i < 0) i += n;
-      if (i < 0 || i >= n) unsupported("index out of range");
+      if (i < 0 || i >= n) {
+        PyObject* msg = PyUnicode_FromString(base->kind() == Var::Kind::List ? "list index out of range" : "tuple index out of range");
+        PyObject* e = msg ? PyObject_CallOneArg(PyExc_IndexError, msg) : nullptr;
+        Py_XDECREF(msg);
+        if (!e) real(nullptr);
+        root()->keep_.push_back(e);
+        raise(e);
+      }
       return base->seq()[i];
     }
     if (index->is_const() && PySlice_Check(index->obj())) {
@@ -271,8 +278,14 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
     unsupported("subscript of a container with a non-constant index");
   }
   if (base->kind() == Var::Kind::Dict) {
-    Py_ssize_t i = dict_find(base, const_obj(index, "dict key"));
-    if (i < 0) unsupported("KeyError: a key the dict does not have");
+    PyObject* key = const_obj(index, "dict key");
+    Py_ssize_t i = dict_find(base, key);
+    if (i < 0) {  // eager's KeyError (code catches it): the dict's keys are guarded
+      PyObject* e = PyObject_CallOneArg(PyExc_KeyError, key);
+      if (!e) real(nullptr);
+      root()->keep_.push_back(e);
+      raise(e);
+    }
     return base->entries().values[i];
   }
   if (base->is_tensor()) return index_tensor(base, index);

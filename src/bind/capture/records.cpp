@@ -92,11 +92,27 @@ VarPtr Interpreter::make_record(PyObject* cls, const std::vector<VarPtr>& args, 
     if (!used[k]) unsupported(std::string(type->tp_name) + "() got an unexpected keyword argument '" + kwargs[k].first + "'");
   if (mapping && post_init) {
     // ModelOutput.__post_init__: a tensor (or any other field set) means "map the fields as they are"
-    bool others_none = std::all_of(rec->as<RecordV>().values.begin() + (rec->as<RecordV>().values.empty() ? 0 : 1), rec->as<RecordV>().values.end(), is_none);
-    if (rec->as<RecordV>().values.empty() || (others_none && !rec->as<RecordV>().values[0]->is_tensor()))
-      unsupported(std::string(type->tp_name) + " built from a single non-tensor value");
-    for (size_t i = 0; i < rec->as<RecordV>().values.size(); ++i)
-      if (!is_none(rec->as<RecordV>().values[i])) rec->as<RecordV>().view.push_back(i);
+    RecordV& r = rec->as<RecordV>();
+    bool others_none = std::all_of(r.values.begin() + (r.values.empty() ? 0 : 1), r.values.end(), is_none);
+    if (r.values.empty()) unsupported(std::string(type->tp_name) + " has no fields: ValueError");
+    if (others_none && !r.values[0]->is_tensor()) {
+      // __post_init__ tries iter(first): None is not iterable and maps nothing; a tuple or list
+      // whose first item is not a (key, value) pair maps the first field as it is. A first
+      // field of pairs sets the fields the pairs name (not modelled: the call runs in Python).
+      const VarPtr& first = r.values[0];
+      const bool sequence = first->kind() == Var::Kind::Tuple || first->kind() == Var::Kind::List;
+      auto is_pair = [](const VarPtr& v) {
+        return (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) && v->seq().size() == 2 &&
+               v->seq()[0]->is_const() && PyUnicode_Check(v->seq()[0]->known());
+      };
+      if (is_none(first)) return rec;
+      if (!sequence || first->seq().empty() || is_pair(first->seq()[0]))
+        unsupported(std::string(type->tp_name) + " built from a single non-tensor value");
+      r.view.push_back(0);
+      return rec;
+    }
+    for (size_t i = 0; i < r.values.size(); ++i)
+      if (!is_none(r.values[i])) r.view.push_back(i);
   }
   return rec;
 }

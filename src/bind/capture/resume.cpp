@@ -128,6 +128,19 @@ void set_item(PyObject* kw, const char* k, PyObject* v) {
 
 }  // namespace
 
+ExceptionHandler exception_handler(PyObject* code, int offset) {
+  ExceptionHandler h;
+  // Entries are in order and do not overlap: the first that covers the instruction is its own.
+  for (const ExcEntry& e : parse_exception_table(bytes_of(code, "co_exceptiontable")))
+    if (e.start <= offset / 2 && offset / 2 < e.end) {
+      h.target = e.target * 2;
+      h.depth = e.depth_lasti >> 1;
+      h.lasti = e.depth_lasti & 1;
+      return h;
+    }
+  return h;
+}
+
 bool in_exception_block(PyObject* code, int offset) {
   for (const ExcEntry& e : parse_exception_table(bytes_of(code, "co_exceptiontable")))
     if (e.start <= offset / 2 && offset / 2 < e.end) return true;

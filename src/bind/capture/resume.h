@@ -31,4 +31,13 @@ PyObject* make_trampoline(PyObject* code, PyObject* holder);
 // entry covers it): kiln does not break there.
 bool in_exception_block(PyObject* code, int offset);
 
+// The handler an exception raised by the instruction at `offset` jumps to: its offset, the stack
+// depth to unwind to, and whether the raising instruction's offset is pushed first (lasti).
+struct ExceptionHandler {
+  int target = -1;
+  int depth = 0;
+  bool lasti = false;
+};
+ExceptionHandler exception_handler(PyObject* code, int offset);
+
 }  // namespace kiln::bind
