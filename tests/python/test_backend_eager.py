@@ -610,7 +610,7 @@ def test_mode_and_options_as_torch_takes_them_with_the_eager_backend():
 
 
 def test_every_registry_op_has_a_torch_callable():
-    internal = {"placeholder", "scalar", "size_value", "arange", "torch_call"}  # arange: symbolic graphs only
+    internal = {"placeholder", "scalar", "size_value", "arange", "full", "torch_call"}  # arange, full: symbolic graphs only
     for op in kiln._C.ops():
         if op["name"] in internal:
             assert op["eager"] == ""

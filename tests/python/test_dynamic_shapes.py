@@ -388,3 +388,17 @@ def test_dynamic_true_makes_int_arguments_symbols():
     for n, pos in [(5, 3), (6, 4), (9, 10)]:
         torch.testing.assert_close(compiled(x, n, pos), _window(x, n, pos))
     assert _graphs() - g0 == 1
+
+
+def test_factories_over_symbolic_sizes_stay_symbolic(device):
+    # torch.ones(B, T), zeros, full and Tensor.new_* over sizes: `full` nodes, not a torch
+    # factory of the sizes at capture (OPT builds its position mask this way)
+    def f(x):
+        b, t = x.shape
+        a = torch.ones(b, t + 1, device=x.device)
+        z = torch.zeros((b, t), dtype=torch.int64, device=x.device)
+        q = torch.full((t,), 3, device=x.device)
+        w = x.new_ones(b, t) * 2 + x.new_zeros((b, t)) + x.new_full((b, 1), 0.5)
+        return a.sum(-1) + z.sum(-1) + q.sum() + w.sum(-1), q
+
+    _run_sizes(f, lambda n, d: (torch.randn(n, n + 2, device=d),), SIZES, True, max_graphs=1, device=device)

@@ -290,3 +290,40 @@ def test_causal_lm_over_ten_shapes_compiles_at_most_twice(name, device, mask):
             torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
     st = kiln.stats()
     assert st["graphs_compiled"] <= 2 and st["eager_fallbacks"] == 0, st["recompile_reasons"][-3:]
+
+
+def _family(name):
+    kw = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128)
+    if name == "qwen2":
+        return T.Qwen2ForCausalLM, T.Qwen2Config(**kw)
+    if name == "phi3":
+        return T.Phi3ForCausalLM, T.Phi3Config(pad_token_id=0, **kw)
+    if name == "gpt_neox":
+        return T.GPTNeoXForCausalLM, T.GPTNeoXConfig(**kw)
+    if name == "opt":
+        return T.OPTForCausalLM, T.OPTConfig(vocab_size=VOCAB, hidden_size=32, ffn_dim=64, word_embed_proj_dim=32,
+                                             num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128)
+    if name == "gemma":
+        return T.GemmaForCausalLM, T.GemmaConfig(head_dim=8, **kw)
+    raise ValueError(name)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "phi3", "gpt_neox", "opt", "gemma"])
+def test_other_decoder_families_are_one_graph_and_generate_in_three_entries(name):
+    cls, cfg = _family(name)
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        ids = torch.randint(1, VOCAB, (2, 8))
+        e = kiln.explain(model)(ids)
+        assert e.graph_count == 1 and not e.break_reasons, e
+        torch.testing.assert_close(kiln.compile(model)(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+        prompt = torch.randint(1, VOCAB, (1, 16))
+        kw = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        expected = model.generate(prompt, **kw)
+        first, second, s0, s1, s2 = _generate_compiled(model, prompt, **kw)
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    assert s1["frames_captured"] - s0["frames_captured"] <= 3 and s2["frames_captured"] == s1["frames_captured"]
+    assert s2["eager_fallbacks"] == s0["eager_fallbacks"]

@@ -46,6 +46,9 @@ struct CallRules {
       add(I.resolve_torch("min"), torch_max_min);
       add(I.resolve_torch("split"), torch_split);
       add(I.resolve_torch("arange"), torch_arange);
+      add(I.resolve_torch("ones"), torch_full);
+      add(I.resolve_torch("zeros"), torch_full);
+      add(I.resolve_torch("full"), torch_full);
       add(I.resolve_torch("chunk"), torch_split);
       for (const char* ctx : {"torch.no_grad", "torch.enable_grad", "torch.inference_mode", "torch.set_grad_enabled",
                               "contextlib.nullcontext", "torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
@@ -303,6 +306,30 @@ struct CallRules {
     a.set("dtype", DType::Int64);
     a.set("device", device);
     return Var::tensor(I.add_node("arange", {}, a));
+  }
+
+  // torch.ones(B, T) / zeros / full((B, T), v) with a symbolic size: a `full` node (constant
+  // sizes stay torch's factory as a torch_call).
+  static VarPtr torch_full(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    const bool full = fn->known() == I.resolve_torch("full");
+    std::vector<VarPtr> size_args = args;
+    VarPtr fill;
+    if (full) {
+      if (args.size() != 2) return nullptr;
+      size_args = {args[0]};
+      fill = args[1];
+    }
+    PyObject* dtype = nullptr;
+    PyObject* device = nullptr;
+    for (auto& [k, v] : kwargs) {
+      if (k == "dtype") dtype = I.const_obj(v, "dtype");
+      else if (k == "device") device = I.const_obj(v, "device");
+      else if (k == "fill_value" && full && !fill) fill = v;
+      else if (!(k == "requires_grad" && v->is_const() && v->known() == Py_False)) return nullptr;
+    }
+    if (full && args.size() == 1 && fill) size_args = {args[0]};
+    return I.full_node(size_args, full ? fill : Var::steal_constant(PyLong_FromLong(fn->known() == I.resolve_torch("ones"))),
+                       full, dtype, device);
   }
 
   static VarPtr mode(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {

@@ -779,6 +779,56 @@ std::string Interpreter::callable_name(PyObject* f) {
   return m + "." + q;
 }
 
+VarPtr Interpreter::full_node(const std::vector<VarPtr>& size, const VarPtr& value, bool infer_dtype, PyObject* dtype,
+                              PyObject* device) {
+  std::vector<VarPtr> items = size;
+  if (size.size() == 1 && (size[0]->kind() == Var::Kind::Tuple || size[0]->kind() == Var::Kind::List)) items = size[0]->seq();
+  std::vector<sym::Expr> sizes;
+  bool symbolic = false;
+  for (const VarPtr& v : items) {
+    if (sym::Expr e = v->symint(); e.valid()) {
+      sizes.push_back(e);
+      symbolic = true;
+      continue;
+    }
+    PyObject* o = v->is_const() ? v->known() : nullptr;
+    if (!o || !PyLong_CheckExact(o)) return nullptr;
+    sizes.push_back(sym::Expr(static_cast<int64_t>(PyLong_AsLongLong(o))));
+  }
+  PyObject* fill = value->is_const() ? value->known() : nullptr;
+  if (!symbolic || !fill || !is_python_scalar(fill)) return nullptr;
+  DType t;
+  if (dtype && dtype != Py_None) {
+    if (!dtype_from_object(dtype, t)) return nullptr;
+  } else if (infer_dtype && PyBool_Check(fill)) {
+    t = DType::Bool;
+  } else if (infer_dtype && PyLong_Check(fill)) {
+    t = DType::Int64;
+  } else {
+    static PyObject* default_dtype = resolve_torch("get_default_dtype");
+    PyObject* d = PyObject_CallNoArgs(default_dtype);
+    bool ok = d && dtype_from_object(d, t);
+    Py_XDECREF(d);
+    if (!ok) return nullptr;
+  }
+  static PyObject* device_type = resolve_torch("device");
+  static PyObject* default_device = resolve_torch("get_default_device");
+  PyObject* dev = device && device != Py_None ? PyObject_CallOneArg(device_type, device) : PyObject_CallNoArgs(default_device);
+  if (!dev) real(nullptr);
+  PyObject* s = PyObject_Str(dev);
+  Py_DECREF(dev);
+  if (!s) real(nullptr);
+  std::string where = PyUnicode_AsUTF8(s);
+  Py_DECREF(s);
+  if (where != "cpu" && where.rfind("cuda", 0) != 0) return nullptr;
+  ir::Attrs a;
+  a.set("size", sizes);
+  a.set("value", PyFloat_AsDouble(fill));
+  a.set("dtype", t);
+  a.set("device", where);
+  return Var::tensor(add_node("full", {}, a));
+}
+
 int64_t Interpreter::concrete_size(const sym::Expr& e) {
   if (auto c = e.as_const()) return *c;
   GuardSet& guards = root()->out_.guards;
@@ -890,6 +940,25 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   }
   if (name == "split" || name == "chunk")
     if (VarPtr r = split_tensor(self, name == "chunk", args, kwargs)) return r;
+  if (name == "new_ones" || name == "new_zeros" || name == "new_full") {
+    // x.new_ones(B, T) with a symbolic size: a `full` node in x's dtype and on x's device
+    std::vector<VarPtr> size = args;
+    VarPtr fill = Var::steal_constant(PyLong_FromLong(name == "new_ones"));
+    if (name == "new_full") {
+      if (args.size() != 2) size.clear();
+      else size = {args[0]}, fill = args[1];
+    }
+    PyObject* dtype = torch_dtype_object(m.dtype);
+    PyObject* device = torch_device_object(m.device);
+    bool plain = !size.empty();
+    for (auto& [k, v] : kwargs) {
+      if (k == "dtype") dtype = const_obj(v, "dtype");
+      else if (k == "device") device = const_obj(v, "device");
+      else if (!(k == "requires_grad" && v->is_const() && v->known() == Py_False)) plain = false;
+    }
+    if (plain)
+      if (VarPtr r = full_node(size, fill, false, dtype, device)) return r;
+  }
   if (name == "dim" || name == "ndimension") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
   if (name == "numel" || name == "nelement") return size_const(m.numel());
   if (name == "is_contiguous") return Var::constant(m.strides == ir::contiguous_strides(m.sizes) ? Py_True : Py_False);

@@ -202,6 +202,13 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     Interpreter* r = root();
     for (size_t i = 0; i < out_.input_sources.size(); ++i)
       if (out_.input_sources[i]->str() == src->str()) return r->input_vars_[i];
+    // The same tensor reached by another path (a cache layer through two bound methods): one
+    // input, guarded to stay one object.
+    for (size_t i = 0; i < r->input_objects_.size(); ++i)
+      if (r->input_objects_[i] == v) {
+        out_.guards.add_same(src, out_.input_sources[i]);
+        return r->input_vars_[i];
+      }
     TensorInfo info;
     std::string why;
     if (!tensor_info(v, info, why)) unsupported("input " + src->str() + ": " + why);

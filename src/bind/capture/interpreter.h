@@ -204,6 +204,11 @@ class Interpreter {
   int64_t concrete_size(const sym::Expr& e);
   void guard_hasattr(const VarPtr& obj, PyObject* name, bool present) { root()->out_.guards.add_hasattr(obj->source, name, present); }
   VarPtr make_slice(const VarPtr& start, const VarPtr& stop, const VarPtr& step);
+  // A `full` node over `size` (ints, symbolic ints, or one tuple/list of them) when a size is
+  // symbolic; nullptr otherwise (torch's factory then). `infer_dtype`: torch.full's rule (the
+  // fill value's type); else the default float dtype. dtype/device: Python objects or nullptr.
+  VarPtr full_node(const std::vector<VarPtr>& size, const VarPtr& value, bool infer_dtype, PyObject* dtype,
+                   PyObject* device);
   VarPtr symint_binary(const std::string& base, const VarPtr& a, const VarPtr& b);
   VarPtr symint_compare(const std::string& op, const VarPtr& a, const VarPtr& b);
 

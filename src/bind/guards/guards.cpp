@@ -33,6 +33,7 @@ std::string Guard::str() const {
     case Kind::Autocast: return "AUTOCAST: " + autocast.str();
     case Kind::HasAttr:
       return std::string("HASATTR: ") + (flag ? "" : "not ") + "hasattr(" + s + ", '" + PyUnicode_AsUTF8(expected) + "')";
+    case Kind::Same: return "SAME_OBJECT: " + s + " is " + sources[0]->str();
     case Kind::IntSymbol: return "INT_SYMBOL: " + s + " is an int >= 2, bound to s" + std::to_string(length);
     case Kind::NoAlias: {
       std::string m;
@@ -93,6 +94,12 @@ void GuardSet::add_length(SourcePtr s, Py_ssize_t n) {
 void GuardSet::add_grad_mode(bool enabled) {
   Guard g{Guard::Kind::GradMode, nullptr};
   g.flag = enabled;
+  if (needed(g)) guards_.push_back(std::move(g));
+}
+
+void GuardSet::add_same(SourcePtr s, SourcePtr other) {
+  Guard g{Guard::Kind::Same, std::move(s)};
+  g.sources.push_back(std::move(other));
   if (needed(g)) guards_.push_back(std::move(g));
 }
 
@@ -318,6 +325,13 @@ bool GuardSet::check_guards(const FrameView& f, std::string* why, SymbolBindings
           else if (PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
           else clear_error(), r = -1;
           ok = r == (g.flag ? 1 : 0);
+          break;
+        }
+        case Guard::Kind::Same: {
+          PyObject* o = eval_source(*g.sources[0], f);
+          if (!o) clear_error();
+          ok = o == v;
+          Py_XDECREF(o);
           break;
         }
         case Guard::Kind::IntSymbol: {

@@ -28,6 +28,7 @@ struct Guard {
     HasAttr,   // hasattr(value, expected) == flag (an attribute capture found absent, or present)
     NoAlias,   // the tensors at `sources` flagged in `mutated` share storage with none of the others
     IntSymbol, // an exact int >= 2 (not bool), the value of size symbol `length` (binds it)
+    Same,      // value is the object at sources[0] (one tensor reached by two paths)
   } kind;
   SourcePtr source;
   TensorInfo tensor;
@@ -63,6 +64,8 @@ class GuardSet {
   void add_no_alias(std::vector<SourcePtr> inputs, std::vector<bool> mutated);
   // A Python int kept symbolic: its value binds `symbol` (one of this set's).
   void add_int_symbol(SourcePtr s, const sym::Expr& symbol);
+  // The object at `s` is the one at `other` (capture read one tensor through both).
+  void add_same(SourcePtr s, SourcePtr other);
 
   // Size symbols (shape-generic entries): `hint` is the size at capture. Tensor guards name
   // them by index (TensorInfo::size_symbols).

@@ -148,6 +148,12 @@ class Lowering {
                          }, -1, {"arange"}};
       return true;
     }
+    if (op.name == "full") {  // every element the one value
+      DType t = n->meta.dtype;
+      SRef c = s_.constant(n->attrs.get_float("value"), t);
+      values_[n] = Value{n->meta.sizes, t, [c](const Exprs&) { return c; }, -1, {"full"}};
+      return true;
+    }
     if (op.name == "size_value") {
       DType t = n->meta.dtype;
       SRef c = s_.size_value(n->attrs.get_expr("expr"), t);

@@ -46,7 +46,24 @@ std::vector<OpDef> source_ops() {
     out.strides = {Expr(1)};
     return true;
   };
-  return {ph, sc, sv, ar};
+  // torch.ones / zeros / full (and Tensor.new_*) over sizes at least one of which is symbolic:
+  // every element `value`, in a dtype and on a device of its own. Constant sizes stay torch's
+  // factory, as a torch_call.
+  OpDef fu;
+  fu.name = "full";
+  fu.schema = Schema::parse("full(SymInt[] size, float value, ScalarType dtype, str device)");
+  fu.kind = OpKind::Source;
+  fu.doc = "a tensor of one value over symbolic sizes (ones, zeros, full)";
+  fu.infer = [](const std::vector<Node*>&, const Attrs& a, TensorMeta& out, std::string& err) {
+    out.sizes = a.get_exprs("size");
+    for (const Expr& e : out.sizes)
+      if (auto c = e.as_const(); c && *c < 0) return err = "RuntimeError: negative dimension " + std::to_string(*c), false;
+    out.dtype = *a.get_dtype("dtype");
+    out.device = Device::parse(a.get_str("device"));
+    out.strides = ir::contiguous_strides(out.sizes);
+    return true;
+  };
+  return {ph, sc, sv, ar, fu};
 }
 
 }  // namespace kiln::ops
