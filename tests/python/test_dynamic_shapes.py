@@ -402,3 +402,25 @@ def test_factories_over_symbolic_sizes_stay_symbolic(device):
         return a.sum(-1) + z.sum(-1) + q.sum() + w.sum(-1), q
 
     _run_sizes(f, lambda n, d: (torch.randn(n, n + 2, device=d),), SIZES, True, max_graphs=1, device=device)
+
+
+class _Window:
+    def __init__(self):
+        self.seen = 0  # a Python int counter, as sliding-window cache layers keep one
+        self.width = 6
+
+
+def test_an_int_counter_attribute_becomes_a_symbol_and_is_stored_back():
+    def step(x, w):
+        w.seen += x.shape[0]
+        offset = max(w.seen - w.width + 1, 0)  # builtin max over symbolic ints stays symbolic
+        return x * offset + w.seen
+
+    compiled = kiln.compile(step)
+    w, ref = _Window(), _Window()
+    g0 = _graphs()
+    for n in (2, 3, 2, 4, 3, 5, 2, 2):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x, w), step(x, ref))
+        assert w.seen == ref.seen
+    assert _graphs() - g0 <= 3, kiln.stats()["recompile_reasons"][-2:]

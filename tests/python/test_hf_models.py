@@ -306,10 +306,14 @@ def _family(name):
                                              num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128)
     if name == "gemma":
         return T.GemmaForCausalLM, T.GemmaConfig(head_dim=8, **kw)
+    if name == "mistral":  # a sliding window: its cache layers count positions in a Python int
+        return T.MistralForCausalLM, T.MistralConfig(**kw)
+    if name == "gemma2":
+        return T.Gemma2ForCausalLM, T.Gemma2Config(head_dim=8, **kw)
     raise ValueError(name)
 
 
-@pytest.mark.parametrize("name", ["qwen2", "phi3", "gpt_neox", "opt", "gemma"])
+@pytest.mark.parametrize("name", ["qwen2", "phi3", "gpt_neox", "opt", "gemma", "mistral", "gemma2"])
 def test_other_decoder_families_are_one_graph_and_generate_in_three_entries(name):
     cls, cfg = _family(name)
     torch.manual_seed(0)

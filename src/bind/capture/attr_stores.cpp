@@ -51,6 +51,10 @@ bool holds(PyObject* obj, const std::string& name, const VarPtr& v) {
     return !v;
   }
   bool same = false;
+  if (v && v->symint().valid()) {  // a symbolic int (a counter): replayed, never read as a value
+    Py_DECREF(now);
+    return false;
+  }
   if (v && v->is_const()) {
     same = now == v->obj();
     if (!same && Py_TYPE(now) == Py_TYPE(v->obj()) && is_python_scalar(now)) {

@@ -632,6 +632,24 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
            v->kind() == Var::Kind::Iterator;
   };
   if (!kwargs.empty()) return nullptr;
+  if ((f == builtin("min") || f == builtin("max")) && args.size() >= 2 && kwargs.empty()) {
+    // max(n - w + 1, 0) over symbolic ints: a min/max expression, not the values at capture
+    bool symbolic = false, ints = true;
+    std::vector<sym::Expr> xs;
+    for (const VarPtr& v : args) {
+      sym::Expr e = v->symint();
+      symbolic |= e.valid();
+      PyObject* o = v->is_const() ? v->known() : nullptr;
+      if (!e.valid() && o && PyLong_CheckExact(o)) e = sym::Expr(static_cast<int64_t>(PyLong_AsLongLong(o)));
+      ints = ints && e.valid();
+      xs.push_back(e);
+    }
+    if (symbolic && ints) {
+      sym::Expr r = xs[0];
+      for (size_t i = 1; i < xs.size(); ++i) r = f == builtin("max") ? sym::max(r, xs[i]) : sym::min(r, xs[i]);
+      return Var::symint(r, root()->out_.guards.value_at_hints(r));
+    }
+  }
   if ((f == builtin("list") || f == builtin("tuple")) && args.empty()) return Var::tuple({}, f == builtin("list"));
   auto is_object = [](const VarPtr& v) { return v->kind() == Var::Kind::Record && v->as<RecordV>().plain; };
   if (std::any_of(args.begin(), args.end(), is_object)) {

@@ -36,6 +36,7 @@ struct OutSpec {
     Construct,  // value(**items[0]): a dataclass instance made anew (items[0] is a Dict spec)
     Bound,      // value (a function or C method) bound to items[0]: a method reached through super()
     Closure,    // a copy of the function `value` with new closure cells holding items (Unbound: empty)
+    Int,        // the symbolic int `expr`, evaluated with this call's sizes (a counter stored back)
     Object,     // object.__new__(value), its __dict__ updated from items[0] (a Dict spec): an
                 // instance of a plain class made during capture, without running __init__ again
   } kind = Kind::Const;
@@ -45,6 +46,7 @@ struct OutSpec {
                                  // type to build instead of a plain tuple, or nullptr (owned)
   std::vector<OutSpec> items;    // Tuple / List; Method: the receiver
   SourcePtr source;              // Source
+  sym::Expr expr;                // Int
   OutSpec() = default;
   // The value re-read from the frame: the caller's own container, unchanged.
   static OutSpec from_source(SourcePtr src) {
@@ -54,14 +56,14 @@ struct OutSpec {
     return s;
   }
   OutSpec(const OutSpec& o)
-      : kind(o.kind), index(o.index), memo(o.memo), value(o.value), items(o.items), source(o.source) {
+      : kind(o.kind), index(o.index), memo(o.memo), value(o.value), items(o.items), source(o.source), expr(o.expr) {
     Py_XINCREF(value);
   }
   OutSpec& operator=(const OutSpec& o) {
     if (this != &o) {
       Py_XINCREF(o.value);
       Py_XDECREF(value);
-      kind = o.kind, index = o.index, memo = o.memo, value = o.value, items = o.items, source = o.source;
+      kind = o.kind, index = o.index, memo = o.memo, value = o.value, items = o.items, source = o.source, expr = o.expr;
     }
     return *this;
   }
@@ -122,6 +124,14 @@ struct CaptureResult {
   std::unique_ptr<ir::Graph> graph;
   std::vector<SourcePtr> input_sources;  // one per graph placeholder
   std::vector<SourcePtr> scalar_sources;  // one per Graph::scalar_symbols entry (a Python int)
+  // Where each guard symbol's value is read at run time, for symbolic ints handed out (Int
+  // specs): an input's dim, or a scalar source. Empty when no spec needs them.
+  struct SymbolSource {
+    int input = -1, dim = 0;  // graph input and dim, or
+    int scalar = -1;          // index into scalar_sources, or
+    int64_t fixed = -1;       // the value a specialized symbol has
+  };
+  std::vector<SymbolSource> symbol_sources;
   GuardSet guards;
   OutSpec output;                // the return value, unless the capture ends in a break
   int output_memo_slots = 0;     // OutSpec::memo ids in output and replays (one object each)

@@ -124,6 +124,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
     case Var::Kind::Const:
     case Var::Kind::Module:
       if (v->is_const() && v->as<ConstV>().super_self) unsupported("a super() object at a graph break");
+      if (sym::Expr e = v->symint(); e.valid()) return output_spec(v);  // evaluated per call
       if (v->is_const() && is_private(v->known())) unsupported("an object kiln copied during capture at a graph break");
       if (structural(v) || bound_to_structure(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
       s.kind = !v->source && (PyDict_CheckExact(v->obj()) || PyList_CheckExact(v->obj()) || PySet_CheckExact(v->obj()))
@@ -256,6 +257,7 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
     brk->resume.push_back(f);
   }
   brk->memo_slots = static_cast<int>(break_memo_.size());
+  locate_symbols();
   out_.graph_break = std::move(brk);
   return true;
 }

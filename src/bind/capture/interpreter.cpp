@@ -34,6 +34,7 @@ void Interpreter::run(const BoundArgs& args) {
   write_back(input_mutations());
   out_.replays = store_replays(attr_stores_.size(), false);
   out_.output = output_spec(r);
+  locate_symbols();
 }
 
 VarPtr Interpreter::run_frame() {
@@ -173,12 +174,36 @@ void Interpreter::symbolic_sizes(PyObject* v, const Source& src, TensorInfo& inf
 
 Interpreter* Interpreter::root() { return parent_ ? parent_->root() : this; }
 
+void Interpreter::locate_symbols() {
+  if (!symbolic_outputs_) return;
+  const GuardSet& guards = out_.guards;
+  const auto specialized = guards.specializations();
+  for (const sym::Expr& s : guards.symbols()) {
+    CaptureResult::SymbolSource where;
+    if (auto it = specialized.find(s); it != specialized.end()) where.fixed = *it->second.as_const();
+    for (size_t i = 0; where.fixed < 0 && where.input < 0 && i < g_->inputs().size(); ++i) {
+      const auto& sizes = g_->inputs()[i]->meta.sizes;
+      for (size_t d = 0; d < sizes.size(); ++d)
+        if (sizes[d] == s) {
+          where.input = static_cast<int>(i), where.dim = static_cast<int>(d);
+          break;
+        }
+    }
+    for (size_t k = 0; where.fixed < 0 && where.input < 0 && k < g_->scalar_symbols.size(); ++k)
+      if (g_->scalar_symbols[k] == s) where.scalar = static_cast<int>(k);
+    if (where.fixed < 0 && where.input < 0 && where.scalar < 0) where.fixed = guards.hint(s);  // unread: its hint (guarded)
+    out_.symbol_sources.push_back(where);
+  }
+}
+
 VarPtr Interpreter::symbolic_int(PyObject* v, const SourcePtr& src) {
   // A Python int argument (not a bool) the policy makes dynamic: under dynamic=True, or under
   // automatic dynamic once it changed between calls. 0 and 1 stay static, as in torch.
-  if (!PyLong_CheckExact(v) || !dynamic_ || dynamic_->none || src->kind != Source::Kind::Local) return nullptr;
+  // An attribute (a cache's position counter) becomes one only once it changed.
+  if (!PyLong_CheckExact(v) || !dynamic_ || dynamic_->none) return nullptr;
   auto it = dynamic_->by_source.find(src->str());
-  const bool dyn = dynamic_->all || (it != dynamic_->by_source.end() && it->second.count(-1));
+  const bool dyn = (dynamic_->all && src->kind == Source::Kind::Local) ||
+                   (it != dynamic_->by_source.end() && it->second.count(-1));
   int overflow = 0;
   const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
   if (!dyn || overflow || x < 2) return nullptr;
@@ -484,6 +509,12 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       for (auto& item : v->seq()) s.items.push_back(output_spec(item));
       return s;
     case Var::Kind::Const:
+      if (sym::Expr e = v->symint(); e.valid()) {  // a symbolic int (a counter stored back): evaluated per call
+        s.kind = OutSpec::Kind::Int;
+        s.expr = e;
+        root()->symbolic_outputs_ = true;
+        return s;
+      }
       if (is_private(v->known())) unsupported("hands out an object kiln copied during capture");
       if (structural(v) || bound_to_structure(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
       s.kind = OutSpec::Kind::Const;

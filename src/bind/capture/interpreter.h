@@ -510,6 +510,13 @@ class Interpreter {
   std::unordered_map<const Var*, int> break_memo_;  // break_spec's tracker -> object ids
   std::unordered_set<const Var*> building_;  // root: objects whose spec is being built (cycles)
   std::unordered_set<PyObject*> private_;  // root: private copies (kept alive by keep_)
+  bool symbolic_outputs_ = false;  // root: an Int spec hands out a symbolic int
+ public:
+  // Where the runtime reads each size symbol (CaptureResult::symbol_sources), when a symbolic
+  // int is handed out.
+  void locate_symbols();
+
+ private:
   std::vector<VarPtr> input_vars_;      // root: per graph input, the one tracker all reads of its source share
   std::vector<PyObject*> input_objects_;  // root: per graph input, the tensor at capture (kept alive by keep_)
   std::unordered_map<const ir::Node*, size_t> written_back_;  // root: final value of a mutated input -> input

@@ -161,10 +161,12 @@ bool GuardSet::specialized(const sym::Expr& symbol) const {
 
 void GuardSet::size_changes(const FrameView& f, std::map<std::string, std::set<int64_t>>& out) const {
   for (const Guard& g : guards_) {
-    if (g.kind == Guard::Kind::Equals && PyLong_CheckExact(g.expected) && g.source->kind == Source::Kind::Local) {
-      // a Python int argument that changed: the int itself becomes a symbol (dim -1)
-      PyObject* v = f.locals[g.source->local];
+    if (g.kind == Guard::Kind::Equals && PyLong_CheckExact(g.expected)) {
+      // a Python int (an argument, a counter attribute) that changed: the int itself becomes a
+      // symbol (dim -1)
+      PyObject* v = eval_source(*g.source, f);
       if (v && PyLong_CheckExact(v) && PyObject_RichCompareBool(v, g.expected, Py_EQ) == 0) out[g.source->str()].insert(-1);
+      Py_XDECREF(v);
       if (PyErr_Occurred()) clear_error();
       continue;
     }

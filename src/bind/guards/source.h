@@ -3,6 +3,8 @@
 #pragma once
 #include <Python.h>
 
+#include "core/sym/expr.h"
+
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -59,6 +61,9 @@ struct FrameView {
   PyObject* builtins;
   PyObject* closure = nullptr;  // the function's tuple of cells, if any
   SourceMemo* memo = nullptr;   // shared by the guard checks and input fetches of one call
+  // The entry's size symbols and their values in this call (for symbolic ints handed out).
+  const std::vector<sym::Expr>* symbols = nullptr;
+  const int64_t* symbol_values = nullptr;
 };
 
 // New reference, or nullptr with no Python error set when the value is gone.

@@ -410,6 +410,18 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
       Py_XDECREF(cells);
       return fn;
     }
+    case OutSpec::Kind::Int: {
+      if (!frame.symbols || !frame.symbol_values) {
+        PyErr_SetString(PyExc_RuntimeError, "kiln: a symbolic int without the call's sizes");
+        return nullptr;
+      }
+      const int64_t v = sym::evaluate(spec.expr, [&](const sym::Expr& s) -> int64_t {
+        for (size_t i = 0; i < frame.symbols->size(); ++i)
+          if ((*frame.symbols)[i] == s) return frame.symbol_values[i];
+        return 0;
+      });
+      return PyLong_FromLongLong(v);
+    }
     case OutSpec::Kind::Bound: {
       PyObject* self = build_output(spec.items[0], outs, frame, memo);
       if (!self) return nullptr;
@@ -621,6 +633,23 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
       break;
     }
   }
+  // Python ints the entry keeps symbolic: their values for this call (guards checked them)
+  std::vector<int64_t> scalars;
+  for (size_t i = 0; ok && i < e.capture.scalar_sources.size(); ++i) {
+    PyObject* v = eval_source(*e.capture.scalar_sources[i], fv);
+    scalars.push_back(v ? PyLong_AsLongLong(v) : 0);
+    Py_XDECREF(v);
+  }
+  // Every size symbol's value, where a symbolic int is handed out (a counter stored back)
+  std::vector<int64_t> symbol_values;
+  for (size_t i = 0; ok && i < e.capture.symbol_sources.size(); ++i) {
+    const CaptureResult::SymbolSource& w = e.capture.symbol_sources[i];
+    symbol_values.push_back(w.fixed >= 0 ? w.fixed : w.input >= 0 ? tensor_dim_size(inputs[w.input], w.dim) : scalars[w.scalar]);
+  }
+  if (!symbol_values.empty()) {
+    fv.symbols = &e.capture.guards.symbols();
+    fv.symbol_values = symbol_values.data();
+  }
   // Outputs are built after the graph and any break ran: read their sources afresh.
   fv.memo = nullptr;
   PyObject* result = nullptr;
@@ -633,13 +662,6 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
     } else if (e.torch_program) {
       ran = run_torch_program(*e.torch_program, inputs, outs);
     } else {
-      // Python ints the entry keeps symbolic: their values for this call (guards checked them)
-      std::vector<int64_t> scalars;
-      for (const SourcePtr& s : e.capture.scalar_sources) {
-        PyObject* v = eval_source(*s, fv);
-        scalars.push_back(v ? PyLong_AsLongLong(v) : 0);
-        Py_XDECREF(v);
-      }
       ran = run_program(*e.compiled, *e.prepared, inputs, outs, scalars.data());
     }
     // In-place updates of inputs, into the caller's tensors, before anything reads them.

@@ -66,6 +66,8 @@ bool has_plain_torch_function(PyTypeObject* type) {
 
 bool is_tensor(PyObject* obj) { return THPVariable_Check(obj); }
 
+int64_t tensor_dim_size(PyObject* t, int dim) { return THPVariable_Unpack(t).size(dim); }
+
 const void* storage_of(PyObject* obj) {
   if (!THPVariable_Check(obj)) return nullptr;
   const at::Tensor& t = THPVariable_Unpack(obj);

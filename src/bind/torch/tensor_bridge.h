@@ -61,6 +61,8 @@ bool grad_enabled();
 // The memory a tensor's storage starts at (tensors that share storage share it); nullptr for a
 // non-tensor.
 const void* storage_of(PyObject* obj);
+// t.size(dim) of a tensor.
+int64_t tensor_dim_size(PyObject* t, int dim);
 // dst.copy_(src) for two tensors (an in-place update of an input, written back after the
 // graph). False with a Python error set when torch raises.
 bool copy_into(PyObject* dst, PyObject* src);
