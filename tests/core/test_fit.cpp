@@ -65,3 +65,16 @@ TEST(FitMultilinear, FloorDivisionAndSquaresAndRejectionsHaveNoFit) {
   };
   EXPECT_FALSE(fit_multilinear({s}, {16}, rejects));
 }
+
+TEST(EvaluateChecked, SumsAndProductsPastInt64AreReported) {
+  Expr s = Expr::size_symbol("ovs");
+  auto value = [](int64_t v) { return [v](const Expr&) { return v; }; };
+  bool overflow = false;
+  EXPECT_EQ(kiln::sym::evaluate(s * s * s, value(1000), overflow), 1000000000);
+  EXPECT_FALSE(overflow);
+  kiln::sym::evaluate(s * s * s * s, value(int64_t{1} << 20), overflow);
+  EXPECT_TRUE(overflow);
+  overflow = false;
+  kiln::sym::evaluate(s + INT64_MAX, value(5), overflow);
+  EXPECT_TRUE(overflow);
+}

@@ -424,3 +424,17 @@ def test_an_int_counter_attribute_becomes_a_symbol_and_is_stored_back():
         torch.testing.assert_close(compiled(x, w), step(x, ref))
         assert w.seen == ref.seen
     assert _graphs() - g0 <= 3, kiln.stats()["recompile_reasons"][-2:]
+
+
+def test_sizes_that_overflow_int64_raise_as_eager_does():
+    def f(x, n):
+        return x.new_ones(n, n, n, n).sum() + x.sum()
+
+    compiled = kiln.compile(f, dynamic=True)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x, 3), f(x, 3))  # a shape-generic entry
+    huge = 1 << 20  # 2**80 elements
+    with pytest.raises(RuntimeError):
+        f(x, huge)
+    with pytest.raises(RuntimeError, match="overflow"):
+        compiled(x, huge)

@@ -32,11 +32,16 @@ struct SymbolValues {
   std::vector<int64_t> values;
   int64_t operator()(const Expr& e) const {
     if (auto c = e.as_const()) return *c;
-    return sym::evaluate(e, [this](const Expr& v) {
+    bool overflow = false;
+    const int64_t r = sym::evaluate(e, [this](const Expr& v) {
       for (size_t i = 0; i < symbols->size(); ++i)
         if ((*symbols)[i].symbol == v) return values[i];
       throw std::runtime_error("kiln: unbound size symbol " + v.str());
-    });
+    }, overflow);
+    // A size, stride or loop range of this call past int64: torch raises, so does kiln (a
+    // wrapped value would size buffers and loops wrongly).
+    if (overflow) throw std::overflow_error("kiln: a size of this call overflows int64 (" + e.str() + ")");
+    return r;
   }
 };
 
@@ -271,7 +276,28 @@ void resolve(const pipeline::CompiledGraph& cg, SymbolValues sv, Resolved& r) {
   for (const loop::Buffer& b : p.buffers) {
     r.sizes.push_back(ints(b.sizes, r.symbols));
     r.strides.push_back(ints(b.strides, r.symbols));
+    if (!p.symbols.empty()) {
+      // Sizes computed from this call's symbols: a product past int64 (or a negative size) is
+      // an error, as torch reports it, never a wrapped size.
+      int64_t numel = 1;
+      for (int64_t s : r.sizes.back())
+        if (s < 0 || __builtin_mul_overflow(numel, s, &numel))
+          throw std::overflow_error("kiln: the sizes of a tensor of this call overflow int64 (" + b.name + ")");
+    }
     if (b.slot >= 0) r.slot_bytes[b.slot] = std::max(r.slot_bytes[b.slot], r.symbols(b.bytes()));
+  }
+  for (const loop::Kernel& k : p.kernels) {  // and so is a kernel's iteration space
+    if (p.symbols.empty()) break;
+    auto check = [&](const std::vector<sym::Expr>& ranges, int64_t n) {
+      for (const sym::Expr& e : ranges) {
+        const int64_t v = r.symbols(e);
+        if (v < 0 || __builtin_mul_overflow(n, v, &n))
+          throw std::overflow_error("kiln: the sizes of this call overflow int64 (in " + k.name + ")");
+      }
+      return n;
+    };
+    const int64_t outer = check(k.ranges, 1);
+    for (const loop::Stage& st : k.stages) check(st.ranges, outer);
   }
   r.externs.clear();
   for (const loop::Extern& e : p.externs) {

@@ -117,11 +117,14 @@ bool tensor_info(PyObject* obj, TensorInfo& out, std::string& why) {
 
 int64_t SymbolBindings::value_of(const sym::Expr& e) const {
   if (auto c = e.as_const()) return *c;
-  return sym::evaluate(e, [this](const sym::Expr& v) -> int64_t {
+  bool overflow = false;
+  const int64_t r = sym::evaluate(e, [this](const sym::Expr& v) -> int64_t {
     for (size_t i = 0; i < symbols->size(); ++i)
       if ((*symbols)[i] == v) return values[i];
     return -1;
-  });
+  }, overflow);
+  // past int64 no fact holds (== 0 and >= 0 both fail on the minimum): the entry is not used
+  return overflow ? INT64_MIN : r;
 }
 
 bool tensor_matches(PyObject* obj, const TensorInfo& info, std::string* why, SymbolBindings* bindings) {

@@ -582,6 +582,35 @@ int64_t evaluate(const Expr& e, const std::function<int64_t(const Expr& var)>& v
   return 0;
 }
 
+int64_t evaluate(const Expr& e, const std::function<int64_t(const Expr& var)>& value_of, bool& overflow) {
+  auto ev = [&](const Expr& x) { return evaluate(x, value_of, overflow); };
+  switch (e.kind()) {
+    case ExprKind::Const: return e.value();
+    case ExprKind::Var: return value_of(e);
+    case ExprKind::Add: {
+      int64_t s = 0;
+      for (const Expr& a : e.args()) overflow |= __builtin_add_overflow(s, ev(a), &s);
+      return s;
+    }
+    case ExprKind::Mul: {
+      int64_t s = 1;
+      for (const Expr& a : e.args()) overflow |= __builtin_mul_overflow(s, ev(a), &s);
+      return s;
+    }
+    case ExprKind::FloorDiv: {
+      int64_t a = ev(e.args()[0]), b = ev(e.args()[1]);
+      return b == 0 ? 0 : fdiv(a, b);
+    }
+    case ExprKind::Mod: {
+      int64_t a = ev(e.args()[0]), b = ev(e.args()[1]);
+      return b == 0 ? 0 : fmod(a, b);
+    }
+    case ExprKind::Min: return std::min(ev(e.args()[0]), ev(e.args()[1]));
+    case ExprKind::Max: return std::max(ev(e.args()[0]), ev(e.args()[1]));
+  }
+  return 0;
+}
+
 void collect_symbols(const Expr& e, std::vector<Expr>& out) {
   if (!e.valid() || e.kind() == ExprKind::Const) return;
   if (e.kind() == ExprKind::Var) {

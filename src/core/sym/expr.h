@@ -98,6 +98,8 @@ bool depends_on(const Expr& e, const Expr& var);
 // The value of `e` with every size symbol bound by `value_of` (called with each Var; it must
 // know them all). Floor division and modulo as Python's; a zero divisor gives 0.
 int64_t evaluate(const Expr& e, const std::function<int64_t(const Expr& var)>& value_of);
+// The same, setting `overflow` when a sum or product leaves int64 (its result is then garbage).
+int64_t evaluate(const Expr& e, const std::function<int64_t(const Expr& var)>& value_of, bool& overflow);
 
 // Size symbols in `e`, each once, in order of first appearance (appended to `out`).
 void collect_symbols(const Expr& e, std::vector<Expr>& out);
