@@ -107,3 +107,17 @@ def test_an_input_that_requires_grad_is_left_to_eager_with_its_error():
     with pytest.raises(RuntimeError) as ours:
         kiln.compile(aliased)(w, torch.ones(3))
     assert str(ours.value) == str(eager.value)
+
+
+def fill_expanded(x):
+    x.fill_(2.0)  # eager accepts fill_ on an expanded tensor; a write-back copy could not
+    return x * 1
+
+
+def test_an_expanded_input_updated_in_place_runs_as_eager_runs():
+    base = torch.zeros(3, 1)
+    ref_in, our_in = base.clone().expand(3, 4), base.clone().expand(3, 4)
+    ref = fill_expanded(ref_in)
+    out = kiln.compile(fill_expanded)(our_in)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(our_in, ref_in)

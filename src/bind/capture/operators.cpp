@@ -19,6 +19,22 @@ void Interpreter::check_inplace_target(const VarPtr& a, const std::string& what)
   Interpreter* r = root();
   if (r->needs_grad_.count(n))
     unsupported("in-place " + what + " on an input that requires grad: kiln does not build backward graphs yet");
+  {
+    // The write-back is a copy into the input: an input whose elements share memory (an
+    // expanded tensor) cannot take one, though some in-place ops (fill_) accept it in eager.
+    std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) at this call's sizes
+    const GuardSet& guards = r->out_.guards;
+    for (size_t d = 0; d < n->meta.sizes.size(); ++d) {
+      const int64_t size = guards.value_at_hints(n->meta.sizes[d]);
+      if (size > 1) dims.emplace_back(guards.value_at_hints(n->meta.strides[d]), size);
+    }
+    std::sort(dims.begin(), dims.end());
+    int64_t reach = 0;  // the farthest element offset the smaller-stride dims reach
+    for (const auto& [stride, size] : dims) {
+      if (stride <= reach) unsupported("in-place " + what + " on an input whose elements share memory (expanded): not captured");
+      reach += stride * (size - 1);
+    }
+  }
   const auto& ins = g_->inputs();
   const size_t i = static_cast<size_t>(std::find(ins.begin(), ins.end(), n) - ins.begin());
   if (i >= r->input_objects_.size()) unsupported("in-place " + what + " on an input kiln cannot write back");

@@ -768,8 +768,9 @@ Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) 
     log("recompiles", c.name + ": recompiling: " + why);
   }
   // Automatic dynamic (dynamic=None): an input dim whose size differs from what an entry was
-  // specialized on is captured with a symbolic size from now on, so one entry serves all.
-  if (c.cfg.dynamic == Dynamic::Automatic)
+  // specialized on is captured with a symbolic size from now on, so one entry serves all. Under
+  // dynamic=True too, for what it did not make symbolic at first (an int attribute, a counter).
+  if (c.cfg.dynamic != Dynamic::Never)
     for (auto& e : c.entries) e->capture.guards.size_changes(fv, c.dynamic.by_source);
   bound.dynamic = &c.dynamic;
   // Capture runs Python code and creates and frees sources: what the memo holds may be stale.
