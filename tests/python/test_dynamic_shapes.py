@@ -410,13 +410,14 @@ class _Window:
         self.width = 6
 
 
-def test_an_int_counter_attribute_becomes_a_symbol_and_is_stored_back():
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_an_int_counter_attribute_becomes_a_symbol_and_is_stored_back(dynamic):
     def step(x, w):
         w.seen += x.shape[0]
         offset = max(w.seen - w.width + 1, 0)  # builtin max over symbolic ints stays symbolic
         return x * offset + w.seen
 
-    compiled = kiln.compile(step)
+    compiled = kiln.compile(step, dynamic=dynamic)
     w, ref = _Window(), _Window()
     g0 = _graphs()
     for n in (2, 3, 2, 4, 3, 5, 2, 2):
