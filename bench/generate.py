@@ -107,7 +107,9 @@ def main():
             extra = ""
             if v.startswith("kiln"):
                 extra = (f"{after['frames_captured'] - before['frames_captured']} entries, "
-                         f"{after['eager_fallbacks'] - before['eager_fallbacks']} eager calls")
+                         f"{after['eager_fallbacks'] - before['eager_fallbacks']} eager calls, "
+                         f"capture {after['capture_seconds'] - before['capture_seconds']:.2f} s, "
+                         f"compile {after['compile_seconds'] - before['compile_seconds']:.2f} s")
             rows.append((v, t1, t2, same, extra))
             print(f"{v:16s} first {t1:8.3f} s  second {t2:8.3f} s  tokens {'= eager' if same else 'DIFFER'}  {extra}",
                   flush=True)
