@@ -121,3 +121,20 @@ def test_an_expanded_input_updated_in_place_runs_as_eager_runs():
     out = kiln.compile(fill_expanded)(our_in)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(our_in, ref_in)
+
+
+def view_of_updated_input_written_at_a_break(b):
+    b.mul_(b)  # the input updated in place (written back after the graph)
+    t = b.view(-1)  # a view of it, written through by an in-place op kiln leaves to Python
+    t.fill_(3)
+    return t.exp()
+
+
+def test_a_view_of_an_updated_input_handed_to_python_writes_into_the_input():
+    # fuzzer seeds 20996, 22463, 22590: the view must be of the caller's tensor, not of a copy
+    ref_b, our_b = torch.randn(2, 3), None
+    our_b = ref_b.clone()
+    ref = view_of_updated_input_written_at_a_break(ref_b)
+    out = kiln.compile(view_of_updated_input_written_at_a_break)(our_b)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(our_b, ref_b)
