@@ -150,7 +150,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
     case Var::Kind::Iterator: unsupported("graph break inside a loop kiln unrolls");
     case Var::Kind::Dict:
       if (v->source) return OutSpec::from_source(v->source);
-      return dict_spec(v, true);
+      return dict_spec(v->as<DictV>(), true);
     case Var::Kind::Cell:
       // A cell of the frame: the resume function makes a new one (MAKE_CELL) around this.
       if (!v->as<CellV>().content) unsupported("an empty closure cell at a graph break");
@@ -284,10 +284,9 @@ OutSpec Interpreter::function_spec(const VarPtr& v, bool at_break) {
   return s;
 }
 
-OutSpec Interpreter::dict_spec(const VarPtr& v, bool at_break) {
+OutSpec Interpreter::dict_spec(const Entries& d, bool at_break) {
   OutSpec s;
   s.kind = OutSpec::Kind::Dict;
-  const DictV& d = v->as<DictV>();
   s.value = PyTuple_New(static_cast<Py_ssize_t>(d.keys.size()));
   for (size_t i = 0; i < d.keys.size(); ++i) {
     PyTuple_SET_ITEM(s.value, i, Py_NewRef(d.keys[i]));

@@ -493,13 +493,10 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
         return OutSpec::from_source(root()->out_.input_sources[w->second]);  // the caller's tensor, updated
       // A view of an input updated in place would be a view of the graph's copy, not of the
       // caller's tensor: later writes through it (at a break) would miss the input.
-      for (const ir::Node* n = v->node(); n && (n->op->aliases() || n->attrs.get_bool("view")) && !n->inputs.empty();) {
+      // (A view taken before the update is refused by check_inplace_target.)
+      for (const ir::Node* n = v->node(); (n->op->aliases() || n->attrs.get_bool("view")) && !n->inputs.empty();) {
         n = n->inputs[0];
-        if (root()->written_back_.count(n) || (n->op_name() == "placeholder" && [&] {
-              for (const auto& [input, value] : root()->input_mutations()) if (g_->inputs()[input] == n) return true;
-              return false;
-            }()))
-          unsupported("a view of an input updated in place is handed out: not captured yet");
+        if (root()->written_back_.count(n)) unsupported("a view of an input updated in place is handed out: not captured yet");
       }
       if (root()->needs_grad_.count(v->node()) && v->node()->op_name() != "placeholder")
         unsupported("a result requires grad (its inputs do, and grad mode is on): kiln does not build backward graphs yet (AOTAutograd is a later stage); run under torch.no_grad() or torch.inference_mode()");
@@ -533,7 +530,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       return s;
     case Var::Kind::Dict:
       if (v->source) return OutSpec::from_source(v->source);
-      return dict_spec(v, false);
+      return dict_spec(v->as<DictV>(), false);
     case Var::Kind::Record: {
       if (!v->as<RecordV>().plain) return record_spec(v, false);
       // one object however often the program hands it out

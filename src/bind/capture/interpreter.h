@@ -380,7 +380,8 @@ class Interpreter {
   // leaves the original failure to end the capture (the whole call then runs eagerly).
   bool graph_break(const Instr& in, const CodeInfo& ci, size_t pc, const Snapshot& before, const std::string& why);
 
-  OutSpec dict_spec(const VarPtr& v, bool at_break);
+  // A dict of these entries (a dict made in the frame, an object's attributes), made anew.
+  OutSpec dict_spec(const Entries& d, bool at_break);
   // A function made in the frame: itself, or for a closure, a new function per call around
   // cells of this call's values.
   OutSpec function_spec(const VarPtr& v, bool at_break);

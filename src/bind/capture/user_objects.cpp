@@ -178,14 +178,8 @@ OutSpec Interpreter::object_spec(const VarPtr& rec, bool at_break) {
   Interpreter* r = root();
   if (!r->building_.insert(rec.get()).second)
     unsupported(std::string("a ") + type_of(rec)->tp_name + " made during capture refers to itself");
-  OutSpec attrs;
-  attrs.kind = OutSpec::Kind::Dict;
   const RecordV& rv = rec->as<RecordV>();
-  attrs.value = PyTuple_New(static_cast<Py_ssize_t>(rv.keys.size()));
-  for (size_t i = 0; i < rv.keys.size(); ++i) {
-    PyTuple_SET_ITEM(attrs.value, i, Py_NewRef(rv.keys[i]));
-    attrs.items.push_back(at_break ? break_spec(rv.values[i]) : output_spec(rv.values[i]));
-  }
+  OutSpec attrs = dict_spec(rv, at_break);
   r->building_.erase(rec.get());
   OutSpec s;
   s.kind = OutSpec::Kind::Object;
