@@ -45,17 +45,25 @@ def prod_vector_bytes() -> int:
     return matches[0] if len(matches) == 1 else 0
 
 
-def gelu_contiguous_f32_kernel() -> bool:
-    """Whether torch's float32 gelu (erf form) of a contiguous tensor of 2+ elements runs the
-    kernel that gives NaN for +inf and computes x*(1+erf) before halving (so it overflows past
-    1.7e38), where its elementwise loop (other layouts, one element) gives inf and 2e38."""
+def gelu_contiguous_f32_kernel() -> int:
+    """Which form torch's float32 gelu (erf form) of a contiguous tensor of 2+ elements computes,
+    told apart by +inf, 2e38 and -0.0 (its elementwise loop, for other layouts, is form 0):
+      0: x * 0.5 * (1 + erf(x/sqrt2))       gives inf, 2e38, -0.0 (the same loop as elsewhere)
+      1: x * (1 + erf(x/sqrt2)) * 0.5       gives NaN, inf (overflowed), -0.0
+      2: x*0.5 + x*0.5 * erf(x/sqrt2)       gives inf, 2e38, +0.0
+    The kernel differs between CPUs (the vector ISA torch picks); unknown results give 0."""
     import torch
     import torch.nn.functional as F
 
     inf, big = float("inf"), _f32(2e38)
-    contiguous = F.gelu(torch.tensor([inf, big], dtype=torch.float32)).tolist()
-    strided = F.gelu(torch.tensor([inf, 0.0, big, 0.0], dtype=torch.float32)[::2]).tolist()
-    return contiguous[0] != contiguous[0] and contiguous[1] == inf and strided == [inf, big]
+    got = F.gelu(torch.tensor([inf, big, -0.0], dtype=torch.float32))
+    first, second = got[:2].tolist()
+    negative_zero = bool(got[2].signbit())
+    if first != first and second == inf and negative_zero:
+        return 1
+    if first == inf and second == big and not negative_zero:
+        return 2
+    return 0
 
 
 def probe() -> tuple:

@@ -118,7 +118,8 @@ loop::TorchNumerics torch_numerics() {
   PyObject* r = mod ? PyObject_CallMethod(mod, "probe", nullptr) : nullptr;
   if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2) {
     t.prod_vector_bytes = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(r, 0)));
-    t.gelu_contiguous_f32_kernel = PyObject_IsTrue(PyTuple_GET_ITEM(r, 1)) == 1;
+    const long form = PyLong_AsLong(PyTuple_GET_ITEM(r, 1));
+    if (form >= 0 && form <= 2) t.gelu_contiguous_f32 = static_cast<loop::TorchNumerics::GeluForm>(form);
   }
   bool failed = !r;
   Py_XDECREF(r);

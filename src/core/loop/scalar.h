@@ -66,9 +66,12 @@ struct TorchNumerics {
   // Vector width of torch's CPU reduction kernels: floating products over contiguous blocks
   // follow their order (Stage::torch_vector_block). 0: plain order.
   int prod_vector_bytes = 32;
-  // torch's float32 gelu (erf form) of a contiguous tensor of 2+ elements goes through a
-  // vectorized kernel that gives NaN for +inf and overflows past 1.7e38 (x*(1+erf) first).
-  bool gelu_contiguous_f32_kernel = false;
+  // How torch's float32 gelu (erf form) of a contiguous tensor of 2+ elements computes, which
+  // differs by CPU (kiln/_torch_kernels.py): plain x*0.5*(1+erf) as its elementwise loop;
+  // x*(1+erf)*0.5 with NaN for +inf (overflowing past 1.7e38); or x*0.5 + x*0.5*erf, which
+  // makes gelu(-0.0) +0.0.
+  enum class GeluForm : int { Plain = 0, NanForInf = 1, SplitHalf = 2 };
+  GeluForm gelu_contiguous_f32 = GeluForm::Plain;
 };
 
 class ScalarCtx {

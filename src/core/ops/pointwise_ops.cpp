@@ -118,10 +118,11 @@ SRef gelu_body(ScalarCtx& s, SRef x, DType t, bool tanh_approx) {
   return s.binary(SOp::Mul, s.binary(SOp::Mul, x, c(0.5)), s.binary(SOp::Add, c(1.0), e));
 }
 
-// Whether torch runs its float32 gelu of `in` through its contiguous-tensor kernel
-// (TorchNumerics::gelu_contiguous_f32_kernel): a CPU tensor of 2+ elements, row-major dense.
+// Whether torch runs its float32 gelu of `in` through a contiguous-tensor kernel of a form of its
+// own (TorchNumerics::gelu_contiguous_f32): a CPU tensor of 2+ elements, row-major dense.
 bool torch_gelu_kernel(const ScalarCtx& s, const ir::Node& in, DType t, bool tanh_approx) {
-  if (tanh_approx || t != DType::Float32 || !s.torch.gelu_contiguous_f32_kernel) return false;
+  if (tanh_approx || t != DType::Float32 || s.torch.gelu_contiguous_f32 == loop::TorchNumerics::GeluForm::Plain)
+    return false;
   const ir::TensorMeta& m = in.meta;
   if (m.device.type != DeviceType::CPU || m.dtype != DType::Float32 || m.strides.size() != m.sizes.size()) return false;
   // Row-major dense, symbolic sizes included (a symbolic size is at least 2).
@@ -134,11 +135,16 @@ bool torch_gelu_kernel(const ScalarCtx& s, const ir::Node& in, DType t, bool tan
   return !numel || *numel >= 2;
 }
 
-// That kernel's gelu: x * (1 + erf(x / sqrt(2))) halved afterwards (the same number, but
-// overflowing to inf past 1.7e38 as torch's does) and NaN for +inf, as torch gives them.
+// That kernel's gelu. NanForInf: x * (1 + erf(x / sqrt(2))) halved afterwards (the same number,
+// but overflowing to inf past 1.7e38 as torch's does) and NaN for +inf. SplitHalf: x/2 plus x/2
+// times erf, whose sum turns gelu(-0.0) into +0.0, as torch's gives it.
 SRef torch_gelu_kernel_body(ScalarCtx& s, SRef x, DType t) {
   auto c = [&](double v) { return s.constant(v, t); };
   SRef e = s.unary(SOp::Erf, s.binary(SOp::Mul, x, c(0.70710678118654752440)));
+  if (s.torch.gelu_contiguous_f32 == loop::TorchNumerics::GeluForm::SplitHalf) {
+    SRef half = s.binary(SOp::Mul, x, c(0.5));
+    return s.binary(SOp::Add, half, s.binary(SOp::Mul, half, e));
+  }
   SRef g = s.binary(SOp::Mul, s.binary(SOp::Mul, x, s.binary(SOp::Add, c(1.0), e)), c(0.5));
   return s.where(s.binary(SOp::Eq, x, c(INFINITY)), c(NAN), g);
 }
