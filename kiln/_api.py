@@ -37,9 +37,8 @@ from . import _C  # noqa: E402  (after the environment the loader reads is set)
 _MODES = ("default", "lite", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Modes torch.compile has and kiln does not implement yet, and what kiln does instead.
 _MODES_NOT_YET = {
-    "reduce-overhead": "CUDA graphs are not implemented yet",
-    "max-autotune": "autotuned kernels and CUDA graphs are not implemented yet",
-    "max-autotune-no-cudagraphs": "autotuned kernels are not implemented yet",
+    "max-autotune": ("autotuned kernels are not implemented yet", "reduce-overhead"),
+    "max-autotune-no-cudagraphs": ("autotuned kernels are not implemented yet", "default"),
 }
 _warned_modes: set = set()
 # kiln's own options, next to torch.compile's (torch._inductor.config's keys).
@@ -144,7 +143,8 @@ def compile(
         _check_options({"cache_limit": options["cache_limit"]})
     if backend == "inductor" and mode in _MODES_NOT_YET and mode not in _warned_modes:
         _warned_modes.add(mode)
-        warnings.warn(f"kiln: mode={mode!r}: {_MODES_NOT_YET[mode]}; kiln compiles as mode='default'",
+        missing, instead = _MODES_NOT_YET[mode]
+        warnings.warn(f"kiln: mode={mode!r}: {missing}; kiln compiles as mode={instead!r}",
                       UserWarning, stacklevel=2)
     limit = int((options or {}).get("cache_limit", 8))
     if backend != "inductor":
@@ -201,8 +201,10 @@ class ExplainOutput:
     source_path: str = ""
     compile_seconds: float = 0.0
     # Every graph as capture made it, before any pass: also those of frames that then ran
-    # eagerly because compiling them failed (16-bit kernels, for now).
+    # eagerly because compiling them failed.
     captured: str = ""
+    # mode="reduce-overhead": per graph, whether it is recorded as a CUDA graph, or why not.
+    cudagraphs: list = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"Graph Count: {self.graph_count}", f"Graph Break Count: {self.graph_break_count}",
@@ -250,7 +252,7 @@ def explain(fn: Callable, *extra_args, **extra_kwargs):
             break_reasons=list(d["break_reasons"]), graphs=list(d["graphs"]), guards=list(d["guards"]),
             kernels=[_Kernel(k["name"], k["source"]) for k in d["kernels"]], loop_ir=d.get("loop_ir", ""),
             source_path=d.get("source_path", ""), compile_seconds=d.get("compile_seconds", 0.0),
-            captured=d.get("captured", ""))
+            captured=d.get("captured", ""), cudagraphs=list(d.get("cudagraphs", [])))
 
     if extra_args or extra_kwargs:
         return run(*extra_args, **extra_kwargs)

@@ -59,7 +59,7 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
   Py_DECREF(result);
 
   nb::dict d;
-  nb::list graphs, kernels, reasons, guards;
+  nb::list graphs, kernels, reasons, guards, cudagraphs;
   size_t op_count = 0, graph_count = 0, breaks = 0;
   std::string loop_ir, source, captured, source_path, device;
   double compile_seconds = 0;
@@ -83,6 +83,7 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
       kd["source"] = src;
       kernels.append(kd);
     }
+    if (!r.cudagraphs.empty()) cudagraphs.append(r.cudagraphs);
     loop_ir += r.loop_ir;
     source += r.source;
     if (source_path.empty()) source_path = r.source_path;
@@ -102,6 +103,7 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
   d["break_reasons"] = reasons;
   d["guards"] = guards;
   d["kernels"] = kernels;
+  d["cudagraphs"] = cudagraphs;
   return d;
 }
 
@@ -137,6 +139,8 @@ nb::dict stats_dict() {
   d["eager_fallbacks"] = s.eager_fallbacks;
   d["graph_breaks"] = s.graph_breaks;
   d["kernels_generated"] = s.kernels_generated;
+  d["cudagraph_recordings"] = s.cudagraph_recordings;
+  d["cudagraph_replays"] = s.cudagraph_replays;
   d["capture_seconds"] = s.capture_seconds;
   d["compile_seconds"] = s.compile_seconds;
   for (auto& [k, v] : s.fallback_reasons) reasons[k.c_str()] = v;

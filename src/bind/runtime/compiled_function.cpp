@@ -82,6 +82,7 @@ void record_explain(const Entry& e, const std::string& name) {
     r.compile_seconds = e.compiled->compile_seconds;
     r.device = e.compiled->program.device.str();
     for (const auto& k : e.compiled->kernels) r.kernels.emplace_back(k.name, k.source);
+    r.cudagraphs = e.cudagraphs_note;
   }
   log->push_back(std::move(r));
 }
@@ -130,16 +131,18 @@ loop::TorchNumerics torch_numerics() {
   return t;
 }
 
-// Whether compiling `g` would need kernels over float16 or bfloat16 values: a node kiln computes
-// itself (not an extern operator torch runs) that reads or makes one.
-bool needs_half_kernels(const ir::Graph& g) {
-  auto half = [](const ir::Node* n) { return n && (n->meta.dtype == DType::Float16 || n->meta.dtype == DType::BFloat16); };
-  for (const auto& up : g.nodes()) {
-    const ir::Node* n = up.get();
-    if (n->op_name() == "placeholder" || n->op->kind == ops::OpKind::Extern) continue;
-    if (half(n) || std::any_of(n->inputs.begin(), n->inputs.end(), half)) return true;
+// mode="reduce-overhead" (and max-autotune, which includes it): a CUDA program gets a runner
+// that records it; one a graph cannot hold runs as usual, with the reason.
+void plan_cuda_graphs(Entry& e) {
+  if (e.compiled->program.device.type != DeviceType::CUDA) return;  // as torch's: CPU ignores the mode
+  const std::string why = cuda_graph_refusal(*e.compiled, *e.prepared);
+  if (why.empty()) {
+    e.cudagraphs = std::make_unique<CudaGraphRunner>();
+    e.cudagraphs_note = "recorded on the entry's second call, replayed from then on";
+  } else {
+    e.cudagraphs_note = "not recorded: " + why;
+    ++stats().fallback_reasons["cudagraphs: " + why];
   }
-  return false;
 }
 
 // nullptr: interrupted (with the exception set), or (with none set) a cancelled compile whose
@@ -203,33 +206,24 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   auto t1 = std::chrono::steady_clock::now();
   std::string error;
   // The eager backend runs the graph node by node through torch: no passes, kernels or compiler.
-  // So does the default one, until kiln generates 16-bit kernels, for a graph that would need
-  // them (autocast regions, bf16 models): still one captured graph with autocast's casts.
-  const bool eager_backend = cfg.backend == Backend::Eager;
-  if (!e->capture.guards.symbols().empty() && (eager_backend || needs_half_kernels(*e->capture.graph))) {
-    e->eager = true;  // build_entry captures again with static sizes
-    e->reason = "shape-generic graphs run through compiled kernels only";
-    return e;
-  }
-  if (eager_backend || needs_half_kernels(*e->capture.graph)) {
-    const char* why = "16-bit kernels are not generated yet: the graph runs through torch's ops";
+  if (cfg.backend == Backend::Eager) {
+    if (!e->capture.guards.symbols().empty()) {
+      e->eager = true;  // build_entry captures again with static sizes
+      e->reason = "shape-generic graphs run through compiled kernels only";
+      return e;
+    }
     e->torch_program = prepare_torch_program(*e->capture.graph, error);
     s.compile_seconds += since(t1);
     if (!e->torch_program) {
       e->eager = true;
-      e->reason = (eager_backend ? "eager backend: " : "kernels over 16-bit floats are not generated yet: ") + error;
+      e->reason = "eager backend: " + error;
       e->location = e->capture.location;
       log("fallback", name + ": runs eagerly: " + e->reason);
       record_explain(*e, name);
       return e;
     }
     ++s.graphs_compiled;
-    if (eager_backend) {
-      log("graph", name + " (backend=eager):\n" + e->capture.graph->str());
-    } else {
-      ++s.fallback_reasons[why];
-      log("fallback", name + ": " + why);
-    }
+    log("graph", name + " (backend=eager):\n" + e->capture.graph->str());
     record_explain(*e, name);
     return e;
   }
@@ -267,6 +261,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     record_explain(*e, name);
     return e;
   }
+  if (cfg.mode == "reduce-overhead" || cfg.mode == "max-autotune") plan_cuda_graphs(*e);
   ++s.graphs_compiled;
   s.kernels_generated += static_cast<long>(e->compiled->kernels.size());
   if (e->compiled->disk_cache_hit) ++s.cache_hits_disk;
@@ -663,7 +658,8 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
     } else if (e.torch_program) {
       ran = run_torch_program(*e.torch_program, inputs, outs);
     } else {
-      ran = run_program(*e.compiled, *e.prepared, inputs, outs, scalars.data());
+      ran = e.cudagraphs ? e.cudagraphs->run(*e.compiled, *e.prepared, inputs, outs, scalars.data())
+                         : run_program(*e.compiled, *e.prepared, inputs, outs, scalars.data());
     }
     // In-place updates of inputs, into the caller's tensors, before anything reads them.
     for (const auto& [input, output] : e.capture.writebacks)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bind/capture/capture.h"
+#include "bind/runtime/cuda_graphs.h"
 #include "core/pipeline/compile_graph.h"
 
 namespace kiln::bind {
@@ -42,6 +43,9 @@ struct Entry {
   CompileConfig cfg;
   std::unique_ptr<pipeline::CompiledGraph> compiled;
   std::shared_ptr<PreparedProgram> prepared;
+  // mode="reduce-overhead": the program recorded as a CUDA graph (cuda_graphs.h).
+  std::unique_ptr<CudaGraphRunner> cudagraphs;
+  std::string cudagraphs_note;  // for explain: recorded, or why not
   // Backend::Eager: the captured graph as calls of torch's callables (eager_backend.h).
   std::shared_ptr<TorchProgram> torch_program;
   // A graph whose outputs are all inputs (nothing to compute before a break): no program, the

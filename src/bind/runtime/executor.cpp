@@ -356,6 +356,18 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
   return prep;
 }
 
+bool moves_inputs(const PreparedProgram& prep) { return !prep.moved_inputs.empty(); }
+
+void* current_stream(PreparedProgram& prep, int device) {
+  PyObject* idx = PyLong_FromLong(device);
+  PyObject* r = PyObject_CallOneArg(prep.raw_stream_fn, idx);
+  Py_DECREF(idx);
+  if (!r) return nullptr;
+  void* stream = PyLong_AsVoidPtr(r);
+  Py_DECREF(r);
+  return stream;
+}
+
 bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
                  std::vector<PyObject*>& outputs, const int64_t* scalars) {
   const loop::Program& p = cg.program;
@@ -407,12 +419,8 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
 
     void* stream = nullptr;
     if (prep.has_cuda) {
-      PyObject* idx = PyLong_FromLong(p.device.index < 0 ? 0 : p.device.index);
-      PyObject* r = PyObject_CallOneArg(prep.raw_stream_fn, idx);
-      Py_DECREF(idx);
-      if (!r) return false;
-      stream = PyLong_AsVoidPtr(r);
-      Py_DECREF(r);
+      stream = current_stream(prep, p.device.index < 0 ? 0 : p.device.index);
+      if (!stream && PyErr_Occurred()) return false;
     }
 
     std::vector<void*> args;

@@ -49,4 +49,11 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
 bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
                  std::vector<PyObject*>& outputs, const int64_t* scalars = nullptr);
 
+// Whether the program copies an input to its device per call (a CPU tensor a GPU kernel reads).
+bool moves_inputs(const PreparedProgram& prep);
+
+// The current CUDA stream of `device` (a CUstream), as torch's kernels would use it; nullptr
+// with a Python error set on failure (nullptr without one is the legacy default stream).
+void* current_stream(PreparedProgram& prep, int device);
+
 }  // namespace kiln::bind

@@ -16,6 +16,8 @@ struct Stats {
   long eager_fallbacks = 0;
   long graph_breaks = 0;
   long kernels_generated = 0;
+  long cudagraph_recordings = 0;  // mode="reduce-overhead": CUDA graphs recorded
+  long cudagraph_replays = 0;
   double capture_seconds = 0;
   double compile_seconds = 0;
   std::map<std::string, long> fallback_reasons;
@@ -35,6 +37,7 @@ struct ExplainRecord {
   size_t op_count = 0;
   double compile_seconds = 0;
   std::vector<std::pair<std::string, std::string>> kernels;  // name, source
+  std::string cudagraphs;        // mode="reduce-overhead": recorded, or why not
   std::vector<std::string> guards;
 };
 

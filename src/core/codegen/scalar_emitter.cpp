@@ -13,6 +13,16 @@ using loop::SRef;
 
 std::string ctype(DType t) { return dtype_ctype(t); }
 
+std::string register_ctype(DType t) { return dtype_ctype(compute_dtype(t)); }
+
+namespace {
+bool sixteen_bit(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
+// A float expression rounded to the precision of the 16-bit type `t` (its value in a register).
+std::string rounded(DType t, const std::string& e) {
+  return std::string(t == DType::Float16 ? "kiln_round_f16(" : "kiln_round_bf16(") + e + ")";
+}
+}  // namespace
+
 std::string literal(double fval, int64_t ival, DType t) {
   if (t == DType::Bool) return ival ? "true" : "false";
   if (!is_floating(t)) {
@@ -20,6 +30,7 @@ std::string literal(double fval, int64_t ival, DType t) {
     if (ival == INT64_MIN) v = "(-9223372036854775807LL - 1)";
     return t == DType::Int64 ? v : "((" + ctype(t) + ")" + v + ")";
   }
+  if (sixteen_bit(t)) return rounded(t, literal(fval, ival, DType::Float32));
   bool f32 = t == DType::Float32;
   if (std::isnan(fval)) return f32 ? "kiln_nan_f()" : "kiln_nan_d()";
   if (std::isinf(fval)) return std::string(fval < 0 ? "(-" : "(") + (f32 ? "kiln_inf_f())" : "kiln_inf_d())");
@@ -121,7 +132,7 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
     case SOp::Const: return literal(n.fval, n.ival, n.dtype);
     case SOp::Acc: return acc_name_(n.acc);
     case SOp::Load: e = p_.buffers[n.buffer].name + "[" + n.index.c_str() + "]"; break;
-    case SOp::Index: e = "((" + ctype(n.dtype) + ")(" + n.index.c_str() + "))"; break;
+    case SOp::Index: e = "((" + register_ctype(n.dtype) + ")(" + n.index.c_str() + "))"; break;
     case SOp::Cast: {
       // float -> int32/int64 -> float: one prelude helper (kiln_through_int32/64), so the CPU
       // compiler cannot fold the pair into a trunc() that keeps -0.0, inf and nan (see preludes).
@@ -133,7 +144,7 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
         break;
       }
       std::string a = expr(n.a, indent);
-      e = n.dtype == DType::Bool ? "(" + a + " != 0)" : "((" + ctype(n.dtype) + ")" + a + ")";
+      e = n.dtype == DType::Bool ? "(" + a + " != 0)" : "((" + register_ctype(n.dtype) + ")" + a + ")";
       break;
     }
     case SOp::Where: {
@@ -159,8 +170,10 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
       if (narrow(n.dtype) && !loop::sop_is_comparison(n.op)) e = "((" + ctype(n.dtype) + ")" + e + ")";
     }
   }
+  // 16-bit floats live in float registers (loads convert); a value made in one is rounded.
+  if (sixteen_bit(n.dtype) && n.op != SOp::Load) e = rounded(n.dtype, e);
   std::string name = "t" + std::to_string(counter_++);
-  out_ += indent + "const " + ctype(n.dtype) + " " + name + " = " + e + ";\n";
+  out_ += indent + "const " + register_ctype(n.dtype) + " " + name + " = " + e + ";\n";
   names_[r] = name;
   return name;
 }

@@ -10,7 +10,8 @@
 
 namespace kiln::codegen {
 
-std::string ctype(DType t);
+std::string ctype(DType t);  // the element type in memory (kiln_half / kiln_bf16 for 16-bit floats)
+std::string register_ctype(DType t);  // the type values of `t` are computed in (float for those)
 std::string literal(double fval, int64_t ival, DType t);
 int64_t int_lowest(DType t);
 int64_t int_highest(DType t);

@@ -44,6 +44,7 @@ struct Driver {
   CUresult (*launch_kernel)(CUfunction, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                             unsigned by, unsigned bz, unsigned shared_bytes, CUstream,
                             void** params, void** extra) = nullptr;
+  CUresult (*graph_launch)(void* exec, CUstream) = nullptr;  // CUgraphExec
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
   CUresult (*get_error_name)(CUresult, const char**) = nullptr;
   // Only for cuda_selftest(): kiln's kernels run on memory that PyTorch allocated.
@@ -100,6 +101,7 @@ void load_into(Driver& d) {
   bind(h, "cuModuleUnload", d.module_unload, missing);
   bind(h, "cuModuleGetFunction", d.module_get_function, missing);
   bind(h, "cuLaunchKernel", d.launch_kernel, missing);
+  bind(h, "cuGraphLaunch", d.graph_launch, missing);
   bind(h, "cuGetErrorString", d.get_error_string, missing);
   bind(h, "cuGetErrorName", d.get_error_name, missing);
   bind(h, "cuMemAlloc_v2", d.mem_alloc, missing);
@@ -252,6 +254,19 @@ bool cuda_launch(void* fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, un
                                args, nullptr);
   if (r != kCudaSuccess) {
     error = d.describe("cuLaunchKernel", r);
+    return false;
+  }
+  return true;
+}
+
+bool cuda_graph_launch(void* exec, void* stream, std::string& error) {
+  const Driver& d = driver();
+  if (!d.handle) {
+    error = d.error;
+    return false;
+  }
+  if (CUresult r = d.graph_launch(exec, static_cast<CUstream>(stream)); r != kCudaSuccess) {
+    error = d.describe("cuGraphLaunch", r);
     return false;
   }
   return true;

@@ -32,6 +32,10 @@ bool cuda_launch(void* fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, un
                  unsigned block_y, unsigned block_z, unsigned shared_bytes, void* stream,
                  void** args, std::string& error);
 
+// Launches an instantiated CUDA graph (a CUgraphExec, as torch.cuda.CUDAGraph instantiates
+// it) on `stream`. Returns false and fills `error` on failure.
+bool cuda_graph_launch(void* exec, void* stream, std::string& error);
+
 // End-to-end check of the driver path on device 0: compiles a doubling kernel with NVRTC for
 // the device's own arch, loads it, runs it on a buffer it allocates itself and compares the
 // result. Returns false and fills `error` on any failure. For tests and diagnostics.

@@ -111,6 +111,12 @@ Node* maybe_convert(Graph& g, Node* x, const Node* n) {
   return x;
 }
 
+// A 16-bit float tensor converted to float32 (the dtype its kernels compute in); others as they are.
+Node* to_compute_dtype(Graph& g, Node* x) {
+  const DType ct = compute_dtype(x->meta.dtype);
+  return ct == x->meta.dtype ? x : g.must_add("convert", {x}, A({{"dtype", ct}}));
+}
+
 void require_float(const Node* x, const std::string& op) {
   if (!is_floating(x->meta.dtype))
     throw std::runtime_error("RuntimeError: \"" + op + "_lastdim_kernel_impl\" not implemented for '" +
@@ -125,11 +131,15 @@ Node* decompose_softmax(Graph& g, Node* n, bool log) {
   if (!wrap_dim(d, x->meta.dim(), err)) throw std::runtime_error(err);
   Ints dim{d};
   if (x->meta.dim() == 0) dim = {};
+  // torch's kernels compute a 16-bit softmax in float and round the result once.
+  const DType t = x->meta.dtype;
+  x = to_compute_dtype(g, x);
   Node* m = g.must_add("amax", {x}, A({{"dim", dim}, {"keepdim", true}}));
   Node* shifted = g.must_add("sub", {x, m});
   Node* e = g.must_add("exp", {shifted});
   Node* s = g.must_add("sum", {e}, A({{"dim", dim}, {"keepdim", true}}));
   Node* r = log ? g.must_add("sub", {shifted, g.must_add("log", {s})}) : g.must_add("div", {e, s});
+  if (r->meta.dtype != t) r = g.must_add("convert", {r}, A({{"dtype", t}}));
   // torch's softmax kernels write a row-major result, whatever the input's layout
   if (r->meta.strides != ir::contiguous_strides(r->meta.sizes)) r = g.must_add("contiguous", {r});
   return r;
@@ -143,9 +153,12 @@ Node* decompose_mean(Graph& g, Node* n) {
   Attrs a;
   if (n->attrs.has("dim")) a.set("dim", n->attrs.get_ints("dim"));
   a.set("keepdim", n->attrs.get_bool("keepdim"));
+  const DType t = x->meta.dtype;
+  x = to_compute_dtype(g, x);  // a 16-bit mean divides in float and rounds once, as torch's
   Node* s = g.must_add("sum", {x}, a);
   Expr count = sym::floordiv(x->meta.numel(), sym::max(s->meta.numel(), Expr(1)));
-  return g.must_add("div", {s, g.size_value(count, DType::Int64)});
+  Node* r = g.must_add("div", {s, g.size_value(count, DType::Int64)});
+  return r->meta.dtype == t ? r : g.must_add("convert", {r}, A({{"dtype", t}}));
 }
 
 }  // namespace

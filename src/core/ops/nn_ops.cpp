@@ -86,13 +86,16 @@ Ints trailing_norm_dims(const char* op, Node* x, const Ints& shape) {
 Node* decompose_layer_norm(Graph& g, Node* n) {
   Node *x = n->inputs[0], *w = n->inputs.size() > 1 ? n->inputs[1] : nullptr, *b = n->inputs.size() > 2 ? n->inputs[2] : nullptr;
   Ints dims = trailing_norm_dims("layer_norm", x, n->attrs.get_ints("normalized_shape"));
+  // torch's kernels normalize a 16-bit input in float, weight and bias included, and round once.
+  const DType t = x->meta.dtype, ct = compute_dtype(t);
+  if (ct != t) x = g.must_add("convert", {x}, A({{"dtype", ct}}));
   Node* mean = g.must_add("mean", {x}, A({{"dim", dims}, {"keepdim", true}}));
   Node* centered = g.must_add("sub", {x, mean});
   Node* var = g.must_add("mean", {g.must_add("mul", {centered, centered})}, A({{"dim", dims}, {"keepdim", true}}));
   Node* y = g.must_add("mul", {centered, g.must_add("rsqrt", {g.must_add("add", {var, g.scalar(n->attrs.get_float("eps", 1e-5), DType::Float64)})})});
   if (w) y = g.must_add("mul", {y, w});
   if (b) y = g.must_add("add", {y, b});
-  return y;
+  return y->meta.dtype == t ? y : g.must_add("convert", {y}, A({{"dtype", t}}));
 }
 
 // rms_norm as torch's composite computes it: in float for 16-bit inputs, x * rsqrt(mean(x^2) +

@@ -29,21 +29,6 @@ void run_graph_passes(ir::Graph& g, const std::string& dump_name) {
 
 namespace {
 
-bool supported_dtypes(const loop::Program& p, std::string& error) {
-  for (const loop::Buffer& b : p.buffers) {
-    if (b.dtype == DType::Float16 || b.dtype == DType::BFloat16) {
-      bool used_by_kernel = false;
-      for (const loop::Kernel& k : p.kernels)
-        for (int id : k.buffers) used_by_kernel |= id == b.id;
-      if (used_by_kernel) {
-        error = std::string("kiln: kernels over ") + dtype_name(b.dtype) + " are not generated yet";
-        return false;
-      }
-    }
-  }
-  return true;
-}
-
 // The source of one kernel inside the translation unit, for explain.
 // Every kernel is compiled as a translation unit of its own, under one name (kUnitKernelName):
 // kernels that fuse the same ops over the same layouts (a model's repeated layers) are then the
@@ -147,7 +132,6 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
   schedule::schedule(p);
   out.loop_text = p.str();
   debug_dump(options.name + ".loop_scheduled.txt", out.loop_text);
-  if (!supported_dtypes(p, error)) return false;
   if (!symbols_bound(p, error)) return false;
 
   if (p.kernels.empty()) {

@@ -147,6 +147,41 @@ static inline float kiln_round_bf16(float x) {
   return kiln_u2f((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
 }
 
+// float16 / bfloat16 in memory. Kernels compute in float: a 16-bit buffer's element converts
+// to float when read and rounds (to nearest even) when written. The conversions are selects
+// over integer arithmetic, with no branch and no table, so loops over them vectorize.
+static inline float kiln_f16_to_f32(unsigned short h) {
+  unsigned sign = (unsigned)(h & 0x8000u) << 16, em = h & 0x7fffu;
+  // The exponent is rebiased (15 -> 127) by a multiply, which also makes subnormals normal.
+  unsigned finite = kiln_f2u(kiln_u2f(em << 13) * 0x1p112f);
+  return kiln_u2f(sign | (em >= 0x7c00u ? (em << 13) | 0x7f800000u : finite));
+}
+static inline unsigned short kiln_f32_to_f16(float x) {
+  unsigned u = kiln_f2u(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  unsigned normal = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+  // Below 2^-14 the result is a multiple of 2^-24, the ulp of 0.5: the float add rounds there.
+  unsigned subnormal = kiln_f2u(kiln_u2f(a) + 0.5f) - 0x3f000000u;
+  unsigned r = a > 0x7f800000u ? 0x7e00u : a >= 0x477ff000u ? 0x7c00u : a >= 0x38800000u ? normal : subnormal;
+  return (unsigned short)(sign | r);
+}
+static inline float kiln_bf16_to_f32(unsigned short h) { return kiln_u2f((unsigned)h << 16); }
+static inline unsigned short kiln_f32_to_bf16(float x) {
+  unsigned u = kiln_f2u(x);
+  return (unsigned short)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+struct kiln_half {
+  unsigned short bits;
+  kiln_half() = default;
+  kiln_half(float x) : bits(kiln_f32_to_f16(x)) {}
+  operator float() const { return kiln_f16_to_f32(bits); }
+};
+struct kiln_bf16 {
+  unsigned short bits;
+  kiln_bf16() = default;
+  kiln_bf16(float x) : bits(kiln_f32_to_bf16(x)) {}
+  operator float() const { return kiln_bf16_to_f32(bits); }
+};
+
 // x converted to int32/int64 and back, as x86's conversion (what torch's CPU kernels run) gives
 // it: truncated in range, the lowest integer for nan and out of range. Written out because g++
 // (-fno-trapping-math) would fold (float)(long long)x into trunc(x), keeping -0.0, inf and nan;
