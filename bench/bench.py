@@ -2,37 +2,56 @@
 """Eager vs torch.compile vs kiln, in one run.
 
     python bench/bench.py --device cpu [--rows gelu,softmax] [--repeat 10] [--out docs/benchmarks.md]
+    python bench/bench.py --device cuda --rows issue12 --tc-modes default,reduce-overhead,max-autotune \
+        --kiln-modes default,reduce-overhead
 
-Rows:
+Rows (float32 unless the name ends in _fp16 or _bf16: e.g. gelu_bf16, bert_1x8_fp16; the
+float32 workload is built, then its floating-point inputs and its model are converted):
   sincos     torch.sin(x) + torch.cos(x), 1 element
-  gelu       tanh-GELU, 16M float32 elements (1 << 24)
-  softmax    torch.softmax(x, dim=-1), 4096 x 4096 float32
+  gelu       tanh-GELU, 16M elements (1 << 24)
+  softmax    torch.softmax(x, dim=-1), 4096 x 4096
   attention  softmax(q @ k^T / sqrt(d)) @ v; CPU: (4, 8, 256, 64), GPU: (16, 8, 1024, 64)
-  resnet18   torchvision resnet18 (random weights, eval), batch 4 x 3 x 224 x 224
+  resnet18   torchvision resnet18 (random weights, eval), batch CPU: 4, GPU: 16 x 3 x 224 x 224;
+             in fp16/bf16 the model and the input are also channels-last
   bert_1x8   Hugging Face BertModel, bert-base config (random weights, eval), batch 1 x 8 tokens
-  bert_8x128 the same model, batch 8 x 128 tokens (attention mask of ones)
+  bert_8x128 the same model, batch 8 x 128 tokens (attention mask of ones; token ids stay int64)
+--rows issue12 is the set of issue 12 (meant for --device cuda): every row above in float32, gelu,
+softmax, attention and resnet18 also in bf16, the two BERT rows also in fp16 and bf16.
 
-What is measured, per row:
+Modes: --tc-modes (default "default"; e.g. default,reduce-overhead,max-autotune) and --kiln-modes
+(default "default"; e.g. default,reduce-overhead) compile every row once per mode, each with the
+same first-call, per-call and correctness measurements. A torch.compile mode whose compile and
+first call run past --tc-mode-timeout seconds (default 300) is recorded as a timeout. In the CUDA
+graph modes of torch.compile on the GPU (reduce-overhead, max-autotune) every call is preceded by
+torch.compiler.cudagraph_mark_step_begin(), since a replay overwrites the previous outputs. The
+table gives per call and 1st call of every mode, then kiln's best per call (lowest over its modes)
+over torch.compile's, and torch.compile's first call over kiln's (mode default).
+
+What is measured, per row and mode:
   per call   median over --repeat samples after warm-up; a sample times enough back-to-back
              calls to last about 20 ms (one call for the big rows), divided by their number;
              torch.cuda.synchronize() closes every sample on the GPU.
   1st call   the first call of a freshly compiled function: capture + compile + one run, with
-             empty in-memory state (torch._dynamo.reset(), kiln.reset()) and empty disk caches
-             (TORCHINDUCTOR_CACHE_DIR and KILN_CACHE_DIR point at new temporary folders).
-             Each worker first compiles an unrelated function once, so these numbers leave
-             out one-time process start-up (imports, compiler detection); the section "first
-             call in a fresh process" reports that separately.
-  warm       the same first call after resetting in-memory state, its disk cache kept.
+             empty in-memory state (torch._dynamo.reset() and inductor's in-memory kernel caches,
+             kiln.reset()) and empty disk caches (TORCHINDUCTOR_CACHE_DIR and KILN_CACHE_DIR
+             point at new temporary folders).
+             Each worker first compiles an unrelated function once in every mode, so these
+             numbers leave out one-time process start-up (imports, compiler detection); the
+             section "first call in a fresh process" reports that separately.
+  warm       the same first call after resetting in-memory state, its disk cache kept (mode
+             default only).
   kernels    len(kiln.explain(fn)(*args).kernels).
 
 Everything runs under torch.no_grad(). Results are checked against eager with
-torch.testing.assert_close. Each compiler runs in its own worker process (eager and
-torch.compile share one), so a crash in one is recorded in the table instead of ending the run.
-This file is a parent that imports neither torch nor kiln; it starts itself as the workers.
+torch.testing.assert_close (tolerances: CHECK_TOL, TF32_CONV_TOL). Each compiler runs in its own worker
+process (eager and torch.compile share one), so a crash in one is recorded in the table instead of
+ending the run. This file is a parent that imports neither torch nor kiln; it starts itself as the
+workers.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -43,21 +62,42 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "@@kiln-bench "
 ROW_NAMES = ("sincos", "gelu", "softmax", "attention", "resnet18", "bert_1x8", "bert_8x128")
+# The GPU table of issue 12 (--rows issue12).
+ISSUE12_ROWS = ("sincos", "gelu", "gelu_bf16", "softmax", "softmax_bf16", "attention", "attention_bf16",
+                "resnet18", "resnet18_bf16", "bert_1x8", "bert_1x8_fp16", "bert_1x8_bf16",
+                "bert_8x128", "bert_8x128_fp16", "bert_8x128_bf16")
+ROW_SETS = {"issue12": ISSUE12_ROWS}
+# Row-name suffix -> torch dtype name; no suffix is fp32.
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# assert_close tolerances (rtol, atol) against eager, by dtype. fp32: convolution algorithms
+# differ. fp16/bf16: eager rounds every intermediate to the dtype while fused kernels keep them in
+# float32, so results differ by a few units in the last place (bf16: 2^-8 relative), more after
+# BERT's 12 layers (torch.compile, bf16 BERT 8x128 on an H100: up to 0.094 apart, values up to 4.9).
+CHECK_TOL = {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 2e-2), "bf16": (5e-2, 1.5e-1)}
+# float32 convolutions on the GPU: cuDNN runs them in TF32 by default (torch.backends.cudnn.
+# allow_tf32), and eager and compiled code pick different algorithms, so they are TF32 rounding
+# apart (torch.compile, resnet18 batch 16 on an H100: up to 8.5e-4 apart, values up to 6.1).
+TF32_CONV_TOL = (2e-3, 2e-3)
+CONV_ROWS = ("resnet18",)
 ROW_TITLES = {
-    "sincos": "sin+cos, 1 element",
-    "gelu": "GELU (tanh), 16M float32",
-    "softmax": "softmax, 4096x4096 float32",
-    "attention": "attention {shape} float32",
-    "resnet18": "torchvision resnet18, batch 4 x 224x224",
-    "bert_1x8": "BERT-base (transformers), batch 1 x 8 tokens",
-    "bert_8x128": "BERT-base (transformers), batch 8 x 128 tokens",
+    "sincos": "sin+cos, 1 element, {dtype}",
+    "gelu": "GELU (tanh), 16M {dtype}",
+    "softmax": "softmax, 4096x4096 {dtype}",
+    "attention": "attention {shape} {dtype}",
+    "resnet18": "torchvision resnet18, batch {batch} x 224x224, {dtype}",
+    "bert_1x8": "BERT-base (transformers), batch 1 x 8 tokens, {dtype}",
+    "bert_8x128": "BERT-base (transformers), batch 8 x 128 tokens, {dtype}",
 }
+TC_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+KILN_MODES = ("default", "lite", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OVERHEAD_CALLS = 2000
+DEFAULT_TC_MODE_TIMEOUT = 300.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -90,34 +130,75 @@ def attention_shape(device: str) -> tuple:
     return (16, 8, 1024, 64) if device == "cuda" else (4, 8, 256, 64)
 
 
+def resnet_batch(device: str) -> int:
+    return 16 if device == "cuda" else 4  # issue 12 asks for batch 16 on the GPU
+
+
+def parse_row(name: str) -> tuple:
+    """'bert_1x8_fp16' -> ('bert_1x8', 'fp16'); a name without a dtype suffix is fp32."""
+    base, _, suffix = name.rpartition("_")
+    if suffix in DTYPES and base:
+        return base, suffix
+    return name, "fp32"
+
+
+def channels_last(base: str, dtype: str) -> bool:
+    # Convolutions in fp16/bf16 run on tensor cores in NHWC; NCHW would time layout conversions.
+    return base == "resnet18" and dtype != "fp32"
+
+
+def row_title(name: str, device: str) -> str:
+    base, dtype = parse_row(name)
+    dtype_text = DTYPES[dtype] + (" channels-last" if channels_last(base, dtype) else "")
+    return ROW_TITLES[base].format(shape="x".join(map(str, attention_shape(device))),
+                                   batch=resnet_batch(device), dtype=dtype_text)
+
+
 def build_row(name: str, device: str):
+    """The row's function (or model) and arguments, in the row's dtype."""
+    base, dtype = parse_row(name)
+    fn, args = build_fp32_row(base, device)
+    if dtype == "fp32":
+        return fn, args
+    to = dict(dtype=getattr(torch, DTYPES[dtype]))
+    if channels_last(base, dtype):
+        to["memory_format"] = torch.channels_last
+    if isinstance(fn, torch.nn.Module):
+        fn = fn.to(**to)
+    # Floating-point tensors only: token ids and attention masks stay int64.
+    args = tuple(a.to(**to) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    return fn, args
+
+
+def build_fp32_row(base: str, device: str):
     g = torch.Generator().manual_seed(0)
 
     def randn(*shape):
         return torch.randn(*shape, generator=g).to(device)
 
-    if name == "sincos":
+    if base == "sincos":
         return sin_cos, (randn(1),)
-    if name == "gelu":
+    if base == "gelu":
         return gelu, (randn(1 << 24),)
-    if name == "softmax":
+    if base == "softmax":
         return softmax, (randn(4096, 4096),)
-    if name == "attention":
+    if base == "attention":
         shape = attention_shape(device)
         return attention, (randn(*shape), randn(*shape), randn(*shape))
-    if name == "resnet18":
+    if base == "resnet18":
         import torchvision
         torch.manual_seed(0)
-        return torchvision.models.resnet18().to(device).eval(), (randn(4, 3, 224, 224),)
-    if name.startswith("bert_"):
+        model = torchvision.models.resnet18().to(device).eval()
+        return model, (randn(resnet_batch(device), 3, 224, 224),)
+    if base.startswith("bert_"):
         import transformers
         torch.manual_seed(0)
-        batch, seq = (int(n) for n in name[5:].split("x"))
+        batch, seq = (int(n) for n in base[5:].split("x"))
         model = transformers.BertModel(transformers.BertConfig()).to(device).eval()  # bert-base sizes
         ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=g).to(device)
         mask = torch.ones(batch, seq, dtype=torch.long, device=device)
         return model, (ids, mask)
-    raise ValueError(name)
+    raise ValueError(base)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,9 +257,17 @@ def overhead_us(fn, args, sync, calls: int = OVERHEAD_CALLS) -> float:
     return statistics.median(samples) / 1e3
 
 
-def check(out, ref) -> str | None:
+def check_tol(name: str, device: str) -> tuple:
+    base, dtype = parse_row(name)
+    if dtype == "fp32" and device == "cuda" and base in CONV_ROWS:
+        return TF32_CONV_TOL
+    return CHECK_TOL[dtype]
+
+
+def check(out, ref, tol: tuple = CHECK_TOL["fp32"]) -> str | None:
+    rtol, atol = tol
     try:
-        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)  # convolutions: algorithms differ
+        torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
         return None
     except Exception as e:  # noqa: BLE001 - any mismatch is reported, not raised
         return "wrong result: " + " ".join(str(e).split())[:200]
@@ -192,6 +281,53 @@ def fresh_dir(root: str, name: str) -> str:
     return tempfile.mkdtemp(prefix=name + "-", dir=root)
 
 
+def mode_key(key: str, mode: str) -> str:
+    """Result key of a mode: mode default keeps the plain key ('tc_s'), others get a suffix
+    ('tc_s@reduce-overhead')."""
+    return key if mode == "default" else f"{key}@{mode}"
+
+
+class Timeout(BaseException):
+    """Raised by the alarm. Not an Exception, so that torch's own `except Exception` handlers
+    inside the compile let it through."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raises Timeout in the main thread after `seconds` (0: no limit)."""
+    if not seconds:
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise Timeout()
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def uses_cudagraphs(mode: str, device: str) -> bool:
+    return device == "cuda" and mode in ("reduce-overhead", "max-autotune")
+
+
+def tc_compile(fn, mode: str, device: str):
+    compiled = torch.compile(fn, mode=mode)
+    if not uses_cudagraphs(mode, device):
+        return compiled
+
+    def step(*args):
+        # A CUDA graph replay overwrites the outputs of the previous one: marking the start of a
+        # step (the documented way) tells torch those outputs are dead, so that back-to-back
+        # calls in the timing loops neither fail nor re-record.
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args)
+    return step
+
+
 def worker_env_info(device: str) -> None:
     info = {"torch": torch.__version__, "python": platform.python_version(),
             "threads": torch.get_num_threads()}
@@ -200,15 +336,56 @@ def worker_env_info(device: str) -> None:
     emit(event="env", **info)
 
 
-def worker_torch(rows, device, repeat, cache_root) -> None:
+def tc_mode_limit(timeout: float) -> float:
+    """How long the parent lets one torch.compile mode of a row run before it kills the worker:
+    a backstop for a hang the alarm cannot interrupt (one inside a C call). The alarm covers the
+    compile and first call; the rest of the mode (the timing loops) takes far less."""
+    return 2 * timeout + 60 if timeout else 0
+
+
+def measure_tc(name, fn, args, ref, mode, device, repeat, sync, cache_root, timeout) -> dict:
+    """torch.compile in one mode: first call (fresh caches), check, per call; in mode default
+    also the first call with a warm disk cache."""
+    def key(k):
+        return mode_key(k, mode)
+    res = {}
+    try:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh_dir(cache_root, f"inductor-{name}-{mode}")
+        torch._dynamo.reset()
+        # Inductor keeps compiled kernels in memory by source hash, which dynamo.reset() keeps:
+        # without this, a later mode generating the same kernels would skip their compilation.
+        torch._inductor.utils.clear_inductor_caches()
+        compiled = tc_compile(fn, mode, device)
+        with time_limit(timeout):
+            res[key("tc_cold_s")], out = first_call(compiled, args, sync)
+        bad = check(out, ref, check_tol(name, device))
+        del out  # CUDA graphs: the next replay overwrites it
+        if bad:
+            res[key("tc_error")] = bad
+        res[key("tc_s")] = per_call(compiled, args, repeat, sync)
+        if mode == "default":
+            torch._dynamo.reset()
+            res["tc_warm_s"], _ = first_call(torch.compile(fn), args, sync)
+    except Timeout:
+        res[key("tc_error")] = f"timeout: compile + first call over {timeout:g} s (--tc-mode-timeout)"
+    except Exception as e:  # noqa: BLE001
+        res[key("tc_error")] = short_error(e)
+    finally:
+        torch._dynamo.reset()  # frees CUDA graph memory pools before the next mode
+    return res
+
+
+def worker_torch(rows, device, repeat, cache_root, modes, timeout) -> None:
     """Eager and torch.compile, one process for all rows."""
     import torch._dynamo
+    import torch._inductor.utils
     worker_env_info(device)
     sync = make_sync(device)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh_dir(cache_root, "inductor-warmup")
-    torch.compile(_warmup_fn)(torch.ones(8, device=device))
-    sync()
-    torch._dynamo.reset()
+    for mode in modes:  # one-time start-up of every mode, outside the first-call numbers
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh_dir(cache_root, f"inductor-warmup-{mode}")
+        tc_compile(_warmup_fn, mode, device)(torch.ones(8, device=device))
+        sync()
+        torch._dynamo.reset()
     for name in rows:
         emit(event="start", row=name)
         if name == "overhead":
@@ -225,30 +402,54 @@ def worker_torch(rows, device, repeat, cache_root) -> None:
         fn, args = build_row(name, device)
         ref = fn(*args)
         res = {"eager_s": per_call(fn, args, repeat, sync)}
-        try:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh_dir(cache_root, "inductor-" + name)
-            torch._dynamo.reset()
-            compiled = torch.compile(fn)
-            res["tc_cold_s"], out = first_call(compiled, args, sync)
-            bad = check(out, ref)
-            if bad:
-                res["tc_error"] = bad
-            res["tc_s"] = per_call(compiled, args, repeat, sync)
-            torch._dynamo.reset()
-            res["tc_warm_s"], _ = first_call(torch.compile(fn), args, sync)
-        except Exception as e:  # noqa: BLE001
-            res["tc_error"] = short_error(e)
+        for mode in modes:
+            # Results so far reach the parent first, so a crash in this mode loses only this mode.
+            emit(event="partial", row=name, **res)
+            emit(event="start", row=name, mode=mode, limit_s=tc_mode_limit(timeout))
+            res.update(measure_tc(name, fn, args, ref, mode, device, repeat, sync, cache_root, timeout))
         emit(event="result", row=name, **res)
 
 
-def worker_kiln(rows, device, repeat, cache_root) -> None:
+def measure_kiln(kiln, name, fn, args, ref, mode, device, repeat, sync, cache_root) -> dict:
+    """kiln in one mode: first call (fresh caches), check, per call; in mode default also the
+    first call with a warm disk cache and the kernel count."""
+    def key(k):
+        return mode_key(k, mode)
+    res = {}
+    try:
+        os.environ["KILN_CACHE_DIR"] = fresh_dir(cache_root, f"kiln-{name}-{mode}")
+        kiln.reset()
+        compiled = kiln.compile(fn, mode=mode)
+        res[key("kiln_cold_s")], out = first_call(compiled, args, sync)
+        st = kiln.stats()
+        if st.get("eager_fallbacks"):
+            reasons = "; ".join(f"{k} (x{v})" for k, v in dict(st.get("fallback_reasons", {})).items())
+            res[key("kiln_fallback")] = reasons or "eager fallback"
+        bad = check(out, ref, check_tol(name, device))
+        del out
+        if bad:
+            res[key("kiln_error")] = bad
+        res[key("kiln_s")] = per_call(compiled, args, repeat, sync)
+        if mode == "default":
+            kiln.reset()
+            res["kiln_warm_s"], _ = first_call(kiln.compile(fn), args, sync)
+            res["kiln_warm_disk_hits"] = kiln.stats().get("cache_hits_disk", 0)
+            res.update(kiln_explain(kiln, fn, args))
+    except Exception as e:  # noqa: BLE001
+        res[key("kiln_error")] = short_error(e)
+    return res
+
+
+def worker_kiln(rows, device, repeat, cache_root, modes) -> None:
     """kiln; the parent restarts it past a row that crashes it."""
     import kiln
     sync = make_sync(device)
-    os.environ["KILN_CACHE_DIR"] = fresh_dir(cache_root, "kiln-warmup")
-    kiln.compile(_warmup_fn)(torch.ones(8, device=device))
-    sync()
-    kiln.reset()
+    for mode in modes:  # one-time start-up of every mode, outside the first-call numbers
+        # (kiln warns here, once, about a mode it does not implement yet and compiles as default)
+        os.environ["KILN_CACHE_DIR"] = fresh_dir(cache_root, f"kiln-warmup-{mode}")
+        kiln.compile(_warmup_fn, mode=mode)(torch.ones(8, device=device))
+        sync()
+        kiln.reset()
     for name in rows:
         emit(event="start", row=name)
         if name == "overhead":
@@ -260,25 +461,10 @@ def worker_kiln(rows, device, repeat, cache_root) -> None:
         fn, args = build_row(name, device)
         ref = fn(*args)
         res = {}
-        try:
-            os.environ["KILN_CACHE_DIR"] = fresh_dir(cache_root, "kiln-" + name)
-            kiln.reset()
-            compiled = kiln.compile(fn)
-            res["kiln_cold_s"], out = first_call(compiled, args, sync)
-            st = kiln.stats()
-            if st.get("eager_fallbacks"):
-                reasons = "; ".join(f"{k} (x{v})" for k, v in dict(st.get("fallback_reasons", {})).items())
-                res["kiln_fallback"] = reasons or "eager fallback"
-            bad = check(out, ref)
-            if bad:
-                res["kiln_error"] = bad
-            res["kiln_s"] = per_call(compiled, args, repeat, sync)
-            kiln.reset()
-            res["kiln_warm_s"], _ = first_call(kiln.compile(fn), args, sync)
-            res["kiln_warm_disk_hits"] = kiln.stats().get("cache_hits_disk", 0)
-            res.update(kiln_explain(kiln, fn, args))
-        except Exception as e:  # noqa: BLE001
-            res["kiln_error"] = short_error(e)
+        for mode in modes:
+            emit(event="partial", row=name, **res)
+            emit(event="start", row=name, mode=mode)
+            res.update(measure_kiln(kiln, name, fn, args, ref, mode, device, repeat, sync, cache_root))
         emit(event="result", row=name, **res)
 
 
@@ -322,6 +508,10 @@ def worker_cold_process(which, device, cache_root) -> None:
     emit(event="result", row="process", **res)
 
 
+def split_modes(text: str) -> list:
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
 def run_worker(args) -> None:
     global torch
     sys.path.insert(0, REPO)
@@ -333,9 +523,10 @@ def run_worker(args) -> None:
     torch.set_grad_enabled(False)
     rows = [r for r in args.worker_rows.split(",") if r]
     if args.worker == "torch":
-        worker_torch(rows, args.device, args.repeat, args.cache_root)
+        worker_torch(rows, args.device, args.repeat, args.cache_root, split_modes(args.tc_modes),
+                     args.tc_mode_timeout)
     elif args.worker == "kiln":
-        worker_kiln(rows, args.device, args.repeat, args.cache_root)
+        worker_kiln(rows, args.device, args.repeat, args.cache_root, split_modes(args.kiln_modes))
     elif args.worker == "kiln-explain":
         worker_kiln_explain(rows, args.device, args.repeat, args.cache_root)
     elif args.worker in ("cold-torch", "cold-kiln"):
@@ -350,55 +541,99 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def worker_cmd(kind: str, rows: list, opts, cache_root: str) -> list:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--worker-rows", ",".join(rows),
+           "--device", opts.device, "--repeat", str(opts.repeat), "--cache-root", cache_root,
+           "--tc-modes", opts.tc_modes, "--kiln-modes", opts.kiln_modes,
+           "--tc-mode-timeout", str(opts.tc_mode_timeout)]
+    if opts.threads:
+        cmd += ["--threads", str(opts.threads)]
+    return cmd
+
+
+class Watchdog:
+    """Kills a worker whose current phase (a row's torch.compile mode) runs past the limit that
+    the worker announced with it: the backstop for a hang the worker's own alarm cannot end."""
+
+    def __init__(self, proc):
+        self.proc, self.timer, self.fired = proc, None, None
+
+    def arm(self, seconds: float) -> None:
+        self.disarm()
+        if seconds:
+            self.timer = threading.Timer(seconds, self._fire, (seconds,))
+            self.timer.daemon = True
+            self.timer.start()
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _fire(self, seconds: float) -> None:
+        self.fired = seconds
+        self.proc.kill()
+
+
+def exit_reason(rc: int, stderr_tail: list, watchdog: Watchdog) -> str:
+    if watchdog.fired:
+        return f"timeout: worker killed after {watchdog.fired:g} s in this mode (--tc-mode-timeout backstop)"
+    if rc < 0:
+        try:
+            return f"crashed ({signal.Signals(-rc).name})"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    why = f"worker exited with status {rc}"
+    if stderr_tail:
+        why += ": " + stderr_tail[-1][:200]
+    return why
+
+
 def spawn(kind: str, rows: list, opts, cache_root: str, results: dict, env_info: dict, errors: dict):
     """Runs one worker over `rows`, restarting it past a row that kills it. Results are merged
-    into results[row]; a row that kills its worker gets errors[(kind, row)]."""
+    into results[row]; a row that kills its worker gets errors[(kind, row)], or
+    errors[(kind, row, mode)] when it died in one compiler mode (the row's later modes are
+    skipped; its earlier ones came as "partial" events and are kept)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONUNBUFFERED", "1")
     pending = list(rows)
     while pending:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--worker-rows", ",".join(pending),
-               "--device", opts.device, "--repeat", str(opts.repeat), "--cache-root", cache_root]
-        if opts.threads:
-            cmd += ["--threads", str(opts.threads)]
         with tempfile.TemporaryFile(mode="w+") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-            current = None
+            proc = subprocess.Popen(worker_cmd(kind, pending, opts, cache_root), stdout=subprocess.PIPE,
+                                    stderr=err, text=True, env=env)
+            watchdog = Watchdog(proc)
+            current = current_mode = None
             for line in proc.stdout:
                 if not line.startswith(MARK):
                     continue
                 msg = json.loads(line[len(MARK):])
+                watchdog.disarm()
                 if msg["event"] == "env":
                     env_info.update({k: v for k, v in msg.items() if k != "event"})
                 elif msg["event"] == "start":
-                    current = msg["row"]
-                    log(f"{kind}: {current} ...")
-                elif msg["event"] == "result":
+                    current, current_mode = msg["row"], msg.get("mode")
+                    log(f"{kind}: {current}" + (f" [{current_mode}]" if current_mode else "") + " ...")
+                    watchdog.arm(msg.get("limit_s", 0))
+                elif msg["event"] in ("partial", "result"):
                     results.setdefault(msg["row"], {}).update(
                         {k: v for k, v in msg.items() if k not in ("event", "row")})
-                    if msg["row"] in pending:
-                        pending.remove(msg["row"])
-                    current = None
+                    if msg["event"] == "result":
+                        if msg["row"] in pending:
+                            pending.remove(msg["row"])
+                        current = current_mode = None
             rc = proc.wait()
+            watchdog.disarm()
             if rc == 0 and not pending:
                 return
             err.seek(0)
             tail = [ln.strip() for ln in err.read().splitlines() if ln.strip()]
-        if rc < 0:
-            try:
-                why = f"crashed ({signal.Signals(-rc).name})"
-            except ValueError:
-                why = f"killed by signal {-rc}"
-        else:
-            why = f"worker exited with status {rc}"
-            if tail:
-                why += ": " + tail[-1][:200]
+        why = exit_reason(rc, tail, watchdog)
         failed = current if current is not None else (pending[0] if pending else None)
-        log(f"{kind}: {failed or 'start-up'}: {why}")
+        log(f"{kind}: {failed or 'start-up'}" + (f" [{current_mode}]" if current_mode else "") + f": {why}")
         if failed is None:
             return
-        errors[(kind, failed)] = why
+        errors[(kind, failed, current_mode) if current_mode else (kind, failed)] = why
         if current is None:  # died before reaching any row: the rest would die the same way
             for r in pending:
                 errors[(kind, r)] = why
@@ -423,7 +658,7 @@ def fmt_ratio(num, den) -> str:
 
 
 def fail_cell(why: str) -> str:
-    for word in ("crashed", "wrong"):
+    for word in ("crashed", "wrong", "timeout"):
         if why.startswith(word):
             return word
     return "error"
@@ -461,6 +696,110 @@ def kiln_version() -> str:
     return version
 
 
+def mode_label(tool: str, mode: str) -> str:
+    return tool if mode == "default" else f"{tool} {mode}"
+
+
+def mode_outcome(r: dict, errors: dict, kind: str, name: str, mode: str, prefix: str) -> dict:
+    """One compiler mode of one row: its error (a crash of the worker, a timeout or an error the
+    worker caught), eager fallback, per-call and first-call seconds."""
+    def key(k):
+        return mode_key(k, mode)
+    return {"error": errors.get((kind, name, mode)) or errors.get((kind, name)) or r.get(key(prefix + "_error")),
+            "fallback": r.get(key(prefix + "_fallback")),
+            "per_call": r.get(key(prefix + "_s")), "first": r.get(key(prefix + "_cold_s"))}
+
+
+def outcome_cells(o: dict) -> list:
+    """[per call, 1st call] cells of a mode."""
+    if o["error"]:
+        per_call = fail_cell(o["error"])
+    elif o["fallback"]:
+        per_call = f"fallback ({fmt_time(o['per_call'])})"
+    else:
+        per_call = fmt_time(o["per_call"])
+    return [per_call, fmt_time(o["first"])]
+
+
+def valid(o: dict, key: str):
+    """A time of a mode that ran right and compiled (no error, no eager fallback), else None."""
+    return None if o["error"] or o["fallback"] else o[key]
+
+
+def best(outcomes: list):
+    times = [valid(o, "per_call") for o in outcomes if valid(o, "per_call") is not None]
+    return min(times) if times else None
+
+
+def render_rows(opts, rows, results, errors, notes: list) -> list:
+    """The main table: eager, then per call and 1st call of every torch.compile and kiln mode,
+    then the ratios, warm-cache first calls and kiln's kernel count."""
+    tools = (("torch", "tc", "torch.compile", opts.tc_mode_list),
+             ("kiln", "kiln", "kiln", opts.kiln_mode_list))
+    head = ["workload", "eager"]
+    for _, _, tool, modes in tools:
+        for mode in modes:
+            head += [mode_label(tool, mode), mode_label(tool, mode) + " 1st call"]
+    head += ["kiln best / tc best", "tc 1st / kiln 1st", "torch.compile 1st call, warm cache",
+             "kiln 1st call, warm disk cache", "kiln kernels"]
+    out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for name in rows:
+        r = results.get(name, {})
+        eager = r.get("eager_s")
+        cells = [row_title(name, opts.device),
+                 "error" if errors.get(("torch", name)) and eager is None else fmt_time(eager)]
+        outcomes = {}
+        for kind, prefix, tool, modes in tools:
+            outcomes[kind] = {}
+            for mode in modes:
+                o = outcomes[kind][mode] = mode_outcome(r, errors, kind, name, mode, prefix)
+                cells += outcome_cells(o)
+                # A worker that died on the row outside any mode failed all its modes: one note.
+                where = tool if errors.get((kind, name)) else mode_label(tool, mode)
+                note = (f"**{name}, {where}: {o['error']}**" if o["error"] else
+                        f"**{name}, {where}: fallback: {o['fallback']}**" if o["fallback"] else None)
+                if note and note not in notes:
+                    notes.append(note)
+        tc, kl = outcomes["torch"], outcomes["kiln"]
+        tc_first = valid(tc["default"], "first") if "default" in tc else None
+        kiln_first = valid(kl["default"], "first") if "default" in kl else None
+        cells += [fmt_ratio(best(list(kl.values())), best(list(tc.values()))), fmt_ratio(tc_first, kiln_first)]
+        cells += [fmt_time(r.get("tc_warm_s")), kiln_warm_cell(r, kl.get("default"))]
+        cells.append(kernels_cell(r))
+        if r.get("explain_error"):
+            notes.append(f"{name}, kiln.explain: {r['explain_error']}")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def kiln_warm_cell(r: dict, default) -> str:
+    warm = r.get("kiln_warm_s")
+    if warm is None or default is None or default["error"]:
+        return "—"
+    return fmt_time(warm) + ("" if r.get("kiln_warm_disk_hits") else " (no disk hit)")
+
+
+def kernels_cell(r: dict) -> str:
+    kernels = r.get("kiln_kernels")
+    cell = "—" if kernels is None else str(kernels)
+    if r.get("kiln_graphs", 1) != 1 or r.get("kiln_breaks"):
+        cell += f" ({r.get('kiln_graphs')} graphs, {r.get('kiln_breaks')} breaks)"
+    return cell
+
+
+def bench_command(opts) -> str:
+    cmd = f"python bench/bench.py --device {opts.device} --rows {opts.rows} --repeat {opts.repeat}"
+    if opts.threads:
+        cmd += f" --threads {opts.threads}"
+    if opts.tc_modes != "default":
+        cmd += f" --tc-modes {opts.tc_modes}"
+    if opts.kiln_modes != "default":
+        cmd += f" --kiln-modes {opts.kiln_modes}"
+    if opts.tc_mode_timeout != DEFAULT_TC_MODE_TIMEOUT:
+        cmd += f" --tc-mode-timeout {opts.tc_mode_timeout:g}"
+    return cmd
+
+
 def render(opts, rows, results, errors, env_info, started: str, load: str, elapsed: float) -> str:
     device = opts.device
     title = f"{cpu_model()}, {os.cpu_count()} cores"
@@ -470,59 +809,19 @@ def render(opts, rows, results, errors, env_info, started: str, load: str, elaps
     out.append(f"- torch {env_info.get('torch', '?')}, kiln {kiln_version()}, Python {env_info.get('python', '?')}")
     out.append(f"- device `{device}`; torch intra-op threads: {env_info.get('threads', '?')}; "
                f"load average at start: {load}")
-    cmd = f"python bench/bench.py --device {device} --rows {','.join(rows)} --repeat {opts.repeat}"
-    if opts.threads:
-        cmd += f" --threads {opts.threads}"
-    out.append(f"- `{cmd}` ({elapsed:.0f} s in all)")
+    out.append(f"- `{bench_command(opts)}` ({elapsed:.0f} s in all)")
     out.append("")
-    out.append("| workload | eager | torch.compile | kiln | kiln vs eager | kiln vs torch.compile "
-               "| torch.compile 1st call | torch.compile 1st call, warm cache | kiln 1st call "
-               "| kiln 1st call, warm disk cache | kiln kernels |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     notes = []
-    for name in rows:
-        r = results.get(name, {})
-        label = ROW_TITLES[name].format(shape="x".join(map(str, attention_shape(device))))
-        tc_err = errors.get(("torch", name)) or r.get("tc_error")
-        kiln_err = errors.get(("kiln", name)) or r.get("kiln_error")
-        kiln_fb = r.get("kiln_fallback")
-        eager = r.get("eager_s")
-        tc = r.get("tc_s") if not tc_err else None
-        kl = r.get("kiln_s") if not (kiln_err or kiln_fb) else None
-        if errors.get(("torch", name)) and eager is None:
-            eager_cell = "error"
-        else:
-            eager_cell = fmt_time(eager)
-        tc_cell = fail_cell(tc_err) if tc_err else fmt_time(tc)
-        if kiln_err:
-            kiln_cell = fail_cell(kiln_err)
-            notes.append(f"**{name}, kiln: {errors.get(('kiln', name)) or r.get('kiln_error')}**")
-        elif kiln_fb:
-            kiln_cell = f"fallback ({fmt_time(r.get('kiln_s'))})"
-            notes.append(f"**{name}, kiln: fallback: {kiln_fb}**")
-        else:
-            kiln_cell = fmt_time(kl)
-        if tc_err:
-            notes.append(f"**{name}, torch.compile: {tc_err}**")
-        kernels = r.get("kiln_kernels")
-        kcell = "—" if kernels is None else str(kernels)
-        if r.get("kiln_graphs", 1) != 1 or r.get("kiln_breaks"):
-            kcell += f" ({r.get('kiln_graphs')} graphs, {r.get('kiln_breaks')} breaks)"
-        if r.get("explain_error"):
-            notes.append(f"{name}, kiln.explain: {r['explain_error']}")
-        warm = r.get("kiln_warm_s")
-        warm_cell = fmt_time(warm)
-        if warm is not None and not r.get("kiln_warm_disk_hits"):
-            warm_cell += " (no disk hit)"
-        out.append(f"| {label} | {eager_cell} | {tc_cell} | {kiln_cell} | {fmt_ratio(eager, kl)} "
-                   f"| {fmt_ratio(tc, kl)} | {fmt_time(r.get('tc_cold_s'))} | {fmt_time(r.get('tc_warm_s'))} "
-                   f"| {fmt_time(r.get('kiln_cold_s') if not kiln_err else None)} "
-                   f"| {fmt_time(warm if not kiln_err else None)} | {kcell} |")
+    out += render_rows(opts, rows, results, errors, notes)
     out.append("")
-    out.append("Per call: median of the repeats. Ratios are speedups (eager time / kiln time, "
-               "torch.compile time / kiln time): above 1, kiln is faster. 1st call: capture, compile "
-               "and one run, in-memory state reset and disk caches empty (warm cache: disk cache kept), "
-               "process start-up excluded.")
+    out.append("Per call: median of the repeats. kiln best / tc best: kiln's lowest per-call time over its "
+               "modes divided by torch.compile's lowest over its modes (below 1, kiln is faster). "
+               "tc 1st / kiln 1st: torch.compile's first call divided by kiln's, mode default "
+               "(above 1, kiln is faster). 1st call: capture, compile and one run, in-memory state reset "
+               "and disk caches empty (warm cache: disk cache kept, mode default), process start-up "
+               "excluded." + (" torch.compile's CUDA graph modes (reduce-overhead, max-autotune) call "
+                              "torch.compiler.cudagraph_mark_step_begin() before every call."
+                              if device == "cuda" else ""))
     ov = results.get("overhead")
     if ov is not None or ("torch", "overhead") in errors or ("kiln", "overhead") in errors:
         ov = ov or {}
@@ -563,15 +862,31 @@ def render(opts, rows, results, errors, env_info, started: str, load: str, elaps
     return "\n".join(out)
 
 
+def expand_rows(spec: str) -> list:
+    """'issue12,gelu' -> the rows of the set issue12, then gelu; each row once, in order."""
+    rows = []
+    for item in (r.strip() for r in spec.split(",")):
+        rows += ROW_SETS.get(item, [item] if item else [])
+    return list(dict.fromkeys(rows))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--rows", default=",".join(ROW_NAMES),
-                    help="comma-separated subset of: " + ", ".join(ROW_NAMES))
+                    help="comma-separated rows, each of " + ", ".join(ROW_NAMES) + " with an optional "
+                    "dtype suffix (_fp16, _bf16; e.g. gelu_bf16), or a named set: " + ", ".join(ROW_SETS))
     ap.add_argument("--repeat", type=int, default=10, help="timed samples per measurement (default 10)")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads for torch and kiln (OMP_NUM_THREADS); default: torch's default")
+    ap.add_argument("--tc-modes", default="default",
+                    help="comma-separated torch.compile modes, of: " + ", ".join(TC_MODES) + " (default: default)")
+    ap.add_argument("--kiln-modes", default="default",
+                    help="comma-separated kiln.compile modes, of: " + ", ".join(KILN_MODES) + " (default: default)")
+    ap.add_argument("--tc-mode-timeout", type=float, default=DEFAULT_TC_MODE_TIMEOUT,
+                    help="seconds a torch.compile mode may take to compile and run a row once before it "
+                    "is recorded as a timeout; 0: no limit (default %(default)g)")
     ap.add_argument("--out", help="append the results as a markdown section to this file")
     ap.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead section")
     ap.add_argument("--no-process-cold", action="store_true",
@@ -584,12 +899,23 @@ def main() -> int:
         run_worker(opts)
         return 0
 
-    rows = [r.strip() for r in opts.rows.split(",") if r.strip()]
-    unknown = [r for r in rows if r not in ROW_NAMES]
+    rows = expand_rows(opts.rows)
+    unknown = [r for r in rows if parse_row(r)[0] not in ROW_NAMES]
     if unknown:
-        ap.error(f"unknown rows {unknown}; choose from {', '.join(ROW_NAMES)}")
+        ap.error(f"unknown rows {unknown}; choose from {', '.join(ROW_NAMES)} (optionally with a suffix "
+                 f"{', '.join('_' + d for d in DTYPES)}) or a set: {', '.join(ROW_SETS)}")
     if opts.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if opts.tc_mode_timeout < 0:
+        ap.error("--tc-mode-timeout must be 0 or more")
+    opts.rows = ",".join(r.strip() for r in opts.rows.split(",") if r.strip())
+    for flag, allowed in (("tc_modes", TC_MODES), ("kiln_modes", KILN_MODES)):
+        modes = list(dict.fromkeys(split_modes(getattr(opts, flag))))  # in order, without repeats
+        bad = [m for m in modes if m not in allowed]
+        if bad or not modes:
+            ap.error(f"--{flag.replace('_', '-')}: unknown or no modes {bad}; choose from {', '.join(allowed)}")
+        setattr(opts, flag, ",".join(modes))
+        setattr(opts, flag[:-1] + "_list", modes)  # opts.tc_mode_list, opts.kiln_mode_list
 
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     try:
@@ -603,7 +929,8 @@ def main() -> int:
         work = rows + ([] if opts.no_overhead else ["overhead"])
         spawn("torch", work, opts, cache_root, results, env_info, errors)
         spawn("kiln", work, opts, cache_root, results, env_info, errors)
-        crashed = [r for r in rows if ("kiln", r) in errors and "kiln_kernels" not in results.get(r, {})]
+        crashed = [r for r in rows if any(k[:2] == ("kiln", r) for k in errors)
+                   and "kiln_kernels" not in results.get(r, {})]
         if crashed:
             spawn("kiln-explain", crashed, opts, cache_root, results, env_info, errors)
         if not opts.no_process_cold:
