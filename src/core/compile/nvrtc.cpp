@@ -257,8 +257,9 @@ NvrtcResult nvrtc_compile(const std::string& source, const std::string& arch,
   const std::string key = hex64(h);
   const std::string ext = want_cubin ? ".cubin" : ".ptx";
 
-  static const DiskCache* cache = new DiskCache(cache_dir() + "/cuda");
-  if (auto path = cache->lookup(key, ext)) {
+  // The directory is read on every compile, as the CPU compiler's: KILN_CACHE_DIR may move.
+  const DiskCache cache(cache_dir() + "/cuda");
+  if (auto path = cache.lookup(key, ext)) {
     if (read_file(*path, r.image) && !r.image.empty()) {
       r.ok = true;
       r.cache_hit = true;
@@ -273,7 +274,7 @@ NvrtcResult nvrtc_compile(const std::string& source, const std::string& arch,
 
   // The cache only saves time: when publishing fails the freshly built image is still good.
   std::string error;
-  auto published = cache->publish(
+  auto published = cache.publish(
       key, ext,
       [&](const std::string& tmp, std::string& err) {
         if (write_file(tmp, r.image)) return true;
@@ -285,7 +286,7 @@ NvrtcResult nvrtc_compile(const std::string& source, const std::string& arch,
     r.log += std::string(r.log.empty() ? "" : "\n") + "kiln: not cached: " + error;
   } else {
     // Keep the source beside the entry so that a user can read what was compiled.
-    write_file(cache->source_path(key, ".cu"), source);
+    write_file(cache.source_path(key, ".cu"), source);
   }
   return finish();
 }
