@@ -182,7 +182,7 @@ class KernelWriter {
       em.push_scope();
       open_inner(st, indent, pragma);
       std::string v = em.emit(st.value, indent);
-      for (const loop::Store& s : st.stores) out_ += indent + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+      for (const loop::Store& s : st.stores) out_ += indent + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
       if (minmax && t != DType::Bool) {
         const char* cmp = st.reduce == ops::ReduceOp::Max ? " > " : " < ";
         out_ += indent + acc + " = " + v + cmp + acc + " ? " + v + " : " + acc + ";\n";
@@ -200,7 +200,7 @@ class KernelWriter {
     open_inner(st, indent, looped ? "#pragma omp simd" : "");
     for (const loop::Store& s : st.stores) {
       std::string v = em.emit(s.value, indent);
-      out_ += indent + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+      out_ += indent + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
     }
     close_inner(st, indent);
     if (looped) em.pop_scope();
@@ -227,7 +227,7 @@ class KernelWriter {
       em.push_scope();
       out_ += ind + "const kiln_i64 " + var + " = " + at + ";\n";
       std::string v = em.emit(st.value, ind);
-      for (const loop::Store& s : st.stores) out_ += ind + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+      for (const loop::Store& s : st.stores) out_ += ind + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
       out_ += ind + use(v) + "\n";
       em.pop_scope();
     };

@@ -139,7 +139,7 @@ class CudaKernelWriter {
         }
         for (const loop::Store& s : st.stores) {
           std::string v = em.emit(s.value, indent);
-          out_ += indent + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+          out_ += indent + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
         }
       }
       out_ += "  }\n";
@@ -161,7 +161,7 @@ class CudaKernelWriter {
       em.push_scope();
       unravel(out_, in2, "kiln_q", st.vars, st.ranges);
       std::string v = em.emit(st.value, in2);
-      for (const loop::Store& s : st.stores) out_ += in2 + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+      for (const loop::Store& s : st.stores) out_ += in2 + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
       out_ += in2 + acc + " = " + functor(st.reduce) + "(" + acc + ", " + v + ");\n";
       em.pop_scope();
       out_ += indent + "}\n";
@@ -175,7 +175,7 @@ class CudaKernelWriter {
       em.push_scope();
       for (const loop::Store& s : st.stores) {
         std::string v = em.emit(s.value, in2);
-        out_ += in2 + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+        out_ += in2 + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
       }
       em.pop_scope();
       out_ += indent + "}\n";
@@ -188,7 +188,7 @@ class CudaKernelWriter {
     unravel(out_, in2, "kiln_q", st.vars, st.ranges);
     for (const loop::Store& s : st.stores) {
       std::string v = em.emit(s.value, in2);
-      out_ += in2 + p_.buffers[s.buffer].name + "[" + s.index.c_str() + "] = " + v + ";\n";
+      out_ += in2 + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
     }
     em.pop_scope();
     out_ += indent + "}\n";

@@ -17,6 +17,10 @@ std::string register_ctype(DType t) { return dtype_ctype(compute_dtype(t)); }
 
 namespace {
 bool sixteen_bit(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
+// The prelude's conversions between float and a 16-bit float's bits. Loads and stores name the
+// `bits` member: a struct copied as a whole keeps the CPU compiler from vectorizing the loop.
+const char* to_float(DType t) { return t == DType::Float16 ? "kiln_f16_to_f32" : "kiln_bf16_to_f32"; }
+const char* from_float(DType t) { return t == DType::Float16 ? "kiln_f32_to_f16" : "kiln_f32_to_bf16"; }
 // A float expression rounded to the precision of the 16-bit type `t` (its value in a register).
 std::string rounded(DType t, const std::string& e) {
   return std::string(t == DType::Float16 ? "kiln_round_f16(" : "kiln_round_bf16(") + e + ")";
@@ -121,6 +125,11 @@ bool narrow(DType t) { return t == DType::UInt8 || t == DType::Int8 || t == DTyp
 bool wraps(DType t) { return t == DType::Int32 || t == DType::Int64; }
 }  // namespace
 
+std::string store_stmt(const loop::Buffer& b, const std::string& index, const std::string& value) {
+  if (sixteen_bit(b.dtype)) return b.name + "[" + index + "].bits = " + from_float(b.dtype) + "(" + value + ");";
+  return b.name + "[" + index + "] = " + value + ";";
+}
+
 std::string ScalarEmitter::emit(SRef r, const std::string& indent) { return expr(r, indent); }
 
 std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
@@ -131,7 +140,12 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
   switch (n.op) {
     case SOp::Const: return literal(n.fval, n.ival, n.dtype);
     case SOp::Acc: return acc_name_(n.acc);
-    case SOp::Load: e = p_.buffers[n.buffer].name + "[" + n.index.c_str() + "]"; break;
+    case SOp::Load: {
+      const loop::Buffer& b = p_.buffers[n.buffer];
+      e = b.name + "[" + n.index.c_str() + "]";
+      if (sixteen_bit(b.dtype)) e = std::string(to_float(b.dtype)) + "(" + e + ".bits)";
+      break;
+    }
     case SOp::Index: e = "((" + register_ctype(n.dtype) + ")(" + n.index.c_str() + "))"; break;
     case SOp::Cast: {
       // float -> int32/int64 -> float: one prelude helper (kiln_through_int32/64), so the CPU
@@ -170,8 +184,10 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
       if (narrow(n.dtype) && !loop::sop_is_comparison(n.op)) e = "((" + ctype(n.dtype) + ")" + e + ")";
     }
   }
-  // 16-bit floats live in float registers (loads convert); a value made in one is rounded.
-  if (sixteen_bit(n.dtype) && n.op != SOp::Load) e = rounded(n.dtype, e);
+  // 16-bit floats live in float registers (loads convert); a value made in one is rounded,
+  // unless it is a cast of a value rounded to that type already.
+  const bool already = n.op == SOp::Cast && p_.exprs[n.a].op == (n.dtype == DType::Float16 ? SOp::RoundF16 : SOp::RoundBF16);
+  if (sixteen_bit(n.dtype) && n.op != SOp::Load && !already) e = rounded(n.dtype, e);
   std::string name = "t" + std::to_string(counter_++);
   out_ += indent + "const " + register_ctype(n.dtype) + " " + name + " = " + e + ";\n";
   names_[r] = name;

@@ -169,18 +169,9 @@ static inline unsigned short kiln_f32_to_bf16(float x) {
   unsigned u = kiln_f2u(x);
   return (unsigned short)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-struct kiln_half {
-  unsigned short bits;
-  kiln_half() = default;
-  kiln_half(float x) : bits(kiln_f32_to_f16(x)) {}
-  operator float() const { return kiln_f16_to_f32(bits); }
-};
-struct kiln_bf16 {
-  unsigned short bits;
-  kiln_bf16() = default;
-  kiln_bf16(float x) : bits(kiln_f32_to_bf16(x)) {}
-  operator float() const { return kiln_bf16_to_f32(bits); }
-};
+// Buffer element types: kernels read and write `.bits` through the conversions above.
+struct kiln_half { unsigned short bits; };
+struct kiln_bf16 { unsigned short bits; };
 
 // x converted to int32/int64 and back, as x86's conversion (what torch's CPU kernels run) gives
 // it: truncated in range, the lowest integer for nan and out of range. Written out because g++

@@ -49,30 +49,30 @@ __device__ __forceinline__ float kiln_round_bf16(float x) {
 
 // float16 / bfloat16 in memory; kernels compute in float. An element converts to float when
 // read and rounds to nearest even when written, with the GPU's conversion instructions (no
-// cuda_fp16.h: NVRTC sees no headers).
-struct kiln_half {
-  unsigned short bits;
-  kiln_half() = default;
-  __device__ __forceinline__ kiln_half(float x) { asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(x)); }
-  __device__ __forceinline__ operator float() const {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
-    return f;
-  }
-};
-struct kiln_bf16 {
-  unsigned short bits;
-  kiln_bf16() = default;
-  __device__ __forceinline__ kiln_bf16(float x) {
+// cuda_fp16.h: NVRTC sees no headers). Kernels read and write a buffer element's `.bits`.
+struct kiln_half { unsigned short bits; };
+struct kiln_bf16 { unsigned short bits; };
+__device__ __forceinline__ float kiln_f16_to_f32(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ unsigned short kiln_f32_to_f16(float x) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+}
+__device__ __forceinline__ float kiln_bf16_to_f32(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
+__device__ __forceinline__ unsigned short kiln_f32_to_bf16(float x) {
 #if __CUDA_ARCH__ >= 800
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
 #else
-    unsigned u = __float_as_uint(x);
-    bits = (unsigned short)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  unsigned u = __float_as_uint(x);
+  return (unsigned short)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 #endif
-  }
-  __device__ __forceinline__ operator float() const { return __uint_as_float((unsigned)bits << 16); }
-};
+}
 
 template <typename T> __device__ __forceinline__ T kiln_floor(T x) { return x; }
 template <typename T> __device__ __forceinline__ T kiln_ceil(T x) { return x; }
