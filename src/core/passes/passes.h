@@ -7,6 +7,9 @@ namespace kiln::passes {
 
 // Rewrites composite ops into primitives (pointwise, reduction, view, extern) until none remain.
 void decompose(ir::Graph& g);
+// Rewrites hand-written attention on CUDA (matmul, scale, mask, softmax, matmul) into torch's
+// fused scaled_dot_product_attention where the semantics are the same (fuse_attention.cpp).
+void fuse_attention(ir::Graph& g);
 // Removes nodes whose values are never used.
 void dead_code_elimination(ir::Graph& g);
 // Merges nodes that compute the same op on the same inputs with the same attributes.

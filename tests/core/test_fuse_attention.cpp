@@ -1,0 +1,134 @@
+// passes::fuse_attention: attention written out by hand becomes torch's fused
+// scaled_dot_product_attention exactly where the semantics are the same, and nowhere else.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/ir/graph.h"
+#include "core/ops/registry.h"
+#include "core/passes/passes.h"
+
+using namespace kiln;
+using ir::Attrs;
+using ir::Graph;
+using ir::Node;
+
+namespace {
+
+ir::TensorMeta meta(std::vector<int64_t> sizes, DType t = DType::BFloat16, DeviceType dev = DeviceType::CUDA) {
+  ir::TensorMeta m;
+  m.dtype = t;
+  m.device = Device{dev, 0};
+  for (int64_t s : sizes) m.sizes.push_back(s);
+  m.strides = ir::contiguous_strides(m.sizes);
+  return m;
+}
+
+Attrs A(std::initializer_list<std::pair<std::string, ir::AttrValue>> kv) {
+  Attrs a;
+  for (auto& [k, v] : kv) a.set(k, v);
+  return a;
+}
+
+std::vector<std::string> ops_of(const Graph& g) {
+  std::vector<std::string> out;
+  for (auto& n : g.nodes())
+    if (n->op->kind != ops::OpKind::Source) out.push_back(n->op_name());
+  return out;
+}
+
+struct Spec {
+  DType dtype = DType::BFloat16;
+  DeviceType device = DeviceType::CUDA;
+  bool divide = true;        // scores / 8 (else * 0.125)
+  bool mask = false;         // + an additive mask of the scores' dtype
+  DType mask_dtype = DType::BFloat16;
+  bool scores_escape = false;  // the scores are also an output
+  int64_t softmax_dim = -1;
+};
+
+// q, k, v: (2, 4, 16, 8); returns the graph's output node.
+Node* build(Graph& g, const Spec& s) {
+  Node* q = g.placeholder("q", meta({2, 4, 16, 8}, s.dtype, s.device));
+  Node* k = g.placeholder("k", meta({2, 4, 16, 8}, s.dtype, s.device));
+  Node* v = g.placeholder("v", meta({2, 4, 16, 8}, s.dtype, s.device));
+  Node* kt = g.must_add("transpose", {k}, A({{"dim0", int64_t(-2)}, {"dim1", int64_t(-1)}}));
+  Node* scores = g.must_add("matmul", {q, kt});
+  Node* scaled = s.divide ? g.must_add("div", {scores, g.scalar(8.0, DType::Float64)})
+                          : g.must_add("mul", {scores, g.scalar(0.125, DType::Float64)});
+  if (s.mask) {
+    Node* m = g.placeholder("mask", meta({2, 1, 16, 16}, s.mask_dtype, s.device));
+    scaled = g.must_add("add", {scaled, m});
+  }
+  Node* p = g.must_add("softmax", {scaled}, A({{"dim", s.softmax_dim}}));
+  Node* out = g.must_add("matmul", {p, v});
+  g.outputs().push_back(out);
+  if (s.scores_escape) g.outputs().push_back(scores);
+  return out;
+}
+
+std::vector<std::string> fused(const Spec& s) {
+  Graph g;
+  build(g, s);
+  passes::fuse_attention(g);
+  return ops_of(g);
+}
+
+// The graph's output keeps eager's row-major layout: the fused op, then a contiguous copy.
+const std::vector<std::string> kFused = {"scaled_dot_product_attention", "contiguous"};
+
+}  // namespace
+
+TEST(FuseAttention, ScaledScoresSoftmaxAndMatmulBecomeOneCall) {
+  Graph g;
+  build(g, Spec{});
+  passes::fuse_attention(g);
+  EXPECT_EQ(ops_of(g), kFused);
+  const Node* r = g.outputs()[0]->inputs[0];
+  EXPECT_EQ(r->op_name(), "scaled_dot_product_attention");
+  EXPECT_DOUBLE_EQ(r->attrs.get_float("scale"), 0.125);
+  EXPECT_EQ(r->inputs[3], nullptr);  // no mask
+  EXPECT_EQ(r->meta.str(), "bf16[2, 4, 16, 8]@cuda:0");
+  EXPECT_EQ(g.outputs()[0]->meta.strides, ir::contiguous_strides(r->meta.sizes));
+}
+
+TEST(FuseAttention, MultipliedScaleAndAdditiveMask) {
+  Spec s;
+  s.divide = false;
+  s.mask = true;
+  Graph g;
+  build(g, s);
+  passes::fuse_attention(g);
+  ASSERT_EQ(ops_of(g), kFused);
+  const Node* r = g.outputs()[0]->inputs[0];
+  EXPECT_DOUBLE_EQ(r->attrs.get_float("scale"), 0.125);
+  EXPECT_EQ(r->inputs[3]->name, "mask");
+}
+
+TEST(FuseAttention, FusesFloat32AndFloat16Too) {
+  for (DType t : {DType::Float32, DType::Float16}) {
+    Spec s;
+    s.dtype = s.mask_dtype = t;
+    EXPECT_EQ(fused(s), kFused) << dtype_name(t);
+  }
+}
+
+TEST(FuseAttention, LeavesWhatTheFusedOpWouldComputeDifferently) {
+  Spec cpu;
+  cpu.device = DeviceType::CPU;  // only on the GPU, where torch has the fused kernels
+  EXPECT_NE(fused(cpu), kFused);
+  Spec bool_mask;
+  bool_mask.mask = true;
+  bool_mask.mask_dtype = DType::Bool;  // a bool mask means "keep" to the fused op, not "add"
+  EXPECT_NE(fused(bool_mask), kFused);
+  Spec escape;
+  escape.scores_escape = true;  // the scores are needed themselves
+  EXPECT_NE(fused(escape), kFused);
+  Spec other_dim;
+  other_dim.softmax_dim = 2;  // softmax over the queries, not the keys
+  EXPECT_NE(fused(other_dim), kFused);
+  Spec f64;
+  f64.dtype = f64.mask_dtype = DType::Float64;
+  EXPECT_NE(fused(f64), kFused);
+}
