@@ -67,11 +67,12 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "@@kiln-bench "
-ROW_NAMES = ("sincos", "gelu", "softmax", "attention", "resnet18", "bert_1x8", "bert_8x128")
+ROW_NAMES = ("sincos", "gelu", "softmax", "attention", "resnet18", "bert_1x8", "bert_8x128", "llama_prefill",
+             "llama_decode")
 # The GPU table of issue 12 (--rows issue12).
 ISSUE12_ROWS = ("sincos", "gelu", "gelu_bf16", "softmax", "softmax_bf16", "attention", "attention_bf16",
                 "resnet18", "resnet18_bf16", "bert_1x8", "bert_1x8_fp16", "bert_1x8_bf16",
-                "bert_8x128", "bert_8x128_fp16", "bert_8x128_bf16")
+                "bert_8x128", "bert_8x128_fp16", "bert_8x128_bf16", "llama_prefill_bf16", "llama_decode_bf16")
 ROW_SETS = {"issue12": ISSUE12_ROWS}
 # Row-name suffix -> torch dtype name; no suffix is fp32.
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -93,6 +94,8 @@ ROW_TITLES = {
     "resnet18": "torchvision resnet18, batch {batch} x 224x224, {dtype}",
     "bert_1x8": "BERT-base (transformers), batch 1 x 8 tokens, {dtype}",
     "bert_8x128": "BERT-base (transformers), batch 8 x 128 tokens, {dtype}",
+    "llama_prefill": "Llama-style 8 layers, hidden 1024, prefill 1 x 128, {dtype}",
+    "llama_decode": "Llama-style 8 layers, hidden 1024, one decode step (static cache), {dtype}",
 }
 TC_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 KILN_MODES = ("default", "lite", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -157,6 +160,8 @@ def row_title(name: str, device: str) -> str:
 def build_row(name: str, device: str):
     """The row's function (or model) and arguments, in the row's dtype."""
     base, dtype = parse_row(name)
+    if base.startswith("llama_"):  # made in its dtype: a static cache takes the model's
+        return llama_row(base, device, dtype)
     fn, args = build_fp32_row(base, device)
     if dtype == "fp32":
         return fn, args
@@ -199,6 +204,39 @@ def build_fp32_row(base: str, device: str):
         mask = torch.ones(batch, seq, dtype=torch.long, device=device)
         return model, (ids, mask)
     raise ValueError(base)
+
+
+def llama_row(base: str, device: str, dtype: str):
+    """The Llama-style model of bench/generate.py in `dtype`, as a module returning the logits:
+    a prefill of 128 tokens (no cache), or one decode step after them (a static cache filled once,
+    eagerly; every call rewinds the cache's length to 128 and writes position 128 again with the
+    same values, so each call computes the same logits)."""
+    import transformers as T
+
+    class LlamaStep(torch.nn.Module):
+        def __init__(self, model, cache=None, pos=None):
+            super().__init__()
+            self.model, self.cache, self.pos = model, cache, pos
+
+        def forward(self, ids):
+            if self.cache is None:
+                return self.model(input_ids=ids, use_cache=False).logits
+            for layer in self.cache.layers:  # the step writes position 128 on every call
+                layer.cumulative_length.copy_(self.pos[0])
+            return self.model(input_ids=ids, past_key_values=self.cache, cache_position=self.pos,
+                              use_cache=True).logits
+
+    cfg = T.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(cfg).to(device=device, dtype=getattr(torch, DTYPES[dtype])).eval()
+    ids = torch.randint(1, cfg.vocab_size, (1, 128), generator=torch.Generator().manual_seed(0)).to(device)
+    if base == "llama_prefill":
+        return LlamaStep(model), (ids,)
+    cache = T.StaticCache(config=cfg, max_cache_len=256)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(128, device=device), use_cache=True)
+    return LlamaStep(model, cache, torch.tensor([128], device=device)), (ids[:, -1:],)
 
 
 # ----------------------------------------------------------------------------------------------

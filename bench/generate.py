@@ -2,9 +2,10 @@
 """generate() of a Llama-style model with a compiled forward (issue 11, bench (b)).
 
     python bench/generate.py --device cuda [--variants eager,torch,kiln,kiln-static] [--layers 8]
+                             [--dtype bfloat16]
 
 The model: transformers' LlamaForCausalLM with random weights, 8 layers, hidden 1024, 16 heads,
-4 KV heads, intermediate 2816, vocabulary 32000, float32 (kiln has no 16-bit kernels yet).
+4 KV heads, intermediate 2816, vocabulary 32000, in --dtype (float32 by default).
 Each variant greedily decodes 32 new tokens from a 16-token prompt, twice: the first call
 includes every compile it triggers, the second shows the steady state. Compiling follows Hugging
 Face's documented way, `model.forward = compile(model.forward)`, with the default dynamic cache
@@ -15,6 +16,7 @@ or with `cache_implementation="static"`:
   torch-static-ro  torch.compile(model.forward, mode="reduce-overhead"), static cache (GPU)
   kiln             kiln.compile(model.forward), dynamic cache
   kiln-static      kiln.compile(model.forward), static cache
+  kiln-static-ro   kiln.compile(model.forward, mode="reduce-overhead"), static cache (GPU)
 
 Every variant's tokens are compared with eager's. Caches (kiln's, inductor's) start empty.
 """
@@ -37,12 +39,12 @@ import torch  # noqa: E402
 import kiln  # noqa: E402
 
 
-def make_model(device, layers):
+def make_model(device, layers, dtype):
     import transformers as T
     cfg = T.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=layers,
                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=256)
     torch.manual_seed(0)
-    model = T.LlamaForCausalLM(cfg).to(device).eval()
+    model = T.LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
     model.generation_config.pad_token_id = 0
     return model
 
@@ -60,16 +62,17 @@ def timed_generate(model, prompt, device, **kw):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--variants", default="eager,torch,torch-static-ro,kiln,kiln-static")
+    ap.add_argument("--variants", default="eager,torch,torch-static-ro,kiln,kiln-static,kiln-static-ro")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = args.device
     variants = args.variants.split(",")
-    if device == "cpu" and "torch-static-ro" in variants:
-        variants.remove("torch-static-ro")  # CUDA graphs: GPU only
-    model = make_model(device, args.layers)
+    if device == "cpu":  # CUDA graphs: GPU only
+        variants = [v for v in variants if not v.endswith("-ro")]
+    model = make_model(device, args.layers, getattr(torch, args.dtype))
     torch.manual_seed(1)
     prompt = torch.randint(1, 32000, (1, 16), device=device)
     base = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
@@ -86,7 +89,8 @@ def main():
                 model.forward = torch.compile(eager_forward, mode=mode)
             elif v.startswith("kiln"):
                 kiln.reset()
-                model.forward = kiln.compile(eager_forward)
+                mode = "reduce-overhead" if v.endswith("-ro") else "default"
+                model.forward = kiln.compile(eager_forward, mode=mode)
             else:
                 model.forward = eager_forward
             before = kiln.stats()
@@ -114,7 +118,7 @@ def main():
             print(f"{v:16s} first {t1:8.3f} s  second {t2:8.3f} s  tokens {'= eager' if same else 'DIFFER'}  {extra}",
                   flush=True)
     name = torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({os.cpu_count()} cores)"
-    lines = [f"generate(): Llama-style, {args.layers} layers, hidden 1024, 16 heads / 4 KV heads, float32, "
+    lines = [f"generate(): Llama-style, {args.layers} layers, hidden 1024, 16 heads / 4 KV heads, {args.dtype}, "
              f"{args.new_tokens} new tokens from 16, {name}, torch {torch.__version__}", "",
              "| variant | first call (s) | second call (s) | tokens | notes |", "|---|---|---|---|---|"]
     for v, t1, t2, same, extra in rows:
