@@ -31,22 +31,6 @@ KILN_UNARY_F(kiln_abs, fabsf(x), fabs(x))
 KILN_UNARY_F(kiln_reciprocal, 1.0f / x, 1.0 / x)
 #undef KILN_UNARY_F
 
-// Casts to float16 / bfloat16 fused into a kernel: the value stays a float but is rounded to
-// the narrow type's precision (nearest even, overflow to inf, float16 subnormals).
-__device__ __forceinline__ float kiln_round_f16(float x) {
-  unsigned u = __float_as_uint(x), sign = u & 0x80000000u, a = u ^ sign;
-  if (a >= 0x7f800000u) return x;
-  if (a >= 0x477ff000u) return __uint_as_float(sign | 0x7f800000u);
-  if (a >= 0x38800000u) return __uint_as_float(sign | ((a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu));
-  float r = __fsub_rn(__fadd_rn(__uint_as_float(a), 0.5f), 0.5f);
-  return __uint_as_float(sign | __float_as_uint(r));
-}
-__device__ __forceinline__ float kiln_round_bf16(float x) {
-  unsigned u = __float_as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return x;
-  return __uint_as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
-}
-
 // float16 / bfloat16 in memory; kernels compute in float. An element converts to float when
 // read and rounds to nearest even when written, with the GPU's conversion instructions (no
 // cuda_fp16.h: NVRTC sees no headers). Kernels read and write a buffer element's `.bits`.
@@ -73,6 +57,12 @@ __device__ __forceinline__ unsigned short kiln_f32_to_bf16(float x) {
   return (unsigned short)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 #endif
 }
+
+// Casts to float16 / bfloat16 fused into a kernel: the value stays a float but is rounded to
+// the narrow type's precision (nearest even, overflow to inf, float16 subnormals): a round trip
+// through the conversion instructions, two instructions where the bit arithmetic took ten.
+__device__ __forceinline__ float kiln_round_f16(float x) { return kiln_f16_to_f32(kiln_f32_to_f16(x)); }
+__device__ __forceinline__ float kiln_round_bf16(float x) { return kiln_bf16_to_f32(kiln_f32_to_bf16(x)); }
 
 template <typename T> __device__ __forceinline__ T kiln_floor(T x) { return x; }
 template <typename T> __device__ __forceinline__ T kiln_ceil(T x) { return x; }
