@@ -67,12 +67,18 @@ def main(argv=None) -> int:
     ap.add_argument("--ignore", default="",
                     help="categories to leave out of the report, comma-separated: "
                          + ", ".join(sorted(_fuzz.SHORT)))
+    ap.add_argument("--half", action="store_true", help="float16 and bfloat16 inputs and casts too")
     ap.add_argument("--quiet", action="store_true", help="print only the summary, not each failing program")
     ap.add_argument("--json", help="write every result (one JSON object a line) to this file")
     ap.add_argument("--show", help="print the programs of these comma-separated seeds and exit")
     args = ap.parse_args(argv)
     os.environ["KILN_FUZZ_BACKEND"] = args.backend  # read by _fuzz in the child interpreters
     _fuzz.BACKEND = args.backend
+    if args.half:  # the generator's dtypes are fixed at import: reload with the 16-bit ones
+        os.environ["KILN_FUZZ_HALF"] = "1"
+        import importlib
+        importlib.reload(_fuzz)
+        _fuzz.BACKEND = args.backend
 
     if args.show:
         for s in args.show.split(","):

@@ -81,9 +81,14 @@ SHORT = {"crash": CRASH, "value": VALUE, "zero": SIGNED_ZERO, "dtype": DTYPE, "s
          "inputs-after-exception": INPUTS_AFTER_EXC, "harness": HARNESS}
 
 F32, F64, I32, I64, BOOL = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
-DTYPES = (F32, F64, I32, I64, BOOL)
+F16, BF16 = torch.float16, torch.bfloat16
+# KILN_FUZZ_HALF=1 (bench/fuzz.py --half): inputs and casts in float16 and bfloat16 too. Off by
+# default, so the seeds CI runs keep their programs.
+HALF = os.environ.get("KILN_FUZZ_HALF", "0") == "1"
+DTYPES = (F32, F64, I32, I64, BOOL) + ((F16, BF16) if HALF else ())
+DTYPE_WEIGHTS = [5, 2, 2, 3, 2] + ([3, 3] if HALF else [])
 DTYPE_SRC = {F32: "torch.float32", F64: "torch.float64", I32: "torch.int32", I64: "torch.int64",
-             BOOL: "torch.bool"}
+             BOOL: "torch.bool", F16: "torch.float16", BF16: "torch.bfloat16"}
 LAYOUTS = ("contiguous", "transposed", "sliced", "expanded", "offset")
 
 MAX_NUMEL = 4096  # no intermediate larger than this (keeps kernels and eager quick)
@@ -207,7 +212,7 @@ def _gen_specs(rng: random.Random) -> list:
             elif r < 0.12:
                 shape[i] = 1
         shape = tuple(shape)
-        dtype = rng.choices(DTYPES, weights=[5, 2, 2, 3, 2])[0]
+        dtype = rng.choices(DTYPES, weights=DTYPE_WEIGHTS)[0]
         lay = rng.choices(LAYOUTS, weights=[5, 2, 2, 1.5, 1.5])[0]
         spec = InputSpec(shape, dtype, lay)
         nd = len(shape)

@@ -152,8 +152,8 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
       // compiler cannot fold the pair into a trunc() that keeps -0.0, inf and nan (see preludes).
       const SNode& src = p_.exprs[n.a];
       if (is_floating(n.dtype) && (src.dtype == DType::Int32 || src.dtype == DType::Int64) && src.op == SOp::Cast &&
-          (p_.exprs[src.a].dtype == DType::Float32 || p_.exprs[src.a].dtype == DType::Float64)) {
-        e = "((" + ctype(n.dtype) + ")kiln_through_int" + (src.dtype == DType::Int32 ? "32(" : "64(") +
+          is_floating(p_.exprs[src.a].dtype)) {  // 16-bit floats too: their registers are floats
+        e = "((" + register_ctype(n.dtype) + ")kiln_through_int" + (src.dtype == DType::Int32 ? "32(" : "64(") +
             expr(src.a, indent) + "))";
         break;
       }
