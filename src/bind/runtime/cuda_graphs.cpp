@@ -200,6 +200,7 @@ bool CudaGraphRunner::run(const pipeline::CompiledGraph& cg, PreparedProgram& pr
       if (s.recordings >= kMaxRecordings) {
         s.refusal = "inputs read in place moved " + std::to_string(kMaxRecordings) + " times";
         s.drop_recording();
+        s.seen.clear();  // nothing is recorded any more: let the inputs go
         ++stats().fallback_reasons["cudagraphs: " + s.refusal];
         return run_program(cg, prep, inputs, outputs, scalars);
       }
@@ -226,6 +227,7 @@ bool CudaGraphRunner::run(const pipeline::CompiledGraph& cg, PreparedProgram& pr
         Py_XDECREF(tb);
         PyErr_Clear();
         s.drop_recording();
+        s.seen.clear();  // nothing is recorded any more: let the inputs go
         ++stats().fallback_reasons["cudagraphs: " + s.refusal];
         return run_program(cg, prep, inputs, outputs, scalars);
       }
