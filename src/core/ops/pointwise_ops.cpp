@@ -90,15 +90,26 @@ OpDef add_like(const std::string& name, SOp op, std::vector<std::string> py) {
 }
 
 // x ** c for a constant exponent takes torch's own shortcuts, so results match eager exactly.
-SRef pow_scalar(ScalarCtx& s, SRef x, SRef e, DType t) {
+// `roots`: whether torch's kernel takes c = +-0.5 as a square root; its CPU kernel does not for
+// float16 (pow(-inf, 0.5) is then inf, and pow(-0.0, 0.5) +0.0).
+SRef pow_scalar(ScalarCtx& s, SRef x, SRef e, DType t, bool roots) {
   const auto& en = s[e];
   if (en.op == SOp::Const && is_floating(t)) {
     double c = is_floating(en.dtype) ? en.fval : static_cast<double>(en.ival);
     if (c == 1.0) return x;
     if (c == 2.0) return s.binary(SOp::Mul, x, x);
     if (c == 3.0) return s.binary(SOp::Mul, s.binary(SOp::Mul, x, x), x);
-    if (c == 0.5) return s.unary(SOp::Sqrt, x);
-    if (c == -0.5) return s.unary(SOp::Rsqrt, x);
+    if (c == 0.5 || c == -0.5) {
+      SRef root = s.unary(c > 0 ? SOp::Sqrt : SOp::Rsqrt, x);
+      if (roots) return root;
+      // pow's own values where they differ from the root's (the C compiler would turn a
+      // pow(x, 0.5) it can see into sqrt(x) anyway): pow(-inf, 0.5) = inf, pow(-0.0, 0.5) = +0.0,
+      // pow(-inf, -0.5) = +0.0, pow(-0.0, -0.5) = +inf.
+      auto k = [&](double v) { return s.constant(v, t); };
+      SRef at_neg_inf = s.binary(SOp::Eq, x, k(-INFINITY));
+      if (c > 0) return s.where(at_neg_inf, k(INFINITY), s.binary(SOp::Add, root, k(0.0)));
+      return s.where(at_neg_inf, k(0.0), s.where(s.binary(SOp::Eq, x, k(0.0)), k(INFINITY), root));
+    }
     if (c == -1.0) return s.unary(SOp::Reciprocal, x);
     if (c == -2.0) return s.unary(SOp::Reciprocal, s.binary(SOp::Mul, x, x));
   }
@@ -327,7 +338,8 @@ std::vector<OpDef> pointwise_ops() {
     };
     pow.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
       DType t = arith_dtype(n);
-      return pow_scalar(s, s.cast(a[0], t), a[1], t);
+      const bool roots = !(n.meta.dtype == DType::Float16 && n.meta.device.type == DeviceType::CPU);
+      return pow_scalar(s, s.cast(a[0], t), a[1], t, roots);
     };
     ops.push_back(pow);
   }
