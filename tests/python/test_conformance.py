@@ -23,10 +23,6 @@ HALF = (torch.float16, torch.bfloat16)
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool]
 TOL = {torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2), torch.float32: (1.3e-6, 1e-5),
        torch.float64: (1e-7, 1e-7)}
-# Per-op tolerances, as OpInfo's toleranceOverride gives them: torch's CPU prod multiplies in the
-# 16-bit type, rounding at every step (torch's own OpInfo skips its float16 reference checks),
-# while kiln's accumulates in float and rounds once; 15 factors differ by up to ~15 ulps.
-TOL_OVERRIDE = {("prod", torch.float16): (2e-2, 1e-3), ("prod", torch.bfloat16): (8e-2, 1e-2)}
 # ops whose second operand must not be zero for integer inputs (eager raises ZeroDivisionError,
 # which test_ops covers on its own)
 DIVIDES = {"div", "floor_divide", "remainder"}
@@ -168,7 +164,7 @@ def _compare(name, fn, arity, layout, dtype, kwargs, device):
             continue
         assert kiln_error is None, f"kiln raised {kiln_error!r} where eager did not"
         assert actual.dtype == expected.dtype and actual.shape == expected.shape
-        rtol, atol = TOL_OVERRIDE.get((name, dtype), TOL.get(expected.dtype, (0, 0)))
+        rtol, atol = TOL.get(expected.dtype, (0, 0))
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
 
 

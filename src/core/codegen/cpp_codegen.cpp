@@ -173,7 +173,7 @@ class KernelWriter {
         }
       }
       if (st.torch_vector_block && st.reduce == ops::ReduceOp::Prod && is_floating(t) && !st.vars.empty() &&
-          torch_vector_bytes_ >= dtype_size(t)) {
+          torch_vector_bytes_ >= dtype_size(product_type(st))) {
         write_torch_product(st, em, indent, acc);
         return;
       }
@@ -187,6 +187,8 @@ class KernelWriter {
         const char* cmp = st.reduce == ops::ReduceOp::Max ? " > " : " < ";
         out_ += indent + acc + " = " + v + cmp + acc + " ? " + v + " : " + acc + ";\n";
         if (track_nan) out_ += indent + nan + " |= (" + v + " != " + v + ");\n";
+      } else if (st.reduce == ops::ReduceOp::Prod) {
+        out_ += indent + acc + " = " + times(st, acc, v) + ";\n";
       } else {
         out_ += indent + acc + " = " + combine(st.reduce, acc, v, t) + ";\n";
       }
@@ -212,9 +214,23 @@ class KernelWriter {
   // the four as (v0*v1)*(v2*v3), folds the V lanes of that one after another into the output,
   // then the elements past the last full group one at a time. Outer reduced vars (blocks torch
   // could not merge) fold one block after another into the same output, as torch's do.
+  // The type torch's CPU kernel multiplies a product's factors in: a 16-bit result's own type
+  // (each multiply rounded to it), else the accumulator's.
+  static DType product_type(const Stage& st) {
+    const bool sixteen = st.result_dtype == DType::Float16 || st.result_dtype == DType::BFloat16;
+    return sixteen && is_floating(st.acc_dtype) ? st.result_dtype : st.acc_dtype;
+  }
+
+  // a * b as one multiply of torch's product kernel (rounded to a 16-bit product type).
+  static std::string times(const Stage& st, const std::string& a, const std::string& b) {
+    const DType pt = product_type(st);
+    if (pt == st.acc_dtype) return a + " * " + b;
+    return std::string(pt == DType::Float16 ? "kiln_round_f16(" : "kiln_round_bf16(") + a + " * " + b + ")";
+  }
+
   void write_torch_product(const Stage& st, ScalarEmitter& em, std::string indent, const std::string& acc) {
     const DType t = st.acc_dtype;
-    const int V = torch_vector_bytes_ / dtype_size(t), L = 4 * V;
+    const int V = torch_vector_bytes_ / dtype_size(product_type(st)), L = 4 * V;
     const std::string T = ctype(t), lanes = acc + "_lane", full = acc + "_full", b = acc + "_b", l = acc + "_l";
     const std::string var = st.vars.back().name(), range = st.ranges.back().c_str();
     for (size_t d = 0; d + 1 < st.vars.size(); ++d) {
@@ -244,18 +260,18 @@ class KernelWriter {
     out_ += in2 + "for (kiln_i64 " + b + " = " + Ls + "; " + b + " < " + full + "; " + b + " += " + Ls + ") {\n";
     out_ += in2 + "  #pragma omp simd\n";
     out_ += in2 + "  for (kiln_i64 " + l + " = 0; " + l + " < " + Ls + "; ++" + l + ") {\n";
-    element(b + " + " + l, in2 + "    ", [&](const std::string& v) { return lanes + "[" + l + "] = " + lanes + "[" + l + "] * " + v + ";"; });
+    element(b + " + " + l, in2 + "    ", [&](const std::string& v) { return lanes + "[" + l + "] = " + times(st, lanes + "[" + l + "]", v) + ";"; });
     out_ += in2 + "  }\n" + in2 + "}\n";
     auto lane = [&](const std::string& j) {
-      return "((" + lanes + "[" + j + "] * " + lanes + "[" + Vs + " + " + j + "]) * (" + lanes + "[" + std::to_string(2 * V) +
-             " + " + j + "] * " + lanes + "[" + std::to_string(3 * V) + " + " + j + "]))";
+      auto at = [&](int k) { return lanes + "[" + (k ? std::to_string(k * V) + " + " : "") + j + "]"; };
+      return "(" + times(st, "(" + times(st, at(0), at(1)) + ")", "(" + times(st, at(2), at(3)) + ")") + ")";
     };
     out_ += in2 + T + " " + acc + "_h = " + lane("0") + ";\n";
-    out_ += in2 + "for (kiln_i64 " + l + " = 1; " + l + " < " + Vs + "; ++" + l + ") " + acc + "_h = " + acc + "_h * " + lane(l) + ";\n";
-    out_ += in2 + acc + " = " + acc + " * " + acc + "_h;\n";
+    out_ += in2 + "for (kiln_i64 " + l + " = 1; " + l + " < " + Vs + "; ++" + l + ") " + acc + "_h = " + times(st, acc + "_h", lane(l)) + ";\n";
+    out_ += in2 + acc + " = " + times(st, acc, acc + "_h") + ";\n";
     out_ += in + "}\n";
     out_ += in + "for (kiln_i64 " + l + " = " + full + "; " + l + " < " + range + "; ++" + l + ") {\n";
-    element(l, in + "  ", [&](const std::string& v) { return acc + " = " + acc + " * " + v + ";"; });
+    element(l, in + "  ", [&](const std::string& v) { return acc + " = " + times(st, acc, v) + ";"; });
     out_ += in + "}\n";
     out_ += indent + "}\n";
     for (size_t d = 0; d + 1 < st.vars.size(); ++d) {

@@ -52,6 +52,10 @@ struct Stage {
   // A floating product whose innermost var walks a block of stride 1 of its input: the CPU
   // code folds it as torch's vectorized kernel does (four vectors of lanes, then across).
   bool torch_vector_block = false;
+  // The reduction's result dtype. A product of 16-bit floats: torch's CPU kernel multiplies in
+  // that type, rounding after every multiply, where its CUDA kernel accumulates in float; each
+  // code generator follows its device's.
+  DType result_dtype = DType::Float32;
   // Loop
   std::vector<Store> stores;
 };

@@ -369,6 +369,7 @@ class Lowering {
     }
     r.reduce = n->op->reduce;
     r.acc_dtype = acc_t;
+    r.result_dtype = n->meta.dtype;
     r.acc = next_acc_++;
     r.value = s_.cast(in.read(idx), acc_t);
     Stage st;
