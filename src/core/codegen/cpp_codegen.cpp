@@ -217,8 +217,7 @@ class KernelWriter {
   // The type torch's CPU kernel multiplies a product's factors in: a 16-bit result's own type
   // (each multiply rounded to it), else the accumulator's.
   static DType product_type(const Stage& st) {
-    const bool sixteen = st.result_dtype == DType::Float16 || st.result_dtype == DType::BFloat16;
-    return sixteen && is_floating(st.acc_dtype) ? st.result_dtype : st.acc_dtype;
+    return is_16bit_float(st.result_dtype) && is_floating(st.acc_dtype) ? st.result_dtype : st.acc_dtype;
   }
 
   // a * b as one multiply of torch's product kernel (rounded to a 16-bit product type).

@@ -16,7 +16,6 @@ std::string ctype(DType t) { return dtype_ctype(t); }
 std::string register_ctype(DType t) { return dtype_ctype(compute_dtype(t)); }
 
 namespace {
-bool sixteen_bit(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 // The prelude's conversions between float and a 16-bit float's bits. Loads and stores name the
 // `bits` member: a struct copied as a whole keeps the CPU compiler from vectorizing the loop.
 const char* to_float(DType t) { return t == DType::Float16 ? "kiln_f16_to_f32" : "kiln_bf16_to_f32"; }
@@ -34,7 +33,7 @@ std::string literal(double fval, int64_t ival, DType t) {
     if (ival == INT64_MIN) v = "(-9223372036854775807LL - 1)";
     return t == DType::Int64 ? v : "((" + ctype(t) + ")" + v + ")";
   }
-  if (sixteen_bit(t)) return rounded(t, literal(fval, ival, DType::Float32));
+  if (is_16bit_float(t)) return rounded(t, literal(fval, ival, DType::Float32));
   bool f32 = t == DType::Float32;
   if (std::isnan(fval)) return f32 ? "kiln_nan_f()" : "kiln_nan_d()";
   if (std::isinf(fval)) return std::string(fval < 0 ? "(-" : "(") + (f32 ? "kiln_inf_f())" : "kiln_inf_d())");
@@ -126,7 +125,7 @@ bool wraps(DType t) { return t == DType::Int32 || t == DType::Int64; }
 }  // namespace
 
 std::string store_stmt(const loop::Buffer& b, const std::string& index, const std::string& value) {
-  if (sixteen_bit(b.dtype)) return b.name + "[" + index + "].bits = " + from_float(b.dtype) + "(" + value + ");";
+  if (is_16bit_float(b.dtype)) return b.name + "[" + index + "].bits = " + from_float(b.dtype) + "(" + value + ");";
   return b.name + "[" + index + "] = " + value + ";";
 }
 
@@ -143,7 +142,7 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
     case SOp::Load: {
       const loop::Buffer& b = p_.buffers[n.buffer];
       e = b.name + "[" + n.index.c_str() + "]";
-      if (sixteen_bit(b.dtype)) e = std::string(to_float(b.dtype)) + "(" + e + ".bits)";
+      if (is_16bit_float(b.dtype)) e = std::string(to_float(b.dtype)) + "(" + e + ".bits)";
       break;
     }
     case SOp::Index: e = "((" + register_ctype(n.dtype) + ")(" + n.index.c_str() + "))"; break;
@@ -187,7 +186,7 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
   // 16-bit floats live in float registers (loads convert); a value made in one is rounded,
   // unless it is a cast of a value rounded to that type already.
   const bool already = n.op == SOp::Cast && p_.exprs[n.a].op == (n.dtype == DType::Float16 ? SOp::RoundF16 : SOp::RoundBF16);
-  if (sixteen_bit(n.dtype) && n.op != SOp::Load && !already) e = rounded(n.dtype, e);
+  if (is_16bit_float(n.dtype) && n.op != SOp::Load && !already) e = rounded(n.dtype, e);
   std::string name = "t" + std::to_string(counter_++);
   out_ += indent + "const " + register_ctype(n.dtype) + " " + name + " = " + e + ";\n";
   names_[r] = name;

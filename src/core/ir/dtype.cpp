@@ -26,7 +26,7 @@ int dtype_size(DType t) {
 }
 
 DType compute_dtype(DType t) {
-  return (t == DType::Float16 || t == DType::BFloat16) ? DType::Float32 : t;
+  return is_16bit_float(t) ? DType::Float32 : t;
 }
 
 DType promote_types(DType a, DType b) {

@@ -16,6 +16,8 @@ const char* dtype_ctype(DType t);         // "float", "long long", ...
 std::optional<DType> dtype_from_name(const std::string& name);
 int dtype_size(DType t);
 inline bool is_floating(DType t) { return t >= DType::Float16; }
+// float16 / bfloat16: types of memory; kernels compute them in float (compute_dtype).
+inline bool is_16bit_float(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 inline bool is_integral(DType t, bool include_bool) { return t == DType::Bool ? include_bool : t < DType::Float16; }
 // The type arithmetic is carried out in: float for the 16-bit floats, else the type itself.
 DType compute_dtype(DType t);
