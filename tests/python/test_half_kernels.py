@@ -272,3 +272,20 @@ def test_square_root_powers_as_torchs_cpu_kernel(dtype):
         same = (a == e) | (a.isnan() & e.isnan())
         assert bool(same.all()), (a, e)
         assert torch.equal(a.signbit() | a.isnan(), e.signbit() | e.isnan()), (a, e)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_python_numbers_in_16_bit_ops_as_torchs_cpu_kernels(dtype):
+    # torch's CPU kernels round a Python number (or a 0-d float64 tensor) in a 16-bit op to the
+    # 16-bit type first (x + 0.1 adds 0.0999755859375 in float16), except mul, div and
+    # floor_divide, which read it at full precision: kiln does the same, bit for bit.
+    torch.manual_seed(0)
+    x = (torch.randn(4096) * 3).to(dtype)
+    s64 = torch.tensor(0.1, dtype=torch.float64)
+    fns = [lambda t: t + 0.1, lambda t: t - 0.1, lambda t: 0.3 - t, lambda t: t % 0.1, lambda t: t * 0.1,
+           lambda t: t / 0.1, lambda t: t // 0.1, lambda t: t < 0.1, lambda t: torch.clamp(t, max=0.1),
+           lambda t: t + s64, lambda t: s64 - t, lambda t: t * s64]
+    for fn in fns:
+        _kernels_over(fn, (x,), dtype)
+        a, e = kiln.compile(fn)(x), fn(x)
+        assert a.dtype == e.dtype and torch.equal(a, e), int((a != e).sum())

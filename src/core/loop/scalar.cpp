@@ -1,6 +1,7 @@
 #include "core/loop/scalar.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <unordered_set>
@@ -92,6 +93,35 @@ SRef ScalarCtx::acc(int id, DType t) {
   return intern(n);
 }
 
+namespace {
+// v rounded to float16 / bfloat16 (through float, as torch converts a double), nearest even,
+// overflow to inf, float16's subnormals; as the preludes' kiln_round_f16 / kiln_round_bf16.
+double round_16bit(double v, DType t) {
+  const float f = static_cast<float>(v);
+  if (std::isnan(f) || std::isinf(f)) return f;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = u & 0x80000000u, a = u ^ sign;
+  uint32_t r;
+  if (t == DType::BFloat16) {
+    r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  } else if (a >= 0x477ff000u) {
+    r = sign | 0x7f800000u;
+  } else if (a >= 0x38800000u) {
+    r = sign | ((a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu);
+  } else {
+    float m;
+    std::memcpy(&m, &a, 4);
+    const float sub = (m + 0.5f) - 0.5f;  // subnormal: 2^-24 is the ulp of 0.5
+    std::memcpy(&r, &sub, 4);
+    r |= sign;
+  }
+  float out;
+  std::memcpy(&out, &r, 4);
+  return out;
+}
+}  // namespace
+
 SRef ScalarCtx::cast(SRef a, DType t) {
   const SNode& src = nodes_[a];
   if (src.dtype == t) return a;
@@ -99,6 +129,7 @@ SRef ScalarCtx::cast(SRef a, DType t) {
     double v = is_floating(src.dtype) ? src.fval : static_cast<double>(src.ival);
     if (!is_floating(t) && is_floating(src.dtype)) v = static_cast<double>(static_cast<int64_t>(v));
     if (t == DType::Float32) v = static_cast<double>(static_cast<float>(v));
+    if (is_16bit_float(t)) v = round_16bit(v, t);
     return constant(v, t);
   }
   SNode n{SOp::Cast, t};

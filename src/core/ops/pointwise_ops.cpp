@@ -10,16 +10,30 @@ using loop::ScalarCtx;
 using loop::SOp;
 using loop::SRef;
 
-std::vector<SRef> cast_all(ScalarCtx& s, const std::vector<SRef>& args, DType t) {
-  std::vector<SRef> out;
-  for (SRef a : args) out.push_back(s.cast(a, t));
-  return out;
+
+// The dtype the operands of a pointwise node are converted to (torch's common dtype).
+DType common_dtype(const Node& n) {
+  return n.op->promotion == Promotion::AlwaysBool ? pointwise_common_dtype(n.inputs) : n.meta.dtype;
 }
 
 // The dtype the arithmetic of a pointwise node runs in.
-DType arith_dtype(const Node& n) {
-  DType t = n.op->promotion == Promotion::AlwaysBool ? pointwise_common_dtype(n.inputs) : n.meta.dtype;
-  return compute_dtype(t);
+DType arith_dtype(const Node& n) { return compute_dtype(common_dtype(n)); }
+
+// An operand as the arithmetic reads it. torch's CPU kernels convert every operand to the common
+// dtype first: a Python number or a wider tensor in a 16-bit op is rounded to the 16-bit type
+// (x_f16 + 0.1 adds 0.0999755859375), then computed in float; except where a kernel reads a
+// scalar operand at full precision (`full_scalars`: mul and div). (Not taken on the GPU:
+// torch's CUDA kernels' choices are unchecked here.)
+SRef operand(ScalarCtx& s, SRef a, const Node& n, bool full_scalars = false) {
+  const DType common = common_dtype(n);
+  if (!full_scalars && is_16bit_float(common) && n.meta.device.type == DeviceType::CPU) a = s.cast(a, common);
+  return s.cast(a, compute_dtype(common));
+}
+
+std::vector<SRef> operands(ScalarCtx& s, const std::vector<SRef>& args, const Node& n, bool full_scalars = false) {
+  std::vector<SRef> out;
+  for (SRef a : args) out.push_back(operand(s, a, n, full_scalars));
+  return out;
 }
 
 OpDef unary(const std::string& name, SOp op, Promotion p, std::vector<std::string> py) {
@@ -29,7 +43,7 @@ OpDef unary(const std::string& name, SOp op, Promotion p, std::vector<std::strin
   d.kind = OpKind::Pointwise;
   d.promotion = p;
   d.scalar = [op](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
-    return s.unary(op, s.cast(a[0], arith_dtype(n)));
+    return s.unary(op, operand(s, a[0], n));
   };
   d.python = std::move(py);
   return d;
@@ -42,7 +56,7 @@ OpDef binary(const std::string& name, SOp op, Promotion p, std::vector<std::stri
   d.kind = OpKind::Pointwise;
   d.promotion = p;
   d.scalar = [op](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
-    auto x = cast_all(s, a, arith_dtype(n));
+    auto x = operands(s, a, n);
     return s.binary(op, x[0], x[1]);
   };
   d.python = std::move(py);
@@ -79,7 +93,7 @@ OpDef add_like(const std::string& name, SOp op, std::vector<std::string> py) {
   };
   d.scalar = [op](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
     DType t = arith_dtype(n);
-    auto x = cast_all(s, a, t);
+    auto x = operands(s, a, n);
     SRef other = x[1];
     if (n.attrs.has("alpha") && n.attrs.get_float("alpha", 1) != 1.0)
       other = s.binary(SOp::Mul, other, s.constant(n.attrs.get_float("alpha"), t));
@@ -235,7 +249,7 @@ std::vector<OpDef> pointwise_ops() {
     d.kind = OpKind::Pointwise;
     d.promotion = Promotion::IntToFloat;
     d.scalar = [body](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
-      return body(s, {s.cast(a[0], arith_dtype(n))}, n);
+      return body(s, {operand(s, a[0], n)}, n);
     };
     d.python = std::move(py);
     ops.push_back(d);
@@ -281,7 +295,7 @@ std::vector<OpDef> pointwise_ops() {
   {
     OpDef mul = binary("mul", SOp::Mul, D, {"torch.mul", "torch.multiply", "Tensor.mul", "Tensor.__mul__", "Tensor.__rmul__"});
     mul.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
-      auto x = cast_all(s, a, arith_dtype(n));
+      auto x = operands(s, a, n, /*full_scalars=*/true);
       return s.binary(n.meta.dtype == DType::Bool ? SOp::And : SOp::Mul, x[0], x[1]);
     };
     ops.push_back(mul);
@@ -301,7 +315,7 @@ std::vector<OpDef> pointwise_ops() {
     };
     div.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
       DType t = arith_dtype(n);
-      auto x = cast_all(s, a, t);
+      auto x = operands(s, a, n, /*full_scalars=*/true);
       std::string mode = n.attrs.get_str("rounding_mode", "");
       if (mode.empty()) return s.binary(SOp::Div, x[0], x[1]);
       if (mode == "floor") return s.binary(SOp::FloorDiv, x[0], x[1]);  // torch's fmod-based rule for floats
@@ -314,6 +328,12 @@ std::vector<OpDef> pointwise_ops() {
                    binary("remainder", SOp::Mod, D, {"torch.remainder", "Tensor.remainder", "Tensor.__mod__"})}) {
     // An integer division by a constant zero raises at capture, as eager raises whether or not
     // the result is used (a zero inside a tensor is found by the kernel).
+    if (d.name == "floor_divide") {  // torch's CPU kernel reads a scalar divisor at full precision
+      d.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+        auto x = operands(s, a, n, /*full_scalars=*/true);
+        return s.binary(SOp::FloorDiv, x[0], x[1]);
+      };
+    }
     d.infer = [name = d.name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
       if (!infer_pointwise(*find_op(name), in, a, out, err)) return false;
       const Node* b = in[1];
