@@ -324,16 +324,14 @@ std::vector<OpDef> pointwise_ops() {
     };
     ops.push_back(div);
   }
-  for (OpDef d : {binary("floor_divide", SOp::FloorDiv, D, {"torch.floor_divide", "Tensor.floor_divide", "Tensor.__floordiv__"}),
-                   binary("remainder", SOp::Mod, D, {"torch.remainder", "Tensor.remainder", "Tensor.__mod__"})}) {
+  OpDef floor_divide = binary("floor_divide", SOp::FloorDiv, D, {"torch.floor_divide", "Tensor.floor_divide", "Tensor.__floordiv__"});
+  floor_divide.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+    auto x = operands(s, a, n, /*full_scalars=*/true);  // torch's CPU kernel reads a scalar divisor at full precision
+    return s.binary(SOp::FloorDiv, x[0], x[1]);
+  };
+  for (OpDef d : {floor_divide, binary("remainder", SOp::Mod, D, {"torch.remainder", "Tensor.remainder", "Tensor.__mod__"})}) {
     // An integer division by a constant zero raises at capture, as eager raises whether or not
     // the result is used (a zero inside a tensor is found by the kernel).
-    if (d.name == "floor_divide") {  // torch's CPU kernel reads a scalar divisor at full precision
-      d.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
-        auto x = operands(s, a, n, /*full_scalars=*/true);
-        return s.binary(SOp::FloorDiv, x[0], x[1]);
-      };
-    }
     d.infer = [name = d.name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
       if (!infer_pointwise(*find_op(name), in, a, out, err)) return false;
       const Node* b = in[1];
