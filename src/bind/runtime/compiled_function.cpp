@@ -155,7 +155,9 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   e->capture = capture(fn, args);
   Stats& s = stats();
   ++s.frames_captured;
-  s.capture_seconds += since(t0);
+  const double capture_s = since(t0);
+  s.capture_seconds += capture_s;
+  log("timing", name + ": capture " + std::to_string(static_cast<int>(capture_s * 1e3 + 0.5)) + " ms");
   // Ctrl-C during capture: a KeyboardInterrupt kept from one of capture's Python calls, or a
   // signal that arrived while C++ ran. Nothing is cached, so the next call captures afresh.
   if (check_interrupt()) return nullptr;
@@ -251,7 +253,13 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   s.compile_seconds += since(t1);
   if (check_interrupt()) return nullptr;   // a compile that ran to its end is in the disk cache
   if (e->compiled->cancelled) return nullptr;  // the handler did not raise: compile again
-  if (ok) e->prepared = prepare_program(*e->compiled, error);
+  if (ok) {
+    const auto preparing = std::chrono::steady_clock::now();
+    e->prepared = prepare_program(*e->compiled, error);
+    log("timing", name + ": compile " + std::to_string(static_cast<int>(since(t1) * 1e3 + 0.5)) +
+                      " ms, of which preparing the program " +
+                      std::to_string(static_cast<int>(since(preparing) * 1e3 + 0.5)) + " ms");
+  }
   if (!ok || !e->prepared) {
     e->eager = true;
     e->reason = "compilation failed: " + error;

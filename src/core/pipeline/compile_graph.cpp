@@ -1,5 +1,6 @@
 #include "core/pipeline/compile_graph.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -30,6 +31,12 @@ void run_graph_passes(ir::Graph& g, const std::string& dump_name) {
 
 namespace {
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string ms(double seconds) { return std::to_string(static_cast<int>(seconds * 1e3 + 0.5)) + " ms"; }
+
 // The source of one kernel inside the translation unit, for explain.
 // Every kernel is compiled as a translation unit of its own, under one name (kUnitKernelName):
 // kernels that fuse the same ops over the same layouts (a model's repeated layers) are then the
@@ -56,6 +63,7 @@ bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, c
     unit_of.push_back(it->second);
   }
   std::vector<compile::NvrtcResult> results(units.size());
+  const auto started = std::chrono::steady_clock::now();
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t u; (u = next++) < units.size();) results[u] = compile::nvrtc_compile(units[u], arch, name_hint);
@@ -65,6 +73,20 @@ bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, c
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
+  if (log_enabled("timing")) {
+    double total = 0, longest = 0;
+    size_t hits = 0;
+    for (const compile::NvrtcResult& r : results) {
+      total += r.seconds;
+      longest = std::max(longest, r.seconds);
+      hits += r.cache_hit ? 1 : 0;
+    }
+    log("timing", name_hint + ": NVRTC " + ms(seconds_since(started)) + " for " + std::to_string(p.kernels.size()) +
+                      " kernels in " + std::to_string(units.size()) + " units (" + std::to_string(hits) +
+                      " from disk) on " + std::to_string(threads) + " threads; summed " + ms(total) +
+                      ", longest " + ms(longest));
+  }
+  const auto loading = std::chrono::steady_clock::now();
   const int device = p.device.index < 0 ? 0 : p.device.index;
   out.disk_cache_hit = true;
   for (const compile::NvrtcResult& r : results) {
@@ -76,6 +98,7 @@ bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, c
     out.cuda_modules.push_back(compile::CudaModule::load(r.image, device, error));
     if (!out.cuda_modules.back()) return false;
   }
+  log("timing", name_hint + ": module loads " + ms(seconds_since(loading)));
   return true;
 }
 
@@ -125,6 +148,7 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
   out.graph_text = g.str();
   out.op_count = g.op_count();
   log("graph", "\n" + out.graph_text);
+  const double passes_s = seconds_since(t0);
 
   loop::Program& p = out.program;
   p.exprs.torch = options.torch;
@@ -134,6 +158,9 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
   out.loop_text = p.str();
   debug_dump(options.name + ".loop_scheduled.txt", out.loop_text);
   if (!symbols_bound(p, error)) return false;
+  log("timing", options.name + ": graph passes " + ms(passes_s) + ", lowering and scheduling " +
+                    ms(seconds_since(t0) - passes_s) + " (" + std::to_string(out.op_count) + " ops, " +
+                    std::to_string(p.kernels.size()) + " kernels)");
 
   if (p.kernels.empty()) {
     out.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -141,9 +168,13 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
   }
 
   if (p.device.type == DeviceType::CPU) {
+    const auto generating = std::chrono::steady_clock::now();
     out.source = codegen::generate_cpp(p);
     debug_dump(options.name + ".kernels.cpp", out.source);
+    const auto compiling = std::chrono::steady_clock::now();
     compile::CpuCompileResult r = compile::compile_cpp(out.source, options.cancel);
+    log("timing", options.name + ": C++ code generation " + ms(seconds_since(generating) - seconds_since(compiling)) +
+                      ", C++ compiler " + ms(seconds_since(compiling)) + (r.cache_hit ? " (from disk)" : ""));
     if (r.cancelled) {
       out.cancelled = true;
       error = "compilation cancelled";
@@ -169,8 +200,10 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
       out.kernels.push_back(ck);
     }
   } else {
+    const auto generating = std::chrono::steady_clock::now();
     codegen::CudaSource cs = codegen::generate_cuda(p);
     out.source = cs.source;
+    log("timing", options.name + ": CUDA code generation " + ms(seconds_since(generating)));
     debug_dump(options.name + ".kernels.cu", out.source);
     std::string why;
     if (!compile::cuda_driver_available(&why)) {

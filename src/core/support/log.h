@@ -1,5 +1,5 @@
 // Logging and debug dumps, both chosen by environment variables:
-//   KILN_LOGS=graph,guards,recompiles,kernels,fallback   print those channels to stderr
+//   KILN_LOGS=graph,guards,recompiles,kernels,fallback,timing   print those channels to stderr
 //   KILN_DEBUG=<dir>                                     write every graph, loop IR and kernel
 #pragma once
 #include <string>
