@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <filesystem>
 
 #include "core/codegen/cuda_codegen.h"
@@ -131,4 +132,57 @@ TEST(CudaCodegen, FusedCastsToSixteenBitFloatsRoundAndCompile) {
   ir::Node* yh = g2.must_add("convert", {y}, attrs({{"dtype", DType::Float16}}));
   g2.outputs().push_back(g2.must_add("convert", {g2.must_add("mul", {yh, yh})}, attrs({{"dtype", DType::Float32}})));
   expect_compiles(g2, 1);
+}
+
+namespace {
+std::string cuda_source_of(ir::Graph& g) {
+  pipeline::run_graph_passes(g);
+  loop::Program p;
+  std::string err;
+  EXPECT_TRUE(lower::lower_graph(g, p, err)) << err;
+  schedule::schedule(p);
+  return codegen::generate_cuda(p).source;
+}
+}  // namespace
+
+// Pointwise kernels move 16 bytes a thread where their accesses step by one along the innermost
+// loop: 8 bfloat16 or 4 float32 elements, with a broadcast bias read element by element.
+TEST(CudaCodegen, PointwiseKernelsLoadAndStoreVectors) {
+  {
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(DType::BFloat16, {64, 3072}));
+    ir::Node* b = g.placeholder("b", cuda_meta(DType::BFloat16, {3072}));
+    g.outputs().push_back(g.must_add("gelu", {g.must_add("add", {x, b})}));
+    const std::string src = cuda_source_of(g);
+    EXPECT_NE(src.find("kiln_vec<kiln_bf16, 8>"), std::string::npos) << src;
+    if (getenv("SHOW_SRC")) std::cout << src.substr(src.find("kiln_idx;"));
+    ir::Graph g2;
+    ir::Node* x2 = g2.placeholder("x", cuda_meta(DType::BFloat16, {64, 3072}));
+    ir::Node* b2 = g2.placeholder("b", cuda_meta(DType::BFloat16, {3072}));
+    g2.outputs().push_back(g2.must_add("gelu", {g2.must_add("add", {x2, b2})}));
+    expect_compiles(g2, 1);
+  }
+  {  // bfloat16 in, float32 out: 4 of each (8 and 16 bytes)
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(DType::BFloat16, {1 << 16}));
+    g.outputs().push_back(g.must_add("convert", {g.must_add("exp", {x})}, attrs({{"dtype", DType::Float32}})));
+    const std::string src = cuda_source_of(g);
+    EXPECT_NE(src.find("kiln_vec<kiln_bf16, 4>"), std::string::npos) << src;
+    EXPECT_NE(src.find("kiln_vec<float, 4>"), std::string::npos) << src;
+  }
+  {  // an innermost extent that is not a multiple of the width stays scalar
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(DType::Float32, {4099, 3}));
+    g.outputs().push_back(g.must_add("exp", {g.must_add("transpose", {x}, attrs({{"dim0", int64_t(0)}, {"dim1", int64_t(1)}}))}));
+    const std::string src = cuda_source_of(g);
+    EXPECT_EQ(src.find("kiln_vec<float"), std::string::npos) << src;
+  }
+  for (DType t : {DType::Bool, DType::UInt8, DType::Int16, DType::Int64, DType::Float64, DType::Float16}) {
+    ir::Graph g;
+    ir::Node* a = g.placeholder("a", cuda_meta(t, {64, 256}));
+    ir::Node* b = g.placeholder("b", cuda_meta(t, {256}));
+    g.outputs().push_back(g.must_add("maximum", {a, b}));
+    g.outputs().push_back(g.must_add("eq", {a, b}));
+    expect_compiles(g, 1);
+  }
 }

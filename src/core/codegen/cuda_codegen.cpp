@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <set>
 
 #include "core/codegen/scalar_emitter.h"
@@ -61,6 +63,69 @@ void unravel(std::string& out, const std::string& indent, const std::string& lin
   }
 }
 
+// The accesses of a pointwise kernel that move V neighbouring elements in one instruction:
+// those whose index steps by exactly 1 along the innermost loop and is a multiple of V where
+// that loop starts a group of V (every other stride and the offset are multiples of V).
+struct VectorPlan {
+  int width = 0;  // V; 0 when the kernel stays scalar
+  std::vector<std::pair<int, Expr>> loads;  // (buffer, index)
+  std::vector<const loop::Store*> stores;
+};
+
+void visit_loads(const loop::ScalarCtx& s, loop::SRef r, std::set<loop::SRef>& seen,
+                 const std::function<void(const loop::SNode&)>& f) {
+  if (r < 0 || !seen.insert(r).second) return;
+  const loop::SNode& n = s[r];
+  if (n.op == loop::SOp::Load) f(n);
+  visit_loads(s, n.a, seen, f);
+  visit_loads(s, n.b, seen, f);
+  visit_loads(s, n.c, seen, f);
+}
+
+bool steps_by_one(const Expr& index, const std::vector<Expr>& vars, int width) {
+  auto a = sym::affine(index, vars);
+  if (!a || !a->coeffs.back().is_const(1)) return false;
+  for (size_t d = 0; d + 1 < vars.size(); ++d) {
+    auto c = a->coeffs[d].as_const();
+    if (!c || *c % width) return false;
+  }
+  auto off = a->offset.as_const();
+  return off && *off % width == 0;
+}
+
+VectorPlan plan_vectors(const loop::Program& p, const Kernel& k) {
+  VectorPlan plan;
+  if (k.vars.empty() || k.stages.size() != 1 || k.stages[0].kind == Stage::Kind::Reduce) return plan;
+  auto outer = sym::product(k.ranges).as_const();
+  auto inner = k.ranges.back().as_const();
+  if (!outer || !inner || *outer < 4096) return plan;  // small kernels: launch-bound anyway
+  std::set<int> stored;
+  for (const loop::Store& st : k.stages[0].stores)
+    if (!stored.insert(st.buffer).second) return plan;  // one store a buffer
+  std::vector<const loop::SNode*> loads;
+  std::set<loop::SRef> seen;
+  for (const loop::Store& st : k.stages[0].stores)
+    visit_loads(p.exprs, st.value, seen, [&](const loop::SNode& n) { loads.push_back(&n); });
+  size_t widest = 0;
+  auto widen = [&](int buffer) { widest = std::max<size_t>(widest, dtype_size(p.buffers[buffer].dtype)); };
+  for (const loop::Store& st : k.stages[0].stores) widen(st.buffer);
+  for (const loop::SNode* n : loads)
+    if (!stored.count(n->buffer)) widen(n->buffer);
+  if (widest == 0 || widest > 8) return plan;
+  const int width = static_cast<int>(std::min<size_t>(8, 16 / widest));
+  if (width < 2 || *inner % width) return plan;
+  for (const loop::Store& st : k.stages[0].stores)
+    if (steps_by_one(st.index, k.vars, width)) plan.stores.push_back(&st);
+  std::set<std::pair<int, std::string>> taken;
+  for (const loop::SNode* n : loads)
+    if (!stored.count(n->buffer) && steps_by_one(n->index, k.vars, width) &&
+        taken.insert({n->buffer, n->index.str()}).second)
+      plan.loads.push_back({n->buffer, n->index});
+  if (plan.loads.empty() && plan.stores.empty()) return plan;
+  plan.width = width;
+  return plan;
+}
+
 class CudaKernelWriter {
  public:
   CudaKernelWriter(const loop::Program& p, const Kernel& k, std::string& out) : p_(p), k_(k), out_(out) {}
@@ -95,8 +160,10 @@ class CudaKernelWriter {
       l.grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(outer, 1), 1 << 30));
       if (symbolic_outer) l.grid_expr = sym::min(sym::max(outer_e, 1), Expr(int64_t(1) << 30));
     } else {
-      l.block = outer >= 256 ? 256 : 128;
-      int64_t blocks = (outer + l.block - 1) / l.block;
+      vec_ = plan_vectors(p_, k_);
+      const int64_t points = vec_.width ? outer / vec_.width : outer;  // a thread's step
+      l.block = points >= 256 ? 256 : 128;
+      int64_t blocks = (points + l.block - 1) / l.block;
       l.grid = static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 132 * 64));
       if (symbolic_outer)
         l.grid_expr = sym::min(sym::max(sym::floordiv(outer_e + Expr(int64_t(l.block) - 1), Expr(int64_t(l.block))), 1),
@@ -123,6 +190,10 @@ class CudaKernelWriter {
       for (const Stage& st : k_.stages) write_row_stage(st, em, indent);
       out_ += "  }\n";
     } else {
+      if (vec_.width) {
+        write_vectorized(em, indent);
+        out_ += indent + "else\n";
+      }
       out_ += indent + "#pragma unroll 4\n";  // several independent loads in flight per thread
       out_ += indent + "for (kiln_idx kiln_lin = (kiln_idx)blockIdx.x * " + std::to_string(l.block) +
               " + threadIdx.x; kiln_lin < " + outer_ + "; kiln_lin += (kiln_idx)gridDim.x * " +
@@ -194,9 +265,93 @@ class CudaKernelWriter {
     out_ += indent + "}\n";
   }
 
+  // The loop over groups of V points, taken when every vector access is aligned at run time
+  // (a view's offset may not be): the vector loads, V bodies reading their elements, then the
+  // vector stores. The scalar loop after it handles the unaligned case.
+  void write_vectorized(ScalarEmitter& em, const std::string& indent) {
+    const int V = vec_.width;
+    const std::string Vs = std::to_string(V);
+    auto vec_type = [&](int buffer) { return "kiln_vec<" + ctype(p_.buffers[buffer].dtype) + ", " + Vs + ">"; };
+    std::string aligned;
+    auto check = [&](int buffer) {
+      const loop::Buffer& b = p_.buffers[buffer];
+      aligned += std::string(aligned.empty() ? "" : " && ") + "(reinterpret_cast<unsigned long long>(" + b.name +
+                 ") % sizeof(" + vec_type(buffer) + ") == 0)";
+    };
+    for (const auto& [buffer, index] : vec_.loads) check(buffer);
+    for (const loop::Store* st : vec_.stores) check(st->buffer);
+    out_ += indent + "if (" + aligned + ")\n";
+    out_ += indent + "for (kiln_idx kiln_g = (kiln_idx)blockIdx.x * " + std::to_string(block_) +
+            " + threadIdx.x; kiln_g < " + outer_ + " / " + Vs + "; kiln_g += (kiln_idx)gridDim.x * " +
+            std::to_string(block_) + ") {\n";
+    const std::string in2 = indent + "  ", in3 = in2 + "  ";
+    // Where the group starts: the innermost extent is a multiple of V, so the group lies in one row.
+    out_ += in2 + "const kiln_idx kiln_lin0 = kiln_g * " + Vs + ";\n";
+    std::map<std::pair<int, std::string>, std::string> element;  // (buffer, index) -> vector name
+    // The outer loop vars are the group's; the innermost is its first point's plus kiln_j.
+    const std::string inner = k_.vars.back().name(), inner0 = inner + "_0";
+    const std::vector<Expr> outer_vars(k_.vars.begin(), k_.vars.end() - 1), outer_ranges(k_.ranges.begin(), k_.ranges.end() - 1);
+    if (outer_vars.empty()) {
+      out_ += in2 + "const kiln_idx " + inner0 + " = kiln_lin0;\n";
+    } else {
+      const std::string r = "(" + k_.ranges.back().c_str() + ")";
+      out_ += in2 + "const kiln_idx " + inner0 + " = kiln_lin0 % " + r + ";\n";
+      out_ += in2 + "const kiln_idx kiln_row0 = kiln_lin0 / " + r + ";\n";
+      unravel(out_, in2, "kiln_row0", outer_vars, outer_ranges);
+    }
+    out_ += in2 + "kiln_idx kiln_at[" + std::to_string(vec_.loads.size() + vec_.stores.size()) + "];\n";
+    out_ += in2 + "{\n";
+    out_ += in3 + "const kiln_idx " + inner + " = " + inner0 + ";\n";
+    size_t slot = 0;
+    for (const auto& [buffer, index] : vec_.loads) out_ += in3 + "kiln_at[" + std::to_string(slot++) + "] = " + index.c_str() + ";\n";
+    for (const loop::Store* st : vec_.stores) out_ += in3 + "kiln_at[" + std::to_string(slot++) + "] = " + st->index.c_str() + ";\n";
+    out_ += in2 + "}\n";
+    slot = 0;
+    for (const auto& [buffer, index] : vec_.loads) {
+      const std::string name = "kiln_v" + std::to_string(slot);
+      out_ += in2 + "const " + vec_type(buffer) + " " + name + " = *reinterpret_cast<const " + vec_type(buffer) + "*>(" +
+              p_.buffers[buffer].name + " + kiln_at[" + std::to_string(slot) + "]);\n";
+      element[{buffer, index.str()}] = name + ".v[kiln_j]";
+      ++slot;
+    }
+    std::vector<std::string> out_names;
+    for (const loop::Store* st : vec_.stores) {
+      out_names.push_back("kiln_v" + std::to_string(slot++));
+      out_ += in2 + vec_type(st->buffer) + " " + out_names.back() + ";\n";
+    }
+    out_ += in2 + "#pragma unroll\n";
+    out_ += in2 + "for (int kiln_j = 0; kiln_j < " + Vs + "; ++kiln_j) {\n";
+    out_ += in3 + "const kiln_idx " + inner + " = " + inner0 + " + kiln_j;\n";
+    em.push_scope();
+    em.element_of = [&](const loop::SNode& n) {
+      auto it = element.find({n.buffer, n.index.str()});
+      return it == element.end() ? std::string() : it->second;
+    };
+    for (const loop::Store& s : k_.stages[0].stores) {
+      std::string v = em.emit(s.value, in3);
+      auto it = std::find(vec_.stores.begin(), vec_.stores.end(), &s);
+      if (it == vec_.stores.end()) {
+        out_ += in3 + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
+      } else {
+        out_ += in3 + store_to(p_.buffers[s.buffer], out_names[it - vec_.stores.begin()] + ".v[kiln_j]", v) + "\n";
+      }
+    }
+    em.element_of = nullptr;
+    em.pop_scope();
+    out_ += in2 + "}\n";
+    slot = vec_.loads.size();
+    for (size_t i = 0; i < vec_.stores.size(); ++i, ++slot) {
+      const loop::Store* st = vec_.stores[i];
+      out_ += in2 + "*reinterpret_cast<" + vec_type(st->buffer) + "*>(" + p_.buffers[st->buffer].name + " + kiln_at[" +
+              std::to_string(slot) + "]) = " + out_names[i] + ";\n";
+    }
+    out_ += indent + "}\n";
+  }
+
   const loop::Program& p_;
   const Kernel& k_;
   std::string& out_;
+  VectorPlan vec_;
   unsigned block_ = 256;
   std::string outer_;  // the outer space's point count, as source text
 };

@@ -124,9 +124,13 @@ bool narrow(DType t) { return t == DType::UInt8 || t == DType::Int8 || t == DTyp
 bool wraps(DType t) { return t == DType::Int32 || t == DType::Int64; }
 }  // namespace
 
+std::string store_to(const loop::Buffer& b, const std::string& element, const std::string& value) {
+  if (is_16bit_float(b.dtype)) return element + ".bits = " + from_float(b.dtype) + "(" + value + ");";
+  return element + " = " + value + ";";
+}
+
 std::string store_stmt(const loop::Buffer& b, const std::string& index, const std::string& value) {
-  if (is_16bit_float(b.dtype)) return b.name + "[" + index + "].bits = " + from_float(b.dtype) + "(" + value + ");";
-  return b.name + "[" + index + "] = " + value + ";";
+  return store_to(b, b.name + "[" + index + "]", value);
 }
 
 std::string ScalarEmitter::emit(SRef r, const std::string& indent) { return expr(r, indent); }
@@ -141,7 +145,8 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
     case SOp::Acc: return acc_name_(n.acc);
     case SOp::Load: {
       const loop::Buffer& b = p_.buffers[n.buffer];
-      e = b.name + "[" + n.index.c_str() + "]";
+      e = element_of ? element_of(n) : "";
+      if (e.empty()) e = b.name + "[" + n.index.c_str() + "]";
       if (is_16bit_float(b.dtype)) e = std::string(to_float(b.dtype)) + "(" + e + ".bits)";
       break;
     }

@@ -16,6 +16,8 @@ std::string literal(double fval, int64_t ival, DType t);
 int64_t int_lowest(DType t);
 // `buffer[index] = value;` (a 16-bit float buffer: the value, a float, rounded into its bits).
 std::string store_stmt(const loop::Buffer& buffer, const std::string& index, const std::string& value);
+// `element = value;` for an element of `buffer`'s type held elsewhere (a vector register).
+std::string store_to(const loop::Buffer& buffer, const std::string& element, const std::string& value);
 int64_t int_highest(DType t);
 
 class ScalarEmitter {
@@ -26,6 +28,10 @@ class ScalarEmitter {
   // Returns an expression for `r`, first emitting `const T tN = ...;` lines (at `indent`) for
   // every node it needs that is not already named in this scope or an enclosing one.
   std::string emit(loop::SRef r, const std::string& indent);
+
+  // Where a load reads its element from: an element of a vector already loaded, in place of
+  // `buffer[index]` ("" keeps the buffer). Set by the CUDA writer around vectorized bodies.
+  std::function<std::string(const loop::SNode& load)> element_of;
 
   // Scopes: names made inside a loop body are not visible after it.
   void push_scope() { scopes_.push_back(names_); }

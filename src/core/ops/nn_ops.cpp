@@ -186,7 +186,11 @@ std::vector<OpDef> nn_ops() {
           spatial_arg(a, "dilation", i, 1, d);
           if (!window_out(x.sizes[2 + i], *w.sizes[2 + i].as_const(), s, p, d, false, out.sizes[2 + i], err)) return false;
         }
-        out.strides = ir::contiguous_strides(out.sizes);
+        // torch's cuDNN, oneDNN and slow backends all compute in channels-last when the input
+        // or the weight suggests it, and return that layout (a backend that does not, CUDA's
+        // depthwise kernel, costs the executor a copy into these strides, never a misread).
+        out.strides = suggests_channels_last(x) || suggests_channels_last(w) ? channels_last_strides(out.sizes)
+                                                                              : ir::contiguous_strides(out.sizes);
         return true;
       },
       {"torch.nn.functional.conv2d", "torch.conv2d"}));
@@ -208,7 +212,8 @@ std::vector<OpDef> nn_ops() {
           if (p * 2 > k) return err = "RuntimeError: pad should be at most half of effective kernel size", false;
           if (!window_out(x.sizes[h + i], k, s, p, d, a.get_bool("ceil_mode"), out.sizes[h + i], err)) return false;
         }
-        out.strides = ir::contiguous_strides(out.sizes);
+        // Pooling keeps the input's suggested memory format.
+        out.strides = suggests_channels_last(x) ? channels_last_strides(out.sizes) : ir::contiguous_strides(out.sizes);
         out.offset = 0;
         return true;
       },
@@ -224,7 +229,7 @@ std::vector<OpDef> nn_ops() {
         out = x;
         out.sizes[x.dim() - 2] = o[0];
         out.sizes[x.dim() - 1] = o[1];
-        out.strides = ir::contiguous_strides(out.sizes);
+        out.strides = suggests_channels_last(x) ? channels_last_strides(out.sizes) : ir::contiguous_strides(out.sizes);
         out.offset = 0;
         return true;
       },

@@ -296,6 +296,28 @@ std::vector<Expr> preserved_strides(const TensorMeta& x) {
   return dense ? x.strides : iterator_strides(x.sizes, {&x});
 }
 
+bool suggests_channels_last(const TensorMeta& x) {
+  if (x.sizes.size() != 4 || x.strides.size() != 4) return false;
+  // torch's is_channels_last_strides_2d_s4: walking C, W, H, N, each stride is at least the
+  // extent of the dims before it. An N111 tensor (all strides tied with C's) stays row-major.
+  int64_t min = 0;
+  for (size_t d : {size_t{1}, size_t{3}, size_t{2}, size_t{0}}) {
+    auto size = x.sizes[d].as_const();
+    auto stride = x.strides[d].as_const();
+    if (!size || !stride || *size == 0) return false;
+    if (d == 1 && *stride == 0) return false;
+    if (*stride < min) return false;
+    if (d == 0 && min == *x.strides[1].as_const()) return false;
+    min = *stride * (*size > 1 ? *size : 1);
+  }
+  return true;
+}
+
+std::vector<Expr> channels_last_strides(const std::vector<Expr>& sizes) {
+  const Expr &C = sizes[1], &H = sizes[2], &W = sizes[3];
+  return {C * H * W, Expr(1), W * C, C};
+}
+
 bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error) {
   std::vector<std::vector<Expr>> shapes;
   const Node* first_tensor = nullptr;

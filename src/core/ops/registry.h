@@ -127,6 +127,12 @@ bool broadcast_shapes(const std::vector<std::vector<Expr>>& shapes, std::vector<
 std::vector<Expr> pointwise_strides(const std::vector<Expr>& sizes, const std::vector<Node*>& in);
 // The strides torch.preserve_format gives a copy of x (clone, .to()).
 std::vector<Expr> preserved_strides(const TensorMeta& x);
+// Whether x.suggest_memory_format() is torch.channels_last: a 4-d tensor whose strides order its
+// dims N, H, W, C (with torch's tie-breaks for dims of size 1). Sizes or strides not known as
+// numbers suggest the default, row-major format.
+bool suggests_channels_last(const TensorMeta& x);
+// Dense channels-last strides of a 4-d shape [N, C, H, W]: C fastest, then W, H, N.
+std::vector<Expr> channels_last_strides(const std::vector<Expr>& sizes);
 bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error);
 bool infer_reduction(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error);
 // Normalises a possibly negative dim against rank; false (with torch's message) if out of range.

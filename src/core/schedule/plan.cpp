@@ -3,6 +3,7 @@
 #include <set>
 
 #include "core/schedule/schedule.h"
+#include "core/sym/shape_env.h"
 
 namespace kiln::schedule {
 namespace {
@@ -46,6 +47,14 @@ void for_each_index(const loop::Program& p, const Kernel& k, const std::function
       f(s.index);
     }
   }
+}
+
+// Whether a store lies in the kernel's outer space: its stage has no loop of its own.
+bool store_is_outer(const Kernel& k, const loop::Store& s) {
+  for (const Stage& st : k.stages)
+    for (const loop::Store& t : st.stores)
+      if (&t == &s) return st.vars.empty();
+  return false;
 }
 
 // Tries to merge dims (i, i+1) of `vars`: legal when every access is affine in all loop vars
@@ -106,6 +115,48 @@ void collapse(loop::Program& p, Kernel& k, std::vector<Expr>& vars, std::vector<
 }
 
 }  // namespace
+
+void order_loops(loop::Program& p) {
+  for (Kernel& k : p.kernels) {
+    if (k.vars.size() < 2) continue;
+    // The kernel's first store of the outer space (else its first store): its buffer's layout.
+    const loop::Store* store = nullptr;
+    for (const Stage& st : k.stages)
+      for (const loop::Store& s : st.stores)
+        if (!store || (st.vars.empty() && !store_is_outer(k, *store))) store = &s;
+    if (!store) continue;
+    auto a = sym::affine(store->index, k.vars);
+    if (!a) continue;
+    std::vector<std::pair<int64_t, size_t>> order;  // (stride, dim)
+    for (size_t d = 0; d < k.vars.size(); ++d) {
+      auto stride = sym::size_hint(a->coeffs[d]);
+      if (!stride) {
+        order.clear();
+        break;
+      }
+      // A dim of extent 1 has any stride: it keeps its place among its neighbours.
+      auto extent = sym::size_hint(k.ranges[d]);
+      order.emplace_back(extent && *extent == 1 ? -1 : std::abs(*stride), d);
+    }
+    if (order.empty()) continue;
+    std::vector<std::pair<int64_t, size_t>> moving;
+    for (const auto& o : order)
+      if (o.first >= 0) moving.push_back(o);
+    std::vector<std::pair<int64_t, size_t>> sorted = moving;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    if (sorted == moving) continue;
+    std::vector<Expr> vars = k.vars, ranges = k.ranges;
+    size_t next = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (order[i].first < 0) continue;  // extent 1: stays in its slot
+      const size_t d = sorted[next++].second;
+      vars[i] = k.vars[d];
+      ranges[i] = k.ranges[d];
+    }
+    k.vars = std::move(vars);
+    k.ranges = std::move(ranges);
+  }
+}
 
 void collapse_dims(loop::Program& p) {
   for (Kernel& k : p.kernels) {
@@ -209,6 +260,7 @@ void name_kernels(loop::Program& p) {
 void schedule(loop::Program& p) {
   fuse_kernels(p);
   reuse_reduced_values(p);
+  order_loops(p);
   collapse_dims(p);
   plan_buffers(p);
   name_kernels(p);

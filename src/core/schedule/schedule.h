@@ -8,6 +8,9 @@
 //                     same point becomes a register use, and buffers nobody reads disappear.
 //   reuse_reduced_values  lets a loop read the values an earlier reduction of the same row
 //                     computed (stored into the loop's output) instead of recomputing them.
+//   order_loops       orders a kernel's outer loops as its output lies in memory (largest
+//                     stride outermost), so a channels-last or transposed result is written
+//                     in address order: coalesced on the GPU, vectorized on the CPU.
 //   collapse_dims     merges adjacent loop dims that every access walks contiguously, so a
 //                     pointwise kernel over contiguous tensors is one flat, vectorizable loop.
 //   plan_buffers      assigns temporaries to shared allocation slots by liveness.
@@ -18,6 +21,7 @@ namespace kiln::schedule {
 
 void fuse_kernels(loop::Program& p);
 void reuse_reduced_values(loop::Program& p);
+void order_loops(loop::Program& p);
 void collapse_dims(loop::Program& p);
 void plan_buffers(loop::Program& p);
 void name_kernels(loop::Program& p);

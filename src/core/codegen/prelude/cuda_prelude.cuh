@@ -155,6 +155,16 @@ __device__ __forceinline__ signed char kiln_shfl_xor(signed char v, int o) { ret
 __device__ __forceinline__ unsigned char kiln_shfl_xor(unsigned char v, int o) { return (unsigned char)__shfl_xor_sync(0xffffffffu, (int)v, o); }
 __device__ __forceinline__ short kiln_shfl_xor(short v, int o) { return (short)__shfl_xor_sync(0xffffffffu, (int)v, o); }
 
+// Reduction within one warp (kernels that give each row a warp): every lane receives the result.
+template <typename T, typename Op>
+__device__ __forceinline__ T kiln_warp_reduce(T v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, kiln_shfl_xor(v, o));
+  return v;
+}
+
+// V neighbouring elements moved by one load or store instruction (16 bytes at most).
+template <typename T, int V> struct alignas(sizeof(T) * V) kiln_vec { T v[V]; };
+
 // Block-wide reduction: warp shuffles, then one value per warp through shared memory. Every
 // thread of the block receives the result (later stages of the kernel read it).
 template <typename T, typename Op>
