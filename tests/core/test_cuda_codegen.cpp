@@ -186,3 +186,34 @@ TEST(CudaCodegen, PointwiseKernelsLoadAndStoreVectors) {
     expect_compiles(g, 1);
   }
 }
+
+// Rows of a known length: a warp per row when rows are short and many (layer_norm over 768),
+// the block otherwise (softmax over 4096); the elements several stages read are held in
+// registers; groups of 16 bytes where the accesses step by one. Odd lengths stay correct
+// with scalar groups.
+TEST(CudaCodegen, RowReductionsReadTheirRowOnce) {
+  {
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(DType::BFloat16, {1024, 768}));
+    ir::Node* r = g.placeholder("r", cuda_meta(DType::BFloat16, {1024, 768}));
+    ir::Node* w = g.placeholder("w", cuda_meta(DType::BFloat16, {768}));
+    ir::Node* b = g.placeholder("b", cuda_meta(DType::BFloat16, {768}));
+    g.outputs().push_back(g.must_add("layer_norm", {g.must_add("add", {x, r}), w, b},
+                                     attrs({{"normalized_shape", std::vector<int64_t>{768}}})));
+    const std::string src = cuda_source_of(g);
+    if (getenv("SHOW_SRC")) std::cout << src.substr(src.find("kiln_idx;"));
+    EXPECT_NE(src.find("kiln_warp_reduce"), std::string::npos) << src;
+    EXPECT_NE(src.find("kiln_rc0["), std::string::npos) << src;
+    EXPECT_NE(src.find("kiln_vec<kiln_bf16, 8>"), std::string::npos) << src;
+  }
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{64, 4096}, {300, 999}, {2, 1 << 14}, {4096, 96}}) {
+    for (DType t : {DType::Float32, DType::BFloat16, DType::Float16}) {
+      ir::Graph g;
+      ir::Node* x = g.placeholder("x", cuda_meta(t, {rows, cols}));
+      g.outputs().push_back(g.must_add("softmax", {x}, attrs({{"dim", int64_t(-1)}})));
+      ir::Node* y = g.placeholder("y", cuda_meta(t, {rows, cols}));
+      g.outputs().push_back(g.must_add("sum", {y}, attrs({{"dim", std::vector<int64_t>{1}}})));
+      expect_compiles(g, 1);  // the same rows: one kernel
+    }
+  }
+}

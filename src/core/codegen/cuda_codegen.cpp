@@ -126,6 +126,101 @@ VectorPlan plan_vectors(const loop::Program& p, const Kernel& k) {
   return plan;
 }
 
+// How a row-reduction kernel walks its rows when their length is a known constant: each row
+// belongs to one warp (short rows, many of them) or to the whole block, a thread takes groups of
+// V neighbouring elements (one 16-byte load where the accesses step by one), and the elements
+// that several stages read (layer_norm's input: mean, variance, then the output) are loaded
+// once into registers and reused, so the row is read from memory once.
+struct RowPlan {
+  bool persistent = false;
+  bool warp_rows = false;     // a row per warp (else a row per block)
+  int width = 1;              // V
+  int64_t points = 0;         // elements of a row
+  std::vector<std::pair<int, Expr>> cached;   // (buffer, index) loaded once per row, in registers
+  std::vector<std::pair<int, Expr>> vector_loads;  // read a group at a time where they are used
+  std::vector<const loop::Store*> vector_stores;
+};
+
+constexpr int kRowsPerWarpBlock = 4;   // warp rows: a block of 4 warps
+constexpr int64_t kMaxRowRegisters = 64;  // cached elements a thread may hold
+
+RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block) {
+  RowPlan plan;
+  const Stage* looping = nullptr;
+  for (const Stage& st : k.stages) {
+    if (st.vars.empty()) {
+      if (st.kind == Stage::Kind::Reduce) return plan;
+      continue;
+    }
+    if (looping && looping->vars != st.vars) return plan;
+    looping = &st;
+  }
+  if (!looping) return plan;
+  auto outer = sym::product(k.ranges).as_const();
+  auto n = sym::product(looping->ranges).as_const();
+  auto innermost = looping->ranges.back().as_const();
+  if (!outer || !n || !innermost || *n < 1) return plan;
+  plan.points = *n;
+  plan.warp_rows = *n <= 1024 && *outer >= 256;
+  const int64_t lanes = plan.warp_rows ? 32 : block;
+  std::vector<Expr> all = k.vars;
+  all.insert(all.end(), looping->vars.begin(), looping->vars.end());
+  std::set<int> stored;
+  for (const Stage& st : k.stages)
+    for (const loop::Store& s : st.stores) stored.insert(s.buffer);
+  // Loads that walk the row, and how many stages read each.
+  std::vector<std::pair<const loop::SNode*, int>> row_loads;
+  for (const Stage& st : k.stages) {
+    if (st.vars.empty()) continue;
+    std::set<loop::SRef> seen;
+    std::set<std::string> in_stage;
+    auto visit = [&](const loop::SNode& ld) {
+      bool walks = false;
+      for (const Expr& v : looping->vars) walks |= sym::depends_on(ld.index, v);
+      if (!walks || stored.count(ld.buffer)) return;
+      const std::string key = std::to_string(ld.buffer) + ":" + ld.index.str();
+      if (!in_stage.insert(key).second) return;
+      for (auto& [other, count] : row_loads)
+        if (other->buffer == ld.buffer && other->index == ld.index) return void(++count);
+      row_loads.push_back({&ld, 1});
+    };
+    if (st.kind == Stage::Kind::Reduce) visit_loads(p.exprs, st.value, seen, visit);
+    for (const loop::Store& s : st.stores) visit_loads(p.exprs, s.value, seen, visit);
+  }
+  // The widest element among the vector accesses sets V (16 bytes), when the row's innermost
+  // extent is a multiple of it.
+  size_t widest = 1;
+  for (auto& [ld, count] : row_loads) widest = std::max<size_t>(widest, dtype_size(p.buffers[ld->buffer].dtype));
+  for (const loop::Store& s : looping->stores) widest = std::max<size_t>(widest, dtype_size(p.buffers[s.buffer].dtype));
+  int width = static_cast<int>(std::min<size_t>(8, 16 / std::min<size_t>(widest, 16)));
+  while (width > 1 && (*innermost % width || *n / width < lanes / 2)) width /= 2;
+  plan.width = width;
+  // Elements a thread walks (with V = 1 too: the kernel's unaligned path). Long rows keep the
+  // streaming loop.
+  const int64_t per_thread = std::max((*n / width + lanes - 1) / lanes * width, (*n + lanes - 1) / lanes);
+  if ((*n / width + lanes - 1) / lanes > 16 || (*n + lanes - 1) / lanes > 64) return plan;
+  int64_t registers = 0;
+  for (auto& [ld, count] : row_loads) {
+    const bool vec = width > 1 && steps_by_one(ld->index, all, width);
+    if (count > 1 && registers + per_thread <= kMaxRowRegisters) {
+      registers += per_thread;
+      plan.cached.push_back({ld->buffer, ld->index});
+    } else if (vec) {
+      plan.vector_loads.push_back({ld->buffer, ld->index});
+    }
+  }
+  if (width > 1)
+    for (const Stage& st : k.stages)
+      for (const loop::Store& s : st.stores)
+        if (!st.vars.empty() && steps_by_one(s.index, all, width)) plan.vector_stores.push_back(&s);
+  // Cached loads are read by groups too: with V > 1 they must step by one.
+  if (width > 1)
+    for (auto& [b, idx] : plan.cached)
+      if (!steps_by_one(idx, all, width)) return RowPlan{};
+  plan.persistent = true;
+  return plan;
+}
+
 class CudaKernelWriter {
  public:
   CudaKernelWriter(const loop::Program& p, const Kernel& k, std::string& out) : p_(p), k_(k), out_(out) {}
@@ -159,6 +254,11 @@ class CudaKernelWriter {
       while (l.block < 256 && (symbolic_inner || int64_t(l.block) * 8 < inner)) l.block *= 2;
       l.grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(outer, 1), 1 << 30));
       if (symbolic_outer) l.grid_expr = sym::min(sym::max(outer_e, 1), Expr(int64_t(1) << 30));
+      if (!symbolic_outer && !symbolic_inner) rows_ = plan_rows(p_, k_, l.block);
+      if (rows_.persistent && rows_.warp_rows) {
+        l.block = 32 * kRowsPerWarpBlock;
+        l.grid = static_cast<unsigned>(std::min<int64_t>((outer + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock, 1 << 30));
+      }
     } else {
       vec_ = plan_vectors(p_, k_);
       const int64_t points = vec_.width ? outer / vec_.width : outer;  // a thread's step
@@ -181,7 +281,9 @@ class CudaKernelWriter {
     out_ += ") {\n";
     ScalarEmitter em(p_, out_, [](int acc) { return "acc" + std::to_string(acc); });
     std::string indent = "  ";
-    if (rowwise) {
+    if (rows_.persistent) {
+      write_persistent_rows(em, indent);
+    } else if (rowwise) {
       out_ += indent + "__shared__ double kiln_smem_raw[32];\n";
       out_ += indent + "for (kiln_idx kiln_row = blockIdx.x; kiln_row < " + outer_ +
               "; kiln_row += gridDim.x) {\n";
@@ -348,9 +450,215 @@ class CudaKernelWriter {
     out_ += indent + "}\n";
   }
 
+  // ---- rows of a known length (RowPlan) ----
+
+  // The rows, walked with groups of V elements when every vector access is aligned at run
+  // time, else with V = 1 (same registers, scalar loads).
+  void write_persistent_rows(ScalarEmitter& em, const std::string& indent) {
+    if (!rows_.warp_rows) out_ += indent + "__shared__ double kiln_smem_raw[32];\n";
+    std::string aligned;
+    if (rows_.width > 1) {
+      std::set<int> checked;
+      auto check = [&](int buffer) {
+        if (!checked.insert(buffer).second) return;
+        aligned += std::string(aligned.empty() ? "" : " && ") + "(reinterpret_cast<unsigned long long>(" +
+                   p_.buffers[buffer].name + ") % sizeof(" + vec_type(buffer, rows_.width) + ") == 0)";
+      };
+      for (const auto& [b, idx] : rows_.cached) check(b);
+      for (const auto& [b, idx] : rows_.vector_loads) check(b);
+      for (const loop::Store* st : rows_.vector_stores) check(st->buffer);
+    }
+    if (aligned.empty()) {
+      write_row_loop(em, indent, 1);
+      return;
+    }
+    out_ += indent + "if (" + aligned + ") {\n";
+    write_row_loop(em, indent + "  ", rows_.width);
+    out_ += indent + "} else {\n";
+    write_row_loop(em, indent + "  ", 1);
+    out_ += indent + "}\n";
+  }
+
+  std::string vec_type(int buffer, int width) const {
+    return "kiln_vec<" + ctype(p_.buffers[buffer].dtype) + ", " + std::to_string(width) + ">";
+  }
+
+  void write_row_loop(ScalarEmitter& em, const std::string& indent, int width) {
+    const std::string in2 = indent + "  ";
+    const int64_t lanes = rows_.warp_rows ? 32 : block_;
+    const std::string lane = rows_.warp_rows ? "kiln_lane" : "threadIdx.x";
+    if (rows_.warp_rows) {
+      const std::string per_block = std::to_string(kRowsPerWarpBlock);
+      out_ += indent + "const unsigned kiln_lane = threadIdx.x & 31u;\n";
+      out_ += indent + "for (kiln_idx kiln_row = (kiln_idx)blockIdx.x * " + per_block +
+              " + (threadIdx.x >> 5); kiln_row < " + outer_ + "; kiln_row += (kiln_idx)gridDim.x * " + per_block + ") {\n";
+    } else {
+      out_ += indent + "for (kiln_idx kiln_row = blockIdx.x; kiln_row < " + outer_ + "; kiln_row += gridDim.x) {\n";
+    }
+    unravel(out_, in2, "kiln_row", k_.vars, k_.ranges);
+    const int64_t groups = rows_.points / width, trips = (groups + lanes - 1) / lanes;
+    const Stage* looping = nullptr;
+    for (const Stage& st : k_.stages)
+      if (!st.vars.empty()) looping = &st;
+    GroupLoop g{looping->vars, looping->ranges, width, trips, groups, lanes, lane};
+    // Elements several stages read: loaded once per row.
+    std::map<std::pair<int, std::string>, std::string> cached;
+    for (size_t c = 0; c < rows_.cached.size(); ++c) {
+      const auto& [buffer, index] = rows_.cached[c];
+      const std::string name = "kiln_rc" + std::to_string(c);
+      cached[{buffer, index.str()}] = name + "[kiln_it * " + std::to_string(width) + " + kiln_j]";
+      out_ += in2 + ctype(p_.buffers[buffer].dtype) + " " + name + "[" + std::to_string(trips * width) + "];\n";
+    }
+    if (!rows_.cached.empty()) {
+      open_group(g, in2);
+      const std::string in4 = in2 + "    ";
+      std::vector<std::string> bases;
+      for (const auto& [buffer, index] : rows_.cached) bases.push_back(index.c_str());
+      write_bases(g, in4, bases);
+      for (size_t c = 0; c < rows_.cached.size(); ++c) {
+        const int buffer = rows_.cached[c].first;
+        const std::string at = p_.buffers[buffer].name + " + kiln_at[" + std::to_string(c) + "]";
+        out_ += in4 + "{\n";
+        out_ += in4 + "  const " + vec_type(buffer, width) + " kiln_t = *reinterpret_cast<const " + vec_type(buffer, width) +
+                "*>(" + at + ");\n";
+        out_ += in4 + "  #pragma unroll\n";
+        out_ += in4 + "  for (int kiln_j = 0; kiln_j < " + std::to_string(width) + "; ++kiln_j) kiln_rc" +
+                std::to_string(c) + "[kiln_it * " + std::to_string(width) + " + kiln_j] = kiln_t.v[kiln_j];\n";
+        out_ += in4 + "}\n";
+      }
+      close_group(g, in2);
+    }
+    for (const Stage& st : k_.stages) write_group_stage(st, em, in2, g, cached);
+    out_ += indent + "}\n";
+  }
+
+  struct GroupLoop {
+    std::vector<Expr> vars, ranges;
+    int width;
+    int64_t trips, groups, lanes;
+    std::string lane;
+  };
+
+  // Opens `for (kiln_it ...) { if (group in the row) {` with the stage vars of the group's
+  // first element (the innermost named <var>_0).
+  void open_group(const GroupLoop& g, const std::string& indent) {
+    const std::string in2 = indent + "  ", in3 = in2 + "  ";
+    out_ += indent + "#pragma unroll\n";
+    out_ += indent + "for (int kiln_it = 0; kiln_it < " + std::to_string(g.trips) + "; ++kiln_it) {\n";
+    out_ += in2 + "const kiln_idx kiln_g = " + g.lane + " + kiln_it * " + std::to_string(g.lanes) + ";\n";
+    out_ += in2 + "if (" + (g.trips * g.lanes == g.groups ? std::string("true") : "kiln_g < " + std::to_string(g.groups)) + ") {\n";
+    out_ += in3 + "const kiln_idx kiln_q0 = kiln_g * " + std::to_string(g.width) + ";\n";
+    const std::string inner0 = g.vars.back().name() + "_0";
+    if (g.vars.size() == 1) {
+      out_ += in3 + "const kiln_idx " + inner0 + " = kiln_q0;\n";
+    } else {
+      const std::string r = "(" + g.ranges.back().c_str() + ")";
+      out_ += in3 + "const kiln_idx " + inner0 + " = kiln_q0 % " + r + ";\n";
+      out_ += in3 + "const kiln_idx kiln_q0_rest = kiln_q0 / " + r + ";\n";
+      unravel(out_, in3, "kiln_q0_rest", std::vector<Expr>(g.vars.begin(), g.vars.end() - 1),
+              std::vector<Expr>(g.ranges.begin(), g.ranges.end() - 1));
+    }
+  }
+
+  void close_group(const GroupLoop&, const std::string& indent) {
+    out_ += indent + "  }\n";
+    out_ += indent + "}\n";
+  }
+
+  // kiln_at[i]: where `indices[i]` points at the group's first element.
+  void write_bases(const GroupLoop& g, const std::string& indent, const std::vector<std::string>& indices) {
+    if (indices.empty()) return;
+    out_ += indent + "kiln_idx kiln_at[" + std::to_string(indices.size()) + "];\n";
+    out_ += indent + "{\n";
+    out_ += indent + "  const kiln_idx " + g.vars.back().name() + " = " + g.vars.back().name() + "_0;\n";
+    for (size_t i = 0; i < indices.size(); ++i)
+      out_ += indent + "  kiln_at[" + std::to_string(i) + "] = " + indices[i] + ";\n";
+    out_ += indent + "}\n";
+  }
+
+  void write_group_stage(const Stage& st, ScalarEmitter& em, const std::string& indent, const GroupLoop& g,
+                         const std::map<std::pair<int, std::string>, std::string>& cached) {
+    const std::string lane0 = "(" + g.lane + " == 0)";
+    if (st.vars.empty()) {  // outer-point stores: every thread holds the values; one writes
+      out_ += indent + "if " + lane0 + " {\n";
+      em.push_scope();
+      for (const loop::Store& s : st.stores) {
+        std::string v = em.emit(s.value, indent + "  ");
+        out_ += indent + "  " + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
+      }
+      em.pop_scope();
+      out_ += indent + "}\n";
+      return;
+    }
+    const bool reduce = st.kind == Stage::Kind::Reduce;
+    const std::string acc = "acc" + std::to_string(st.acc), t = ctype(st.acc_dtype);
+    if (reduce) out_ += indent + t + " " + acc + " = " + acc_init(st.reduce, st.acc_dtype) + ";\n";
+    // This stage's vector loads and stores.
+    std::vector<std::pair<int, Expr>> loads;
+    std::vector<const loop::Store*> stores;
+    if (g.width > 1) {
+      std::set<loop::SRef> seen;
+      std::set<std::pair<int, std::string>> used;
+      auto note = [&](const loop::SNode& n) { used.insert({n.buffer, n.index.str()}); };
+      if (reduce) visit_loads(p_.exprs, st.value, seen, note);
+      for (const loop::Store& s : st.stores) visit_loads(p_.exprs, s.value, seen, note);
+      for (const auto& l : rows_.vector_loads)
+        if (used.count({l.first, l.second.str()})) loads.push_back(l);
+      for (const loop::Store& s : st.stores)
+        if (std::find(rows_.vector_stores.begin(), rows_.vector_stores.end(), &s) != rows_.vector_stores.end())
+          stores.push_back(&s);
+    }
+    open_group(g, indent);
+    const std::string in4 = indent + "    ", in5 = in4 + "  ";
+    std::vector<std::string> bases;
+    for (const auto& l : loads) bases.push_back(l.second.c_str());
+    for (const loop::Store* s : stores) bases.push_back(s->index.c_str());
+    write_bases(g, in4, bases);
+    std::map<std::pair<int, std::string>, std::string> element = cached;
+    for (size_t i = 0; i < loads.size(); ++i) {
+      const int buffer = loads[i].first;
+      const std::string name = "kiln_sv" + std::to_string(i);
+      out_ += in4 + "const " + vec_type(buffer, g.width) + " " + name + " = *reinterpret_cast<const " +
+              vec_type(buffer, g.width) + "*>(" + p_.buffers[buffer].name + " + kiln_at[" + std::to_string(i) + "]);\n";
+      element[{buffer, loads[i].second.str()}] = name + ".v[kiln_j]";
+    }
+    for (size_t i = 0; i < stores.size(); ++i)
+      out_ += in4 + vec_type(stores[i]->buffer, g.width) + " kiln_so" + std::to_string(i) + ";\n";
+    out_ += in4 + "#pragma unroll\n";
+    out_ += in4 + "for (int kiln_j = 0; kiln_j < " + std::to_string(g.width) + "; ++kiln_j) {\n";
+    out_ += in5 + "const kiln_idx " + g.vars.back().name() + " = " + g.vars.back().name() + "_0 + kiln_j;\n";
+    em.push_scope();
+    em.element_of = [&](const loop::SNode& n) {
+      auto it = element.find({n.buffer, n.index.str()});
+      return it == element.end() ? std::string() : it->second;
+    };
+    std::string v;
+    if (reduce) v = em.emit(st.value, in5);
+    for (const loop::Store& s : st.stores) {
+      const std::string value = reduce ? v : em.emit(s.value, in5);
+      auto it = std::find(stores.begin(), stores.end(), &s);
+      if (it == stores.end()) out_ += in5 + store_stmt(p_.buffers[s.buffer], s.index.c_str(), value) + "\n";
+      else out_ += in5 + store_to(p_.buffers[s.buffer], "kiln_so" + std::to_string(it - stores.begin()) + ".v[kiln_j]", value) + "\n";
+    }
+    if (reduce) out_ += in5 + acc + " = " + functor(st.reduce) + "(" + acc + ", " + v + ");\n";
+    em.element_of = nullptr;
+    em.pop_scope();
+    out_ += in4 + "}\n";
+    for (size_t i = 0; i < stores.size(); ++i)
+      out_ += in4 + "*reinterpret_cast<" + vec_type(stores[i]->buffer, g.width) + "*>(" + p_.buffers[stores[i]->buffer].name +
+              " + kiln_at[" + std::to_string(loads.size() + i) + "]) = kiln_so" + std::to_string(i) + ";\n";
+    close_group(g, indent);
+    if (reduce) {
+      out_ += indent + acc + " = " + (rows_.warp_rows ? "kiln_warp_reduce(" + acc + ", " + functor(st.reduce) + ")"
+                                                      : "kiln_block_reduce(" + acc + ", " + functor(st.reduce) +
+                                                            ", reinterpret_cast<" + t + "*>(kiln_smem_raw))") + ";\n";
+    }
+  }
+
   const loop::Program& p_;
   const Kernel& k_;
   std::string& out_;
+  RowPlan rows_;
   VectorPlan vec_;
   unsigned block_ = 256;
   std::string outer_;  // the outer space's point count, as source text
