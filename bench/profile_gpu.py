@@ -55,6 +55,16 @@ def kernel_events(fn, args, calls: int) -> tuple:
     return events, wall
 
 
+def print_torch_ops(fn, args) -> None:
+    """The aten operators a call runs (kiln's externs and what they call inside), by count."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(*args)
+        torch.cuda.synchronize()
+    ops = sorted(((e.key, e.count) for e in prof.key_averages() if e.key.startswith("aten::")), key=lambda kv: -kv[1])
+    print("  torch operators per call: " + ", ".join(f"{k[6:]} x{c}" for k, c in ops[:24]))
+
+
 def name_kiln_launches(events: list, names: list, calls: int) -> list:
     launches = [i for i, (n, _) in enumerate(events) if n == "kiln_kernel"]
     if not names or len(launches) != len(names) * calls:
@@ -98,6 +108,7 @@ def profile_row(name: str, calls: int, top: int) -> None:
         names = [k.name for k in kiln.explain(fn)(*args).kernels]
         events, wall = kernel_events(compiled, args, calls)
         summarize("kiln", name_kiln_launches(events, names, calls), wall, calls, top)
+        print_torch_ops(compiled, args)
         torch._dynamo.reset()
         tc = torch.compile(fn)
         tc(*args)

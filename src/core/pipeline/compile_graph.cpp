@@ -38,12 +38,28 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 std::string ms(double seconds) { return std::to_string(static_cast<int>(seconds * 1e3 + 0.5)) + " ms"; }
 
 // The source of one kernel inside the translation unit, for explain.
-// Every kernel is compiled as a translation unit of its own, under one name (kUnitKernelName):
+// Every kernel is compiled as a translation unit of its own, under one name (kUnitKernelName)
+// and with its buffers named by argument position:
 // kernels that fuse the same ops over the same layouts (a model's repeated layers) are then the
 // same text, compiled once and shared through NVRTC's disk cache by every graph that has them,
 // and the distinct ones compile on parallel threads. One NVRTC call over a whole graph ran on
 // one thread and recompiled a layer's kernels for each layer.
 constexpr const char* kUnitKernelName = "kiln_kernel";
+
+bool identifier_char(char c) { return isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// Replaces the identifier `from` (whole words only) by `to`.
+void replace_identifier(std::string& text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
+    const size_t end = at + from.size();
+    if ((end == text.size() || !identifier_char(text[end])) && (at == 0 || !identifier_char(text[at - 1]))) {
+      text.replace(at, from.size(), to);
+      at += to.size();
+    } else {
+      at = end;
+    }
+  }
+}
 
 bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, const std::string& arch,
                         const std::string& name_hint, std::vector<size_t>& unit_of, CompiledGraph& out,
@@ -52,11 +68,14 @@ bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, c
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < p.kernels.size(); ++i) {
     std::string text = cs.kernels[i];
-    const std::string& name = p.kernels[i].name;
-    for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1))
-      if ((at + name.size() == text.size() || !(isalnum(static_cast<unsigned char>(text[at + name.size()])) || text[at + name.size()] == '_')) &&
-          (at == 0 || !(isalnum(static_cast<unsigned char>(text[at - 1])) || text[at - 1] == '_')))
-        text.replace(at, name.size(), kUnitKernelName);
+    replace_identifier(text, p.kernels[i].name, kUnitKernelName);
+    // Buffers by their place in the argument list: a layer's kernel reads other buffers than
+    // the same kernel of the next layer, under other names, yet is the same code.
+    for (size_t a = 0; a < p.kernels[i].buffers.size(); ++a)
+      replace_identifier(text, p.buffers[p.kernels[i].buffers[a]].name, "kiln_arg" + std::to_string(a));
+    int accs = 0;  // reductions' accumulators are numbered across the program
+    for (const loop::Stage& st : p.kernels[i].stages)
+      if (st.kind == loop::Stage::Kind::Reduce) replace_identifier(text, "acc" + std::to_string(st.acc), "kiln_acc" + std::to_string(accs++));
     std::string unit = cs.header + text;
     auto [it, fresh] = index.emplace(unit, units.size());
     if (fresh) units.push_back(std::move(unit));
