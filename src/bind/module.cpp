@@ -114,9 +114,9 @@ nb::list ops_list() {
     nb::dict o;
     o["name"] = d->name;
     o["schema"] = d->schema.str();
-    static const char* kinds[] = {"source", "pointwise", "reduction", "view", "extern", "composite"};  // OpKind order
+    static const char* kinds[] = {"source", "pointwise", "reduction", "view", "extern", "composite", "gather"};  // OpKind order
     int k = static_cast<int>(d->kind);
-    o["kind"] = k >= 0 && k < 6 ? kinds[k] : "other";
+    o["kind"] = k >= 0 && k < 7 ? kinds[k] : "other";
     o["lowering"] = d->decompose ? std::string("decomposed") : d->kind == kiln::ops::OpKind::Extern ? "extern " + d->aten
                     : d->kind == kiln::ops::OpKind::View ? std::string("view (index remap)") : std::string("loop IR");
     nb::list py;

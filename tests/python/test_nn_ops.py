@@ -161,3 +161,36 @@ def test_group_norm_bad_groups_raise_like_eager():
         F.group_norm(one, 2)
     with pytest.raises(ValueError):
         kiln.compile(lambda x: F.group_norm(x, 2))(one)
+
+
+MAX_POOLS = [  # kernel, stride, padding, dilation, ceil_mode
+    (3, 2, 1, 1, False), (2, 2, 0, 1, False), (3, 1, 1, 1, True), (3, 2, 1, 2, False),
+    ((2, 3), (1, 2), (1, 0), 1, True), (3, 3, 0, 1, True), (1, 1, 0, 1, False),
+]
+
+
+@pytest.mark.parametrize("pool", MAX_POOLS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_max_pool2d_is_a_fused_kernel(device, pool, dtype, channels_last):
+    k, s, p, d, ceil = pool
+
+    def f(x):
+        return F.max_pool2d(torch.relu(x * 2 - 1), k, s, p, d, ceil_mode=ceil)
+
+    x = torch.randn(2, 5, 11, 9, device=device).to(dtype)
+    x[0, 0, 0, 0], x[1, 2, 3, 3], x[1, 3, 4, 4] = float("nan"), float("inf"), -float("inf")
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    out = check(f, x, rtol=0, atol=0)
+    assert out.stride() == f(x).stride()
+    # The pooling is kiln's own kernel, fused with the ReLU that makes its input.
+    kernels = kiln.explain(f)(x).kernels
+    assert any("relu" in k.name and "max_pool2d" in k.name for k in kernels), [k.name for k in kernels]
+
+
+def test_max_pool2d_of_integers_and_unbatched_inputs(device):
+    xi = torch.randint(-50, 50, (2, 3, 8, 8), device=device)
+    check(lambda x: F.max_pool2d(x, 2), xi)
+    check(lambda x: F.max_pool2d(x, 3, 2, 1), torch.randn(5, 11, 9, device=device))
+    check(nn.MaxPool2d(3, stride=2, padding=1).to(device), torch.randn(2, 4, 16, 16, device=device))

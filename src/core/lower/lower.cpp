@@ -171,6 +171,7 @@ class Lowering {
       case ops::OpKind::View: return lower_view(n);
       case ops::OpKind::Reduction: return lower_reduction(n);
       case ops::OpKind::Extern: return lower_extern(n);
+      case ops::OpKind::Gather: return lower_gather(n);
       default:
         error = "kiln: op " + op.name + " reached lowering undecomposed";
         return false;
@@ -218,6 +219,31 @@ class Lowering {
       for (const Value& in : ins) args.push_back(in.read(broadcast_index(in.sizes, out_sizes, idx)));
       SRef r = s->cast(n->op->scalar(*s, args, *n), compute_dtype(t));
       // A 16-bit float result lives on in a float register when fused: round it as a store would.
+      if (t == DType::Float16) r = s->unary(loop::SOp::RoundF16, r);
+      if (t == DType::BFloat16) r = s->unary(loop::SOp::RoundBF16, r);
+      return r;
+    };
+    values_[n] = v;
+    if (must_realize(n, v)) realize(values_[n], BufferKind::Temp, n);
+    return true;
+  }
+
+  // A gather op reads its inputs at indices of its own (a pooling window): the inputs' values
+  // are read, fused, wherever the window lands.
+  bool lower_gather(const ir::Node* n) {
+    std::vector<ops::GatherInput> ins;
+    std::vector<std::string> fused;
+    for (const ir::Node* in : n->inputs) {
+      const Value& v = values_.at(in);
+      ins.push_back({v.sizes, v.read});
+      for (auto& o : v.ops) fused.push_back(o);
+    }
+    fused.push_back(n->op_name());
+    DType t = n->meta.dtype;
+    loop::ScalarCtx* s = &s_;
+    Value v{n->meta.sizes, t, nullptr, -1, dedupe(fused)};
+    v.read = [s, n, ins, t](const Exprs& idx) {
+      SRef r = s->cast(n->op->gather(*s, idx, ins, *n), compute_dtype(t));
       if (t == DType::Float16) r = s->unary(loop::SOp::RoundF16, r);
       if (t == DType::BFloat16) r = s->unary(loop::SOp::RoundBF16, r);
       return r;

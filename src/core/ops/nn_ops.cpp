@@ -1,6 +1,7 @@
 // Neural-network ops: convolution and pooling run as extern calls of torch's kernels (oneDNN,
 // cuDNN); batch norm in inference decomposes into a per-channel scale and shift that fuses
 // with what surrounds it.
+#include <cmath>
 #include <stdexcept>
 
 #include "core/sym/shape_env.h"
@@ -10,6 +11,8 @@ namespace kiln::ops {
 namespace {
 
 using Ints = std::vector<int64_t>;
+using loop::SOp;
+using loop::SRef;
 
 // Output size of a sliding window: (in + 2p - d(k-1) - 1) / s + 1, rounded down (or up).
 bool window_out(const Expr& in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode, Expr& out, std::string& err) {
@@ -194,30 +197,97 @@ std::vector<OpDef> nn_ops() {
         return true;
       },
       {"torch.nn.functional.conv2d", "torch.conv2d"}));
-  ops.push_back(extern_op(
-      "max_pool2d",
-      "max_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False)",
-      "aten::max_pool2d",
-      [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
-        const TensorMeta& x = in[0]->meta;
-        if (x.dim() != 4 && x.dim() != 3) return err = "RuntimeError: max_pool2d expects a 3D or 4D input", false;
-        out = x;
-        size_t h = x.dim() - 2;
-        for (size_t i = 0; i < 2; ++i) {
-          int64_t k, s, p, d;
-          spatial_arg(a, "kernel_size", i, 1, k);
-          spatial_arg(a, "stride", i, k, s);
-          spatial_arg(a, "padding", i, 0, p);
-          spatial_arg(a, "dilation", i, 1, d);
-          if (p * 2 > k) return err = "RuntimeError: pad should be at most half of effective kernel size", false;
-          if (!window_out(x.sizes[h + i], k, s, p, d, a.get_bool("ceil_mode"), out.sizes[h + i], err)) return false;
+  {
+    // max_pool2d: each output the largest element of its window (NaN if any is), positions in
+    // the padding left out. A gather: fused with the op that makes its input (batch norm and
+    // ReLU before a ResNet's pooling), the window read wherever it lands.
+    OpDef mp;
+    mp.name = "max_pool2d";
+    mp.schema = Schema::parse(
+        "max_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False, bool return_indices=False)");
+    mp.kind = OpKind::Gather;
+    mp.promotion = Promotion::None;
+    mp.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      const TensorMeta& x = in[0]->meta;
+      if (x.dim() != 4 && x.dim() != 3) return err = "RuntimeError: max_pool2d expects a 3D or 4D input", false;
+      // F.max_pool2d(..., return_indices=True) returns (values, indices): not captured.
+      if (a.get_bool("return_indices")) return err = "kiln: max_pool2d with return_indices=True is not compiled yet", false;
+      out = x;
+      size_t h = x.dim() - 2;
+      for (size_t i = 0; i < 2; ++i) {
+        int64_t k, s, p, d;
+        spatial_arg(a, "kernel_size", i, 1, k);
+        spatial_arg(a, "stride", i, k, s);
+        spatial_arg(a, "padding", i, 0, p);
+        spatial_arg(a, "dilation", i, 1, d);
+        if (p * 2 > k) return err = "RuntimeError: pad should be at most half of effective kernel size", false;
+        if (!window_out(x.sizes[h + i], k, s, p, d, a.get_bool("ceil_mode"), out.sizes[h + i], err)) return false;
+      }
+      // Pooling keeps the input's suggested memory format.
+      out.strides = suggests_channels_last(x) ? channels_last_strides(out.sizes) : ir::contiguous_strides(out.sizes);
+      out.offset = 0;
+      out.wrapped_number = false;
+      return true;
+    };
+    // Floating inputs and windows of up to 64 elements (each is a read in the kernel); others
+    // (integer pooling, huge windows) run through torch's operator.
+    mp.covers = [](const std::vector<Node*>& in, const Attrs& a) {
+      if (!in[0] || !is_floating(in[0]->meta.dtype)) return false;
+      int64_t k0 = 1, k1 = 1;
+      spatial_arg(a, "kernel_size", 0, 1, k0);
+      spatial_arg(a, "kernel_size", 1, 1, k1);
+      return k0 > 0 && k1 > 0 && k0 * k1 <= 64;
+    };
+    mp.gather = [](loop::ScalarCtx& s, const std::vector<Expr>& out, const std::vector<GatherInput>& in, const Node& n) {
+      const GatherInput& x = in[0];
+      const size_t h = x.sizes.size() - 2;
+      const DType t = compute_dtype(n.meta.dtype);
+      int64_t k[2], st[2], pad[2], dil[2];
+      for (size_t i = 0; i < 2; ++i) {
+        spatial_arg(n.attrs, "kernel_size", i, 1, k[i]);
+        spatial_arg(n.attrs, "stride", i, k[i], st[i]);
+        spatial_arg(n.attrs, "padding", i, 0, pad[i]);
+        spatial_arg(n.attrs, "dilation", i, 1, dil[i]);
+      }
+      // The input position of window element w along spatial dim i, clamped into the input
+      // (the read is then discarded) where it may fall outside, with the test that it does not.
+      auto position = [&](size_t i, int64_t w, Expr& at, SRef& inside) {
+        const Expr size = x.sizes[h + i];
+        Expr pos = out[h + i] * Expr(st[i]) + Expr(w * dil[i] - pad[i]);
+        const sym::Bounds b = sym::bounds(pos);
+        auto last = size.as_const();
+        const bool below = !b.lo || *b.lo < 0, above = !b.hi || !last || *b.hi >= *last;
+        inside = -1;
+        auto test = [&](SRef c) { inside = inside < 0 ? c : s.binary(SOp::And, inside, c); };
+        if (below) test(s.binary(SOp::Ge, s.size_value(pos, DType::Int64), s.constant(0, DType::Int64)));
+        if (above) test(s.binary(SOp::Lt, s.size_value(pos, DType::Int64), s.size_value(size, DType::Int64)));
+        if (below) pos = sym::max(pos, Expr(0));
+        if (above) pos = sym::min(pos, size - Expr(1));
+        at = pos;
+      };
+      SRef best = -1;
+      for (int64_t wi = 0; wi < k[0]; ++wi) {
+        Expr hi;
+        SRef in_h;
+        position(0, wi, hi, in_h);
+        for (int64_t wj = 0; wj < k[1]; ++wj) {
+          Expr wpos;
+          SRef in_w;
+          position(1, wj, wpos, in_w);
+          std::vector<Expr> at = out;
+          at[h] = hi;
+          at[h + 1] = wpos;
+          SRef v = s.cast(x.read(at), t);
+          SRef inside = in_h < 0 ? in_w : in_w < 0 ? in_h : s.binary(SOp::And, in_h, in_w);
+          if (inside >= 0) v = s.where(inside, v, s.constant(-INFINITY, t));
+          best = best < 0 ? v : s.binary(SOp::Max, best, v);
         }
-        // Pooling keeps the input's suggested memory format.
-        out.strides = suggests_channels_last(x) ? channels_last_strides(out.sizes) : ir::contiguous_strides(out.sizes);
-        out.offset = 0;
-        return true;
-      },
-      {"torch.nn.functional.max_pool2d", "torch.max_pool2d"}));
+      }
+      return best;
+    };
+    mp.python = {"torch.nn.functional.max_pool2d", "torch.max_pool2d"};
+    ops.push_back(mp);
+  }
   ops.push_back(extern_op(
       "adaptive_avg_pool2d", "adaptive_avg_pool2d(Tensor self, int[2] output_size)", "aten::adaptive_avg_pool2d",
       [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {

@@ -6,6 +6,8 @@
 //   decompose    for composite ops: the rewrite into other ops (the PrimTorch step)
 //   scalar       for pointwise ops: the scalar computation, as loop-IR scalar nodes
 //   reduce/view  for reductions and views: the combine op / the index remapping
+//   gather       for gather ops (pooling windows): an output element from reads of the inputs
+//                at computed indices
 //   aten         for extern ops: the torch operator called at run time
 //   python       the torch callables that capture maps onto this op; the first that names a
 //                function or Tensor method (no {fixed} attributes) is also how the eager
@@ -30,7 +32,7 @@ using ir::Node;
 using ir::TensorMeta;
 using sym::Expr;
 
-enum class OpKind { Source, Pointwise, Reduction, View, Extern, Composite };
+enum class OpKind { Source, Pointwise, Reduction, View, Extern, Composite, Gather };
 
 // torch's elementwise type promotion kinds.
 enum class Promotion {
@@ -73,6 +75,15 @@ using DecomposeFn = std::function<Node*(Graph& g, Node* n)>;
 using ScalarFn = std::function<loop::SRef(loop::ScalarCtx& s, const std::vector<loop::SRef>& args, const Node& n)>;
 // Index remapping of a view: output index -> index into the input.
 using ViewFn = std::function<std::vector<Expr>(const std::vector<Expr>& out_index, const Node& n)>;
+// An input of a gather op: its sizes and its element at an index (which must lie inside them:
+// a gather clamps the indices of reads it then discards).
+struct GatherInput {
+  std::vector<Expr> sizes;
+  std::function<loop::SRef(const std::vector<Expr>& index)> read;
+};
+// The scalar of a gather op's output element at `out_index` (in the node's dtype).
+using GatherFn = std::function<loop::SRef(loop::ScalarCtx& s, const std::vector<Expr>& out_index,
+                                          const std::vector<GatherInput>& in, const Node& n)>;
 
 // What torch.autocast does to an op's floating inputs (autocast_policy.cpp).
 enum class AutocastPolicy {
@@ -97,6 +108,7 @@ struct OpDef {
   ScalarFn scalar;
   ReduceOp reduce = ReduceOp::Sum;
   ViewFn view;
+  GatherFn gather;
   std::string aten;
   std::vector<std::string> python;
   std::string doc;
