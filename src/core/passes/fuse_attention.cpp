@@ -8,6 +8,8 @@
 // with equal batch and head dims (no broadcasting), a constant scale, an additive mask of q's
 // dtype that does not widen the scores, softmax over the last dim in the scores' dtype, and
 // intermediates nothing else reads. Anything else is left to the decompositions.
+#include <cmath>
+
 #include "core/ops/registry.h"
 #include "core/passes/passes.h"
 #include "core/sym/shape_env.h"
@@ -107,6 +109,37 @@ void fuse_attention(ir::Graph& g) {
     changed = true;
   }
   if (changed) dead_code_elimination(g);
+}
+
+void additive_attention_masks(ir::Graph& g) {
+  bool changed = false;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    Node* n = g.nodes()[i].get();
+    if (n->op_name() != "scaled_dot_product_attention" || n->inputs.size() < 4 || !n->inputs[3] ||
+        n->inputs[3]->meta.dtype != DType::Bool)
+      continue;
+    Node* mask = n->inputs[3];
+    (void)mask;
+    const DType t = n->inputs[0]->meta.dtype;
+    if (!is_floating(t)) continue;
+    // torch's own first step (convert_boolean_attn_mask): true keeps a score, false adds -inf.
+    const size_t tail = g.nodes().size();
+    std::string error;
+    Node* w = g.add("where", {mask, g.scalar(0.0, DType::Float64), g.scalar(-INFINITY, DType::Float64)}, {}, error);
+    if (!w) continue;
+    ir::Attrs to;
+    to.set("dtype", t);
+    Node* additive = w->meta.dtype == t ? w : g.add("convert", {w}, to, error);
+    if (!additive) continue;
+    g.move_tail_before(tail, n);
+    i += g.nodes().size() - tail;
+    n->inputs[3] = additive;
+    changed = true;
+  }
+  if (!changed) return;
+  g.recompute_users();
+  common_subexpression_elimination(g);  // one mask for every layer that shares it
+  dead_code_elimination(g);
 }
 
 }  // namespace kiln::passes

@@ -10,6 +10,10 @@ void decompose(ir::Graph& g);
 // Rewrites hand-written attention on CUDA (matmul, scale, mask, softmax, matmul) into torch's
 // fused scaled_dot_product_attention where the semantics are the same (fuse_attention.cpp).
 void fuse_attention(ir::Graph& g);
+// Gives scaled_dot_product_attention a boolean mask already turned into the additive mask of
+// the query's dtype (0 or -inf) that torch's operator would make from it in every call, once
+// per graph instead of once per layer, fused into a kiln kernel (fuse_attention.cpp).
+void additive_attention_masks(ir::Graph& g);
 // Removes nodes whose values are never used.
 void dead_code_elimination(ir::Graph& g);
 // Merges nodes that compute the same op on the same inputs with the same attributes.
