@@ -210,3 +210,31 @@ def test_boolean_attention_mask_becomes_one_additive_mask(device, dtype):
     check(f, q, k, v, m, rtol=0, atol=0)
     names = [k.name for k in kiln.explain(f)(q, k, v, m).kernels]
     assert sum("where" in n for n in names) == 1, names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_convolutions_on_cuda_run_channels_last(device, dtype):
+    # A residual block over row-major activations: on CUDA kiln feeds cuDNN channels-last copies
+    # (made by the kernels around each convolution) instead of cuDNN converting layouts itself;
+    # the result keeps eager's layout.
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+            self.c2, self.b2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            y = torch.relu(self.b1(self.c1(x)))
+            return torch.relu(self.b2(self.c2(y)) + x)
+
+    m = Block().to(device=device, dtype=dtype).eval().requires_grad_(False)
+    with torch.no_grad():
+        for b in (m.b1, m.b2):
+            b.running_mean.copy_(torch.randn(8) * 0.1)
+            b.running_var.copy_(torch.rand(8) + 0.5)
+    x = torch.randn(2, 8, 12, 12, device=device, dtype=dtype)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 or device == "cuda" else dict(rtol=1e-4, atol=1e-5)
+    out = check(m, x, **tol)
+    assert out.stride() == m(x).stride()
+    names = [k.name for k in kiln.explain(m)(x).kernels]
+    assert any("channels_last" in n for n in names) == (device == "cuda"), names

@@ -435,8 +435,21 @@ std::vector<OpDef> pointwise_ops() {
       return true;
     };
     contiguous.python = {"Tensor.contiguous"};
+    // A copy laid out channels-last (4-d): what convolutions read and write on the GPU
+    // (passes::channels_last_convolutions). Made by that pass, not captured.
+    OpDef channels_last = c;
+    channels_last.name = "channels_last";
+    channels_last.schema = Schema::parse("channels_last(Tensor self)");
+    channels_last.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+      if (in[0]->meta.dim() != 4) return err = "kiln: channels_last takes a 4-d tensor", false;
+      if (!infer_pointwise(*find_op("channels_last"), in, a, out, err)) return false;
+      out.strides = channels_last_strides(out.sizes);
+      return true;
+    };
+    channels_last.python = {};
     ops.push_back(c);
     ops.push_back(contiguous);
+    ops.push_back(channels_last);
   }
   // What torch has kernels for: no bool for arithmetic that needs a sign or an order of
   // magnitude, floating point only for the activations.

@@ -14,6 +14,9 @@ void fuse_attention(ir::Graph& g);
 // the query's dtype (0 or -inf) that torch's operator would make from it in every call, once
 // per graph instead of once per layer, fused into a kiln kernel (fuse_attention.cpp).
 void additive_attention_masks(ir::Graph& g);
+// Convolutions on CUDA with row-major activations read and write channels-last copies, which
+// fuse into the kernels around them, instead of cuDNN converting layouts in every call.
+void channels_last_convolutions(ir::Graph& g);
 // Removes nodes whose values are never used.
 void dead_code_elimination(ir::Graph& g);
 // Merges nodes that compute the same op on the same inputs with the same attributes.

@@ -25,6 +25,7 @@ void run_graph_passes(ir::Graph& g, const std::string& dump_name) {
   if (!dump_name.empty()) debug_dump(dump_name + ".captured.txt", g.str());
   step("fuse_attention", passes::fuse_attention);
   step("additive_attention_masks", passes::additive_attention_masks);
+  step("channels_last_convolutions", passes::channels_last_convolutions);
   step("decompose", passes::decompose);
   step("dce", passes::dead_code_elimination);
   step("cse", passes::common_subexpression_elimination);

@@ -1,0 +1,103 @@
+// passes::channels_last_convolutions: convolutions on CUDA read and write channels-last copies
+// that fuse into the kernels around them; everything else keeps its layout.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/ir/graph.h"
+#include "core/lower/lower.h"
+#include "core/ops/registry.h"
+#include "core/passes/passes.h"
+#include "core/pipeline/compile_graph.h"
+#include "core/schedule/schedule.h"
+
+using namespace kiln;
+using ir::Attrs;
+using ir::Graph;
+using ir::Node;
+
+namespace {
+
+ir::TensorMeta meta(std::vector<int64_t> sizes, DType t, DeviceType dev) {
+  ir::TensorMeta m;
+  m.dtype = t;
+  m.device = Device{dev, 0};
+  for (int64_t s : sizes) m.sizes.push_back(s);
+  m.strides = ir::contiguous_strides(m.sizes);
+  return m;
+}
+
+Attrs A(std::initializer_list<std::pair<std::string, ir::AttrValue>> kv) {
+  Attrs a;
+  for (auto& [k, v] : kv) a.set(k, v);
+  return a;
+}
+
+// conv -> relu -> conv -> (+ residual) -> output, over NCHW activations and weights.
+Node* build(Graph& g, DType t, DeviceType dev, int64_t groups = 1) {
+  Node* x = g.placeholder("x", meta({2, 8, 10, 10}, t, dev));
+  Node* w1 = g.placeholder("w1", meta({8, 8 / groups, 3, 3}, t, dev));
+  Node* w2 = g.placeholder("w2", meta({8, 8 / groups, 3, 3}, t, dev));
+  Attrs conv = A({{"padding", std::vector<int64_t>{1, 1}}, {"groups", groups}});
+  Node* c1 = g.must_add("conv2d", {x, w1, nullptr}, conv);
+  Node* r = g.must_add("relu", {c1});
+  Node* c2 = g.must_add("conv2d", {r, w2, nullptr}, conv);
+  Node* out = g.must_add("add", {c2, r});
+  g.outputs().push_back(out);
+  return out;
+}
+
+int convs_reading_channels_last(const Graph& g) {
+  int n = 0;
+  for (auto& node : g.nodes())
+    if (node->op_name() == "conv2d" && ops::suggests_channels_last(node->inputs[0]->meta) &&
+        ops::suggests_channels_last(node->meta))
+      ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(ChannelsLast, ConvolutionsOnCudaReadAndWriteChannelsLast) {
+  for (DType t : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    Graph g;
+    const Node* out = build(g, t, DeviceType::CUDA);
+    const std::vector<sym::Expr> strides = out->meta.strides;
+    passes::channels_last_convolutions(g);
+    EXPECT_EQ(convs_reading_channels_last(g), 2) << g.str();
+    // The result keeps eager's (row-major) layout.
+    EXPECT_EQ(g.outputs()[0]->meta.strides, strides) << g.str();
+    // The copies fuse: the kernel after the first convolution writes the second one's input
+    // channels-last, and the last kernel reads the second one's result.
+    pipeline::run_graph_passes(g);
+    loop::Program p;
+    std::string err;
+    ASSERT_TRUE(lower::lower_graph(g, p, err)) << err;
+    schedule::schedule(p);
+    EXPECT_EQ(p.kernels.size(), 3u) << p.str();  // x's copy, relu (+ its copy), the residual add
+  }
+}
+
+TEST(ChannelsLast, LeavesCpuGroupedAndChannelsLastConvolutionsAlone) {
+  {
+    Graph g;
+    build(g, DType::Float32, DeviceType::CPU);
+    passes::channels_last_convolutions(g);
+    EXPECT_EQ(convs_reading_channels_last(g), 0) << g.str();
+  }
+  {
+    Graph g;
+    build(g, DType::Float32, DeviceType::CUDA, /*groups=*/8);
+    passes::channels_last_convolutions(g);
+    EXPECT_EQ(convs_reading_channels_last(g), 0) << g.str();
+  }
+  {
+    Graph g;
+    Node* x = g.placeholder("x", meta({2, 8, 10, 10}, DType::Float64, DeviceType::CUDA));
+    Node* w = g.placeholder("w", meta({8, 8, 3, 3}, DType::Float64, DeviceType::CUDA));
+    g.outputs().push_back(g.must_add("conv2d", {x, w, nullptr}, A({})));
+    passes::channels_last_convolutions(g);
+    EXPECT_EQ(convs_reading_channels_last(g), 0) << g.str();
+  }
+}
