@@ -101,3 +101,19 @@ TEST(ChannelsLast, LeavesCpuGroupedAndChannelsLastConvolutionsAlone) {
     EXPECT_EQ(convs_reading_channels_last(g), 0) << g.str();
   }
 }
+
+// A dynamic batch: the batch's size is a symbol; the pass still applies, once.
+TEST(ChannelsLast, DynamicBatch) {
+  Graph g;
+  ir::TensorMeta xm = meta({2, 8, 10, 10}, DType::Float32, DeviceType::CUDA);
+  xm.sizes[0] = sym::Expr::var("s0");
+  xm.strides = ir::contiguous_strides(xm.sizes);
+  Node* x = g.placeholder("x", xm);
+  Node* w = g.placeholder("w", meta({8, 8, 3, 3}, DType::Float32, DeviceType::CUDA));
+  g.outputs().push_back(g.must_add("relu", {g.must_add("conv2d", {x, w, nullptr}, A({}))}));
+  passes::channels_last_convolutions(g);
+  EXPECT_EQ(convs_reading_channels_last(g), 1) << g.str();
+  int convs = 0;
+  for (auto& n : g.nodes()) convs += n->op_name() == "conv2d";
+  EXPECT_EQ(convs, 1) << g.str();
+}

@@ -302,7 +302,8 @@ bool suggests_channels_last(const TensorMeta& x) {
   // extent of the dims before it. An N111 tensor (all strides tied with C's) stays row-major.
   int64_t min = 0;
   for (size_t d : {size_t{1}, size_t{3}, size_t{2}, size_t{0}}) {
-    auto size = x.sizes[d].as_const();
+    // The batch may be a symbol (a dynamic batch): only its stride takes part.
+    auto size = d == 0 && !x.sizes[0].as_const() ? std::optional<int64_t>(2) : x.sizes[d].as_const();
     auto stride = x.strides[d].as_const();
     if (!size || !stride || *size == 0) return false;
     if (d == 1 && *stride == 0) return false;

@@ -12,6 +12,8 @@
 // that makes x (batch norm, ReLU, the residual add) writes, and contiguous(...) is how the next
 // kernel reads the convolution's channels-last result. Every other node keeps its layout, so
 // results keep eager's strides.
+#include <vector>
+
 #include "core/ops/registry.h"
 #include "core/passes/passes.h"
 
@@ -19,9 +21,11 @@ namespace kiln::passes {
 
 void channels_last_convolutions(ir::Graph& g) {
   bool changed = false;
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    ir::Node* conv = g.nodes()[i].get();
-    if (conv->op_name() != "conv2d" || conv->meta.device.type != DeviceType::CUDA) continue;
+  // The convolutions of the graph as it comes (never the ones this pass makes).
+  std::vector<ir::Node*> convs;
+  for (auto& n : g.nodes())
+    if (n->op_name() == "conv2d" && n->meta.device.type == DeviceType::CUDA) convs.push_back(n.get());
+  for (ir::Node* conv : convs) {
     ir::Node *x = conv->inputs[0], *w = conv->inputs[1];
     const DType t = x->meta.dtype;
     if (!(t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16)) continue;
@@ -40,7 +44,6 @@ void channels_last_convolutions(ir::Graph& g) {
     if (!back || back->meta.strides != conv->meta.strides) continue;
     g.move_tail_before(tail, conv);
     g.replace_all_uses(conv, back);
-    i += g.nodes().size() - tail;
   }
   if (changed) dead_code_elimination(g);
 }
