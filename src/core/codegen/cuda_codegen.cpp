@@ -255,6 +255,16 @@ class CudaKernelWriter {
       l.grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(outer, 1), 1 << 30));
       if (symbolic_outer) l.grid_expr = sym::min(sym::max(outer_e, 1), Expr(int64_t(1) << 30));
       if (!symbolic_outer && !symbolic_inner) rows_ = plan_rows(p_, k_, l.block);
+      // A row per block: enough threads that each takes one group of V (up to 1024), so the
+      // unrolled body is short (NVRTC's time grows with it) and the row is spread wide.
+      if (rows_.persistent && !rows_.warp_rows) {
+        const int64_t groups = rows_.points / rows_.width;
+        const unsigned want = static_cast<unsigned>(std::min<int64_t>(1024, (groups + 31) / 32 * 32));
+        if (want > l.block) {
+          RowPlan wide = plan_rows(p_, k_, want);
+          if (wide.persistent && !wide.warp_rows) l.block = want, rows_ = wide;
+        }
+      }
       if (rows_.persistent && rows_.warp_rows) {
         l.block = 32 * kRowsPerWarpBlock;
         l.grid = static_cast<unsigned>(std::min<int64_t>((outer + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock, 1 << 30));
@@ -459,49 +469,36 @@ class CudaKernelWriter {
 
   // ---- rows of a known length (RowPlan) ----
 
-  // The rows, walked with groups of V elements when every vector access is aligned at run
-  // time, else with V = 1 (same registers, scalar loads).
+  // The rows, walked with groups of V elements. Whether each vector-accessed buffer is aligned
+  // for V is tested once; an unaligned one (a view's offset) moves its groups an element at a
+  // time, in the same code (a second copy of the unrolled row doubled NVRTC's time).
   void write_persistent_rows(ScalarEmitter& em, const std::string& indent) {
     if (!rows_.warp_rows) out_ += indent + "__shared__ double kiln_smem_raw[32];\n";
-    std::string aligned;
     if (rows_.width > 1) {
       std::set<int> checked;
-      auto check = [&](int buffer) {
+      auto flag = [&](int buffer) {
         if (!checked.insert(buffer).second) return;
-        aligned += std::string(aligned.empty() ? "" : " && ") + "(reinterpret_cast<unsigned long long>(" +
-                   p_.buffers[buffer].name + ") % sizeof(" + vec_type(buffer, rows_.width) + ") == 0)";
+        const loop::Buffer& b = p_.buffers[buffer];
+        out_ += indent + "const bool kiln_al_" + b.name + " = reinterpret_cast<unsigned long long>(" + b.name +
+                ") % sizeof(" + vec_type(buffer, rows_.width) + ") == 0;\n";
       };
-      for (const auto& [b, idx] : rows_.cached) check(b);
-      for (const auto& [b, idx] : rows_.vector_loads) check(b);
-      for (const loop::Store* st : rows_.vector_stores) check(st->buffer);
+      for (const auto& [b, idx] : rows_.cached) flag(b);
+      for (const auto& [b, idx] : rows_.vector_loads) flag(b);
+      for (const loop::Store* st : rows_.vector_stores) flag(st->buffer);
     }
-    if (aligned.empty()) {
-      write_row_loop(em, indent, 1);
-      return;
-    }
-    out_ += indent + "if (" + aligned + ") {\n";
-    write_row_loop(em, indent + "  ", rows_.width);
-    // Unaligned (a view's offset): the compact streaming loop, which compiles in a fraction
-    // of the time of a second unrolled copy.
-    out_ += indent + "} else {\n";
-    write_streaming_rows(em, indent + "  ");
-    out_ += indent + "}\n";
+    write_row_loop(em, indent, rows_.width);
   }
 
-  // Each stage loops over the row with the row's threads (a warp's lanes, or the block's).
-  void write_streaming_rows(ScalarEmitter& em, const std::string& indent) {
-    const std::string in2 = indent + "  ";
-    if (rows_.warp_rows) {
-      const std::string per_block = std::to_string(kRowsPerWarpBlock);
-      out_ += indent + "const unsigned kiln_lane = threadIdx.x & 31u;\n";
-      out_ += indent + "for (kiln_idx kiln_row = (kiln_idx)blockIdx.x * " + per_block +
-              " + (threadIdx.x >> 5); kiln_row < " + outer_ + "; kiln_row += (kiln_idx)gridDim.x * " + per_block + ") {\n";
-    } else {
-      out_ += indent + "for (kiln_idx kiln_row = blockIdx.x; kiln_row < " + outer_ + "; kiln_row += gridDim.x) {\n";
-    }
-    unravel(out_, in2, "kiln_row", k_.vars, k_.ranges);
-    for (const Stage& st : k_.stages) write_row_stage(st, em, in2);
-    out_ += indent + "}\n";
+  // `kiln_vload<T, V>(buffer + at, aligned)`, or the element itself when V is 1.
+  std::string vector_load(int buffer, int width, const std::string& at) const {
+    const loop::Buffer& b = p_.buffers[buffer];
+    return "kiln_vload<" + ctype(b.dtype) + ", " + std::to_string(width) + ">(" + b.name + " + " + at + ", " +
+           (width > 1 ? "kiln_al_" + b.name : std::string("true")) + ")";
+  }
+  std::string vector_store(int buffer, int width, const std::string& at, const std::string& value) const {
+    const loop::Buffer& b = p_.buffers[buffer];
+    return "kiln_vstore<" + ctype(b.dtype) + ", " + std::to_string(width) + ">(" + b.name + " + " + at + ", " + value + ", " +
+           (width > 1 ? "kiln_al_" + b.name : std::string("true")) + ");";
   }
 
   std::string vec_type(int buffer, int width) const {
@@ -542,10 +539,8 @@ class CudaKernelWriter {
       write_bases(g, in4, bases);
       for (size_t c = 0; c < rows_.cached.size(); ++c) {
         const int buffer = rows_.cached[c].first;
-        const std::string at = p_.buffers[buffer].name + " + kiln_at[" + std::to_string(c) + "]";
         out_ += in4 + "{\n";
-        out_ += in4 + "  const " + vec_type(buffer, width) + " kiln_t = *reinterpret_cast<const " + vec_type(buffer, width) +
-                "*>(" + at + ");\n";
+        out_ += in4 + "  const " + vec_type(buffer, width) + " kiln_t = " + vector_load(buffer, width, "kiln_at[" + std::to_string(c) + "]") + ";\n";
         out_ += in4 + "  #pragma unroll\n";
         out_ += in4 + "  for (int kiln_j = 0; kiln_j < " + std::to_string(width) + "; ++kiln_j) kiln_rc" +
                 std::to_string(c) + "[kiln_it * " + std::to_string(width) + " + kiln_j] = kiln_t.v[kiln_j];\n";
@@ -643,8 +638,8 @@ class CudaKernelWriter {
     for (size_t i = 0; i < loads.size(); ++i) {
       const int buffer = loads[i].first;
       const std::string name = "kiln_sv" + std::to_string(i);
-      out_ += in4 + "const " + vec_type(buffer, g.width) + " " + name + " = *reinterpret_cast<const " +
-              vec_type(buffer, g.width) + "*>(" + p_.buffers[buffer].name + " + kiln_at[" + std::to_string(i) + "]);\n";
+      out_ += in4 + "const " + vec_type(buffer, g.width) + " " + name + " = " +
+              vector_load(buffer, g.width, "kiln_at[" + std::to_string(i) + "]") + ";\n";
       element[{buffer, loads[i].second.str()}] = name + ".v[kiln_j]";
     }
     for (size_t i = 0; i < stores.size(); ++i)
@@ -670,8 +665,8 @@ class CudaKernelWriter {
     em.pop_scope();
     out_ += in4 + "}\n";
     for (size_t i = 0; i < stores.size(); ++i)
-      out_ += in4 + "*reinterpret_cast<" + vec_type(stores[i]->buffer, g.width) + "*>(" + p_.buffers[stores[i]->buffer].name +
-              " + kiln_at[" + std::to_string(loads.size() + i) + "]) = kiln_so" + std::to_string(i) + ";\n";
+      out_ += in4 + vector_store(stores[i]->buffer, g.width, "kiln_at[" + std::to_string(loads.size() + i) + "]",
+                                 "kiln_so" + std::to_string(i)) + "\n";
     close_group(g, indent);
     if (reduce) {
       out_ += indent + acc + " = " + row_reduce(acc, functor(st.reduce), t) + ";\n";

@@ -164,6 +164,23 @@ __device__ __forceinline__ T kiln_warp_reduce(T v, Op op) {
 
 // V neighbouring elements moved by one load or store instruction (16 bytes at most).
 template <typename T, int V> struct alignas(sizeof(T) * V) kiln_vec { T v[V]; };
+// A group of V elements at p: one instruction where p is aligned for it (`aligned`, tested
+// once per kernel), else V (a view's offset).
+template <typename T, int V> __device__ __forceinline__ kiln_vec<T, V> kiln_vload(const T* p, bool aligned) {
+  if (aligned) return *reinterpret_cast<const kiln_vec<T, V>*>(p);
+  kiln_vec<T, V> r;
+#pragma unroll
+  for (int j = 0; j < V; ++j) r.v[j] = p[j];
+  return r;
+}
+template <typename T, int V> __device__ __forceinline__ void kiln_vstore(T* p, const kiln_vec<T, V>& x, bool aligned) {
+  if (aligned) {
+    *reinterpret_cast<kiln_vec<T, V>*>(p) = x;
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) p[j] = x.v[j];
+}
 
 // Block-wide reduction: warp shuffles, then one value per warp through shared memory. Every
 // thread of the block receives the result (later stages of the kernel read it).
