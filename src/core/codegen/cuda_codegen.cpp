@@ -255,16 +255,6 @@ class CudaKernelWriter {
       l.grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(outer, 1), 1 << 30));
       if (symbolic_outer) l.grid_expr = sym::min(sym::max(outer_e, 1), Expr(int64_t(1) << 30));
       if (!symbolic_outer && !symbolic_inner) rows_ = plan_rows(p_, k_, l.block);
-      // A row per block: enough threads that each takes one group of V (up to 1024), so the
-      // unrolled body is short (NVRTC's time grows with it) and the row is spread wide.
-      if (rows_.persistent && !rows_.warp_rows) {
-        const int64_t groups = rows_.points / rows_.width;
-        const unsigned want = static_cast<unsigned>(std::min<int64_t>(1024, (groups + 31) / 32 * 32));
-        if (want > l.block) {
-          RowPlan wide = plan_rows(p_, k_, want);
-          if (wide.persistent && !wide.warp_rows) l.block = want, rows_ = wide;
-        }
-      }
       if (rows_.persistent && rows_.warp_rows) {
         l.block = 32 * kRowsPerWarpBlock;
         l.grid = static_cast<unsigned>(std::min<int64_t>((outer + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock, 1 << 30));
