@@ -238,3 +238,38 @@ def test_convolutions_on_cuda_run_channels_last(device, dtype):
     assert out.stride() == m(x).stride()
     names = [k.name for k in kiln.explain(m)(x).kernels]
     assert any("channels_last" in n for n in names) == (device == "cuda"), names
+
+
+def _layouts(n, c, h, w, device):
+    """4-d tensors over every dim order, with size-1 dims and sliced (holey) strides: the cases
+    torch's suggest_memory_format breaks ties in."""
+    base = torch.randn(n, c, h, w, device=device)
+    yield base
+    for perm in [(0, 2, 3, 1), (0, 3, 2, 1), (1, 0, 2, 3), (0, 1, 3, 2), (2, 3, 0, 1)]:
+        inv = [perm.index(i) for i in range(4)]
+        yield base.permute(perm).contiguous().permute(inv)
+    yield base.to(memory_format=torch.channels_last)[:, :, ::2, :]
+    yield torch.randn(n, c, h, 2 * w, device=device).to(memory_format=torch.channels_last)[..., ::2]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (1, 3, 1, 1), (2, 1, 4, 4), (3, 4, 1, 5), (1, 1, 3, 3)], ids=str)
+def test_convolution_and_pooling_results_have_eagers_strides(device, shape):
+    n, c, h, w = shape
+    for x in _layouts(n, c, h, w, device):
+        for weight_cl in (False, True):
+            wt = torch.randn(2, c, 1, 1, device=device)
+            if weight_cl:
+                wt = wt.to(memory_format=torch.channels_last)
+
+            def f(x, wt):
+                y = F.conv2d(x, wt)
+                return y, torch.relu(y) * 2, F.max_pool2d(x, 1), F.adaptive_avg_pool2d(x, 1)
+
+            tol = dict(rtol=2e-2, atol=2e-2) if device == "cuda" else {}
+            out = check(f, x, wt, **tol)
+            ref = f(x, wt)
+            # Strides of dims of size 1 carry no layout (torch's TensorIterator and empty_like
+            # disagree on them too): the others must be eager's.
+            def layout(t):
+                return [s for s, d in zip(t.stride(), t.shape) if d != 1]
+            assert [layout(o) for o in out] == [layout(r) for r in ref], (x.stride(), weight_cl)
