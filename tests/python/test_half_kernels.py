@@ -157,6 +157,27 @@ def test_conversions_round_as_torch_does(device, dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF)
+def test_every_16_bit_value_converts_exactly(device, dtype):
+    """All 65536 bit patterns: read as float (the load conversion), the midpoints to their
+    neighbours and one float32 ulp either side rounded back (the store conversion), and the
+    rounding of a 16-bit value fused into a float32 result."""
+    bits = torch.arange(-32768, 32768, dtype=torch.int32, device=device).to(torch.int16)
+    h = bits.view(dtype)
+    up = torch.nextafter(h, torch.full_like(h, float("inf"))).float()
+    mid = (h.float() + (up - h.float()) / 2)[h.isfinite() & up.isfinite()]
+    near = torch.cat([mid, torch.nextafter(mid, mid + 1), torch.nextafter(mid, mid - 1)])
+
+    def fn(x, f):
+        return x.float() * 1, f.to(dtype), (f * 1).to(dtype).float() + 0
+
+    _kernels_over(fn, (h, near), dtype)
+    actual, expected = kiln.compile(fn)(h, near), fn(h, near)
+    for a, e in zip(actual, expected):
+        same = (a.float().view(torch.int32) == e.float().view(torch.int32)) | (a.isnan() & e.isnan())
+        assert bool(same.all()), (a[~same][:8], e[~same][:8])
+
+
+@pytest.mark.parametrize("dtype", HALF)
 def test_intermediate_16_bit_values_are_rounded(device, dtype):
     # (x * 3) is stored in 16 bits between eager's ops; fused, kiln rounds it the same way.
     x = torch.randn(4096, device=device).to(dtype)

@@ -133,18 +133,21 @@ KILN_UNARY_F(kiln_reciprocal, 1.0f / x, 1.0 / x)
 // float16's subnormals in steps of 2^-24. Bit arithmetic, so no header is needed.
 static inline unsigned kiln_f2u(float x) { unsigned u; __builtin_memcpy(&u, &x, 4); return u; }
 static inline float kiln_u2f(unsigned u) { float x; __builtin_memcpy(&x, &u, 4); return x; }
+static inline unsigned kiln_mask(bool c) { return 0u - (unsigned)c; }  // all ones where c
+static inline unsigned kiln_pick(bool c, unsigned a, unsigned b) { return (a & kiln_mask(c)) | (b & ~kiln_mask(c)); }
 static inline float kiln_round_f16(float x) {
+  // Selects through masks, not branches or ?: chains, which g++ leaves as control flow (the
+  // loop then does not vectorize).
   unsigned u = kiln_f2u(x), sign = u & 0x80000000u, a = u ^ sign;
-  if (a >= 0x7f800000u) return x;                           // inf, nan
-  if (a >= 0x477ff000u) return kiln_u2f(sign | 0x7f800000u);  // past 65504 + half an ulp
-  if (a >= 0x38800000u) return kiln_u2f(sign | ((a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu));
-  float r = (kiln_u2f(a) + 0.5f) - 0.5f;                      // subnormal: 2^-24 is the ulp of 0.5
-  return kiln_u2f(sign | kiln_f2u(r));
+  unsigned normal = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;
+  unsigned subnormal = kiln_f2u((kiln_u2f(a) + 0.5f) - 0.5f);  // 2^-24 is the ulp of 0.5
+  unsigned r = kiln_pick(a >= 0x38800000u, normal, subnormal);
+  r = kiln_pick(a >= 0x477ff000u, 0x7f800000u, r);  // past 65504 + half an ulp
+  return kiln_u2f(kiln_pick(a >= 0x7f800000u, u, sign | r));  // inf, nan: as they are
 }
 static inline float kiln_round_bf16(float x) {
   unsigned u = kiln_f2u(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return x;            // nan
-  return kiln_u2f((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+  return kiln_u2f(kiln_pick((u & 0x7fffffffu) > 0x7f800000u, u, (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u));  // nan as it is
 }
 
 // float16 / bfloat16 in memory. Kernels compute in float: a 16-bit buffer's element converts
@@ -154,14 +157,16 @@ static inline float kiln_f16_to_f32(unsigned short h) {
   unsigned sign = (unsigned)(h & 0x8000u) << 16, em = h & 0x7fffu;
   // The exponent is rebiased (15 -> 127) by a multiply, which also makes subnormals normal.
   unsigned finite = kiln_f2u(kiln_u2f(em << 13) * 0x1p112f);
-  return kiln_u2f(sign | (em >= 0x7c00u ? (em << 13) | 0x7f800000u : finite));
+  return kiln_u2f(sign | kiln_pick(em >= 0x7c00u, (em << 13) | 0x7f800000u, finite));
 }
 static inline unsigned short kiln_f32_to_f16(float x) {
   unsigned u = kiln_f2u(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
   unsigned normal = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
   // Below 2^-14 the result is a multiple of 2^-24, the ulp of 0.5: the float add rounds there.
   unsigned subnormal = kiln_f2u(kiln_u2f(a) + 0.5f) - 0x3f000000u;
-  unsigned r = a > 0x7f800000u ? 0x7e00u : a >= 0x477ff000u ? 0x7c00u : a >= 0x38800000u ? normal : subnormal;
+  unsigned r = kiln_pick(a >= 0x38800000u, normal, subnormal);
+  r = kiln_pick(a >= 0x477ff000u, 0x7c00u, r);
+  r = kiln_pick(a > 0x7f800000u, 0x7e00u, r);
   return (unsigned short)(sign | r);
 }
 static inline float kiln_bf16_to_f32(unsigned short h) { return kiln_u2f((unsigned)h << 16); }
