@@ -255,6 +255,7 @@ class CudaKernelWriter {
       l.grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(outer, 1), 1 << 30));
       if (symbolic_outer) l.grid_expr = sym::min(sym::max(outer_e, 1), Expr(int64_t(1) << 30));
       if (!symbolic_outer && !symbolic_inner) rows_ = plan_rows(p_, k_, l.block);
+      if (!rows_.persistent) rows_ = RowPlan{};  // the streaming loop: a row per block
       if (rows_.persistent && rows_.warp_rows) {
         l.block = 32 * kRowsPerWarpBlock;
         l.grid = static_cast<unsigned>(std::min<int64_t>((outer + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock, 1 << 30));
