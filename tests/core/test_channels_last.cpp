@@ -11,28 +11,16 @@
 #include "core/passes/passes.h"
 #include "core/pipeline/compile_graph.h"
 #include "core/schedule/schedule.h"
+#include "graph_helpers.h"
 
 using namespace kiln;
 using ir::Attrs;
 using ir::Graph;
 using ir::Node;
+using test::A;
+using test::meta;
 
 namespace {
-
-ir::TensorMeta meta(std::vector<int64_t> sizes, DType t, DeviceType dev) {
-  ir::TensorMeta m;
-  m.dtype = t;
-  m.device = Device{dev, 0};
-  for (int64_t s : sizes) m.sizes.push_back(s);
-  m.strides = ir::contiguous_strides(m.sizes);
-  return m;
-}
-
-Attrs A(std::initializer_list<std::pair<std::string, ir::AttrValue>> kv) {
-  Attrs a;
-  for (auto& [k, v] : kv) a.set(k, v);
-  return a;
-}
 
 // conv -> relu -> conv -> (+ residual) -> output, over NCHW activations and weights.
 Node* build(Graph& g, DType t, DeviceType dev, int64_t groups = 1) {

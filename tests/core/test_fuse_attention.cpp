@@ -8,28 +8,16 @@
 #include "core/ir/graph.h"
 #include "core/ops/registry.h"
 #include "core/passes/passes.h"
+#include "graph_helpers.h"
 
 using namespace kiln;
 using ir::Attrs;
 using ir::Graph;
 using ir::Node;
+using test::A;
+using test::meta;
 
 namespace {
-
-ir::TensorMeta meta(std::vector<int64_t> sizes, DType t = DType::BFloat16, DeviceType dev = DeviceType::CUDA) {
-  ir::TensorMeta m;
-  m.dtype = t;
-  m.device = Device{dev, 0};
-  for (int64_t s : sizes) m.sizes.push_back(s);
-  m.strides = ir::contiguous_strides(m.sizes);
-  return m;
-}
-
-Attrs A(std::initializer_list<std::pair<std::string, ir::AttrValue>> kv) {
-  Attrs a;
-  for (auto& [k, v] : kv) a.set(k, v);
-  return a;
-}
 
 std::vector<std::string> ops_of(const Graph& g) {
   std::vector<std::string> out;

@@ -17,6 +17,7 @@ namespace {
 
 using loop::Kernel;
 using loop::Stage;
+using loop::visit_loads;
 using sym::Expr;
 
 int64_t const_product(const std::vector<Expr>& xs) {
@@ -63,6 +64,32 @@ void unravel(std::string& out, const std::string& indent, const std::string& lin
   }
 }
 
+// Unflattens `first`, the first point of a group of V that lies in one row (the innermost extent
+// is a multiple of V), into `vars`: the outer ones as they are, the innermost as <var>_0, which
+// the group's bodies step by kiln_j.
+void unravel_group(std::string& out, const std::string& indent, const std::string& first, const std::vector<Expr>& vars,
+                   const std::vector<Expr>& ranges) {
+  const std::string inner0 = vars.back().name() + "_0";
+  if (vars.size() == 1) {
+    out += indent + "const kiln_idx " + inner0 + " = " + first + ";\n";
+    return;
+  }
+  const std::string r = "(" + ranges.back().c_str() + ")", rest = first + "_rest";
+  out += indent + "const kiln_idx " + inner0 + " = " + first + " % " + r + ";\n";
+  out += indent + "const kiln_idx " + rest + " = " + first + " / " + r + ";\n";
+  unravel(out, indent, rest, std::vector<Expr>(vars.begin(), vars.end() - 1), std::vector<Expr>(ranges.begin(), ranges.end() - 1));
+}
+
+// kiln_at[i]: where `indices[i]` points at a group's first element (innermost var <var>_0).
+void write_bases(std::string& out, const std::string& indent, const Expr& innermost, const std::vector<std::string>& indices) {
+  if (indices.empty()) return;
+  out += indent + "kiln_idx kiln_at[" + std::to_string(indices.size()) + "];\n";
+  out += indent + "{\n";
+  out += indent + "  const kiln_idx " + innermost.name() + " = " + innermost.name() + "_0;\n";
+  for (size_t i = 0; i < indices.size(); ++i) out += indent + "  kiln_at[" + std::to_string(i) + "] = " + indices[i] + ";\n";
+  out += indent + "}\n";
+}
+
 // The accesses of a pointwise kernel that move V neighbouring elements in one instruction:
 // those whose index steps by exactly 1 along the innermost loop and is a multiple of V where
 // that loop starts a group of V (every other stride and the offset are multiples of V).
@@ -71,16 +98,6 @@ struct VectorPlan {
   std::vector<std::pair<int, Expr>> loads;  // (buffer, index)
   std::vector<const loop::Store*> stores;
 };
-
-void visit_loads(const loop::ScalarCtx& s, loop::SRef r, std::set<loop::SRef>& seen,
-                 const std::function<void(const loop::SNode&)>& f) {
-  if (r < 0 || !seen.insert(r).second) return;
-  const loop::SNode& n = s[r];
-  if (n.op == loop::SOp::Load) f(n);
-  visit_loads(s, n.a, seen, f);
-  visit_loads(s, n.b, seen, f);
-  visit_loads(s, n.c, seen, f);
-}
 
 bool steps_by_one(const Expr& index, const std::vector<Expr>& vars, int width) {
   auto a = sym::affine(index, vars);
@@ -131,6 +148,7 @@ VectorPlan plan_vectors(const loop::Program& p, const Kernel& k) {
 // V neighbouring elements (one 16-byte load where the accesses step by one), and the elements
 // that several stages read (layer_norm's input: mean, variance, then the output) are loaded
 // once into registers and reused, so the row is read from memory once.
+// A plan that is not persistent is empty: the kernel streams, a row per block.
 struct RowPlan {
   bool persistent = false;
   bool warp_rows = false;     // a row per warp (else a row per block)
@@ -160,9 +178,8 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block) {
   auto n = sym::product(looping->ranges).as_const();
   auto innermost = looping->ranges.back().as_const();
   if (!outer || !n || !innermost || *n < 1) return plan;
-  plan.points = *n;
-  plan.warp_rows = *n <= 1024 && *outer >= 256;
-  const int64_t lanes = plan.warp_rows ? 32 : block;
+  const bool warp_rows = *n <= 1024 && *outer >= 256;
+  const int64_t lanes = warp_rows ? 32 : block;
   std::vector<Expr> all = k.vars;
   all.insert(all.end(), looping->vars.begin(), looping->vars.end());
   std::set<int> stored;
@@ -194,11 +211,9 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block) {
   for (const loop::Store& s : looping->stores) widest = std::max<size_t>(widest, dtype_size(p.buffers[s.buffer].dtype));
   int width = static_cast<int>(std::min<size_t>(8, 16 / std::min<size_t>(widest, 16)));
   while (width > 1 && (*innermost % width || *n / width < lanes / 2)) width /= 2;
-  plan.width = width;
-  // Elements a thread walks (with V = 1 too: the kernel's unaligned path). Long rows keep the
-  // streaming loop.
-  const int64_t per_thread = std::max((*n / width + lanes - 1) / lanes * width, (*n + lanes - 1) / lanes);
-  if ((*n / width + lanes - 1) / lanes > 16 || (*n + lanes - 1) / lanes > 64) return plan;
+  // Groups a thread walks, unrolled: long rows keep the streaming loop.
+  const int64_t trips = (*n / width + lanes - 1) / lanes, per_thread = trips * width;
+  if (trips > 16 || (*n + lanes - 1) / lanes > 64) return plan;
   int64_t registers = 0;
   for (auto& [ld, count] : row_loads) {
     const bool vec = width > 1 && steps_by_one(ld->index, all, width);
@@ -218,6 +233,9 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block) {
     for (auto& [b, idx] : plan.cached)
       if (!steps_by_one(idx, all, width)) return RowPlan{};
   plan.persistent = true;
+  plan.warp_rows = warp_rows;
+  plan.width = width;
+  plan.points = *n;
   return plan;
 }
 
@@ -255,7 +273,6 @@ class CudaKernelWriter {
       l.grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(outer, 1), 1 << 30));
       if (symbolic_outer) l.grid_expr = sym::min(sym::max(outer_e, 1), Expr(int64_t(1) << 30));
       if (!symbolic_outer && !symbolic_inner) rows_ = plan_rows(p_, k_, l.block);
-      if (!rows_.persistent) rows_ = RowPlan{};  // the streaming loop: a row per block
       if (rows_.persistent && rows_.warp_rows) {
         l.block = 32 * kRowsPerWarpBlock;
         l.grid = static_cast<unsigned>(std::min<int64_t>((outer + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock, 1 << 30));
@@ -381,12 +398,12 @@ class CudaKernelWriter {
   void write_vectorized(ScalarEmitter& em, const std::string& indent) {
     const int V = vec_.width;
     const std::string Vs = std::to_string(V);
-    auto vec_type = [&](int buffer) { return "kiln_vec<" + ctype(p_.buffers[buffer].dtype) + ", " + Vs + ">"; };
+    auto vtype = [&](int buffer) { return vec_type(buffer, V); };
     std::string aligned;
     auto check = [&](int buffer) {
       const loop::Buffer& b = p_.buffers[buffer];
       aligned += std::string(aligned.empty() ? "" : " && ") + "(reinterpret_cast<unsigned long long>(" + b.name +
-                 ") % sizeof(" + vec_type(buffer) + ") == 0)";
+                 ") % sizeof(" + vtype(buffer) + ") == 0)";
     };
     for (const auto& [buffer, index] : vec_.loads) check(buffer);
     for (const loop::Store* st : vec_.stores) check(st->buffer);
@@ -395,31 +412,18 @@ class CudaKernelWriter {
             " + threadIdx.x; kiln_g < " + outer_ + " / " + Vs + "; kiln_g += (kiln_idx)gridDim.x * " +
             std::to_string(block_) + ") {\n";
     const std::string in2 = indent + "  ", in3 = in2 + "  ";
-    // Where the group starts: the innermost extent is a multiple of V, so the group lies in one row.
     out_ += in2 + "const kiln_idx kiln_lin0 = kiln_g * " + Vs + ";\n";
+    unravel_group(out_, in2, "kiln_lin0", k_.vars, k_.ranges);
     std::map<std::pair<int, std::string>, std::string> element;  // (buffer, index) -> vector name
-    // The outer loop vars are the group's; the innermost is its first point's plus kiln_j.
     const std::string inner = k_.vars.back().name(), inner0 = inner + "_0";
-    const std::vector<Expr> outer_vars(k_.vars.begin(), k_.vars.end() - 1), outer_ranges(k_.ranges.begin(), k_.ranges.end() - 1);
-    if (outer_vars.empty()) {
-      out_ += in2 + "const kiln_idx " + inner0 + " = kiln_lin0;\n";
-    } else {
-      const std::string r = "(" + k_.ranges.back().c_str() + ")";
-      out_ += in2 + "const kiln_idx " + inner0 + " = kiln_lin0 % " + r + ";\n";
-      out_ += in2 + "const kiln_idx kiln_row0 = kiln_lin0 / " + r + ";\n";
-      unravel(out_, in2, "kiln_row0", outer_vars, outer_ranges);
-    }
-    out_ += in2 + "kiln_idx kiln_at[" + std::to_string(vec_.loads.size() + vec_.stores.size()) + "];\n";
-    out_ += in2 + "{\n";
-    out_ += in3 + "const kiln_idx " + inner + " = " + inner0 + ";\n";
+    std::vector<std::string> bases;
+    for (const auto& [buffer, index] : vec_.loads) bases.push_back(index.c_str());
+    for (const loop::Store* st : vec_.stores) bases.push_back(st->index.c_str());
+    write_bases(out_, in2, k_.vars.back(), bases);
     size_t slot = 0;
-    for (const auto& [buffer, index] : vec_.loads) out_ += in3 + "kiln_at[" + std::to_string(slot++) + "] = " + index.c_str() + ";\n";
-    for (const loop::Store* st : vec_.stores) out_ += in3 + "kiln_at[" + std::to_string(slot++) + "] = " + st->index.c_str() + ";\n";
-    out_ += in2 + "}\n";
-    slot = 0;
     for (const auto& [buffer, index] : vec_.loads) {
       const std::string name = "kiln_v" + std::to_string(slot);
-      out_ += in2 + "const " + vec_type(buffer) + " " + name + " = *reinterpret_cast<const " + vec_type(buffer) + "*>(" +
+      out_ += in2 + "const " + vtype(buffer) + " " + name + " = *reinterpret_cast<const " + vtype(buffer) + "*>(" +
               p_.buffers[buffer].name + " + kiln_at[" + std::to_string(slot) + "]);\n";
       element[{buffer, index.str()}] = name + ".v[kiln_j]";
       ++slot;
@@ -427,7 +431,7 @@ class CudaKernelWriter {
     std::vector<std::string> out_names;
     for (const loop::Store* st : vec_.stores) {
       out_names.push_back("kiln_v" + std::to_string(slot++));
-      out_ += in2 + vec_type(st->buffer) + " " + out_names.back() + ";\n";
+      out_ += in2 + vtype(st->buffer) + " " + out_names.back() + ";\n";
     }
     out_ += in2 + "#pragma unroll\n";
     out_ += in2 + "for (int kiln_j = 0; kiln_j < " + Vs + "; ++kiln_j) {\n";
@@ -452,7 +456,7 @@ class CudaKernelWriter {
     slot = vec_.loads.size();
     for (size_t i = 0; i < vec_.stores.size(); ++i, ++slot) {
       const loop::Store* st = vec_.stores[i];
-      out_ += in2 + "*reinterpret_cast<" + vec_type(st->buffer) + "*>(" + p_.buffers[st->buffer].name + " + kiln_at[" +
+      out_ += in2 + "*reinterpret_cast<" + vtype(st->buffer) + "*>(" + p_.buffers[st->buffer].name + " + kiln_at[" +
               std::to_string(slot) + "]) = " + out_names[i] + ";\n";
     }
     out_ += indent + "}\n";
@@ -527,7 +531,7 @@ class CudaKernelWriter {
       const std::string in4 = in2 + "    ";
       std::vector<std::string> bases;
       for (const auto& [buffer, index] : rows_.cached) bases.push_back(index.c_str());
-      write_bases(g, in4, bases);
+      write_bases(out_, in4, g.vars.back(), bases);
       for (size_t c = 0; c < rows_.cached.size(); ++c) {
         const int buffer = rows_.cached[c].first;
         out_ += in4 + "{\n";
@@ -559,31 +563,11 @@ class CudaKernelWriter {
     out_ += in2 + "const kiln_idx kiln_g = " + g.lane + " + kiln_it * " + std::to_string(g.lanes) + ";\n";
     out_ += in2 + "if (" + (g.trips * g.lanes == g.groups ? std::string("true") : "kiln_g < " + std::to_string(g.groups)) + ") {\n";
     out_ += in3 + "const kiln_idx kiln_q0 = kiln_g * " + std::to_string(g.width) + ";\n";
-    const std::string inner0 = g.vars.back().name() + "_0";
-    if (g.vars.size() == 1) {
-      out_ += in3 + "const kiln_idx " + inner0 + " = kiln_q0;\n";
-    } else {
-      const std::string r = "(" + g.ranges.back().c_str() + ")";
-      out_ += in3 + "const kiln_idx " + inner0 + " = kiln_q0 % " + r + ";\n";
-      out_ += in3 + "const kiln_idx kiln_q0_rest = kiln_q0 / " + r + ";\n";
-      unravel(out_, in3, "kiln_q0_rest", std::vector<Expr>(g.vars.begin(), g.vars.end() - 1),
-              std::vector<Expr>(g.ranges.begin(), g.ranges.end() - 1));
-    }
+    unravel_group(out_, in3, "kiln_q0", g.vars, g.ranges);
   }
 
   void close_group(const GroupLoop&, const std::string& indent) {
     out_ += indent + "  }\n";
-    out_ += indent + "}\n";
-  }
-
-  // kiln_at[i]: where `indices[i]` points at the group's first element.
-  void write_bases(const GroupLoop& g, const std::string& indent, const std::vector<std::string>& indices) {
-    if (indices.empty()) return;
-    out_ += indent + "kiln_idx kiln_at[" + std::to_string(indices.size()) + "];\n";
-    out_ += indent + "{\n";
-    out_ += indent + "  const kiln_idx " + g.vars.back().name() + " = " + g.vars.back().name() + "_0;\n";
-    for (size_t i = 0; i < indices.size(); ++i)
-      out_ += indent + "  kiln_at[" + std::to_string(i) + "] = " + indices[i] + ";\n";
     out_ += indent + "}\n";
   }
 
@@ -624,7 +608,7 @@ class CudaKernelWriter {
     std::vector<std::string> bases;
     for (const auto& l : loads) bases.push_back(l.second.c_str());
     for (const loop::Store* s : stores) bases.push_back(s->index.c_str());
-    write_bases(g, in4, bases);
+    write_bases(out_, in4, g.vars.back(), bases);
     std::map<std::pair<int, std::string>, std::string> element = cached;
     for (size_t i = 0; i < loads.size(); ++i) {
       const int buffer = loads[i].first;

@@ -211,4 +211,13 @@ std::string ScalarCtx::str(SRef r) const {
   return std::string(sop_name(n.op)) + "(" + str(n.a) + ", " + str(n.b) + ")";
 }
 
+void visit_loads(const ScalarCtx& s, SRef r, std::set<SRef>& seen, const std::function<void(const SNode&)>& f) {
+  if (r < 0 || !seen.insert(r).second) return;
+  const SNode& n = s[r];
+  if (n.op == SOp::Load) f(n);
+  visit_loads(s, n.a, seen, f);
+  visit_loads(s, n.b, seen, f);
+  visit_loads(s, n.c, seen, f);
+}
+
 }  // namespace kiln::loop

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -103,5 +104,8 @@ class ScalarCtx {
   std::vector<SNode> nodes_;
   std::unordered_map<std::string, SRef> table_;
 };
+
+// Calls f on every Load reachable from r, each node once (`seen` spans calls: a kernel's stages).
+void visit_loads(const ScalarCtx& s, SRef r, std::set<SRef>& seen, const std::function<void(const SNode&)>& f);
 
 }  // namespace kiln::loop

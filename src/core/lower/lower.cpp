@@ -202,6 +202,15 @@ class Lowering {
     return r;
   }
 
+  // A result of dtype t as a fused kernel holds it: in its computation type, and a 16-bit float
+  // (living on in a float register) rounded as a store would round it.
+  static SRef in_register(loop::ScalarCtx& s, SRef r, DType t) {
+    r = s.cast(r, compute_dtype(t));
+    if (t == DType::Float16) r = s.unary(loop::SOp::RoundF16, r);
+    if (t == DType::BFloat16) r = s.unary(loop::SOp::RoundBF16, r);
+    return r;
+  }
+
   bool lower_pointwise(const ir::Node* n) {
     std::vector<Value> ins;
     std::vector<std::string> fused;
@@ -217,11 +226,7 @@ class Lowering {
     v.read = [s, n, ins, out_sizes, t](const Exprs& idx) {
       std::vector<SRef> args;
       for (const Value& in : ins) args.push_back(in.read(broadcast_index(in.sizes, out_sizes, idx)));
-      SRef r = s->cast(n->op->scalar(*s, args, *n), compute_dtype(t));
-      // A 16-bit float result lives on in a float register when fused: round it as a store would.
-      if (t == DType::Float16) r = s->unary(loop::SOp::RoundF16, r);
-      if (t == DType::BFloat16) r = s->unary(loop::SOp::RoundBF16, r);
-      return r;
+      return in_register(*s, n->op->scalar(*s, args, *n), t);
     };
     values_[n] = v;
     if (must_realize(n, v)) realize(values_[n], BufferKind::Temp, n);
@@ -243,10 +248,7 @@ class Lowering {
     loop::ScalarCtx* s = &s_;
     Value v{n->meta.sizes, t, nullptr, -1, dedupe(fused)};
     v.read = [s, n, ins, t](const Exprs& idx) {
-      SRef r = s->cast(n->op->gather(*s, idx, ins, *n), compute_dtype(t));
-      if (t == DType::Float16) r = s->unary(loop::SOp::RoundF16, r);
-      if (t == DType::BFloat16) r = s->unary(loop::SOp::RoundBF16, r);
-      return r;
+      return in_register(*s, n->op->gather(*s, idx, ins, *n), t);
     };
     values_[n] = v;
     if (must_realize(n, v)) realize(values_[n], BufferKind::Temp, n);

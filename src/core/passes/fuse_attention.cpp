@@ -119,7 +119,6 @@ void additive_attention_masks(ir::Graph& g) {
         n->inputs[3]->meta.dtype != DType::Bool)
       continue;
     Node* mask = n->inputs[3];
-    (void)mask;
     const DType t = n->inputs[0]->meta.dtype;
     if (!is_floating(t)) continue;
     // torch's own first step (convert_boolean_attn_mask): true keeps a score, false adds -inf.

@@ -13,16 +13,8 @@ using loop::SNode;
 using loop::SOp;
 using loop::SRef;
 using loop::Stage;
+using loop::visit_loads;
 using sym::Expr;
-
-void visit_loads(const loop::ScalarCtx& s, SRef r, std::set<SRef>& seen, const std::function<void(const SNode&)>& f) {
-  if (r < 0 || !seen.insert(r).second) return;
-  const SNode& n = s[r];
-  if (n.op == SOp::Load) f(n);
-  visit_loads(s, n.a, seen, f);
-  visit_loads(s, n.b, seen, f);
-  visit_loads(s, n.c, seen, f);
-}
 
 // Index nodes (arange's values) are expressions of the loop vars too.
 void visit_index_values(const loop::ScalarCtx& s, SRef r, std::set<SRef>& seen, const std::function<void(const Expr&)>& f) {
