@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import sys
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,12 +34,6 @@ _find_nvrtc_dirs()
 from . import _C  # noqa: E402  (after the environment the loader reads is set)
 
 _MODES = ("default", "lite", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# Modes torch.compile has and kiln does not implement yet, and what kiln does instead.
-_MODES_NOT_YET = {
-    "max-autotune": ("autotuned kernels are not implemented yet", "reduce-overhead"),
-    "max-autotune-no-cudagraphs": ("autotuned kernels are not implemented yet", "default"),
-}
-_warned_modes: set = set()
 # kiln's own options, next to torch.compile's (torch._inductor.config's keys).
 _KILN_OPTIONS = {"cache_limit": int}
 
@@ -62,6 +55,16 @@ def _check_options(options: dict) -> None:
         if type(value) is not type(known[name]):
             raise RuntimeError(f"Unexpected type of attr {key}, got {type(value).__name__} should be "
                                f"{type(known[name]).__name__}")
+
+
+def _mode_of_options(options: dict) -> str:
+    # The inductor options a mode stands for (torch._inductor.list_mode_options): autotuning,
+    # CUDA graphs, or both.
+    tune = any(options.get(k) for k in ("max_autotune", "max_autotune_pointwise", "max_autotune_gemm"))
+    graphs = bool(options.get("triton.cudagraphs"))
+    if tune:
+        return "max-autotune" if graphs else "max-autotune-no-cudagraphs"
+    return "reduce-overhead" if graphs else "default"
 
 
 class CompiledModule(torch.nn.Module):
@@ -141,11 +144,8 @@ def compile(
         # torch's other backends take any mode and options (its eager backend ignores them);
         # kiln's own cache_limit still applies.
         _check_options({"cache_limit": options["cache_limit"]})
-    if backend == "inductor" and mode in _MODES_NOT_YET and mode not in _warned_modes:
-        _warned_modes.add(mode)
-        missing, instead = _MODES_NOT_YET[mode]
-        warnings.warn(f"kiln: mode={mode!r}: {missing}; kiln compiles as mode={instead!r}",
-                      UserWarning, stacklevel=2)
+    if options:
+        mode = _mode_of_options(options)
     limit = int((options or {}).get("cache_limit", 8))
     if backend != "inductor":
         mode = "default"  # as torch's eager backend, which ignores mode
@@ -250,7 +250,7 @@ def explain(fn: Callable, *extra_args, **extra_kwargs):
         return ExplainOutput(
             graph_count=d["graph_count"], graph_break_count=d["graph_break_count"], op_count=d["op_count"],
             break_reasons=list(d["break_reasons"]), graphs=list(d["graphs"]), guards=list(d["guards"]),
-            kernels=[_Kernel(k["name"], k["source"]) for k in d["kernels"]], loop_ir=d.get("loop_ir", ""),
+            kernels=[_Kernel(k["name"], k["source"], k.get("launch", "")) for k in d["kernels"]], loop_ir=d.get("loop_ir", ""),
             source_path=d.get("source_path", ""), compile_seconds=d.get("compile_seconds", 0.0),
             captured=d.get("captured", ""), cudagraphs=list(d.get("cudagraphs", [])))
 
@@ -260,12 +260,14 @@ def explain(fn: Callable, *extra_args, **extra_kwargs):
 
 
 class _Kernel(dict):
-    """A generated kernel: ``k.name``, ``k.source`` (also readable as a dict)."""
+    """A generated kernel: ``k.name``, ``k.source``, and for a CUDA kernel ``k.launch`` (grid,
+    block, and whether max-autotune chose them); also readable as a dict."""
 
-    def __init__(self, name: str, source: str):
-        super().__init__(name=name, source=source)
+    def __init__(self, name: str, source: str, launch: str = ""):
+        super().__init__(name=name, source=source, launch=launch)
         self.name = name
         self.source = source
+        self.launch = launch
 
     def __str__(self) -> str:
         return self.source

@@ -77,10 +77,11 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
     ++graph_count;
     graphs.append(r.graph);
     op_count += r.op_count;
-    for (const auto& [name, src] : r.kernels) {
+    for (const ExplainRecord::Kernel& k : r.kernels) {
       nb::dict kd;
-      kd["name"] = name;
-      kd["source"] = src;
+      kd["name"] = k.name;
+      kd["source"] = k.source;
+      kd["launch"] = k.launch;
       kernels.append(kd);
     }
     if (!r.cudagraphs.empty()) cudagraphs.append(r.cudagraphs);
@@ -141,6 +142,8 @@ nb::dict stats_dict() {
   d["kernels_generated"] = s.kernels_generated;
   d["cudagraph_recordings"] = s.cudagraph_recordings;
   d["cudagraph_replays"] = s.cudagraph_replays;
+  d["kernels_autotuned"] = s.kernels_autotuned;
+  d["autotune_cache_hits"] = s.autotune_cache_hits;
   d["capture_seconds"] = s.capture_seconds;
   d["compile_seconds"] = s.compile_seconds;
   for (auto& [k, v] : s.fallback_reasons) reasons[k.c_str()] = v;

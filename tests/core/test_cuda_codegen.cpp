@@ -217,3 +217,56 @@ TEST(CudaCodegen, RowReductionsReadTheirRowOnce) {
     }
   }
 }
+
+// max-autotune's launch candidates: every one a kernel offers compiles (the block sizes, a row
+// per warp or per block, vectors on and off), launches within the GPU's limits, and a choice
+// read back from the disk cache is the one written.
+TEST(CudaCodegen, EveryLaunchCandidateCompiles) {
+  use_wheel_nvrtc();
+  std::string why;
+  if (!compile::nvrtc_available(&why)) GTEST_SKIP() << "no NVRTC: " << why;
+  auto check = [](ir::Graph& g, size_t at_least) {
+    pipeline::run_graph_passes(g);
+    loop::Program p;
+    std::string err;
+    ASSERT_TRUE(lower::lower_graph(g, p, err)) << err;
+    schedule::schedule(p);
+    ASSERT_EQ(p.kernels.size(), 1u) << p.str();
+    std::vector<codegen::LaunchChoice> cands = codegen::launch_candidates(p, p.kernels[0]);
+    ASSERT_GE(cands.size(), at_least);
+    EXPECT_EQ(cands[0], codegen::LaunchChoice{});  // the heuristics' launch comes first
+    const std::string header = codegen::generate_cuda(p).header;
+    for (const codegen::LaunchChoice& c : cands) {
+      codegen::CudaLaunch l;
+      const std::string text = codegen::generate_cuda_kernel(p, p.kernels[0], c, l);
+      EXPECT_TRUE(l.block >= 32 && l.block <= 1024 && l.block % 32 == 0) << c.str();
+      EXPECT_GE(l.grid, 1u);
+      compile::NvrtcResult r = compile::nvrtc_compile(header + text, "sm_90", "test");
+      ASSERT_TRUE(r.ok) << c.str() << "\n" << r.log << "\n" << text;
+      codegen::LaunchChoice back;
+      ASSERT_TRUE(codegen::LaunchChoice::parse(c.str(), back)) << c.str();
+      EXPECT_EQ(back, c);
+    }
+  };
+  for (DType t : {DType::Float32, DType::BFloat16}) {
+    ir::Graph g;  // softmax rows
+    g.outputs().push_back(g.must_add("softmax", {g.placeholder("x", cuda_meta(t, {512, 1000}))}, attrs({{"dim", int64_t(-1)}})));
+    check(g, 6);
+    ir::Graph ln;  // layer_norm: short rows, many
+    ir::Node* x = ln.placeholder("x", cuda_meta(t, {1024, 768}));
+    ir::Node* w = ln.placeholder("w", cuda_meta(t, {768}));
+    ln.outputs().push_back(ln.must_add("layer_norm", {x, w, w}, attrs({{"normalized_shape", std::vector<int64_t>{768}}})));
+    check(ln, 6);
+    ir::Graph pw;  // pointwise: block sizes, vectors on and off
+    ir::Node* a = pw.placeholder("a", cuda_meta(t, {256, 1024}));
+    pw.outputs().push_back(pw.must_add("gelu", {pw.must_add("add", {a, pw.placeholder("b", cuda_meta(t, {1024}))})}));
+    check(pw, 8);
+  }
+  ir::Graph small;  // launch-bound: nothing to choose
+  small.outputs().push_back(small.must_add("exp", {small.placeholder("x", cuda_meta(DType::Float32, {100}))}));
+  check(small, 1);
+  codegen::LaunchChoice junk;
+  for (const char* bad : {"", "block=48 warp_rows=0 vectorize=1", "block=2048 warp_rows=0 vectorize=1",
+                          "block=256 warp_rows=3 vectorize=1", "blocks=256"})
+    EXPECT_FALSE(codegen::LaunchChoice::parse(bad, junk)) << bad;
+}

@@ -100,18 +100,15 @@ def test_mode_and_options_together_raise_as_torch_compile():
         kiln.compile(lambda x: x, mode="default", options={"cache_limit": 2})
 
 
-@pytest.mark.parametrize("mode,instead", [("max-autotune", "reduce-overhead"), ("max-autotune-no-cudagraphs", "default")])
-def test_a_mode_kiln_does_not_implement_warns_once_and_says_what_it_does(mode, instead):
-    from kiln import _api
-    _api._warned_modes.discard(mode)
+@pytest.mark.parametrize("mode", ["max-autotune", "max-autotune-no-cudagraphs"])
+def test_max_autotune_modes_compile_without_a_warning(mode):
+    # kiln implements both (the CUDA kernels' launches are timed; the CPU has nothing to tune).
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         f = kiln.compile(lambda x: x + 1, mode=mode)
-        kiln.compile(lambda x: x + 2, mode=mode)
-    mine = [str(w.message) for w in caught if "kiln" in str(w.message)]
-    assert len(mine) == 1 and mode in mine[0] and f"mode={instead!r}" in mine[0], mine
-    x = torch.randn(5)
-    torch.testing.assert_close(f(x), x + 1)
+        x = torch.randn(5)
+        torch.testing.assert_close(f(x), x + 1)
+    assert not [str(w.message) for w in caught if "kiln" in str(w.message)]
 
 
 def test_reduce_overhead_is_implemented_and_does_not_warn():

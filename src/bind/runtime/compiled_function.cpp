@@ -81,7 +81,15 @@ void record_explain(const Entry& e, const std::string& name) {
     r.source_path = e.compiled->source_path;
     r.compile_seconds = e.compiled->compile_seconds;
     r.device = e.compiled->program.device.str();
-    for (const auto& k : e.compiled->kernels) r.kernels.emplace_back(k.name, k.source);
+    for (const auto& k : e.compiled->kernels) {
+      std::string launch;
+      if (k.cuda_fn) {
+        launch = "grid=" + (k.grid_expr.valid() ? k.grid_expr.str() : std::to_string(k.grid)) +
+                 " block=" + std::to_string(k.block);
+        if (!k.tuned.empty()) launch += k.tuned == "disk" ? " (autotuned, from the disk cache)" : " (autotuned)";
+      }
+      r.kernels.push_back({k.name, k.source, launch});
+    }
     r.cudagraphs = e.cudagraphs_note;
   }
   log->push_back(std::move(r));
@@ -238,6 +246,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   // Asked while the C++ compiler runs: Ctrl-C stops it (the handler runs below, unlocked).
   if (cancellable) opts.cancel = [] { return interrupt_requested(); };
   opts.torch = torch_numerics();
+  if (cfg.mode == "max-autotune" || cfg.mode == "max-autotune-no-cudagraphs") opts.time_extern = torch_extern_timing(0);
   bool ok;
   {
     // The core compiles without Python: other threads run meanwhile. Compiles themselves take
@@ -272,6 +281,8 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   if (cfg.mode == "reduce-overhead" || cfg.mode == "max-autotune") plan_cuda_graphs(*e);
   ++s.graphs_compiled;
   s.kernels_generated += static_cast<long>(e->compiled->kernels.size());
+  s.kernels_autotuned += e->compiled->tuned_kernels;
+  s.autotune_cache_hits += e->compiled->tuned_from_disk;
   if (e->compiled->disk_cache_hit) ++s.cache_hits_disk;
   record_explain(*e, name);
   return e;

@@ -9,6 +9,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <algorithm>
+#include <functional>
+
 #include "bind/capture/torch_call.h"
 #include "core/compile/cuda_driver.h"
 
@@ -105,6 +108,24 @@ struct ExternViews {
   std::vector<ViewPlan> inputs;
   std::vector<int64_t> out_strides;
 };
+
+// An extern op's arguments in its schema's order: the i-th tensor parameter from `tensor(i)`,
+// the others from the node's attributes, else their defaults, else None.
+void push_arguments(torch::jit::Stack& stack, const ops::OpDef& def, const ir::Attrs& attrs,
+                    const std::function<c10::IValue(size_t)>& tensor) {
+  size_t next_input = 0;
+  for (const ops::Param& param : def.schema.params) {
+    if (param.is_tensor()) {
+      stack.push_back(tensor(next_input++));
+    } else if (const ir::AttrValue* a = attrs.find(param.name)) {
+      stack.push_back(attr_ivalue(*a));
+    } else if (auto d = param.default_value()) {
+      stack.push_back(attr_ivalue(*d));
+    } else {
+      stack.emplace_back();  // None
+    }
+  }
+}
 
 // Raises a torch error as the Python exception type eager would raise.
 void set_python_error(const c10::Error& e) {
@@ -454,20 +475,11 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         if (!run_torch_call(e, views, tensors, rs.sizes[e.output], r)) return false;
       } else {
         torch::jit::Stack stack;
-        size_t next_input = 0;
-        for (const ops::Param& param : plan.def->schema.params) {
-          if (param.is_tensor()) {
-            const ViewPlan& v = views.inputs[next_input++];
-            if (v.buffer < 0) stack.emplace_back();
-            else stack.emplace_back(view_of(tensors[v.buffer], v));
-          } else if (const ir::AttrValue* a = e.attrs.find(param.name)) {
-            stack.push_back(attr_ivalue(*a));
-          } else if (auto d = param.default_value()) {
-            stack.push_back(attr_ivalue(*d));
-          } else {
-            stack.emplace_back();  // None
-          }
-        }
+        push_arguments(stack, *plan.def, e.attrs, [&](size_t i) -> c10::IValue {
+          const ViewPlan& v = views.inputs[i];
+          if (v.buffer < 0) return {};
+          return view_of(tensors[v.buffer], v);
+        });
         {
           GilRelease unlocked;
           plan.op->callBoxed(&stack);
@@ -513,6 +525,95 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return false;
   }
+}
+
+namespace {
+
+// Milliseconds a call of torch's kernel for extern node `n` takes, on inputs of its own with
+// the sizes, strides and dtypes of n's inputs (random values: GEMM kernels' speed does not
+// depend on them, but zeros would flatter them); -1 when it cannot be timed.
+double time_extern_node(const ir::Node& n) {
+  const ops::OpDef& def = *n.op;
+  if (def.kind != ops::OpKind::Extern || def.aten.empty() || n.meta.device.type != DeviceType::CUDA) return -1;
+  auto handle = c10::Dispatcher::singleton().findSchema({def.aten, ""});
+  if (!handle) return -1;
+  const int device = n.meta.device.index < 0 ? 0 : n.meta.device.index;
+  void* stream = nullptr;
+  {
+    // Compiles run without the GIL; torch's current stream is read through Python.
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* c = PyImport_ImportModule("torch._C");
+    PyObject* fn = c ? PyObject_GetAttrString(c, "_cuda_getCurrentRawStream") : nullptr;
+    PyObject* r = fn ? PyObject_CallFunction(fn, "i", device) : nullptr;
+    if (r) stream = PyLong_AsVoidPtr(r);
+    const bool failed = !r;
+    Py_XDECREF(r);
+    Py_XDECREF(fn);
+    Py_XDECREF(c);
+    if (failed) PyErr_Clear();
+    PyGILState_Release(gil);
+    if (failed) return -1;
+  }
+  try {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    std::vector<at::Tensor> inputs;
+    for (const ir::Node* in : n.inputs) {
+      if (!in) {
+        inputs.emplace_back();
+        continue;
+      }
+      std::vector<int64_t> sizes, strides;
+      for (const sym::Expr& e : in->meta.sizes) {
+        if (!e.as_const()) return -1;
+        sizes.push_back(*e.as_const());
+      }
+      for (const sym::Expr& e : in->meta.strides) {
+        if (!e.as_const()) return -1;
+        strides.push_back(*e.as_const());
+      }
+      at::Tensor t = at::empty_strided(sizes, strides, at::TensorOptions().dtype(scalar_type(in->meta.dtype)).device(device_of(in->meta.device)));
+      if (is_floating(in->meta.dtype)) t.normal_();
+      else t.zero_();
+      inputs.push_back(t);
+    }
+    std::string error;
+    auto work = [&](std::string& err) {
+      try {
+        torch::jit::Stack stack;
+        push_arguments(stack, def, n.attrs, [&](size_t i) -> c10::IValue {
+          if (!inputs[i].defined()) return {};
+          return inputs[i];
+        });
+        handle->callBoxed(&stack);
+        return true;
+      } catch (const std::exception& ex) {
+        err = ex.what();
+        return false;
+      }
+    };
+    const double once = compile::cuda_time(work, 1, device, stream, error);
+    if (once < 0) return -1;
+    const int reps = static_cast<int>(std::clamp(1.0 / std::max(once, 1e-3), 3.0, 50.0));
+    double best = -1;
+    for (int r = 0; r < 3; ++r) {
+      const double t = compile::cuda_time(work, reps, device, stream, error);
+      if (t < 0) return -1;
+      best = best < 0 ? t : std::min(best, t);
+    }
+    return best;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+passes::ExternTiming torch_extern_timing(int device) {
+  passes::ExternTiming t;
+  if (!compile::cuda_driver_available()) return t;
+  t.device_key = "sm_" + std::to_string(compile::cuda_compute_capability(device)) + "/" + compile::cuda_device_name(device);
+  t.time = time_extern_node;
+  return t;
 }
 
 }  // namespace kiln::bind

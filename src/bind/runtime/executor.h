@@ -52,6 +52,10 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
 // Whether the program copies an input to its device per call (a CPU tensor a GPU kernel reads).
 bool moves_inputs(const PreparedProgram& prep);
 
+// max-autotune's measurements of torch's kernels (GEMMs with and without cuBLASLt's epilogues)
+// on the GPU `device`; empty (nothing timed) without a CUDA driver.
+passes::ExternTiming torch_extern_timing(int device);
+
 // The current CUDA stream of `device` (a CUstream), as torch's kernels would use it; nullptr
 // with a Python error set on failure (nullptr without one is the legacy default stream).
 void* current_stream(PreparedProgram& prep, int device);

@@ -18,6 +18,8 @@ struct Stats {
   long kernels_generated = 0;
   long cudagraph_recordings = 0;  // mode="reduce-overhead": CUDA graphs recorded
   long cudagraph_replays = 0;
+  long kernels_autotuned = 0;      // mode="max-autotune": kernels whose launch candidates were timed
+  long autotune_cache_hits = 0;    // ... and those whose winner the disk cache held
   double capture_seconds = 0;
   double compile_seconds = 0;
   std::map<std::string, long> fallback_reasons;
@@ -36,7 +38,10 @@ struct ExplainRecord {
   std::string graph, captured, loop_ir, source, source_path, device;
   size_t op_count = 0;
   double compile_seconds = 0;
-  std::vector<std::pair<std::string, std::string>> kernels;  // name, source
+  struct Kernel {
+    std::string name, source, launch;
+  };
+  std::vector<Kernel> kernels;
   std::string cudagraphs;        // mode="reduce-overhead": recorded, or why not
   std::vector<std::string> guards;
 };

@@ -1,6 +1,7 @@
 #include "core/codegen/cuda_codegen.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -162,7 +163,7 @@ struct RowPlan {
 constexpr int kRowsPerWarpBlock = 4;   // warp rows: a block of 4 warps
 constexpr int64_t kMaxRowRegisters = 64;  // cached elements a thread may hold
 
-RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block) {
+RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int warp_rows_choice) {
   RowPlan plan;
   const Stage* looping = nullptr;
   for (const Stage& st : k.stages) {
@@ -178,7 +179,7 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block) {
   auto n = sym::product(looping->ranges).as_const();
   auto innermost = looping->ranges.back().as_const();
   if (!outer || !n || !innermost || *n < 1) return plan;
-  const bool warp_rows = *n <= 1024 && *outer >= 256;
+  const bool warp_rows = warp_rows_choice < 0 ? *n <= 1024 && *outer >= 256 : warp_rows_choice == 1;
   const int64_t lanes = warp_rows ? 32 : block;
   std::vector<Expr> all = k.vars;
   all.insert(all.end(), looping->vars.begin(), looping->vars.end());
@@ -241,7 +242,8 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block) {
 
 class CudaKernelWriter {
  public:
-  CudaKernelWriter(const loop::Program& p, const Kernel& k, std::string& out) : p_(p), k_(k), out_(out) {}
+  CudaKernelWriter(const loop::Program& p, const Kernel& k, const LaunchChoice& choice, std::string& out)
+      : p_(p), k_(k), choice_(choice), out_(out) {}
 
   CudaLaunch write() {
     std::set<int> stored;
@@ -270,17 +272,18 @@ class CudaKernelWriter {
       // latency, few warps for the block-wide reductions to combine.
       l.block = 32;
       while (l.block < 256 && (symbolic_inner || int64_t(l.block) * 8 < inner)) l.block *= 2;
+      if (choice_.block) l.block = choice_.block;
       l.grid = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(outer, 1), 1 << 30));
       if (symbolic_outer) l.grid_expr = sym::min(sym::max(outer_e, 1), Expr(int64_t(1) << 30));
-      if (!symbolic_outer && !symbolic_inner) rows_ = plan_rows(p_, k_, l.block);
+      if (!symbolic_outer && !symbolic_inner) rows_ = plan_rows(p_, k_, l.block, choice_.warp_rows);
       if (rows_.persistent && rows_.warp_rows) {
         l.block = 32 * kRowsPerWarpBlock;
         l.grid = static_cast<unsigned>(std::min<int64_t>((outer + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock, 1 << 30));
       }
     } else {
-      vec_ = plan_vectors(p_, k_);
+      if (choice_.vectorize) vec_ = plan_vectors(p_, k_);
       const int64_t points = vec_.width ? outer / vec_.width : outer;  // a thread's step
-      l.block = points >= 256 ? 256 : 128;
+      l.block = choice_.block ? choice_.block : points >= 256 ? 256 : 128;
       int64_t blocks = (points + l.block - 1) / l.block;
       l.grid = static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 132 * 64));
       if (symbolic_outer)
@@ -650,6 +653,7 @@ class CudaKernelWriter {
 
   const loop::Program& p_;
   const Kernel& k_;
+  const LaunchChoice& choice_;
   std::string& out_;
   RowPlan rows_;
   VectorPlan vec_;
@@ -679,16 +683,62 @@ bool fits_int32(const loop::Program& p) {
 
 }  // namespace
 
-CudaSource generate_cuda(const loop::Program& p) {
+std::string LaunchChoice::str() const {
+  return "block=" + std::to_string(block) + " warp_rows=" + std::to_string(warp_rows) +
+         " vectorize=" + std::to_string(vectorize ? 1 : 0);
+}
+
+bool LaunchChoice::parse(const std::string& text, LaunchChoice& out) {
+  int vec = 1;
+  LaunchChoice c;
+  if (std::sscanf(text.c_str(), "block=%u warp_rows=%d vectorize=%d", &c.block, &c.warp_rows, &vec) != 3) return false;
+  if (c.block > 1024 || c.warp_rows < -1 || c.warp_rows > 1 || (c.block && (c.block % 32 || (c.block & (c.block - 1)))))
+    return false;
+  c.vectorize = vec != 0;
+  out = c;
+  return true;
+}
+
+std::vector<LaunchChoice> launch_candidates(const loop::Program& p, const Kernel& k) {
+  std::vector<LaunchChoice> out{LaunchChoice{}};
+  auto outer = sym::product(k.ranges).as_const();
+  bool rowwise = false, known = outer.has_value();
+  for (const Stage& st : k.stages)
+    if (!st.vars.empty()) rowwise = true, known = known && sym::product(st.ranges).as_const().has_value();
+  if (!known) return out;  // sized at run time: the launch is fixed before the sizes are known
+  if (rowwise) {
+    // A row per warp (4 warps a block), or a row per block of 64 to 1024 threads.
+    out.push_back(LaunchChoice{0, 1, true});
+    for (unsigned b : {64u, 128u, 256u, 512u, 1024u}) out.push_back(LaunchChoice{b, 0, true});
+    return out;
+  }
+  if (*outer < 4096) return out;  // launch-bound: the shape does not matter
+  for (unsigned b : {128u, 256u, 512u, 1024u}) {
+    out.push_back(LaunchChoice{b, -1, true});
+    if (plan_vectors(p, k).width) out.push_back(LaunchChoice{b, -1, false});
+  }
+  return out;
+}
+
+std::string generate_cuda_kernel(const loop::Program& p, const Kernel& k, const LaunchChoice& choice,
+                                 CudaLaunch& launch) {
+  std::string text;
+  launch = CudaKernelWriter(p, k, choice, text).write();
+  return text;
+}
+
+CudaSource generate_cuda(const loop::Program& p, const std::vector<LaunchChoice>& choices) {
   CudaSource s;
   s.source = "// Generated by kiln. Each kernel fuses the graph ops in its name.\n";
   s.source += kCudaPrelude;
   s.source += fits_int32(p) ? "typedef int kiln_idx;\n\n" : "typedef long long kiln_idx;\n\n";
   s.header = s.source;
-  for (const Kernel& k : p.kernels) {
-    const size_t start = s.source.size();
-    s.launches.push_back(CudaKernelWriter(p, k, s.source).write());
-    s.kernels.push_back(s.source.substr(start));
+  const LaunchChoice heuristic;
+  for (size_t i = 0; i < p.kernels.size(); ++i) {
+    s.launches.emplace_back();
+    s.kernels.push_back(generate_cuda_kernel(p, p.kernels[i], i < choices.size() ? choices[i] : heuristic,
+                                             s.launches.back()));
+    s.source += s.kernels.back();
   }
   return s;
 }

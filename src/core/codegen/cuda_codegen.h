@@ -21,6 +21,17 @@ struct CudaLaunch {
   sym::Expr grid_expr;
 };
 
+// A kernel's launch shape where the heuristics are overridden: max-autotune times a kernel's
+// candidates (launch_candidates) and keeps the fastest. Plain data, emitted by the writer.
+struct LaunchChoice {
+  unsigned block = 0;      // threads a block; 0: the heuristic's
+  int warp_rows = -1;      // row kernels: 1 a row per warp, 0 a row per block, -1 the heuristic's
+  bool vectorize = true;   // pointwise kernels: 16-byte groups where the accesses allow them
+  bool operator==(const LaunchChoice&) const = default;
+  std::string str() const;                                   // "block=256 warp_rows=-1 vectorize=1"
+  static bool parse(const std::string& text, LaunchChoice& out);
+};
+
 struct CudaSource {
   std::string source;                // the whole translation unit (for reading and dumps)
   std::vector<CudaLaunch> launches;  // one per kernel, in Program::kernels order
@@ -28,6 +39,15 @@ struct CudaSource {
   std::vector<std::string> kernels;  // each kernel's own text, in Program::kernels order
 };
 
-CudaSource generate_cuda(const loop::Program& p);
+// `choices`: per kernel (Program::kernels order), or empty for the heuristics' launches.
+CudaSource generate_cuda(const loop::Program& p, const std::vector<LaunchChoice>& choices = {});
+
+// One kernel's text (as CudaSource::kernels holds it) under `choice`, and its launch.
+std::string generate_cuda_kernel(const loop::Program& p, const loop::Kernel& k, const LaunchChoice& choice,
+                                 CudaLaunch& launch);
+
+// The launch shapes worth timing for `k`, the heuristics' own ({}) first; just that one when
+// there is nothing to choose (a launch-bound kernel, sizes known only at run time).
+std::vector<LaunchChoice> launch_candidates(const loop::Program& p, const loop::Kernel& k);
 
 }  // namespace kiln::codegen

@@ -6,6 +6,9 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <functional>
+
 #include <mutex>
 #include <vector>
 
@@ -33,6 +36,7 @@ struct Driver {
   CUresult (*init)(unsigned flags) = nullptr;
   CUresult (*device_get)(CUdevice*, int ordinal) = nullptr;
   CUresult (*device_get_attribute)(int*, int attrib, CUdevice) = nullptr;
+  CUresult (*device_get_name)(char*, int len, CUdevice) = nullptr;
   CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*ctx_get_current)(CUcontext*) = nullptr;
   CUresult (*ctx_set_current)(CUcontext) = nullptr;
@@ -47,11 +51,19 @@ struct Driver {
   CUresult (*graph_launch)(void* exec, CUstream) = nullptr;  // CUgraphExec
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
   CUresult (*get_error_name)(CUresult, const char**) = nullptr;
-  // Only for cuda_selftest(): kiln's kernels run on memory that PyTorch allocated.
+  // Only for cuda_selftest() and autotuning's scratch buffers: kiln's kernels run on memory
+  // that PyTorch allocated.
   CUresult (*mem_alloc)(CUdeviceptr*, size_t) = nullptr;
   CUresult (*mem_free)(CUdeviceptr) = nullptr;
   CUresult (*memcpy_htod)(CUdeviceptr, const void*, size_t) = nullptr;
   CUresult (*memcpy_dtoh)(void*, CUdeviceptr, size_t) = nullptr;
+  CUresult (*memset_d8)(CUdeviceptr, unsigned char, size_t) = nullptr;
+  // Timing (autotuning): CUevent handles.
+  CUresult (*event_create)(void**, unsigned flags) = nullptr;
+  CUresult (*event_record)(void*, CUstream) = nullptr;
+  CUresult (*event_synchronize)(void*) = nullptr;
+  CUresult (*event_elapsed)(float*, void*, void*) = nullptr;
+  CUresult (*event_destroy)(void*) = nullptr;
 
   // "what: CUDA_ERROR_X (code): description"
   std::string describe(const char* what, CUresult r) const {
@@ -92,6 +104,7 @@ void load_into(Driver& d) {
   bind(h, "cuInit", d.init, missing);
   bind(h, "cuDeviceGet", d.device_get, missing);
   bind(h, "cuDeviceGetAttribute", d.device_get_attribute, missing);
+  bind(h, "cuDeviceGetName", d.device_get_name, missing);
   bind(h, "cuDevicePrimaryCtxRetain", d.primary_ctx_retain, missing);
   bind(h, "cuCtxGetCurrent", d.ctx_get_current, missing);
   bind(h, "cuCtxSetCurrent", d.ctx_set_current, missing);
@@ -108,6 +121,12 @@ void load_into(Driver& d) {
   bind(h, "cuMemFree_v2", d.mem_free, missing);
   bind(h, "cuMemcpyHtoD_v2", d.memcpy_htod, missing);
   bind(h, "cuMemcpyDtoH_v2", d.memcpy_dtoh, missing);
+  bind(h, "cuMemsetD8_v2", d.memset_d8, missing);
+  bind(h, "cuEventCreate", d.event_create, missing);
+  bind(h, "cuEventRecord", d.event_record, missing);
+  bind(h, "cuEventSynchronize", d.event_synchronize, missing);
+  bind(h, "cuEventElapsedTime", d.event_elapsed, missing);
+  bind(h, "cuEventDestroy_v2", d.event_destroy, missing);
   if (!missing.empty()) {
     d.error = "the CUDA driver is too old (missing " + missing + ")";
     dlclose(h);
@@ -179,6 +198,16 @@ bool cuda_driver_available(std::string* why) {
   if (d.handle) return true;
   if (why) *why = d.error;
   return false;
+}
+
+std::string cuda_device_name(int device) {
+  const Driver& d = driver();
+  char name[256] = {0};
+  CUdevice dev = 0;
+  if (!d.handle || !d.device_get_name || d.device_get(&dev, device) != kCudaSuccess ||
+      d.device_get_name(name, sizeof name - 1, dev) != kCudaSuccess)
+    return "";
+  return name;
 }
 
 int cuda_compute_capability(int device) {
@@ -270,6 +299,84 @@ bool cuda_graph_launch(void* exec, void* stream, std::string& error) {
     return false;
   }
   return true;
+}
+
+std::unique_ptr<CudaScratch> CudaScratch::make(size_t bytes, int device, std::string& error) {
+  const Driver& d = driver();
+  if (!d.handle) {
+    error = d.error;
+    return nullptr;
+  }
+  if (!ensure_context(d, device, error)) return nullptr;
+  CUdeviceptr p = 0;
+  if (CUresult r = d.mem_alloc(&p, std::max<size_t>(bytes, 16)); r != kCudaSuccess) {
+    error = d.describe("cuMemAlloc", r);
+    return nullptr;
+  }
+  std::unique_ptr<CudaScratch> s(new CudaScratch());
+  s->ptr_ = reinterpret_cast<void*>(p);
+  // Zeros: every integer a kernel may read as an index is then in range.
+  if (CUresult r = d.memset_d8(p, 0, std::max<size_t>(bytes, 16)); r != kCudaSuccess) {
+    error = d.describe("cuMemsetD8", r);
+    return nullptr;
+  }
+  return s;
+}
+
+CudaScratch::~CudaScratch() {
+  if (ptr_) driver().mem_free(reinterpret_cast<CUdeviceptr>(ptr_));
+}
+
+double cuda_time_launches(void* fn, unsigned grid, unsigned block, void** args, int launches, int device,
+                          std::string& error) {
+  return cuda_time(
+      [&](std::string& err) { return cuda_launch(fn, grid, 1, 1, block, 1, 1, 0, nullptr, args, err); }, launches,
+      device, nullptr, error);
+}
+
+double cuda_time(const std::function<bool(std::string&)>& work, int reps, int device, void* stream,
+                 std::string& error) {
+  const Driver& d = driver();
+  if (!d.handle) {
+    error = d.error;
+    return -1;
+  }
+  if (!ensure_context(d, device, error)) return -1;
+  void *start = nullptr, *stop = nullptr;
+  if (CUresult r = d.event_create(&start, 0); r != kCudaSuccess) return error = d.describe("cuEventCreate", r), -1;
+  if (CUresult r = d.event_create(&stop, 0); r != kCudaSuccess) {
+    d.event_destroy(start);
+    return error = d.describe("cuEventCreate", r), -1;
+  }
+  double ms = -1;
+  do {
+    if (!work(error)) break;  // warm: caches, clocks
+    if (CUresult r = d.event_record(start, static_cast<CUstream>(stream)); r != kCudaSuccess) {
+      error = d.describe("cuEventRecord", r);
+      break;
+    }
+    bool ran = true;
+    for (int i = 0; i < reps && ran; ++i) ran = work(error);
+    if (!ran) break;
+    if (CUresult r = d.event_record(stop, static_cast<CUstream>(stream)); r != kCudaSuccess) {
+      error = d.describe("cuEventRecord", r);
+      break;
+    }
+    // Surfaces a fault the kernel raised while it ran.
+    if (CUresult r = d.event_synchronize(stop); r != kCudaSuccess) {
+      error = d.describe("cuEventSynchronize", r);
+      break;
+    }
+    float elapsed = 0;
+    if (CUresult r = d.event_elapsed(&elapsed, start, stop); r != kCudaSuccess) {
+      error = d.describe("cuEventElapsedTime", r);
+      break;
+    }
+    ms = static_cast<double>(elapsed) / std::max(reps, 1);
+  } while (false);
+  d.event_destroy(start);
+  d.event_destroy(stop);
+  return ms;
 }
 
 bool cuda_selftest(std::string& error) {

@@ -2,12 +2,16 @@
 // loaded with dlopen on first use; nothing here links against CUDA.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 namespace kiln::compile {
 
 bool cuda_driver_available(std::string* why = nullptr);
+
+// The device's name ("NVIDIA H100 80GB HBM3"); "" if unknown.
+std::string cuda_device_name(int device);
 
 // Compute capability of `device`, e.g. 90 for sm_90; 0 if unknown.
 int cuda_compute_capability(int device);
@@ -35,6 +39,30 @@ bool cuda_launch(void* fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, un
 // Launches an instantiated CUDA graph (a CUgraphExec, as torch.cuda.CUDAGraph instantiates
 // it) on `stream`. Returns false and fills `error` on failure.
 bool cuda_graph_launch(void* exec, void* stream, std::string& error);
+
+// Device memory of kiln's own, zero-filled: the scratch buffers autotuning times kernels on
+// (at run time kernels work on memory PyTorch allocated).
+class CudaScratch {
+ public:
+  static std::unique_ptr<CudaScratch> make(size_t bytes, int device, std::string& error);
+  ~CudaScratch();
+  void* ptr() const { return ptr_; }
+
+ private:
+  CudaScratch() = default;
+  void* ptr_ = nullptr;
+};
+
+// Milliseconds per run of `work` (which enqueues GPU work on `stream` and returns false with
+// `error` on failure), averaged over `reps` back-to-back runs after one warm-up run; -1 with
+// `error` on failure. Events on `stream` bracket the runs.
+double cuda_time(const std::function<bool(std::string& error)>& work, int reps, int device, void* stream,
+                 std::string& error);
+
+// Milliseconds per launch of `fn` (grid and block in x), averaged over `launches` back-to-back
+// launches on the default stream after one warm-up launch; -1 with `error` on failure.
+double cuda_time_launches(void* fn, unsigned grid, unsigned block, void** args, int launches, int device,
+                          std::string& error);
 
 // End-to-end check of the driver path on device 0: compiles a doubling kernel with NVRTC for
 // the device's own arch, loads it, runs it on a buffer it allocates itself and compares the

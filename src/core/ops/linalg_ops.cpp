@@ -80,24 +80,30 @@ std::vector<OpDef> linalg_ops() {
         return true;
       },
       {"torch.bmm", "Tensor.bmm"}));
+  auto infer_addmm = [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string& err) {
+    const TensorMeta &c = in[0]->meta, &a = in[1]->meta, &b = in[2]->meta;
+    if (a.dim() != 2 || b.dim() != 2) return err = "RuntimeError: mat1 and mat2 must be matrices", false;
+    if (!same_device(a, b, err) || !same_device(a, c, err)) return false;
+    if (!sym::same_size(a.sizes[1], b.sizes[0])) {
+      err = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (" + dims_str(a) + " and " + dims_str(b) + ")";
+      return false;
+    }
+    if (!same_dtype(a, b, err) || !same_dtype(a, c, err)) return false;
+    std::vector<Expr> bs;
+    if (!broadcast_shapes({c.sizes, {a.sizes[0], b.sizes[1]}}, bs, err) || bs.size() != 2) return false;
+    out = TensorMeta{a.dtype, a.device, {a.sizes[0], b.sizes[1]}, {}, 0, false};
+    out.strides = ir::contiguous_strides(out.sizes);
+    return true;
+  };
+  ops.push_back(extern_op("addmm", "addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1)",
+                          "aten::addmm", infer_addmm, {"torch.addmm", "Tensor.addmm"}));
+  // addmm followed by relu, or by gelu(approximate="tanh") when use_gelu: on CUDA, cuBLASLt
+  // applies the bias and the activation in the GEMM's epilogue (passes::gemm_epilogues makes
+  // it); elsewhere torch runs addmm, then the activation.
   ops.push_back(extern_op(
-      "addmm", "addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1)", "aten::addmm",
-      [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string& err) {
-        const TensorMeta &c = in[0]->meta, &a = in[1]->meta, &b = in[2]->meta;
-        if (a.dim() != 2 || b.dim() != 2) return err = "RuntimeError: mat1 and mat2 must be matrices", false;
-        if (!same_device(a, b, err) || !same_device(a, c, err)) return false;
-        if (!sym::same_size(a.sizes[1], b.sizes[0])) {
-          err = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (" + dims_str(a) + " and " + dims_str(b) + ")";
-          return false;
-        }
-        if (!same_dtype(a, b, err) || !same_dtype(a, c, err)) return false;
-        std::vector<Expr> bs;
-        if (!broadcast_shapes({c.sizes, {a.sizes[0], b.sizes[1]}}, bs, err) || bs.size() != 2) return false;
-        out = TensorMeta{a.dtype, a.device, {a.sizes[0], b.sizes[1]}, {}, 0, false};
-        out.strides = ir::contiguous_strides(out.sizes);
-        return true;
-      },
-      {"torch.addmm", "Tensor.addmm"}));
+      "addmm_activation",
+      "_addmm_activation(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, bool use_gelu=False)",
+      "aten::_addmm_activation", infer_addmm, {"torch._addmm_activation"}));
   return ops;
 }
 

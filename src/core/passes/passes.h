@@ -1,6 +1,9 @@
 // Graph passes. Each is one function over the graph; pipeline.cpp runs them in order and can
 // dump the graph after each (KILN_DEBUG).
 #pragma once
+#include <functional>
+#include <string>
+
 #include "core/ir/graph.h"
 
 namespace kiln::passes {
@@ -17,6 +20,19 @@ void additive_attention_masks(ir::Graph& g);
 // Convolutions on CUDA with row-major activations read and write channels-last copies, which
 // fuse into the kernels around them, instead of cuDNN converting layouts in every call.
 void channels_last_convolutions(ir::Graph& g);
+// max-autotune's measurements of torch's kernels: `time(node)` runs the extern op of `node` (its
+// attributes, on inputs of its inputs' sizes, strides and dtypes) and returns milliseconds a
+// call, or a negative value when it cannot. `device_key` names the GPU in the disk-cache key of
+// the winners. The passes that time count their decisions in `timed` and `from_disk`.
+struct ExternTiming {
+  std::function<double(const ir::Node&)> time;
+  std::string device_key;
+  int timed = 0, from_disk = 0;
+};
+// On CUDA, an addmm followed by relu or tanh-GELU becomes torch's _addmm_activation (the
+// activation in cuBLASLt's epilogue); with `timing`, the epilogues are timed against the plain
+// GEMMs and the faster kept (gemm_epilogues.cpp).
+void gemm_epilogues(ir::Graph& g, ExternTiming* timing = nullptr);
 // Removes nodes whose values are never used.
 void dead_code_elimination(ir::Graph& g);
 // Merges nodes that compute the same op on the same inputs with the same attributes.

@@ -10,6 +10,8 @@
 #include "core/codegen/cpp_codegen.h"
 #include "core/codegen/cuda_codegen.h"
 #include "core/compile/nvrtc.h"
+#include "core/pipeline/cuda_units.h"
+#include "core/pipeline/tune_launches.h"
 #include "core/lower/lower.h"
 #include "core/passes/passes.h"
 #include "core/schedule/schedule.h"
@@ -17,8 +19,8 @@
 
 namespace kiln::pipeline {
 
-void run_graph_passes(ir::Graph& g, const std::string& dump_name) {
-  auto step = [&](const char* name, void (*pass)(ir::Graph&)) {
+void run_graph_passes(ir::Graph& g, const std::string& dump_name, passes::ExternTiming* timing) {
+  auto step = [&](const char* name, const std::function<void(ir::Graph&)>& pass) {
     pass(g);
     if (!dump_name.empty()) debug_dump(dump_name + ".after_" + name + ".txt", g.str());
   };
@@ -27,6 +29,7 @@ void run_graph_passes(ir::Graph& g, const std::string& dump_name) {
   step("additive_attention_masks", passes::additive_attention_masks);
   step("channels_last_convolutions", passes::channels_last_convolutions);
   step("decompose", passes::decompose);
+  step("gemm_epilogues", [timing](ir::Graph& gr) { passes::gemm_epilogues(gr, timing); });
   step("dce", passes::dead_code_elimination);
   step("cse", passes::common_subexpression_elimination);
 }
@@ -39,61 +42,20 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 std::string ms(double seconds) { return std::to_string(static_cast<int>(seconds * 1e3 + 0.5)) + " ms"; }
 
-// The source of one kernel inside the translation unit, for explain.
-// Every kernel is compiled as a translation unit of its own, under one name (kUnitKernelName)
-// and with its buffers named by argument position:
-// kernels that fuse the same ops over the same layouts (a model's repeated layers) are then the
-// same text, compiled once and shared through NVRTC's disk cache by every graph that has them,
-// and the distinct ones compile on parallel threads. One NVRTC call over a whole graph ran on
-// one thread and recompiled a layer's kernels for each layer.
-constexpr const char* kUnitKernelName = "kiln_kernel";
-
-bool identifier_char(char c) { return isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-
-// Replaces the identifier `from` (whole words only) by `to`.
-void replace_identifier(std::string& text, const std::string& from, const std::string& to) {
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
-    const size_t end = at + from.size();
-    if ((end == text.size() || !identifier_char(text[end])) && (at == 0 || !identifier_char(text[at - 1]))) {
-      text.replace(at, from.size(), to);
-      at += to.size();
-    } else {
-      at = end;
-    }
-  }
-}
-
 bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, const std::string& arch,
                         const std::string& name_hint, std::vector<size_t>& unit_of, CompiledGraph& out,
                         std::string& error) {
   std::vector<std::string> units;
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < p.kernels.size(); ++i) {
-    std::string text = cs.kernels[i];
-    replace_identifier(text, p.kernels[i].name, kUnitKernelName);
-    // Buffers by their place in the argument list: a layer's kernel reads other buffers than
-    // the same kernel of the next layer, under other names, yet is the same code.
-    for (size_t a = 0; a < p.kernels[i].buffers.size(); ++a)
-      replace_identifier(text, p.buffers[p.kernels[i].buffers[a]].name, "kiln_arg" + std::to_string(a));
-    int accs = 0;  // reductions' accumulators are numbered across the program
-    for (const loop::Stage& st : p.kernels[i].stages)
-      if (st.kind == loop::Stage::Kind::Reduce) replace_identifier(text, "acc" + std::to_string(st.acc), "kiln_acc" + std::to_string(accs++));
-    std::string unit = cs.header + text;
+    std::string unit = canonical_unit(cs.header, cs.kernels[i], p, p.kernels[i]);
     auto [it, fresh] = index.emplace(unit, units.size());
     if (fresh) units.push_back(std::move(unit));
     unit_of.push_back(it->second);
   }
-  std::vector<compile::NvrtcResult> results(units.size());
   const auto started = std::chrono::steady_clock::now();
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t u; (u = next++) < units.size();) results[u] = compile::nvrtc_compile(units[u], arch, name_hint);
-  };
-  const size_t threads = std::min<size_t>(units.size(), std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  size_t threads = 1;
+  std::vector<compile::NvrtcResult> results = compile_units(units, arch, name_hint, &threads);
   if (log_enabled("timing")) {
     double total = 0, longest = 0;
     size_t hits = 0;
@@ -123,6 +85,7 @@ bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, c
   return true;
 }
 
+// The source of one kernel inside the translation unit, for explain.
 std::string kernel_source(const std::string& tu, const std::string& name) {
   auto start = tu.find("// " + name + ":");
   if (start == std::string::npos) return "";
@@ -161,7 +124,13 @@ bool symbols_bound(const loop::Program& p, std::string& error) {
 bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& out, std::string& error) {
   auto t0 = std::chrono::steady_clock::now();
   try {
-    run_graph_passes(g, debug_dir().empty() ? "" : options.name);
+    passes::ExternTiming* timing = nullptr;
+    if ((options.mode == "max-autotune" || options.mode == "max-autotune-no-cudagraphs") && options.time_extern.time)
+      timing = &out.extern_timing;
+    if (timing) timing->time = options.time_extern.time, timing->device_key = options.time_extern.device_key;
+    run_graph_passes(g, debug_dir().empty() ? "" : options.name, timing);
+    out.tuned_kernels += out.extern_timing.timed;
+    out.tuned_from_disk += out.extern_timing.from_disk;
   } catch (const std::exception& e) {
     error = std::string("graph passes failed: ") + e.what();
     return false;
@@ -221,18 +190,27 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
       out.kernels.push_back(ck);
     }
   } else {
-    const auto generating = std::chrono::steady_clock::now();
-    codegen::CudaSource cs = codegen::generate_cuda(p);
-    out.source = cs.source;
-    log("timing", options.name + ": CUDA code generation " + ms(seconds_since(generating)));
-    debug_dump(options.name + ".kernels.cu", out.source);
     std::string why;
     if (!compile::cuda_driver_available(&why)) {
       error = "CUDA driver unavailable: " + why;
       return false;
     }
-    int cc = compile::cuda_compute_capability(p.device.index < 0 ? 0 : p.device.index);
+    const int device = p.device.index < 0 ? 0 : p.device.index;
+    int cc = compile::cuda_compute_capability(device);
     std::string arch = cc > 0 ? "sm_" + std::to_string(cc) : "compute_75";
+    LaunchTuning tuning;
+    if (options.mode == "max-autotune" || options.mode == "max-autotune-no-cudagraphs") {
+      tuning = tune_launches(p, codegen::generate_cuda(p).header, arch, device, options.name);
+      out.tuned_kernels += tuning.timed;
+      out.tuned_from_disk += tuning.from_disk;
+      log("timing", options.name + ": autotuning " + ms(tuning.seconds) + " (" + std::to_string(tuning.timed) +
+                        " kernels timed, " + std::to_string(tuning.from_disk) + " from disk)");
+    }
+    const auto generating = std::chrono::steady_clock::now();
+    codegen::CudaSource cs = codegen::generate_cuda(p, tuning.choices);
+    out.source = cs.source;
+    log("timing", options.name + ": CUDA code generation " + ms(seconds_since(generating)));
+    debug_dump(options.name + ".kernels.cu", out.source);
     std::vector<size_t> unit_of;  // per kernel: the translation unit it was compiled in
     if (!compile_cuda_units(cs, p, arch, options.name, unit_of, out, error)) return false;
     for (size_t i = 0; i < p.kernels.size(); ++i) {
@@ -243,6 +221,7 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
       if (!ck.cuda_fn) return false;
       ck.grid = cs.launches[i].grid;
       ck.block = cs.launches[i].block;
+      if (i < tuning.how.size()) ck.tuned = tuning.how[i];
       ck.grid_expr = cs.launches[i].grid_expr;
       out.kernels.push_back(ck);
     }

@@ -10,6 +10,7 @@
 #include "core/compile/cuda_driver.h"
 #include "core/ir/graph.h"
 #include "core/loop/program.h"
+#include "core/passes/passes.h"
 
 namespace kiln::pipeline {
 
@@ -21,6 +22,8 @@ struct CompileOptions {
   std::function<bool()> cancel;
   // How torch's own CPU kernels round, where kiln follows them.
   loop::TorchNumerics torch;
+  // max-autotune: times torch's GEMM kernels (the binding runs them); unset, nothing is timed.
+  passes::ExternTiming time_extern;
 };
 
 struct CompiledKernel {
@@ -29,6 +32,9 @@ struct CompiledKernel {
   void (*cpu_fn)(void* const*) = nullptr;
   void* cuda_fn = nullptr;       // CUfunction
   unsigned grid = 1, block = 1;
+  // max-autotune: "timed" (its launch candidates were timed in this compile), "disk" (the
+  // disk cache held the winner), "" (heuristic launch: not tuned, or nothing to choose).
+  std::string tuned;
   // Shape-generic kernels: the grid as an expression of the size symbols, evaluated at launch.
   sym::Expr grid_expr;
 };
@@ -44,6 +50,9 @@ struct CompiledGraph {
   std::shared_ptr<compile::SharedLibrary> library;
   std::vector<std::shared_ptr<compile::CudaModule>> cuda_modules;  // one per distinct kernel
   bool disk_cache_hit = false;
+  // max-autotune: kernels and GEMMs timed, and choices read from the disk cache instead.
+  int tuned_kernels = 0, tuned_from_disk = 0;
+  passes::ExternTiming extern_timing;
   bool cancelled = false;        // CompileOptions::cancel stopped the compile
   double compile_seconds = 0;
   size_t op_count = 0;
@@ -54,6 +63,6 @@ struct CompiledGraph {
 bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& out, std::string& error);
 
 // Graph passes only (decompose, DCE, CSE): used by compile_graph and by tests.
-void run_graph_passes(ir::Graph& g, const std::string& dump_name = "");
+void run_graph_passes(ir::Graph& g, const std::string& dump_name = "", passes::ExternTiming* timing = nullptr);
 
 }  // namespace kiln::pipeline

@@ -1,0 +1,57 @@
+#include "core/pipeline/cuda_units.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <thread>
+
+namespace kiln::pipeline {
+namespace {
+
+bool identifier_char(char c) { return isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// Replaces the identifier `from` (whole words only) by `to`.
+void replace_identifier(std::string& text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
+    const size_t end = at + from.size();
+    if ((end == text.size() || !identifier_char(text[end])) && (at == 0 || !identifier_char(text[at - 1]))) {
+      text.replace(at, from.size(), to);
+      at += to.size();
+    } else {
+      at = end;
+    }
+  }
+}
+
+}  // namespace
+
+std::string canonical_unit(const std::string& header, std::string text, const loop::Program& p,
+                           const loop::Kernel& k) {
+  replace_identifier(text, k.name, kUnitKernelName);
+  // Buffers by their place in the argument list: a layer's kernel reads other buffers than the
+  // same kernel of the next layer, under other names, yet is the same code.
+  for (size_t a = 0; a < k.buffers.size(); ++a)
+    replace_identifier(text, p.buffers[k.buffers[a]].name, "kiln_arg" + std::to_string(a));
+  int accs = 0;  // reductions' accumulators are numbered across the program
+  for (const loop::Stage& st : k.stages)
+    if (st.kind == loop::Stage::Kind::Reduce) replace_identifier(text, "acc" + std::to_string(st.acc), "kiln_acc" + std::to_string(accs++));
+  return header + text;
+}
+
+std::vector<compile::NvrtcResult> compile_units(const std::vector<std::string>& units, const std::string& arch,
+                                                const std::string& name_hint, size_t* threads_used) {
+  std::vector<compile::NvrtcResult> results(units.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t u; (u = next++) < units.size();) results[u] = compile::nvrtc_compile(units[u], arch, name_hint);
+  };
+  const size_t threads = std::min<size_t>(units.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (threads_used) *threads_used = threads;
+  return results;
+}
+
+}  // namespace kiln::pipeline
