@@ -143,11 +143,10 @@ def test_default_mode_records_nothing():
     assert _counts() == (rec0, rep0)
 
 
-@pytest.mark.parametrize("case", ["output_is_input", "shape_generic", "cpu_scalar"])
+@pytest.mark.parametrize("case", ["output_is_input", "cpu_scalar"])
 def test_programs_a_graph_cannot_hold_run_as_usual_with_the_reason(case):
     fns = {
         "output_is_input": (lambda x: (x, x.cos()), {}, "an output is an input"),
-        "shape_generic": (lambda x: x.cos() * 2, {"dynamic": True}, "shape-generic"),
         "cpu_scalar": (lambda x, s: x * s, {}, "copied to the GPU per call"),
     }
     fn, kw, why = fns[case]
@@ -172,3 +171,52 @@ def test_a_recording_that_fails_runs_as_usual_with_the_reason():
         assert_same(cf(x), fn(x), rtol=1e-5, atol=1e-4)
     reasons = kiln.stats()["fallback_reasons"]
     assert any(r.startswith("cudagraphs:") for r in reasons), reasons
+
+
+def test_a_shape_generic_entry_records_each_size_and_replays_it():
+    w = torch.randn(64, 64, device="cuda")
+
+    def fn(x):
+        return torch.softmax(x @ w, dim=-1) * x.shape[0]
+
+    cf = kiln.compile(fn, mode="reduce-overhead", dynamic=True)
+    rec0, rep0 = _counts()
+    for n in (16, 16, 16, 40, 40, 40, 16, 40):
+        x = torch.randn(n, 64, device="cuda")
+        assert_same(cf(x), fn(x), rtol=1e-4, atol=1e-5)
+    rec, rep = _counts()
+    # each size: a warm-up call, then recorded; two sizes, six calls after their warm-ups
+    assert (rec - rec0, rep - rep0) == (2, 6), (rec - rec0, rep - rep0)
+    assert kiln.stats()["graphs_compiled"] >= 1
+    notes = kiln.explain(cf)(x).cudagraphs
+    assert notes and "per size" in notes[0], notes
+
+
+def test_a_replay_of_another_size_overwrites_the_previous_calls_outputs():
+    cf = kiln.compile(lambda x: x.sin() * 3, mode="reduce-overhead", dynamic=True)
+    a, b = torch.randn(300, device="cuda"), torch.randn(500, device="cuda")
+    for x in (a, a, b, b):  # both sizes recorded
+        cf(x)
+    ya = cf(a)
+    kept = ya.clone()
+    yb = cf(b)  # another size's graph, in the same pool
+    with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
+        ya + 1
+    assert_same(kept, a.sin() * 3)
+    assert_same(yb, b.sin() * 3)
+
+
+def test_sizes_past_the_bound_run_without_cuda_graphs_with_the_reason():
+    fn = lambda x: x.cos() * 2  # noqa: E731
+    cf = kiln.compile(fn, mode="reduce-overhead", dynamic=True)
+    rec0, _ = _counts()
+    for n in range(10, 22):  # twelve sizes, each called twice
+        for _ in range(2):
+            x = torch.randn(n, 8, device="cuda")
+            assert_same(cf(x), fn(x))
+    assert _counts()[0] - rec0 == 8
+    assert any("more than 8 sizes" in r for r in kiln.stats()["fallback_reasons"])
+    x = torch.randn(10, 8, device="cuda")  # a recorded size still replays
+    _, rep = _counts()
+    assert_same(cf(x), fn(x))
+    assert _counts()[1] == rep + 1

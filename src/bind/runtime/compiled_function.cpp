@@ -146,7 +146,9 @@ void plan_cuda_graphs(Entry& e) {
   const std::string why = cuda_graph_refusal(*e.compiled, *e.prepared);
   if (why.empty()) {
     e.cudagraphs = std::make_unique<CudaGraphRunner>();
-    e.cudagraphs_note = "recorded on the entry's second call, replayed from then on";
+    e.cudagraphs_note = e.compiled->program.symbols.empty()
+                            ? "recorded on the entry's second call, replayed from then on"
+                            : "recorded per size on its second call (at most 8 sizes), replayed from then on";
   } else {
     e.cudagraphs_note = "not recorded: " + why;
     ++stats().fallback_reasons["cudagraphs: " + why];

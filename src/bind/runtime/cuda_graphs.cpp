@@ -8,6 +8,8 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <map>
+
 #include "bind/runtime/executor.h"
 #include "bind/runtime/stats.h"
 #include "core/compile/cuda_driver.h"
@@ -17,6 +19,9 @@ namespace kiln::bind {
 namespace {
 // A static input that moves this often is not static: the entry stops recording.
 constexpr int kMaxRecordings = 4;
+// A shape-generic entry records each size it meets twice, up to this many sizes; calls of
+// other sizes then run without CUDA graphs (each recording holds its outputs and buffers).
+constexpr size_t kMaxRecordedSizes = 8;
 const char* const kOverwritten =
     "Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run "
     "of the same kiln-compiled function (mode=\"reduce-overhead\"). Clone the tensor outside of the "
@@ -32,7 +37,39 @@ PyObject* call_method(PyObject* obj, const char* name, PyObject* arg = nullptr) 
 }
 }  // namespace
 
+// What the recordings of one entry share: the memory pool their captures allocate from (the
+// intermediates of one size's graph reuse another's), and the outputs handed out by the last
+// replay, whichever size it was: with one pool, any replay may write where they lie.
+//
+// The pool is the first recording's own (`graph.pool()`), handed to the later captures, as
+// torch.cuda.graph documents for graphs that share memory; torch counts the graphs using it.
+// When no recording is left the handle is dropped and the next capture starts a pool afresh.
+// (A standalone torch.cuda.graph_pool_handle() was released twice when its graphs died: an
+// internal assert in torch's allocator.)
+struct GraphPool {
+  PyObject* handle = nullptr;  // the first live recording's graph.pool()
+  int live = 0;                // recordings holding memory in it
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;
+
+  void graph_dropped() {  // with the GIL held
+    if (--live == 0) Py_CLEAR(handle);
+  }
+
+  void mark_overwritten() {
+    for (auto& w : handed_out)
+      if (auto storage = w.lock()) storage->release_data_and_set_meta_custom_data_ptr_error_msg_(std::string(kOverwritten));
+    handed_out.clear();
+  }
+  ~GraphPool() {
+    if (!handle) return;
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_CLEAR(handle);
+    PyGILState_Release(g);
+  }
+};
+
 struct CudaGraphState {
+  std::shared_ptr<GraphPool> pool;
   int calls = 0;
   int recordings = 0;
   std::string refusal;            // set once the entry stops recording
@@ -41,37 +78,46 @@ struct CudaGraphState {
   std::vector<at::Tensor> seen;   // the inputs of the warm-up call (their addresses)
   std::vector<at::Tensor> reads;  // per input: the tensor whose memory the graph reads
   std::vector<bool> copied;       // per input: copied into reads[i] before each replay
-  std::vector<at::Tensor> outputs;                                  // in the graph's pool
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out;  // the last call's outputs
+  std::vector<at::Tensor> outputs;  // in the pool
 
   ~CudaGraphState() {
     if (!graph) return;
     PyGILState_STATE g = PyGILState_Ensure();
     Py_CLEAR(graph);
+    pool->graph_dropped();
     PyGILState_Release(g);
   }
 
   void drop_recording() {
-    // Outputs handed out from this recording's pool die with it.
-    for (auto& w : handed_out)
-      if (auto storage = w.lock()) storage->release_data_and_set_meta_custom_data_ptr_error_msg_(std::string(kOverwritten));
-    handed_out.clear();
+    // Outputs handed out may lie in memory this recording held.
+    pool->mark_overwritten();
     outputs.clear();
     reads.clear();
     copied.clear();
     exec = nullptr;
+    if (!graph) return;
     Py_CLEAR(graph);
+    pool->graph_dropped();
   }
 };
 
-CudaGraphRunner::CudaGraphRunner() : state_(std::make_shared<CudaGraphState>()) {}
+struct CudaGraphRunner::Sizes {
+  std::shared_ptr<GraphPool> pool = std::make_shared<GraphPool>();
+  std::map<std::vector<int64_t>, std::shared_ptr<CudaGraphState>> by_size;  // symbol values -> recording
+  std::string refusal;  // why calls of new sizes run without CUDA graphs, once that is so
+};
+
+CudaGraphRunner::CudaGraphRunner() : sizes_(std::make_unique<Sizes>()) {}
 CudaGraphRunner::~CudaGraphRunner() = default;
-const std::string& CudaGraphRunner::refusal() const { return state_->refusal; }
+const std::string& CudaGraphRunner::refusal() const {
+  for (const auto& [key, s] : sizes_->by_size)
+    if (!s->refusal.empty()) return s->refusal;
+  return sizes_->refusal;
+}
 
 std::string cuda_graph_refusal(const pipeline::CompiledGraph& cg, const PreparedProgram& prep) {
   const loop::Program& p = cg.program;
   if (p.device.type != DeviceType::CUDA) return "the graph runs on the CPU";
-  if (!p.symbols.empty()) return "shape-generic entries are not recorded yet";
   if (moves_inputs(prep)) return "an input is copied to the GPU per call (a CPU tensor a kernel reads)";
   for (const loop::Output& o : p.outputs)
     if (o.input_alias >= 0) return "an output is an input";
@@ -117,7 +163,9 @@ bool record(CudaGraphState& s, const pipeline::CompiledGraph& cg, PreparedProgra
   if (!(r = call_method(cuda, "set_stream", side))) return done();
   Py_DECREF(r);
   for (const at::Tensor& t : s.reads) read_objs.push_back(THPVariable_Wrap(t));
-  PyObject* kwargs = Py_BuildValue("{s:s}", "capture_error_mode", "thread_local");
+  PyObject* kwargs = s.pool->handle
+                         ? Py_BuildValue("{s:O,s:s}", "pool", s.pool->handle, "capture_error_mode", "thread_local")
+                         : Py_BuildValue("{s:s}", "capture_error_mode", "thread_local");
   PyObject* begin = PyObject_GetAttrString(graph, "capture_begin");
   PyObject* empty = PyTuple_New(0);
   r = begin && kwargs ? PyObject_Call(begin, empty, kwargs) : nullptr;
@@ -159,7 +207,11 @@ bool record(CudaGraphState& s, const pipeline::CompiledGraph& cg, PreparedProgra
     }
     if (PyErr_Occurred()) PyErr_Clear();
   }
+  if (!s.pool->handle && !(s.pool->handle = call_method(graph, "pool"))) {
+    PyErr_Clear();  // this recording's memory stays its own
+  }
   s.graph = graph;
+  ++s.pool->live;
   ok = true;
   return done();
 }
@@ -182,10 +234,28 @@ bool replay(CudaGraphState& s, PreparedProgram& prep, int device) {
 
 bool CudaGraphRunner::run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
                           std::vector<PyObject*>& outputs, const int64_t* scalars) {
-  CudaGraphState& s = *state_;
   const loop::Program& p = cg.program;
   const size_t n = p.inputs.size();
   const int device = p.device.index < 0 ? 0 : p.device.index;
+  // The recording of this call's sizes: a shape-generic program's symbol values pick it.
+  std::vector<int64_t> key;
+  for (const loop::SymbolBinding& b : p.symbols)
+    key.push_back(b.input < 0 ? scalars[b.dim] : unpack(inputs[b.input]).size(b.dim));
+  auto found = sizes_->by_size.find(key);
+  if (found == sizes_->by_size.end()) {
+    if (sizes_->by_size.size() >= kMaxRecordedSizes) {
+      if (sizes_->refusal.empty()) {
+        sizes_->refusal = "more than " + std::to_string(kMaxRecordedSizes) + " sizes: calls of other sizes run without CUDA graphs";
+        ++stats().fallback_reasons["cudagraphs: " + sizes_->refusal];
+      }
+      return run_program(cg, prep, inputs, outputs, scalars);
+    }
+    auto state = std::make_shared<CudaGraphState>();
+    state->pool = sizes_->pool;
+    found = sizes_->by_size.emplace(key, std::move(state)).first;
+  }
+  std::shared_ptr<CudaGraphState> state = found->second;
+  CudaGraphState& s = *state;
   if (!s.refusal.empty()) return run_program(cg, prep, inputs, outputs, scalars);
   try {
     if (s.calls++ == 0) {  // the warm-up call
@@ -238,10 +308,9 @@ bool CudaGraphRunner::run(const pipeline::CompiledGraph& cg, PreparedProgram& pr
       const at::Tensor& t = unpack(inputs[i]);
       if (s.copied[i] && t.data_ptr() != s.reads[i].data_ptr()) s.reads[i].copy_(t, /*non_blocking=*/true);
     }
-    // The previous call's outputs that are still alive are about to be overwritten.
-    for (auto& w : s.handed_out)
-      if (auto storage = w.lock()) storage->release_data_and_set_meta_custom_data_ptr_error_msg_(std::string(kOverwritten));
-    s.handed_out.clear();
+    // The previous call's outputs that are still alive are about to be overwritten (by this
+    // size's graph, or another's sharing the pool).
+    s.pool->mark_overwritten();
     if (!replay(s, prep, device)) return false;
     ++stats().cudagraph_replays;
     // Each call's outputs are tensors of their own over the pool's memory, so that marking them
@@ -249,9 +318,9 @@ bool CudaGraphRunner::run(const pipeline::CompiledGraph& cg, PreparedProgram& pr
     // recording alive.
     outputs.clear();
     for (const at::Tensor& o : s.outputs) {
-      std::shared_ptr<CudaGraphState> keep = state_;
+      std::shared_ptr<CudaGraphState> keep = state;
       at::Tensor t = at::from_blob(o.data_ptr(), o.sizes(), o.strides(), [keep](void*) {}, o.options());
-      s.handed_out.emplace_back(t.storage().getWeakStorageImpl());
+      s.pool->handed_out.emplace_back(t.storage().getWeakStorageImpl());
       outputs.push_back(THPVariable_Wrap(t));
     }
     return true;

@@ -7,9 +7,12 @@
 // other input is copied into a buffer of the recording before each replay (not when it is
 // already there). Outputs live in the recording's pool, so a replay overwrites the previous
 // call's: a tensor handed out earlier that is still alive then raises on access, as torch's CUDA
-// graphs do, never reads stale data. A program the graph cannot hold (shape-generic sizes, an
-// input that must move to the GPU per call, an output that is an input) runs as usual, the
-// reason in kiln.explain; so does one whose recording fails (an operator that synchronizes).
+// graphs do, never reads stale data. A shape-generic program is recorded per size (its symbol
+// values), each on its second call of that size, up to 8 sizes; the recordings share one memory
+// pool, and a replay of any size overwrites the outputs of the previous call. A program the graph
+// cannot hold (an input that must move to the GPU per call, an output that is an input) runs as
+// usual, the reason in kiln.explain; so does one whose recording fails (an operator that
+// synchronizes).
 #pragma once
 #include <Python.h>
 
@@ -40,7 +43,8 @@ class CudaGraphRunner {
   const std::string& refusal() const;
 
  private:
-  std::shared_ptr<CudaGraphState> state_;
+  struct Sizes;
+  std::unique_ptr<Sizes> sizes_;
 };
 
 // Why `cg` cannot be held by a CUDA graph, or "" when it can.
