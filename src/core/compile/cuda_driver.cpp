@@ -328,20 +328,56 @@ CudaScratch::~CudaScratch() {
 }
 
 double cuda_time_launches(void* fn, unsigned grid, unsigned block, void** args, int launches, int device,
-                          std::string& error) {
+                          std::string& error, double host_ahead_ms) {
   return cuda_time(
       [&](std::string& err) { return cuda_launch(fn, grid, 1, 1, block, 1, 1, 0, nullptr, args, err); }, launches,
-      device, nullptr, error);
+      device, nullptr, error, host_ahead_ms);
 }
 
+namespace {
+
+// A kernel that keeps the GPU busy for `ns` nanoseconds (of its global timer): launched ahead
+// of a timed run, it lets the host enqueue all of the run's work before the GPU reaches it, so
+// the events time the GPU's work alone, not how fast the host launches it.
+constexpr const char* kSpinSource =
+    "extern \"C\" __global__ void kiln_spin(unsigned long long ns) {\n"
+    "  unsigned long long start, now;\n"
+    "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(start));\n"
+    "  do {\n"
+    "    __nanosleep(1000);\n"
+    "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(now));\n"
+    "  } while (now - start < ns);\n"
+    "}\n";
+
+void* spin_kernel(int device, std::string& error) {
+  static std::mutex mu;
+  static std::vector<std::shared_ptr<CudaModule>> modules;  // by device
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<size_t>(device) >= modules.size()) modules.resize(device + 1);
+  if (!modules[device]) {
+    const int cc = cuda_compute_capability(device);
+    NvrtcResult r = nvrtc_compile(kSpinSource, cc >= 70 ? "sm_" + std::to_string(cc) : "sm_70", "kiln_spin");
+    if (!r.ok) {
+      error = "spin kernel: " + r.log;
+      return nullptr;
+    }
+    if (!(modules[device] = CudaModule::load(r.image, device, error))) return nullptr;
+  }
+  return modules[device]->function("kiln_spin", error);
+}
+
+}  // namespace
+
 double cuda_time(const std::function<bool(std::string&)>& work, int reps, int device, void* stream,
-                 std::string& error) {
+                 std::string& error, double host_ahead_ms) {
   const Driver& d = driver();
   if (!d.handle) {
     error = d.error;
     return -1;
   }
   if (!ensure_context(d, device, error)) return -1;
+  void* spin = nullptr;
+  if (host_ahead_ms > 0 && !(spin = spin_kernel(device, error))) return -1;
   void *start = nullptr, *stop = nullptr;
   if (CUresult r = d.event_create(&start, 0); r != kCudaSuccess) return error = d.describe("cuEventCreate", r), -1;
   if (CUresult r = d.event_create(&stop, 0); r != kCudaSuccess) {
@@ -351,6 +387,11 @@ double cuda_time(const std::function<bool(std::string&)>& work, int reps, int de
   double ms = -1;
   do {
     if (!work(error)) break;  // warm: caches, clocks
+    if (spin) {
+      unsigned long long ns = static_cast<unsigned long long>(host_ahead_ms * 1e6);
+      void* args[] = {&ns};
+      if (!cuda_launch(spin, 1, 1, 1, 1, 1, 1, 0, stream, args, error)) break;
+    }
     if (CUresult r = d.event_record(start, static_cast<CUstream>(stream)); r != kCudaSuccess) {
       error = d.describe("cuEventRecord", r);
       break;

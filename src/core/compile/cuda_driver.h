@@ -55,14 +55,17 @@ class CudaScratch {
 
 // Milliseconds per run of `work` (which enqueues GPU work on `stream` and returns false with
 // `error` on failure), averaged over `reps` back-to-back runs after one warm-up run; -1 with
-// `error` on failure. Events on `stream` bracket the runs.
+// `error` on failure. Events on `stream` bracket the runs. With `host_ahead_ms` > 0 the GPU is
+// first held busy that long (a spin kernel), so that the host enqueues the runs ahead of it and
+// the time is the GPU's alone (as a CUDA graph replays them); otherwise a run the host launches
+// slower than the GPU executes it is timed at the host's pace (as eager-style calls run).
 double cuda_time(const std::function<bool(std::string& error)>& work, int reps, int device, void* stream,
-                 std::string& error);
+                 std::string& error, double host_ahead_ms = 0);
 
 // Milliseconds per launch of `fn` (grid and block in x), averaged over `launches` back-to-back
 // launches on the default stream after one warm-up launch; -1 with `error` on failure.
 double cuda_time_launches(void* fn, unsigned grid, unsigned block, void** args, int launches, int device,
-                          std::string& error);
+                          std::string& error, double host_ahead_ms = 0);
 
 // End-to-end check of the driver path on device 0: compiles a doubling kernel with NVRTC for
 // the device's own arch, loads it, runs it on a buffer it allocates itself and compares the
