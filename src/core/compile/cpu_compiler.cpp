@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -236,6 +238,49 @@ bool run_compiler(const std::string& src, const std::string& out, const std::fun
   return false;
 }
 
+// Compiles `srcs` to objects in parallel and links them into `out`; the objects are removed.
+bool run_compilers(const std::vector<std::string>& srcs, const std::string& out, const std::function<bool()>& cancel,
+                   bool& cancelled, std::string& error) {
+  std::vector<std::string> objects, errors(srcs.size());
+  std::vector<char> ok(srcs.size(), 0), stopped(srcs.size(), 0);
+  for (size_t i = 0; i < srcs.size(); ++i) objects.push_back(out + "." + std::to_string(i) + ".o");
+  auto compile_one = [&](size_t i) {
+    std::vector<std::string> args = {compiler()};
+    for (const std::string& f : compile_flags())
+      if (f != "-shared") args.push_back(f);
+    args.insert(args.end(), {"-c", "-o", objects[i], srcs[i]});
+    ProcessResult p = run_process(args, cancel);
+    ok[i] = p.ok;
+    stopped[i] = p.cancelled;
+    if (!p.ok) errors[i] = p.status + (p.output.empty() ? "" : "\n" + p.output.substr(0, 4000));
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < srcs.size(); ++i) threads.emplace_back(compile_one, i);
+  compile_one(0);
+  for (std::thread& t : threads) t.join();
+  auto remove_objects = [&] {
+    for (const std::string& o : objects) std::remove(o.c_str());
+  };
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    if (ok[i]) continue;
+    remove_objects();
+    cancelled = stopped[i];
+    error = "kiln: C++ compilation of " + srcs[i] + (cancelled ? " cancelled" : " failed (" + compiler() + ": " + errors[i] + ")");
+    return false;
+  }
+  std::vector<std::string> args = {compiler()};
+  args.insert(args.end(), compile_flags().begin(), compile_flags().end());
+  args.insert(args.end(), {"-o", out});
+  args.insert(args.end(), objects.begin(), objects.end());
+  args.insert(args.end(), link_flags().begin(), link_flags().end());
+  ProcessResult p = run_process(args, cancel);
+  remove_objects();
+  if (p.ok) return true;
+  cancelled = p.cancelled;
+  error = "kiln: linking " + out + (cancelled ? " cancelled" : " failed (" + compiler() + ": " + p.status + ")\n" + p.output.substr(0, 4000));
+  return false;
+}
+
 }  // namespace
 
 std::shared_ptr<SharedLibrary> SharedLibrary::open(const std::string& path, std::string& error) {
@@ -277,6 +322,10 @@ const std::string& cpu_compiler_id() {
 // Needs no lock: the shared state is either immutable statics or the cache directory, whose
 // publish protocol already tolerates concurrent builders of the same key.
 CpuCompileResult compile_cpp(const std::string& source, const std::function<bool()>& cancel) {
+  return compile_cpp_units({source}, cancel);
+}
+
+CpuCompileResult compile_cpp_units(const std::vector<std::string>& sources, const std::function<bool()>& cancel) {
   const auto start = std::chrono::steady_clock::now();
   CpuCompileResult r;
   auto finish = [&]() -> CpuCompileResult {
@@ -284,9 +333,15 @@ CpuCompileResult compile_cpp(const std::string& source, const std::function<bool
     return std::move(r);
   };
 
-  const std::string key = cache_key(source);
+  std::string joined = sources.size() == 1 ? sources[0] : "";
+  for (size_t i = 0; sources.size() > 1 && i < sources.size(); ++i)
+    joined += "\n// ---- unit " + std::to_string(i) + " of " + std::to_string(sources.size()) + "\n" + sources[i];
+  const std::string key = cache_key(joined);
   const DiskCache cache(cache_dir() + "/cpu");
-  r.source_path = cache.source_path(key, ".cpp");
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < sources.size(); ++i)
+    paths.push_back(cache.source_path(key, sources.size() == 1 ? ".cpp" : "." + std::to_string(i) + ".cpp"));
+  r.source_path = paths[0];
 
   std::string error;
   if (auto hit = cache.lookup(key, ".so")) {
@@ -303,13 +358,16 @@ CpuCompileResult compile_cpp(const std::string& source, const std::function<bool
   // The source may already be there; rewriting it is cheap and restores a deleted one.
   std::error_code ec;
   std::filesystem::create_directories(cache.dir(), ec);
-  if (!write_source(r.source_path, source, error)) {
-    r.error = error;
-    return finish();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (!write_source(paths[i], sources[i], error)) {
+      r.error = error;
+      return finish();
+    }
   }
 
   auto build = [&](const std::string& tmp, std::string& err) {
-    return run_compiler(r.source_path, tmp, cancel, r.cancelled, err);
+    if (sources.size() == 1) return run_compiler(r.source_path, tmp, cancel, r.cancelled, err);
+    return run_compilers(paths, tmp, cancel, r.cancelled, err);
   };
   for (int attempt = 0; attempt < 2; ++attempt) {
     error.clear();

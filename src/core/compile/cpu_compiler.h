@@ -38,6 +38,12 @@ struct CpuCompileResult {
 // published and the result is `cancelled`.
 CpuCompileResult compile_cpp(const std::string& source, const std::function<bool()>& cancel = {});
 
+// Several translation units of one library (codegen::generate_cpp_units), each compiled to an
+// object on a thread of its own (the compilers run in parallel), then linked; cached as one
+// entry keyed by all the sources. One source is compile_cpp. `source_path` is the first
+// unit's (the others lie beside it, `<key>.<i>.cpp`).
+CpuCompileResult compile_cpp_units(const std::vector<std::string>& sources, const std::function<bool()>& cancel = {});
+
 // Identification of the compiler used (path + first line of --version), computed once.
 const std::string& cpu_compiler_id();
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
+#include <cstdlib>
 #include <thread>
 #include <unordered_map>
 
@@ -96,6 +97,16 @@ std::string kernel_source(const std::string& tu, const std::string& name) {
 }  // namespace
 
 namespace {
+// How many C++ translation units a CPU program is compiled as: one per core, each with at
+// least kKernelsPerUnit kernels (a unit's fixed cost, the prelude and a link step, is worth
+// paying only for a share of real work; a small graph stays one unit, as it was).
+size_t cpu_units(const loop::Program& p) {
+  constexpr size_t kKernelsPerUnit = 6;
+  if (const char* env = std::getenv("KILN_CPU_UNITS")) return std::max(1, std::atoi(env));  // tests, measurements
+  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::max<size_t>(1, std::min(cores, p.kernels.size() / kKernelsPerUnit));
+}
+
 // Every size symbol the program uses must be readable from an input dim at run time.
 bool symbols_bound(const loop::Program& p, std::string& error) {
   std::vector<sym::Expr> used;
@@ -159,12 +170,15 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
 
   if (p.device.type == DeviceType::CPU) {
     const auto generating = std::chrono::steady_clock::now();
-    out.source = codegen::generate_cpp(p);
+    const std::vector<std::string> units = codegen::generate_cpp_units(p, cpu_units(p));
+    out.source.clear();
+    for (const std::string& u : units) out.source += u;
     debug_dump(options.name + ".kernels.cpp", out.source);
     const auto compiling = std::chrono::steady_clock::now();
-    compile::CpuCompileResult r = compile::compile_cpp(out.source, options.cancel);
+    compile::CpuCompileResult r = compile::compile_cpp_units(units, options.cancel);
     log("timing", options.name + ": C++ code generation " + ms(seconds_since(generating) - seconds_since(compiling)) +
-                      ", C++ compiler " + ms(seconds_since(compiling)) + (r.cache_hit ? " (from disk)" : ""));
+                      ", C++ compiler " + ms(seconds_since(compiling)) + " for " + std::to_string(units.size()) +
+                      " units" + (r.cache_hit ? " (from disk)" : ""));
     if (r.cancelled) {
       out.cancelled = true;
       error = "compilation cancelled";

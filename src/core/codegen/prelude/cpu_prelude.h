@@ -213,12 +213,17 @@ static inline long long kiln_imod(long long a, long long b) {
 }
 
 // Integer division by zero must not trap: the kernel records it and the executor raises
-// torch's ZeroDivisionError after the call.
-static int kiln_error_flag = 0;
+// torch's ZeroDivisionError after the call. One flag for the library: a graph compiled as
+// several translation units defines it (and kiln_take_error) in the first, the others
+// (KILN_SECONDARY_UNIT) refer to it.
+extern "C" __attribute__((visibility("hidden"))) int kiln_error_flag;
+#ifndef KILN_SECONDARY_UNIT
+int kiln_error_flag = 0;
 extern "C" int kiln_take_error() {
   int e = __atomic_exchange_n(&kiln_error_flag, 0, __ATOMIC_RELAXED);
   return e;
 }
+#endif
 static inline void kiln_raise_div_by_zero() { __atomic_store_n(&kiln_error_flag, 1, __ATOMIC_RELAXED); }
 
 // Python semantics: floor division and a remainder with the divisor's sign.
