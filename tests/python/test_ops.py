@@ -325,6 +325,28 @@ def _int_division_by_zero(fn, device):
 
 @pytest.mark.parametrize("fn", [b_floor_divide, b_remainder, b_div_trunc, b_floordiv_op],
                          ids=["floor_divide", "remainder", "div_trunc", "//"])
+def test_an_unused_integer_division_by_zero_raises_as_eager(fn):
+    # Found by the fuzzer (seed 131136): the quotient was dead code, so kiln computed nothing
+    # and returned where eager, which computes every op, raised.
+    def g(x, y):
+        fn(x, y)
+        return x + 1, (x * 2).sum()
+
+    x = torch.tensor([5, -7, 3, 9])
+    cf = kiln.compile(g)
+    fallbacks = kiln.stats()["eager_fallbacks"]
+    for y in (torch.tensor([1, 2, 0, 4]), torch.tensor([0, 0, 0, 0])):
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            g(x, y)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            cf(x, y)
+    y = torch.tensor([1, 2, 3, 4])
+    torch.testing.assert_close(cf(x, y), g(x, y))
+    assert kiln.stats()["eager_fallbacks"] == fallbacks  # compiled, not run eagerly
+
+
+@pytest.mark.parametrize("fn", [b_floor_divide, b_remainder, b_div_trunc, b_floordiv_op],
+                         ids=["floor_divide", "remainder", "div_trunc", "//"])
 def test_integer_division_by_zero_is_an_error(device, fn):
     if device != "cpu":
         pytest.skip("torch raises ZeroDivisionError for integer division on the CPU only")

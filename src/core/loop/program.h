@@ -32,6 +32,9 @@ struct Buffer {
   int io_index = -1;         // graph input / output position
   int slot = -1;             // Temp: the allocation slot it shares (buffer reuse)
   bool live = true;          // false once fusion removed every access
+  // Stored though nothing reads it: computing it may raise (an integer division by zero on the
+  // CPU), as eager's unused result would. Fusion keeps its stores.
+  bool keep = false;
   Expr bytes() const;        // bytes spanned by the layout
 };
 

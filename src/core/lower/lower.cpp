@@ -259,6 +259,8 @@ class Lowering {
     bool is_output = false;
     for (const ir::Node* o : g_.outputs()) is_output |= o == n;
     if (is_output) return true;
+    // Computed for its errors alone (an integer division on the CPU): a buffer of its own.
+    if (n->users.empty() && n->op->keep_unused && n->op->keep_unused(*n)) return true;
     size_t users = n->users.size();
     for (const ir::Node* u : n->users)
       if (u->op->kind == ops::OpKind::Extern) return true;
@@ -311,6 +313,7 @@ class Lowering {
   // Computes `v` into a new contiguous buffer with a kernel of its own.
   void realize(Value& v, BufferKind kind, const ir::Node* n) {
     int id = new_buffer(n, kind, v.sizes, v.dtype);
+    p_.buffers[id].keep = n->users.empty() && n->op->keep_unused && n->op->keep_unused(*n);
     Kernel k;
     k.vars = fresh_vars("n" + std::to_string(n->id) + "_", v.sizes);
     k.ranges = v.sizes;

@@ -176,6 +176,12 @@ SRef torch_gelu_kernel_body(ScalarCtx& s, SRef x, DType t) {
 
 }  // namespace
 
+// An integer division (or remainder) on the CPU raises torch's ZeroDivisionError for a zero
+// divisor, whether or not its result is used: such a node runs even when dead.
+static bool integer_division_on_cpu(const Node& n) {
+  return !is_floating(n.meta.dtype) && n.meta.device.type == DeviceType::CPU;
+}
+
 std::vector<OpDef> pointwise_ops() {
   std::vector<OpDef> ops;
   auto U = [&](const char* n, SOp op, Promotion p, std::vector<std::string> py) { ops.push_back(unary(n, op, p, std::move(py))); };
@@ -322,6 +328,7 @@ std::vector<OpDef> pointwise_ops() {
       if (!is_floating(t)) return s.binary(SOp::TruncDiv, x[0], x[1]);
       return s.unary(SOp::Trunc, s.binary(SOp::Div, x[0], x[1]));
     };
+    div.keep_unused = integer_division_on_cpu;
     ops.push_back(div);
   }
   OpDef floor_divide = binary("floor_divide", SOp::FloorDiv, D, {"torch.floor_divide", "Tensor.floor_divide", "Tensor.__floordiv__"});
@@ -341,6 +348,7 @@ std::vector<OpDef> pointwise_ops() {
       }
       return true;
     };
+    d.keep_unused = integer_division_on_cpu;
     ops.push_back(d);
   }
   {

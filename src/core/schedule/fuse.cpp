@@ -232,7 +232,8 @@ class Fuser {
       for (Stage& st : k.stages) {
         st.stores.erase(std::remove_if(st.stores.begin(), st.stores.end(),
                                        [&](const loop::Store& s) {
-                                         return p_.buffers[s.buffer].kind == loop::BufferKind::Temp && !read.count(s.buffer);
+                                         const loop::Buffer& b = p_.buffers[s.buffer];
+                                         return b.kind == loop::BufferKind::Temp && !b.keep && !read.count(s.buffer);
                                        }),
                         st.stores.end());
       }
