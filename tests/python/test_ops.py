@@ -1363,3 +1363,13 @@ def big_fused(x, y):
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: str(d)[6:])
 def test_large_fused(device, dtype):
     check(big_fused, make((128, 513), dtype, device), make((128, 513), dtype, device), rtol=1e-5, atol=1e-4)
+
+
+def test_a_python_number_to_a_tensor_power_is_row_major_as_eager():
+    # torch's pow.Scalar asks for no strides: its result is row-major whatever the exponent's
+    # layout; a 0-d tensor base is TensorIterator's pow and follows the exponent (fuzzer seed 133111).
+    e = torch.randn(4, 6, 5).permute(2, 0, 1)
+    for f in (lambda e: 2 ** e, lambda e: torch.pow(3.0, e), lambda e: torch.pow(torch.tensor(2.0), e), lambda e: e ** 2):
+        expected, actual = f(e), kiln.compile(f)(e)
+        assert actual.stride() == expected.stride()
+        torch.testing.assert_close(actual, expected)

@@ -360,6 +360,9 @@ std::vector<OpDef> pointwise_ops() {
         err = "RuntimeError: Integers to negative integer powers are not allowed.";
         return false;
       }
+      // A Python number to a tensor's power is torch's pow.Scalar, whose result is row-major
+      // whatever the exponent's layout (its meta function asks for no strides).
+      if (in[0]->meta.wrapped_number && !in[1]->meta.wrapped_number) out.strides = ir::contiguous_strides(out.sizes);
       return true;
     };
     pow.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
