@@ -120,3 +120,30 @@ TEST(FuseAttention, LeavesWhatTheFusedOpWouldComputeDifferently) {
   f64.dtype = f64.mask_dtype = DType::Float64;
   EXPECT_NE(fused(f64), kFused);
 }
+
+// The fused op's result layout is the one torch's kernels give (so the executor need not copy
+// it): on CUDA in float16/bfloat16 the query's layout, otherwise [B, L, H, E] transposed.
+TEST(FuseAttention, ResultLayoutFollowsTorchsKernels) {
+  auto result_strides = [](DType t, DeviceType dev, bool query_blhe) {
+    Graph g;
+    ir::TensorMeta m = meta({2, 4, 16, 8}, t, dev);
+    if (query_blhe) m.strides = {16 * 4 * 8, 8, 4 * 8, 1};  // [B, L, H, E] memory, seen as [B, H, L, E]
+    Node* q = g.placeholder("q", m);
+    Node* k = g.placeholder("k", meta({2, 4, 16, 8}, t, dev));
+    Node* v = g.placeholder("v", meta({2, 4, 16, 8}, t, dev));
+    return g.must_add("scaled_dot_product_attention", {q, k, v})->meta.strides;
+  };
+  const std::vector<sym::Expr> row_major = ir::contiguous_strides({2, 4, 16, 8}), blhe = {512, 8, 32, 1};
+  for (DType t : {DType::BFloat16, DType::Float16}) {
+    EXPECT_EQ(result_strides(t, DeviceType::CUDA, false), row_major);
+    EXPECT_EQ(result_strides(t, DeviceType::CUDA, true), blhe);
+    EXPECT_EQ(result_strides(t, DeviceType::CPU, false), blhe);
+  }
+  EXPECT_EQ(result_strides(DType::Float32, DeviceType::CUDA, false), blhe);
+  EXPECT_EQ(result_strides(DType::Float32, DeviceType::CUDA, true), blhe);
+  // A graph output of a fused bfloat16 attention over row-major inputs needs no copy back.
+  Graph g;
+  build(g, Spec{});
+  passes::fuse_attention(g);
+  EXPECT_EQ(g.outputs()[0]->meta.strides, row_major);
+}

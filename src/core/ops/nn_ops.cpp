@@ -1,6 +1,7 @@
 // Neural-network ops: convolution and pooling run as extern calls of torch's kernels (oneDNN,
 // cuDNN); batch norm in inference decomposes into a per-channel scale and shift that fuses
 // with what surrounds it.
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -9,6 +10,28 @@
 
 namespace kiln::ops {
 namespace {
+
+// Dense strides for `sizes` with the dims in the order of x's strides (largest outermost,
+// ties in dim order): the layout a kernel gives a result it allocates like x. Row-major when
+// x's strides are not known as numbers.
+std::vector<Expr> dense_strides_like(const TensorMeta& x, const std::vector<Expr>& sizes) {
+  std::vector<int64_t> st;
+  for (const Expr& e : x.strides) {
+    auto c = e.as_const();
+    if (!c) return ir::contiguous_strides(sizes);
+    st.push_back(*c);
+  }
+  std::vector<size_t> order(sizes.size());
+  for (size_t d = 0; d < order.size(); ++d) order[d] = d;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return st[a] > st[b]; });
+  std::vector<Expr> out(sizes.size());
+  Expr step = 1;
+  for (size_t i = order.size(); i-- > 0;) {
+    out[order[i]] = step;
+    step = step * sizes[order[i]];
+  }
+  return out;
+}
 
 using Ints = std::vector<int64_t>;
 using loop::SOp;
@@ -360,9 +383,13 @@ std::vector<OpDef> nn_ops() {
         out = TensorMeta{q.dtype, q.device, q.sizes, {}, 0, false};
         out.sizes[r - 1] = v.sizes[r - 1];
         out.strides = ir::contiguous_strides(out.sizes);
-        if (r == 4) {  // [B, H, L, E] with the strides of [B, L, H, E]
+        if (r == 4) {
           const Expr &H = out.sizes[1], &L = out.sizes[2], &E = out.sizes[3];
-          out.strides = {L * H * E, E, H * E, Expr(1)};
+          // torch 2.11's CUDA kernels for float16 and bfloat16 write the result in the query's
+          // layout (a row-major query gives a row-major result); the others write [B, L, H, E]
+          // transposed to [B, H, L, E]. A result laid out otherwise is copied by the executor.
+          const bool like_query = q.device.type == DeviceType::CUDA && (q.dtype == DType::Float16 || q.dtype == DType::BFloat16);
+          out.strides = like_query ? dense_strides_like(q, out.sizes) : std::vector<Expr>{L * H * E, E, H * E, Expr(1)};
         }
         return true;
       },
