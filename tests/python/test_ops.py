@@ -1373,3 +1373,22 @@ def test_a_python_number_to_a_tensor_power_is_row_major_as_eager():
         expected, actual = f(e), kiln.compile(f)(e)
         assert actual.stride() == expected.stride()
         torch.testing.assert_close(actual, expected)
+
+
+def test_an_operand_of_another_dtype_counts_with_its_converted_copys_layout():
+    # TensorIterator converts an operand of another dtype than the computation's first
+    # (tensor.to(dtype): an expanded operand becomes dense), and that copy's strides order the
+    # result's dims; where's condition is not converted (fuzzer seed 140925).
+    base = torch.randint(0, 9, (4,), dtype=torch.int32)
+    a, af = base.expand(5, 4), base.float().expand(5, 4)
+    b = torch.randint(0, 9, (4, 5, 5)).permute(1, 2, 0)
+    c = torch.tensor([True, False, True, True]).expand(5, 4)
+    x, y, yt = torch.randn(4, 5).T, torch.randn(5, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64).T
+    cases = [lambda: a < b * b, lambda: a + b * b, lambda: af * (b * b), lambda: torch.sin(a),
+             lambda: torch.where(c, x, y), lambda: torch.where(c, x, y.float()),
+             lambda: torch.where(c, a, yt), lambda: torch.maximum(a, b.float())]
+    for make in cases:
+        expected = make()
+        actual = kiln.compile(make)()
+        assert actual.stride() == expected.stride(), (expected.stride(), actual.stride())
+        torch.testing.assert_close(actual, expected)

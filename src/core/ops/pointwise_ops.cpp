@@ -396,6 +396,9 @@ std::vector<OpDef> pointwise_ops() {
       }
       if (!infer_pointwise(*find_op("where"), in, a, out, err)) return false;
       out.dtype = pointwise_common_dtype({in[1], in[2]});
+      // torch converts self and other to the result's dtype (.to(), a dense copy of an expanded
+      // one) before iterating; the condition stays as it is.
+      out.strides = pointwise_strides(out.sizes, in, out.dtype, 1);
       return true;
     };
     w.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {

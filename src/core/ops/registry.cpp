@@ -203,10 +203,24 @@ namespace {
 std::vector<Expr> iterator_strides(const std::vector<Expr>& sizes, const std::vector<const TensorMeta*>& in);
 }
 
-std::vector<Expr> pointwise_strides(const std::vector<Expr>& sizes, const std::vector<Node*>& in) {
+std::vector<Expr> pointwise_strides(const std::vector<Expr>& sizes, const std::vector<Node*>& in,
+                                    std::optional<DType> compute, size_t uncast) {
   std::vector<const TensorMeta*> metas;
-  for (const Node* n : in)
-    if (n && !n->meta.wrapped_number) metas.push_back(&n->meta);
+  std::vector<std::unique_ptr<TensorMeta>> cast;  // the copies TensorIterator casts inputs into
+  for (size_t i = 0; i < in.size(); ++i) {
+    const Node* n = in[i];
+    if (!n || n->meta.wrapped_number) continue;
+    // An input of another dtype than the computation's is first copied into that dtype
+    // (tensor.to(dtype), which keeps a dense layout and makes an expanded one dense): the
+    // copy's strides, not the input's, order the result's dims.
+    if (compute && i >= uncast && n->meta.dtype != *compute && n->meta.dim() > 0) {
+      cast.push_back(std::make_unique<TensorMeta>(n->meta));
+      cast.back()->strides = preserved_strides(n->meta);
+      metas.push_back(cast.back().get());
+      continue;
+    }
+    metas.push_back(&n->meta);
+  }
   return iterator_strides(sizes, metas);
 }
 
@@ -351,7 +365,7 @@ bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs&
     case Promotion::None: out.dtype = common; break;
   }
   out.device = first_tensor ? first_tensor->meta.device : Device{};
-  out.strides = pointwise_strides(out.sizes, in);
+  out.strides = pointwise_strides(out.sizes, in, op.promotion == Promotion::IntToFloat ? out.dtype : common);
   out.wrapped_number = false;
   return true;
 }

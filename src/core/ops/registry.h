@@ -136,7 +136,11 @@ std::vector<const OpDef*> all_ops();
 // Shared shape rules the tables build on.
 bool broadcast_shapes(const std::vector<std::vector<Expr>>& shapes, std::vector<Expr>& out, std::string& error);
 // The strides of a pointwise result, as torch's TensorIterator lays it out from its operands'.
-std::vector<Expr> pointwise_strides(const std::vector<Expr>& sizes, const std::vector<Node*>& in);
+// `compute`: the dtype the operands are promoted to (an operand of another dtype counts with
+// the layout of its converted copy); the first `uncast` operands are read as they are (where's
+// condition).
+std::vector<Expr> pointwise_strides(const std::vector<Expr>& sizes, const std::vector<Node*>& in,
+                                    std::optional<DType> compute = std::nullopt, size_t uncast = 0);
 // The strides torch.preserve_format gives a copy of x (clone, .to()).
 std::vector<Expr> preserved_strides(const TensorMeta& x);
 // Whether x.suggest_memory_format() is torch.channels_last: a 4-d tensor whose strides order its
