@@ -248,7 +248,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   // Asked while the C++ compiler runs: Ctrl-C stops it (the handler runs below, unlocked).
   if (cancellable) opts.cancel = [] { return interrupt_requested(); };
   opts.torch = torch_numerics();
-  if (cfg.mode == "max-autotune" || cfg.mode == "max-autotune-no-cudagraphs") opts.time_extern = torch_extern_timing(0);
+  if (opts.autotunes()) opts.time_extern = torch_extern_timing(0);
   bool ok;
   {
     // The core compiles without Python: other threads run meanwhile. Compiles themselves take

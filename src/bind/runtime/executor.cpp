@@ -591,19 +591,9 @@ double time_extern_node(const ir::Node& n) {
         return false;
       }
     };
-    // A first run at the host's pace bounds how long the host takes to enqueue a run; the timed
-    // runs then start behind a GPU spin that long, so they measure the GPU's time alone (a small
-    // GEMM's host-side cost, cuBLASLt's above cuBLAS's, is not what a kernel choice changes).
-    const double once = compile::cuda_time(work, 1, device, stream, error);
-    if (once < 0) return -1;
-    const int reps = static_cast<int>(std::clamp(1.0 / std::max(once, 1e-3), 3.0, 50.0));
-    double best = -1;
-    for (int r = 0; r < 3; ++r) {
-      const double t = compile::cuda_time(work, reps, device, stream, error, once * reps * 1.5 + 0.05);
-      if (t < 0) return -1;
-      best = best < 0 ? t : std::min(best, t);
-    }
-    return best;
+    // GPU time alone: a small GEMM's host-side cost (cuBLASLt's above cuBLAS's) is not what a
+    // kernel choice changes.
+    return compile::cuda_benchmark(work, 50, device, stream, error);
   } catch (const std::exception&) {
     return -1;
   }

@@ -327,13 +327,6 @@ CudaScratch::~CudaScratch() {
   if (ptr_) driver().mem_free(reinterpret_cast<CUdeviceptr>(ptr_));
 }
 
-double cuda_time_launches(void* fn, unsigned grid, unsigned block, void** args, int launches, int device,
-                          std::string& error, double host_ahead_ms) {
-  return cuda_time(
-      [&](std::string& err) { return cuda_launch(fn, grid, 1, 1, block, 1, 1, 0, nullptr, args, err); }, launches,
-      device, nullptr, error, host_ahead_ms);
-}
-
 namespace {
 
 // A kernel that keeps the GPU busy for `ns` nanoseconds (of its global timer): launched ahead
@@ -418,6 +411,20 @@ double cuda_time(const std::function<bool(std::string&)>& work, int reps, int de
   d.event_destroy(start);
   d.event_destroy(stop);
   return ms;
+}
+
+double cuda_benchmark(const std::function<bool(std::string&)>& work, int max_reps, int device, void* stream,
+                      std::string& error) {
+  const double once = cuda_time(work, 1, device, stream, error);
+  if (once < 0) return -1;
+  const int reps = static_cast<int>(std::clamp(1.0 / std::max(once, 1e-4), 1.0, static_cast<double>(max_reps)));
+  double best = -1;
+  for (int r = 0; r < 3; ++r) {
+    const double t = cuda_time(work, reps, device, stream, error, once * reps * 1.5 + 0.05);
+    if (t < 0) return -1;
+    best = best < 0 ? t : std::min(best, t);
+  }
+  return best;
 }
 
 bool cuda_selftest(std::string& error) {

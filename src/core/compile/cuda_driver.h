@@ -62,10 +62,12 @@ class CudaScratch {
 double cuda_time(const std::function<bool(std::string& error)>& work, int reps, int device, void* stream,
                  std::string& error, double host_ahead_ms = 0);
 
-// Milliseconds per launch of `fn` (grid and block in x), averaged over `launches` back-to-back
-// launches on the default stream after one warm-up launch; -1 with `error` on failure.
-double cuda_time_launches(void* fn, unsigned grid, unsigned block, void** args, int launches, int device,
-                          std::string& error, double host_ahead_ms = 0);
+// What the autotuners measure: milliseconds of GPU time one run of `work` takes. A first run
+// at the host's pace bounds how long the host takes to enqueue one; then runs batched to about
+// a millisecond (`max_reps` at most) are timed behind a spin that long, best of three. -1 with
+// `error` on failure.
+double cuda_benchmark(const std::function<bool(std::string& error)>& work, int max_reps, int device, void* stream,
+                      std::string& error);
 
 // End-to-end check of the driver path on device 0: compiles a doubling kernel with NVRTC for
 // the device's own arch, loads it, runs it on a buffer it allocates itself and compares the

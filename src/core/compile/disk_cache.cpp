@@ -276,4 +276,17 @@ std::optional<std::string> DiskCache::publish(
   return final_path;
 }
 
+std::optional<std::string> read_decision(const std::string& name) {
+  std::ifstream f(cache_dir() + "/" + name);
+  std::string line;
+  if (!f || !std::getline(f, line) || line.empty()) return std::nullopt;
+  return line;
+}
+
+void write_decision(const std::string& name, const std::string& value) {
+  const std::string dir = cache_dir();  // a copy: cache_dir()'s reference is per thread and call
+  std::string error;
+  write_file_atomic(dir, name, value + "\n", error);  // a decision not kept is timed again: no error to raise
+}
+
 }  // namespace kiln::compile

@@ -50,6 +50,11 @@ class DiskCache {
   std::string dir_;
 };
 
+// A tuning decision (one line of text) kept in cache_dir() under `name`: what the autotuners
+// read instead of timing again. nullopt when there is none.
+std::optional<std::string> read_decision(const std::string& name);
+void write_decision(const std::string& name, const std::string& value);
+
 // Writes `bytes` to dir/name atomically (a temporary beside it, renamed into place).
 bool write_file_atomic(const std::string& dir, const std::string& name, const std::string& bytes,
                        std::string& error);

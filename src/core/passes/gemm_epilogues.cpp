@@ -17,8 +17,6 @@
 //   - an addmm whose result only feeds pointwise ops may run as mm with the bias added in the
 //     kernel those ops fuse into (cuBLASLt's bias epilogue is slower than cuBLAS's plain GEMM
 //     at some shapes), when that is faster.
-#include <fstream>
-
 #include "core/compile/disk_cache.h"
 #include "core/ops/registry.h"
 #include "core/passes/passes.h"
@@ -71,21 +69,15 @@ std::string inputs_key(const ir::Node* n) {
 // The winner of the decision `key` the disk cache holds, else what `decide` (which times the
 // candidates) picks, then stored; "" when timing failed.
 std::string choose(ExternTiming& t, const std::string& key, const std::function<std::string()>& decide) {
-  compile::DiskCache cache(compile::cache_dir());
   const std::string file = hex64(hash_str(key, hash_str(std::string(kGemmTuneVersion) + "|" + t.device_key))) + ".gemm";
-  {
-    std::ifstream f(cache.dir() + "/" + file);
-    std::string line;
-    if (f && std::getline(f, line) && !line.empty()) {
-      ++t.from_disk;
-      return line;
-    }
+  if (auto cached = compile::read_decision(file)) {
+    ++t.from_disk;
+    return *cached;
   }
   std::string winner = decide();
   if (winner.empty()) return winner;
   ++t.timed;
-  std::string error;
-  compile::write_file_atomic(cache.dir(), file, winner + "\n", error);
+  compile::write_decision(file, winner);
   return winner;
 }
 

@@ -135,13 +135,11 @@ bool symbols_bound(const loop::Program& p, std::string& error) {
 bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& out, std::string& error) {
   auto t0 = std::chrono::steady_clock::now();
   try {
-    passes::ExternTiming* timing = nullptr;
-    if ((options.mode == "max-autotune" || options.mode == "max-autotune-no-cudagraphs") && options.time_extern.time)
-      timing = &out.extern_timing;
-    if (timing) timing->time = options.time_extern.time, timing->device_key = options.time_extern.device_key;
-    run_graph_passes(g, debug_dir().empty() ? "" : options.name, timing);
-    out.tuned_kernels += out.extern_timing.timed;
-    out.tuned_from_disk += out.extern_timing.from_disk;
+    passes::ExternTiming timing = options.time_extern;  // counts this compile's decisions
+    run_graph_passes(g, debug_dir().empty() ? "" : options.name,
+                     options.autotunes() && timing.time ? &timing : nullptr);
+    out.tuned_kernels += timing.timed;
+    out.tuned_from_disk += timing.from_disk;
   } catch (const std::exception& e) {
     error = std::string("graph passes failed: ") + e.what();
     return false;
@@ -213,7 +211,7 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
     int cc = compile::cuda_compute_capability(device);
     std::string arch = cc > 0 ? "sm_" + std::to_string(cc) : "compute_75";
     LaunchTuning tuning;
-    if (options.mode == "max-autotune" || options.mode == "max-autotune-no-cudagraphs") {
+    if (options.autotunes()) {
       tuning = tune_launches(p, codegen::generate_cuda(p).header, arch, device, options.name);
       out.tuned_kernels += tuning.timed;
       out.tuned_from_disk += tuning.from_disk;

@@ -16,6 +16,8 @@ namespace kiln::pipeline {
 
 struct CompileOptions {
   std::string mode = "default";
+  // max-autotune and max-autotune-no-cudagraphs: launches and GEMM variants are timed.
+  bool autotunes() const { return mode == "max-autotune" || mode == "max-autotune-no-cudagraphs"; }
   std::string name = "graph";   // prefix of debug dump files
   // Asked while the C++ compiler runs (see compile_cpp); true stops the compile, which then
   // fails with `CompiledGraph::cancelled` set.
@@ -52,7 +54,6 @@ struct CompiledGraph {
   bool disk_cache_hit = false;
   // max-autotune: kernels and GEMMs timed, and choices read from the disk cache instead.
   int tuned_kernels = 0, tuned_from_disk = 0;
-  passes::ExternTiming extern_timing;
   bool cancelled = false;        // CompileOptions::cancel stopped the compile
   double compile_seconds = 0;
   size_t op_count = 0;

@@ -1,7 +1,6 @@
 #include "core/pipeline/tune_launches.h"
 
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -27,12 +26,6 @@ std::string tune_key(const std::string& gpu, const std::string& unit) {
   return hex64(hash_str(unit, hash_str(std::string(kTuneVersion) + "|" + gpu))) + ".tune";
 }
 
-bool read_choice(const std::string& path, LaunchChoice& out) {
-  std::ifstream f(path);
-  std::string line;
-  return f && std::getline(f, line) && LaunchChoice::parse(line, out);
-}
-
 struct Candidate {
   LaunchChoice choice;
   codegen::CudaLaunch launch;
@@ -45,20 +38,11 @@ struct Pending {
   std::vector<Candidate> candidates;
 };
 
-// Milliseconds of GPU time a launch of `fn` takes: launches batched to about a millisecond,
-// queued behind a spin so that launch overhead is not what is timed, best of three.
+// Milliseconds of GPU time a launch of `fn` takes (compile::cuda_benchmark).
 double time_kernel(void* fn, const codegen::CudaLaunch& l, void** args, int device, std::string& error) {
-  double once = compile::cuda_time_launches(fn, l.grid, l.block, args, 1, device, error);
-  if (once < 0) return -1;
-  const int launches = static_cast<int>(std::clamp(1.0 / std::max(once, 1e-4), 1.0, 200.0));
-  double best = -1;
-  for (int r = 0; r < 3; ++r) {
-    double t = compile::cuda_time_launches(fn, l.grid, l.block, args, launches, device, error,
-                                           once * launches * 1.5 + 0.05);
-    if (t < 0) return -1;
-    best = best < 0 ? t : std::min(best, t);
-  }
-  return best;
+  return compile::cuda_benchmark(
+      [&](std::string& err) { return compile::cuda_launch(fn, l.grid, 1, 1, l.block, 1, 1, 0, nullptr, args, err); },
+      200, device, nullptr, error);
 }
 
 }  // namespace
@@ -71,7 +55,6 @@ LaunchTuning tune_launches(const loop::Program& p, const std::string& header, co
   out.how.assign(p.kernels.size(), "");
   // Shape-generic programs size their launches at run time: nothing to time at compile time.
   if (!p.symbols.empty()) return out;
-  compile::DiskCache cache(compile::cache_dir());
   // The winners depend on the GPU, not only its architecture (an H100's and an H200's memory).
   const std::string gpu = arch + "/" + compile::cuda_device_name(device);
   std::vector<Pending> pending;
@@ -102,7 +85,7 @@ LaunchTuning tune_launches(const loop::Program& p, const std::string& header, co
       cands.push_back(cand);
     }
     if (cands.size() < 2) continue;
-    if (LaunchChoice c; read_choice(cache.dir() + "/" + key, c)) {
+    if (LaunchChoice c; [&] { auto d = compile::read_decision(key); return d && LaunchChoice::parse(*d, c); }()) {
       out.choices[i] = c;
       out.how[i] = "disk";
       ++out.from_disk;
@@ -166,8 +149,7 @@ LaunchTuning tune_launches(const loop::Program& p, const std::string& header, co
     out.how[pk.kernel] = "timed";
     ++out.timed;
     log("autotune", k.name + ":" + report + " -> " + pk.candidates[best].choice.str());
-    std::string werr;
-    compile::write_file_atomic(cache.dir(), pk.key, pk.candidates[best].choice.str() + "\n", werr);
+    compile::write_decision(pk.key, pk.candidates[best].choice.str());
   }
   for (auto [kernel, pi] : follows) {
     if (out.how[pending[pi].kernel].empty()) continue;
