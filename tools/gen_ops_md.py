@@ -13,12 +13,13 @@ sys.path.insert(0, REPO)
 import kiln  # noqa: E402
 
 DTYPES = {
-    "pointwise": "float32, float64, integers, bool (float16/bfloat16 run eagerly)",
-    "reduction": "float32, float64, integers, bool (float16/bfloat16 run eagerly)",
+    "pointwise": "float32, float64, float16, bfloat16, integers, bool",
+    "reduction": "float32, float64, float16, bfloat16, integers, bool",
     "view": "any",
     "extern": "those torch's kernel takes",
     "composite": "as the ops it decomposes into",
     "source": "float32, float64, integers, bool",
+    "gather": "those its entry covers (max_pool2d: floating; cat: any, promoted as torch)",
 }
 
 
@@ -33,8 +34,10 @@ def render() -> str:
         "",
         "Torch operators with no entry here still run inside the graph: capture records them as",
         "`torch_call` extern nodes (the layout from meta tensors, the operator called at run time),",
-        "so `torch.cat`, `topk`, `sort`, `cumsum`, `interpolate`, `pad`, `einsum`,",
-        "`scaled_dot_product_attention`, advanced indexing and the rest never break the graph.",
+        "so `topk`, `sort`, `cumsum`, `interpolate`, `pad`, `einsum`, advanced indexing and the rest",
+        "never break the graph (and a call an entry does not cover, such as a `cat` of more than 16",
+        "tensors, runs as one). In-place forms of such operators on graph inputs (`index_copy_`,",
+        "`x[i] = v`) update the input where it lies when nothing else reads its old value.",
         "",
         "`tests/python/test_conformance.py` generates its cases from this registry: every pointwise op and",
         "reduction over float32, float64, float16, bfloat16, int64 and bool, empty, size-1, broadcast,",
@@ -42,8 +45,9 @@ def render() -> str:
         "",
         "With `kiln.compile(backend=\"eager\")` each node runs through the callable of the \"eager\"",
         "column (the op's first Python spelling that names a function or Tensor method) with the",
-        "schema's arguments; `placeholder`, `scalar` and `torch_call` are the graph's inputs, Python",
-        "numbers and recorded torch calls.",
+        "schema's arguments (a `Tensor[]` parameter as a tuple of its inputs); `placeholder`, `scalar`",
+        "and `torch_call` are the graph's inputs, Python numbers and recorded torch calls, and an",
+        "`arange` over constant bounds is `torch.arange`.",
         "",
         f"{len(ops)} ops.",
         "",

@@ -602,3 +602,47 @@ TEST(GraphPasses, DecomposeMeanIntoSumAndDiv) {
   EXPECT_TRUE(contains(after, "%div : f32[3] = div(%sum, %scalar)")) << after;
   EXPECT_EQ(g.outputs()[0]->meta.dtype, DType::Float32);
 }
+
+namespace {
+// A torch_call updating `cache` out of place, as capture records x.index_copy_(...): its
+// in-place form offered, the input it updates named.
+Node* cache_update(Graph& g, Node* cache, Node* pos, Node* value) {
+  Attrs a = A({{"fn", int64_t(0)}, {"target", std::string("Tensor.index_copy")}, {"out_sizes", cache->meta.sizes},
+               {"out_strides", cache->meta.strides}, {"out_dtype", cache->meta.dtype}, {"inplace_fn", int64_t(1)},
+               {"inplace_of", int64_t(cache->id)}});
+  return g.must_add("torch_call", {cache, pos, value}, a);
+}
+}  // namespace
+
+TEST(GraphPasses, ReinplaceAnInputUpdateNothingElseReads) {
+  Graph g;
+  Node* cache = g.placeholder("cache", f32({2, 8, 4}));
+  Node* pos = g.placeholder("pos", meta(DType::Int64, {1}));
+  Node* value = g.placeholder("value", f32({2, 1, 4}));
+  Node* updated = cache_update(g, cache, pos, value);
+  g.outputs() = {updated, g.must_add("sum", {updated}, A({{"dim", Ints{-1}}}))};
+  passes::reinplace_input_updates(g);
+  EXPECT_TRUE(updated->attrs.get_bool("in_place")) << g.str();
+}
+
+TEST(GraphPasses, ReinplaceLeavesAnUpdateWhoseInputIsReadElsewhere) {
+  Graph g;
+  Node* cache = g.placeholder("cache", f32({2, 8, 4}));
+  Node* pos = g.placeholder("pos", meta(DType::Int64, {1}));
+  Node* value = g.placeholder("value", f32({2, 1, 4}));
+  Node* before = g.must_add("sum", {cache}, A({{"dim", Ints{-1}}}));  // may run after the update
+  Node* updated = cache_update(g, cache, pos, value);
+  g.outputs() = {updated, before};
+  passes::reinplace_input_updates(g);
+  EXPECT_FALSE(updated->attrs.get_bool("in_place")) << g.str();
+  // An update of something other than a graph input is never made in place.
+  Graph h;
+  Node* x = h.placeholder("x", f32({2, 8, 4}));
+  Node* doubled = h.must_add("mul", {x, h.scalar(2.0, DType::Float64)});
+  Node* p = h.placeholder("pos", meta(DType::Int64, {1}));
+  Node* v = h.placeholder("value", f32({2, 1, 4}));
+  Node* upd = cache_update(h, doubled, p, v);
+  h.outputs() = {upd};
+  passes::reinplace_input_updates(h);
+  EXPECT_FALSE(upd->attrs.get_bool("in_place")) << h.str();
+}

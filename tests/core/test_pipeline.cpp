@@ -185,3 +185,36 @@ TEST(Pipeline, KernelsSplitOverTranslationUnitsLinkIntoOneLibrary) {
   EXPECT_EQ(cg.take_error(), 1) << "the division by zero in a secondary unit";
   EXPECT_EQ(cg.take_error(), 0) << "taken once";
 }
+
+// cat as a gather: rotate_half(x) * 2 (cat(-x[.., 4:], x[.., :4]) over the last dim) is one
+// kernel reading x, with each output element taken from the input that holds it.
+TEST(Pipeline, CatFusesWithItsProducersAndConsumers) {
+  ir::Graph g;
+  ir::Node* x = g.placeholder("x", f32({3, 8}));
+  auto slice = [&](int64_t start, int64_t end) {
+    ir::Attrs a;
+    a.set("dim", int64_t(1));
+    a.set("start", start);
+    a.set("end", end);
+    a.set("step", int64_t(1));
+    return g.must_add("slice", {x}, a);
+  };
+  ir::Attrs at;
+  at.set("dim", int64_t(-1));
+  ir::Node* cat = g.must_add("cat", {g.must_add("neg", {slice(4, 8)}), slice(0, 4)}, at);
+  EXPECT_EQ(sym::str(cat->meta.sizes), "[3, 8]");
+  g.outputs().push_back(g.must_add("mul", {cat, g.scalar(2.0, DType::Float64)}));
+  pipeline::CompiledGraph cg;
+  std::string err;
+  ASSERT_TRUE(pipeline::compile_graph(g, {}, cg, err)) << err;
+  ASSERT_EQ(cg.kernels.size(), 1u) << cg.loop_text;
+  std::vector<std::vector<float>> bufs(cg.program.buffers.size(), std::vector<float>(24));
+  for (int i = 0; i < 24; ++i) bufs[0][i] = static_cast<float>(i) * 0.5f - 3.0f;
+  run(cg, bufs);
+  int out = cg.program.outputs[0].view.buffer;
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 8; ++c) {
+      float ref = c < 4 ? -bufs[0][r * 8 + c + 4] * 2 : bufs[0][r * 8 + c - 4] * 2;
+      ASSERT_EQ(bufs[out][r * 8 + c], ref) << r << "," << c;
+    }
+}

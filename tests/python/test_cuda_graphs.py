@@ -220,3 +220,45 @@ def test_sizes_past_the_bound_run_without_cuda_graphs_with_the_reason():
     _, rep = _counts()
     assert_same(cf(x), fn(x))
     assert _counts()[1] == rep + 1
+
+
+class StaticCacheStep(torch.nn.Module):
+    """One decoder step's cache write: a buffer updated where it lies (index_copy_ in place),
+    then read by the attention that follows."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(1, 2, 16, 8))
+
+    def forward(self, pos, new, q):
+        self.keys.index_copy_(2, pos, new)
+        return F.scaled_dot_product_attention(q, self.keys, self.keys)
+
+
+def test_a_static_cache_updated_in_place_across_replays():
+    ours, ref = StaticCacheStep().cuda(), StaticCacheStep().cuda()
+    cf = kiln.compile(ours, mode="reduce-overhead")
+    assert any("(in place)" in line for line in str(kiln.explain(cf)(torch.tensor([0], device="cuda"),
+               torch.zeros(1, 2, 1, 8, device="cuda"), torch.zeros(1, 2, 1, 8, device="cuda")).loop_ir).splitlines())
+    rec0, rep0 = _counts()  # after explain, which starts the counters afresh
+    for step in range(6):
+        pos = torch.tensor([step], device="cuda")
+        new, q = torch.randn(1, 2, 1, 8, device="cuda"), torch.randn(1, 2, 1, 8, device="cuda")
+        assert_same(cf(pos, new, q), ref(pos, new, q), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ours.keys, ref.keys)
+    rec, rep = _counts()
+    assert rec - rec0 == 1 and rep - rep0 >= 4, (rec - rec0, rep - rep0)
+
+
+def test_an_input_updated_in_place_reaches_the_callers_tensor_when_copied_for_the_graph():
+    def fn(cache, pos, new):
+        cache.index_copy_(0, pos, new)
+        return cache.sum(0)
+
+    cf = kiln.compile(fn, mode="reduce-overhead")
+    for step in range(4):
+        cache = torch.randn(8, 32, device="cuda")  # a new tensor each call: copied into the recording's
+        ref = cache.clone()
+        pos, new = torch.tensor([step], device="cuda"), torch.randn(1, 32, device="cuda")
+        assert_same(cf(cache, pos, new), fn(ref, pos, new), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(cache, ref)

@@ -65,8 +65,10 @@ def test_extern_call_in_one_graph(fn, device):
         return torch.randn(4, 6, device=device), torch.randn(4, 6, device=device)
     e = kiln.explain(fn)(*make())
     assert e.graph_count == 1 and not e.break_reasons, str(e)
-    # chunk became slices (views) and sdpa a registry extern (issue 11: sizes stay symbolic)
-    expected = {"chunk_into_three": "slice(", "sdpa": "scaled_dot_product_attention("}.get(fn.__name__, "torch_call")
+    # chunk became slices (views), sdpa a registry extern (issue 11: sizes stay symbolic), cat
+    # and stack kiln's gather op
+    expected = {"chunk_into_three": "slice(", "sdpa": "scaled_dot_product_attention(", "cat_between_kernels": "cat(",
+                "stack_then_add": "cat("}.get(fn.__name__, "torch_call")
     assert expected in e.graphs[0]
     compiled = kiln.compile(fn)
     for _ in range(2):

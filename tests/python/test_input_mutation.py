@@ -138,3 +138,71 @@ def test_a_view_of_an_updated_input_handed_to_python_writes_into_the_input():
     out = kiln.compile(view_of_updated_input_written_at_a_break)(our_b)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(our_b, ref_b)
+
+
+# ---- Updates made where the input lies (passes::reinplace_input_updates) ----
+
+
+def _in_place_externs(fn, *args):
+    lines = str(kiln.explain(fn)(*args).loop_ir).splitlines()
+    return [line for line in lines if line.startswith("extern") and "(in place)" in line]
+
+
+def cache_write(cache, pos, new):
+    cache.index_copy_(2, pos, new)
+    return cache.sum(-1) * 2
+
+
+def cache_setitem(cache, pos, new):
+    cache[:, :, pos] = new
+    return cache * 2
+
+
+def cache_read_before(cache, pos, new):
+    before = cache.sum(-1)
+    cache.index_copy_(2, pos, new)
+    return cache.sum(-1) - before
+
+
+def cache_returned(cache, pos, new):
+    cache.index_copy_(2, pos, new)
+    return cache
+
+
+def cache_twice(cache, pos, new):
+    cache.index_copy_(2, pos, new)
+    cache.mul_(0.5)  # a kiln kernel after torch's in-place update
+    cache[:, :, pos + 1] = new * 3
+    return cache.amax(-1)
+
+
+@pytest.mark.parametrize("fn,in_place", [(cache_write, 1), (cache_setitem, 1), (cache_read_before, 0),
+                                         (cache_returned, 1), (cache_twice, 1)],
+                         ids=lambda v: getattr(v, "__name__", str(v)))
+def test_a_cache_update_nothing_else_reads_runs_in_place(device, fn, in_place):
+    def make(step):
+        return (torch.randn(1, 2, 8, 4, device=device), torch.tensor([step], device=device),
+                torch.randn(1, 2, 1, 4, device=device))
+    assert len(_in_place_externs(fn, *make(0))) == in_place
+    compiled = kiln.compile(fn)
+    fallbacks = kiln.stats()["eager_fallbacks"]
+    cache = make(0)[0]
+    ref_cache = cache.clone()
+    where = cache.data_ptr()
+    for step in range(3):  # one entry, each call continuing the caller's cache
+        _, pos, new = make(step)
+        out, ref = compiled(cache, pos, new), fn(ref_cache, pos, new)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(cache, ref_cache)
+    assert cache.data_ptr() == where
+    assert kiln.stats()["eager_fallbacks"] == fallbacks
+
+
+def transposed_cache_write(cache, pos, new):
+    cache.index_copy_(0, pos, new)
+    return cache + 1
+
+
+def test_an_update_of_a_non_contiguous_input_equals_eager(device):
+    cache = torch.randn(6, 5, device=device).t()  # [5, 6] with strides [1, 5]
+    _same_effects(transposed_cache_write, cache, torch.tensor([1, 3], device=device), torch.randn(2, 6, device=device))

@@ -260,12 +260,11 @@ struct CallRules {
     return I.split_tensor(args[0], fn->known() == I.resolve_torch("chunk"), rest, kwargs);
   }
 
-  // torch.arange over integers with a symbolic bound (arange(x.shape[1])): an arange node whose
-  // length stays symbolic. Constant bounds, floats and other keywords are torch's factory.
+  // torch.arange over integers (arange(x.shape[1]), arange(past, past + 1)): an arange node, its
+  // values index expressions that fuse into the kernels reading them, its length symbolic where
+  // a bound is. Floats, other dtypes and other keywords are torch's factory.
   static VarPtr torch_arange(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
-    bool symbolic = false;
-    for (const VarPtr& a : args) symbolic |= a->symint().valid();
-    if (!symbolic || args.empty() || args.size() > 3) return nullptr;
+    if (args.empty() || args.size() > 3) return nullptr;
     std::vector<sym::Expr> bounds;
     for (const VarPtr& a : args) {
       if (sym::Expr e = a->symint(); e.valid()) {
@@ -283,7 +282,18 @@ struct CallRules {
       if (!c || *c <= 0) return nullptr;
       step = *c;
     }
-    std::string device = "cpu";
+    // Made on torch's default device unless the call names one.
+    static PyObject* default_device = I.resolve_torch("get_default_device");
+    std::string device;
+    {
+      PyObject* d = PyObject_CallNoArgs(default_device);
+      PyObject* s = d ? PyObject_Str(d) : nullptr;
+      Py_XDECREF(d);
+      if (!s) return I.real(nullptr);
+      device = PyUnicode_AsUTF8(s);
+      Py_DECREF(s);
+      if (device != "cpu" && device.rfind("cuda", 0) != 0) return nullptr;
+    }
     for (const auto& [k, v] : kwargs) {
       if (k == "device") {
         PyObject* d = I.const_obj(v, "device");

@@ -67,6 +67,16 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
       }
       continue;
     }
+    if (p.is_tensor_list()) {
+      // torch.cat((a, b)): each tensor an input. Anything else (numbers in the list, a tensor
+      // in place of the list) is torch's operator's to take or refuse.
+      if (v->kind() != Var::Kind::Tuple && v->kind() != Var::Kind::List) return nullptr;
+      for (const VarPtr& item : v->seq()) {
+        if (!item->is_tensor()) return nullptr;
+        inputs.push_back(item->node());
+      }
+      continue;
+    }
     if (p.is_tensor()) {
       if (p.type == "Tensor?" && v->is_const() && v->known() == Py_None) {
         inputs.push_back(nullptr);
@@ -1063,7 +1073,8 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     DType t;
     if (dtype_from_object(args[0]->obj(), t) && t == m.dtype) return self;
   }
-  if (name == "contiguous" && args.empty() && m.strides == ir::contiguous_strides(m.sizes)) return self;
+  // x.contiguous() is x itself when torch's is_contiguous() holds (size-1 dims not compared)
+  if (name == "contiguous" && args.empty() && ir::is_contiguous(m.sizes, m.strides)) return self;
   if ((name == "max" || name == "min") && args.empty() && kwargs.empty())  // over all elements
     return call_op(*function_binding(resolve_torch(name == "max" ? "amax" : "amin")), {self}, {});
   if (name == "where") {
@@ -1101,6 +1112,12 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       if (!method) clear_error();
       else keep_.push_back(method);
       if (method) r = torch_extern(method, "Tensor." + base, args, kwargs);
+      PyObject* inplace = r ? PyObject_GetAttrString(resolve_torch("Tensor"), name.c_str()) : nullptr;
+      if (inplace) {
+        keep_.push_back(inplace);
+        offer_in_place(r, self, inplace);
+      }
+      clear_error();
     }
     if (!r || !r->is_tensor()) unsupported("Tensor." + name + "() is not captured yet");
     return mutate(self, r->node());
@@ -1188,6 +1205,14 @@ std::optional<std::vector<sym::Expr>> Interpreter::symbolic_layouts(const std::v
   if (auto fit = sym::fit_multilinear(syms, hints, probe)) return fit;
   for (const sym::Expr& s : syms) concrete_size(s);  // no shape-generic layout: this call's sizes
   return std::nullopt;
+}
+
+void Interpreter::offer_in_place(const VarPtr& result, const VarPtr& target, PyObject* inplace_fn) {
+  static const ops::OpDef* torch_call_op = ops::find_op("torch_call");
+  if (!result->is_tensor() || !target->is_tensor()) return;
+  ir::Node* call = result->node();
+  if (call->op != torch_call_op || call->inputs.empty() || call->inputs[0] != target->node()) return;
+  call->attrs.set("inplace_fn", static_cast<int64_t>(register_inplace_variant(static_cast<int>(call->attrs.get_int("fn")), inplace_fn)));
 }
 
 VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs) {

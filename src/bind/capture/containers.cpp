@@ -166,6 +166,7 @@ void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, co
     // name of x then holds (like any in-place op)
     check_inplace_target(container, "indexed assignment");
     VarPtr r = torch_extern(functional_setitem(), "setitem", {container, key, value}, {});
+    offer_in_place(r, container, inplace_setitem());
     mutate(container, r->node());
     return;
   }

@@ -394,6 +394,10 @@ class Interpreter {
   // result's layout comes from running it on meta tensors now; the runtime calls it for real.
   // nullptr: `f` is a Python function whose result is not tensors (the caller inlines it).
   VarPtr torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  // An in-place update kept out of place as a torch_call on `target` (its first tensor): the
+  // operator's in-place form `inplace_fn` goes with it, for the executor to update an input
+  // where it lies when nothing else reads its old value (passes::reinplace_input_updates).
+  void offer_in_place(const VarPtr& result, const VarPtr& target, PyObject* inplace_fn);
 
   // The results' sizes and strides (each result's sizes then strides, in order) as expressions in
   // the size symbols of the inputs, found by probing the operator on meta tensors at other

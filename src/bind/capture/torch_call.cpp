@@ -24,6 +24,11 @@ int register_torch_call(PyObject* fn, PyObject* args, PyObject* kwargs, int outp
 
 const TorchCall& torch_call(int id) { return calls().at(static_cast<size_t>(id)); }
 
+int register_inplace_variant(int id, PyObject* inplace_fn) {
+  const TorchCall c = torch_call(id);  // a copy: registering may grow the table
+  return register_torch_call(inplace_fn, c.args, c.kwargs, c.output);
+}
+
 namespace {
 
 PyObject* setitem_impl(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -40,6 +45,19 @@ PyObject* setitem_impl(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return copy;
 }
 
+PyObject* setitem_inplace_impl(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "setitem_(base, index, value)");
+    return nullptr;
+  }
+  if (PyObject_SetItem(args[0], args[1], args[2]) < 0) return nullptr;
+  return Py_NewRef(args[0]);
+}
+
+PyMethodDef setitem_inplace_def = {"setitem_",
+                                   reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setitem_inplace_impl)),
+                                   METH_FASTCALL, "base, after base[index] = value."};
+
 PyMethodDef setitem_def = {"setitem", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setitem_impl)),
                            METH_FASTCALL, "A copy of base with base[index] = value."};
 
@@ -47,6 +65,11 @@ PyMethodDef setitem_def = {"setitem", reinterpret_cast<PyCFunction>(reinterpret_
 
 PyObject* functional_setitem() {
   static PyObject* f = PyCFunction_New(&setitem_def, nullptr);
+  return f;
+}
+
+PyObject* inplace_setitem() {
+  static PyObject* f = PyCFunction_New(&setitem_inplace_def, nullptr);
   return f;
 }
 

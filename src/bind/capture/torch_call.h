@@ -17,9 +17,17 @@ struct TorchCall {
 int register_torch_call(PyObject* fn, PyObject* args, PyObject* kwargs, int output);
 const TorchCall& torch_call(int id);
 
+// The same call as `id` (its argument templates, its result) through `inplace_fn`, the
+// operator's in-place form (Tensor.index_copy_ for Tensor.index_copy): what the executor runs
+// when the graph lets an input be updated where it lies (core/passes: reinplace_input_updates).
+int register_inplace_variant(int id, PyObject* inplace_fn);
+
 // setitem(base, index, value) -> a copy of base with base[index] = value: indexed assignment
 // into a tensor, as a function the graph can call (borrowed; lives for the process).
 PyObject* functional_setitem();
+// setitem_(base, index, value) -> base, after base[index] = value: functional_setitem's
+// in-place form (borrowed; lives for the process).
+PyObject* inplace_setitem();
 
 // The marker standing for the i-th tensor input in a template (new reference).
 PyObject* tensor_slot(int i);

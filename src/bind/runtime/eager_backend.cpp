@@ -74,6 +74,8 @@ bool is_number(const ir::Node* n) { return n && n->op_name() == "scalar"; }
 struct TorchArg {
   int node = -1;
   PyObject* value = nullptr;
+  std::vector<int> list;  // a Tensor[] parameter: these nodes' values, as a tuple
+  bool is_list = false;
 };
 
 struct TorchStep {
@@ -130,16 +132,21 @@ bool plan_call(const ir::Node& n, const NodeIndex& index, TorchStep& step, std::
   };
   size_t tensor_params = 0;
   bool attrs_at_default = true;
+  bool tensor_list = false;
   for (const ops::Param& p : op.schema.params) {
     if (p.is_tensor()) {
       ++tensor_params;
+      continue;
+    }
+    if (p.is_tensor_list()) {
+      tensor_list = true;
       continue;
     }
     const ir::AttrValue* v = n.attrs.find(p.name);
     auto d = p.default_value();
     if (v && !(d && *v == *d)) attrs_at_default = false;
   }
-  if (n.inputs.size() > tensor_params) {
+  if (!tensor_list && n.inputs.size() > tensor_params) {
     error = op.name + " has more tensor inputs than its schema";
     return false;
   }
@@ -160,6 +167,14 @@ bool plan_call(const ir::Node& n, const NodeIndex& index, TorchStep& step, std::
   PyObject* kwnames = PyList_New(0);
   size_t ti = 0;
   for (const ops::Param& p : op.schema.params) {
+    if (p.is_tensor_list()) {  // every input, in order (the op's only tensor parameter)
+      TorchArg a;
+      a.is_list = true;
+      for (const ir::Node* in : n.inputs) a.list.push_back(index.at(in));
+      positional.push_back(std::move(a));
+      trailing_default.push_back(false);
+      continue;
+    }
     if (p.is_tensor()) {
       const ir::Node* in = ti < n.inputs.size() ? n.inputs[ti] : nullptr;
       ++ti;
@@ -203,6 +218,19 @@ bool plan_call(const ir::Node& n, const NodeIndex& index, TorchStep& step, std::
   return true;
 }
 
+// An arange node over constant bounds: torch.arange(start, end, step, dtype=..., device=...).
+bool plan_arange(const ir::Node& n, TorchStep& step) {
+  auto start = n.attrs.get_expr("start").as_const(), end = n.attrs.get_expr("end").as_const();
+  if (!start || !end) return false;
+  static PyObject* arange = object_at("torch.arange");
+  step.fn = arange;
+  for (int64_t v : {*start, *end, n.attrs.get_int("step", 1)}) step.args.push_back({-1, PyLong_FromLongLong(v)});
+  step.args.push_back({-1, Py_NewRef(torch_dtype_object(*n.attrs.get_dtype("dtype")))});
+  step.args.push_back({-1, PyUnicode_FromString(n.attrs.get_str("device").c_str())});
+  step.kwnames = Py_BuildValue("(ss)", "dtype", "device");
+  return true;
+}
+
 }  // namespace
 
 std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::string& error) {
@@ -241,7 +269,10 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
           break;
         }
       }
-    } else if (!plan_call(n, index, step, error)) {
+    } else if (n.op == ops::find_op("arange") && !plan_arange(n, step)) {
+      error = "node " + n.name + ": an arange over symbolic bounds";
+      return nullptr;
+    } else if (n.op != ops::find_op("arange") && !plan_call(n, index, step, error)) {
       error = "node " + n.name + ": " + error;
       return nullptr;
     }
@@ -265,8 +296,10 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
   std::vector<int> last_share(prog->steps.size(), -1);
   for (size_t si = 0; si < prog->steps.size(); ++si) {
     const TorchStep& s = prog->steps[si];
-    for (const TorchArg& a : s.args)
+    for (const TorchArg& a : s.args) {
       if (a.node >= 0) last[a.node] = static_cast<int>(si);
+      for (int n : a.list) last[n] = static_cast<int>(si);
+    }
     for (int n : s.call_inputs) last[n] = static_cast<int>(si);
     if (s.inplace_of >= 0) last[s.inplace_of] = static_cast<int>(si);
     if (s.share >= 0) last_share[s.share] = static_cast<int>(si);
@@ -299,9 +332,20 @@ bool run_torch_program(const TorchProgram& p, PyObject* const* inputs, std::vect
     argv.clear();
     PyObject* r = nullptr;
     if (s.torch_call < 0) {
-      for (const TorchArg& a : s.args) argv.push_back(a.node >= 0 ? vals[a.node] : a.value);
+      std::vector<PyObject*> lists;  // the tuples made for Tensor[] arguments
+      for (const TorchArg& a : s.args) {
+        if (a.is_list) {
+          PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(a.list.size()));
+          for (size_t k = 0; k < a.list.size(); ++k) PyTuple_SET_ITEM(t, k, Py_NewRef(vals[a.list[k]]));
+          lists.push_back(t);
+          argv.push_back(t);
+        } else {
+          argv.push_back(a.node >= 0 ? vals[a.node] : a.value);
+        }
+      }
       size_t nkw = s.kwnames ? static_cast<size_t>(PyTuple_GET_SIZE(s.kwnames)) : 0;
       r = PyObject_Vectorcall(s.fn, argv.data(), argv.size() - nkw, s.kwnames);
+      for (PyObject* t : lists) Py_DECREF(t);
     } else {
       PyObject* whole;
       if (s.share >= 0) {

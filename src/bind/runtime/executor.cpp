@@ -155,7 +155,10 @@ bool same_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
 
 bool run_torch_call(const loop::Extern& e, const ExternViews& plan, const std::vector<at::Tensor>& tensors,
                     const std::vector<int64_t>& expect_sizes, at::Tensor& out) {
-  const TorchCall& call = torch_call(static_cast<int>(e.attrs.get_int("fn")));
+  // An update of an input nothing else reads (passes::reinplace_input_updates): the operator's
+  // in-place form, on the input's own tensor.
+  const bool in_place = e.attrs.get_bool("in_place");
+  const TorchCall& call = torch_call(static_cast<int>(e.attrs.get_int(in_place ? "inplace_fn" : "fn")));
   std::vector<PyObject*> ins;
   for (const ViewPlan& v : plan.inputs) ins.push_back(THPVariable_Wrap(view_of(tensors[v.buffer], v)));
   PyObject* args = substitute(call.args, ins.data());

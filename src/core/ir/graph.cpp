@@ -27,6 +27,19 @@ std::vector<Expr> contiguous_strides(const std::vector<Expr>& sizes) {
   return st;
 }
 
+bool is_contiguous(const std::vector<Expr>& sizes, const std::vector<Expr>& strides) {
+  if (sizes.size() != strides.size()) return false;
+  for (const Expr& e : sizes)
+    if (e.is_const(0)) return true;  // no elements: any strides
+  Expr expected = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i].is_const(1)) continue;  // a dim of one element: its stride indexes nothing
+    if (!(strides[i] == expected)) return false;
+    expected = expected * sizes[i];
+  }
+  return true;
+}
+
 void Attrs::set(const std::string& key, AttrValue v) {
   for (auto& [k, val] : items_)
     if (k == key) {

@@ -39,6 +39,9 @@ struct TensorMeta {
 };
 
 std::vector<Expr> contiguous_strides(const std::vector<Expr>& sizes);
+// torch's is_contiguous(): row-major wherever it matters (dims of one element and empty tensors
+// take any strides). Symbolic sizes are taken as not 1, so it may say no where torch says yes.
+bool is_contiguous(const std::vector<Expr>& sizes, const std::vector<Expr>& strides);
 
 // sym::Expr: a size that may be symbolic (size_value's expression).
 // std::vector<sym::Expr>: a list of sizes some of which are symbolic (a decomposition's reshape).

@@ -40,7 +40,10 @@ std::string Program::str() const {
   for (const Step& st : steps) {
     if (st.kind == Step::Kind::Extern) {
       const Extern& e = externs[st.index];
-      s += "extern " + e.aten + "(";
+      // torch's operator, or the torch callable a torch_call runs (its `target`), in place or not
+      std::string what = !e.aten.empty() ? e.aten : e.attrs.has("target") ? e.attrs.get_str("target") : e.op;
+      if (e.attrs.get_bool("in_place")) what += " (in place)";
+      s += "extern " + what + "(";
       for (size_t i = 0; i < e.inputs.size(); ++i) {
         const BufferView& v = e.inputs[i];
         s += (i ? ", " : "") + (v.buffer < 0 ? std::string("None") : buffers[v.buffer].name + sym::str(v.sizes) + ":" + sym::str(v.strides));

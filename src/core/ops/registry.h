@@ -52,6 +52,9 @@ struct Param {
   bool has_default = false;
   bool kwarg_only = false;
   bool is_tensor() const { return type == "Tensor" || type == "Tensor?"; }
+  // A sequence of tensors (cat's): each is one input of the node, in order; the op's only
+  // tensor parameter.
+  bool is_tensor_list() const { return type == "Tensor[]"; }
   bool is_int_list() const { return type.rfind("int[", 0) == 0 || is_sym_int_list(); }
   // Sizes that may be symbolic (torch's SymInt[]): the op's rules read them as expressions.
   bool is_sym_int_list() const { return type.rfind("SymInt[", 0) == 0; }
@@ -171,6 +174,7 @@ std::vector<OpDef> torch_call_ops();
 std::vector<OpDef> linalg_ops();
 std::vector<OpDef> composite_ops();
 std::vector<OpDef> nn_ops();
+std::vector<OpDef> join_ops();
 
 // An op that runs as a call of the torch operator `aten` (shape rule `infer`).
 OpDef extern_op(const std::string& name, const std::string& schema, const std::string& aten, InferFn infer,

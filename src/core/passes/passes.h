@@ -33,6 +33,10 @@ struct ExternTiming {
 // activation in cuBLASLt's epilogue); with `timing`, the epilogues are timed against the plain
 // GEMMs and the faster kept (gemm_epilogues.cpp).
 void gemm_epilogues(ir::Graph& g, ExternTiming* timing = nullptr);
+// Marks torch_calls that update a graph input out of place (with the in-place form capture
+// recorded) `in_place` where nothing else reads the input's old value: the executor then updates
+// the input where it lies instead of copying it twice (reinplace.cpp).
+void reinplace_input_updates(ir::Graph& g);
 // Removes nodes whose values are never used.
 void dead_code_elimination(ir::Graph& g);
 // Merges nodes that compute the same op on the same inputs with the same attributes.

@@ -33,6 +33,7 @@ void run_graph_passes(ir::Graph& g, const std::string& dump_name, passes::Extern
   step("gemm_epilogues", [timing](ir::Graph& gr) { passes::gemm_epilogues(gr, timing); });
   step("dce", passes::dead_code_elimination);
   step("cse", passes::common_subexpression_elimination);
+  step("reinplace_input_updates", passes::reinplace_input_updates);
 }
 
 namespace {
