@@ -80,20 +80,46 @@ std::string Source::str() const {
   return "?";
 }
 
+size_t SourceMemo::slot_of(const Source* s) const {
+  const size_t mask = slots_.size() - 1;
+  // Sources are heap objects: the low bits of their addresses say little.
+  size_t i = (reinterpret_cast<uintptr_t>(s) >> 4) * 0x9E3779B97F4A7C15ull >> 20 & mask;
+  while (slots_[i].source && slots_[i].source != s) i = (i + 1) & mask;
+  return i;
+}
+
 PyObject* SourceMemo::find(const Source* s) const {
-  auto it = values_.find(s);
-  return it == values_.end() ? nullptr : it->second;
+  if (slots_.empty()) return nullptr;
+  return slots_[slot_of(s)].value;
+}
+
+void SourceMemo::grow() {
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(old.empty() ? 256 : old.size() * 2, Slot{});
+  filled_.clear();
+  for (const Slot& o : old)
+    if (o.source) {
+      const size_t i = slot_of(o.source);
+      slots_[i] = o;
+      filled_.push_back(i);
+    }
 }
 
 void SourceMemo::put(const Source* s, PyObject* v) {
-  auto [it, added] = values_.emplace(s, v);
-  if (added) Py_INCREF(v);
+  if ((filled_.size() + 1) * 2 > slots_.size()) grow();  // at most half full: short probes
+  const size_t i = slot_of(s);
+  if (slots_[i].source) return;
+  slots_[i] = {s, Py_NewRef(v)};
+  filled_.push_back(i);
 }
 
 void SourceMemo::clear() {
   if (!Py_IsInitialized()) return;
-  for (auto& [s, v] : values_) Py_DECREF(v);
-  values_.clear();
+  for (size_t i : filled_) {
+    Py_DECREF(slots_[i].value);
+    slots_[i] = Slot{};
+  }
+  filled_.clear();
 }
 
 namespace {

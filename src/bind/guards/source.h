@@ -7,7 +7,6 @@
 
 #include <memory>
 #include <string>
-#include <unordered_map>
 
 namespace kiln::bind {
 
@@ -51,7 +50,16 @@ class SourceMemo {
   void clear();
 
  private:
-  std::unordered_map<const Source*, PyObject*> values_;
+  // Open addressing over a power-of-two table (an empty slot has no source): a call's few
+  // thousand lookups and insertions without an allocation each, as a node-based map made.
+  struct Slot {
+    const Source* source = nullptr;
+    PyObject* value = nullptr;
+  };
+  size_t slot_of(const Source* s) const;  // its slot, or the empty one where it would go
+  void grow();
+  std::vector<Slot> slots_;
+  std::vector<size_t> filled_;  // the slots in use, for clear() to visit only those
 };
 
 // The frame a source is evaluated in.
