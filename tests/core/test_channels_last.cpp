@@ -105,3 +105,46 @@ TEST(ChannelsLast, DynamicBatch) {
   for (auto& n : g.nodes()) convs += n->op_name() == "conv2d";
   EXPECT_EQ(convs, 1) << g.str();
 }
+
+// A ResNet stem and block: conv -> batch norm -> relu -> max-pool -> conv -> + the pooled
+// value -> relu. After the passes the batch norm, ReLU and max-pool compute in channels-last
+// (the max-pool reads the convolution's channels-last result in its own order), the second
+// convolution reads the pooled twin as it is, and only the result is made row-major again.
+TEST(ChannelsLast, ActivationsBetweenConvolutionsStayChannelsLast) {
+  Graph g;
+  const DType t = DType::Float32;
+  const DeviceType dev = DeviceType::CUDA;
+  Node* x = g.placeholder("x", meta({2, 3, 16, 16}, t, dev));
+  Node* w1 = g.placeholder("w1", meta({8, 3, 3, 3}, t, dev));
+  Node* w2 = g.placeholder("w2", meta({8, 8, 3, 3}, t, dev));
+  Node* mean = g.placeholder("mean", meta({8}, t, dev));
+  Node* var = g.placeholder("var", meta({8}, t, dev));
+  Attrs pad = A({{"padding", std::vector<int64_t>{1, 1}}});
+  Node* c1 = g.must_add("conv2d", {x, w1, nullptr}, pad);
+  Node* bn = g.must_add("batch_norm", {c1, mean, var, nullptr, nullptr}, A({}));
+  Node* pooled = g.must_add("max_pool2d", {g.must_add("relu", {bn})},
+                            A({{"kernel_size", std::vector<int64_t>{3, 3}}, {"stride", std::vector<int64_t>{2, 2}},
+                               {"padding", std::vector<int64_t>{1, 1}}}));
+  Node* c2 = g.must_add("conv2d", {pooled, w2, nullptr}, pad);
+  Node* out = g.must_add("relu", {g.must_add("add", {c2, pooled})});
+  g.outputs().push_back(out);
+  const std::vector<sym::Expr> strides = out->meta.strides;
+  pipeline::run_graph_passes(g);
+  EXPECT_EQ(g.outputs()[0]->meta.strides, strides) << g.str();
+  int pools = 0, copies_to_channels_last = 0;
+  for (auto& n : g.nodes()) {
+    if (n->op_name() == "max_pool2d") {
+      ++pools;
+      EXPECT_TRUE(ops::suggests_channels_last(n->meta)) << g.str();
+    }
+    copies_to_channels_last += n->op_name() == "channels_last";
+  }
+  EXPECT_EQ(pools, 1) << g.str();
+  EXPECT_EQ(copies_to_channels_last, 1) << g.str();  // the graph input's, before the first convolution
+  EXPECT_EQ(convs_reading_channels_last(g), 2) << g.str();
+  loop::Program p;
+  std::string err;
+  ASSERT_TRUE(lower::lower_graph(g, p, err)) << err;
+  schedule::schedule(p);
+  EXPECT_EQ(p.kernels.size(), 3u) << p.str();  // x's copy, bn+relu+pool, add+relu
+}

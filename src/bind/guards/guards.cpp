@@ -321,11 +321,16 @@ bool GuardSet::check_guards(const FrameView& f, std::string* why, SymbolBindings
         case Guard::Kind::Type: ok = reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.expected; break;
         case Guard::Kind::Identity: ok = v == g.expected; break;
         case Guard::Kind::HasAttr: {
-          PyObject* a = PyObject_GetAttr(v, g.expected);
-          int r = a != nullptr;
-          if (a) Py_DECREF(a);
-          else if (PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
-          else clear_error(), r = -1;
+          // A lookup that reports a missing attribute without building an AttributeError: a
+          // hasattr(...) that is False on every call costs no exception object per call.
+          PyObject* a = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+          int r = PyObject_GetOptionalAttr(v, g.expected, &a);
+#else
+          int r = _PyObject_LookupAttr(v, g.expected, &a);
+#endif
+          Py_XDECREF(a);
+          if (r < 0) clear_error();
           ok = r == (g.flag ? 1 : 0);
           break;
         }

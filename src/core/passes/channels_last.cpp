@@ -12,6 +12,7 @@
 // that makes x (batch norm, ReLU, the residual add) writes, and contiguous(...) is how the next
 // kernel reads the convolution's channels-last result. Every other node keeps its layout, so
 // results keep eager's strides.
+#include <unordered_map>
 #include <vector>
 
 #include "core/ops/registry.h"
@@ -46,6 +47,71 @@ void channels_last_convolutions(ir::Graph& g) {
     g.replace_all_uses(conv, back);
   }
   if (changed) dead_code_elimination(g);
+}
+
+// After decomposition. A convolution's row-major copy, contiguous(conv2d(...)), is read by the
+// batch norm, ReLU, residual add and max-pool before the next convolution: a kernel that reads
+// channels-last memory in row-major order (a max-pool over a ResNet's stem output reads 512
+// bytes apart) and writes a layout the next convolution copies back. The pointwise ops and
+// max-pools that read such a copy are made again over its channels-last twin, and so on down
+// the chain, so they compute in channels-last; the row-major copy moves to where something
+// else reads the chain (a graph output, a view, an extern op), and a convolution's
+// channels_last() of a twin is the twin itself. Values do not change: only where a layout
+// conversion happens.
+void channels_last_activations(ir::Graph& g) {
+  static const ops::OpDef* contiguous = ops::find_op("contiguous");
+  static const ops::OpDef* channels_last = ops::find_op("channels_last");
+  static const ops::OpDef* conv = ops::find_op("conv2d");
+  static const ops::OpDef* max_pool = ops::find_op("max_pool2d");
+  std::unordered_map<const ir::Node*, ir::Node*> twin;  // row-major node -> its channels-last twin
+  std::vector<ir::Node*> order;
+  for (auto& n : g.nodes()) order.push_back(n.get());
+  for (ir::Node* n : order) {
+    if (n->op == contiguous && n->inputs[0]->op == conv && n->meta.device.type == DeviceType::CUDA &&
+        ops::suggests_channels_last(n->inputs[0]->meta))
+      twin[n] = n->inputs[0];
+  }
+  if (twin.empty()) return;
+  std::vector<ir::Node*> made;  // originals with a twin the pass made, in order
+  for (ir::Node* n : order) {
+    if (twin.count(n) || n->meta.dim() != 4) continue;
+    const bool follows = (n->op->kind == ops::OpKind::Pointwise && n->op != contiguous && n->op != channels_last) ||
+                         n->op == max_pool;
+    if (!follows) continue;
+    std::vector<ir::Node*> inputs = n->inputs;
+    bool reads_twin = false;
+    for (ir::Node*& in : inputs)
+      if (in && twin.count(in)) {
+        in = twin[in];
+        reads_twin = true;
+      }
+    if (!reads_twin) continue;
+    const size_t tail = g.nodes().size();
+    std::string error;
+    ir::Node* m = g.add(n->op, inputs, n->attrs, error);
+    // Kept only where it is what it stands for, in channels-last (else the tail is dead code).
+    if (!m || m->meta.sizes != n->meta.sizes || m->meta.dtype != n->meta.dtype || !ops::suggests_channels_last(m->meta))
+      continue;
+    g.move_tail_before(tail, n);
+    twin[n] = m;
+    made.push_back(n);
+  }
+  // Readers of an original read the row-major copy of its twin; where that reader is a
+  // convolution's channels_last(), the twin itself.
+  for (ir::Node* n : made) {
+    const size_t tail = g.nodes().size();
+    std::string error;
+    ir::Node* back = g.add(contiguous, {twin[n]}, {}, error);
+    if (!back || back->meta.strides != n->meta.strides) continue;  // the original stays
+    g.move_tail_before(tail, n);
+    g.replace_all_uses(n, back);
+  }
+  for (auto& n : g.nodes()) {
+    if (n->op != channels_last || n->inputs[0]->op != contiguous) continue;
+    ir::Node* cl = n->inputs[0]->inputs[0];
+    if (cl->meta.strides == n->meta.strides && cl->meta.sizes == n->meta.sizes) g.replace_all_uses(n.get(), cl);
+  }
+  dead_code_elimination(g);
 }
 
 }  // namespace kiln::passes
