@@ -219,9 +219,9 @@ bool plan_call(const ir::Node& n, const NodeIndex& index, TorchStep& step, std::
 }
 
 // An arange node over constant bounds: torch.arange(start, end, step, dtype=..., device=...).
-bool plan_arange(const ir::Node& n, TorchStep& step) {
+bool plan_arange(const ir::Node& n, TorchStep& step, std::string& error) {
   auto start = n.attrs.get_expr("start").as_const(), end = n.attrs.get_expr("end").as_const();
-  if (!start || !end) return false;
+  if (!start || !end) return error = "an arange over symbolic bounds", false;
   static PyObject* arange = object_at("torch.arange");
   step.fn = arange;
   for (int64_t v : {*start, *end, n.attrs.get_int("step", 1)}) step.args.push_back({-1, PyLong_FromLongLong(v)});
@@ -244,6 +244,7 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
     by_id[nodes[i]->id] = static_cast<int>(i);
   }
   for (size_t i = 0; i < g.inputs().size(); ++i) prog->inputs.emplace_back(index.at(g.inputs()[i]), static_cast<int>(i));
+  static const ops::OpDef* arange = ops::find_op("arange");
   for (size_t i = 0; i < nodes.size(); ++i) {
     const ir::Node& n = *nodes[i];
     const std::string& name = n.op_name();
@@ -269,10 +270,7 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
           break;
         }
       }
-    } else if (n.op == ops::find_op("arange") && !plan_arange(n, step)) {
-      error = "node " + n.name + ": an arange over symbolic bounds";
-      return nullptr;
-    } else if (n.op != ops::find_op("arange") && !plan_call(n, index, step, error)) {
+    } else if (n.op == arange ? !plan_arange(n, step, error) : !plan_call(n, index, step, error)) {
       error = "node " + n.name + ": " + error;
       return nullptr;
     }

@@ -99,8 +99,11 @@ at::Tensor view_of(const at::Tensor& base, const ViewPlan& v) {
 }
 
 struct ExternPlan {
-  std::optional<c10::OperatorHandle> op;  // none: a torch_call (the callable is in its attributes)
+  std::optional<c10::OperatorHandle> op;  // none: a torch_call, `call` below
   const ops::OpDef* def;
+  // A torch_call's registered call: its in-place form where the graph lets it update an input
+  // where it lies (passes::reinplace_input_updates), resolved once here rather than per call.
+  const TorchCall* call = nullptr;
 };
 
 // An extern's tensors, with sizes resolved.
@@ -153,12 +156,8 @@ bool same_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
   return true;
 }
 
-bool run_torch_call(const loop::Extern& e, const ExternViews& plan, const std::vector<at::Tensor>& tensors,
-                    const std::vector<int64_t>& expect_sizes, at::Tensor& out) {
-  // An update of an input nothing else reads (passes::reinplace_input_updates): the operator's
-  // in-place form, on the input's own tensor.
-  const bool in_place = e.attrs.get_bool("in_place");
-  const TorchCall& call = torch_call(static_cast<int>(e.attrs.get_int(in_place ? "inplace_fn" : "fn")));
+bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternViews& plan,
+                    const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& expect_sizes, at::Tensor& out) {
   std::vector<PyObject*> ins;
   for (const ViewPlan& v : plan.inputs) ins.push_back(THPVariable_Wrap(view_of(tensors[v.buffer], v)));
   PyObject* args = substitute(call.args, ins.data());
@@ -363,7 +362,9 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
         return nullptr;
       }
     }
-    prep->externs.push_back(ExternPlan{handle, ops::find_op(e.op)});
+    ExternPlan plan{handle, ops::find_op(e.op)};
+    if (!handle) plan.call = &torch_call(static_cast<int>(e.attrs.get_int(e.attrs.get_bool("in_place") ? "inplace_fn" : "fn")));
+    prep->externs.push_back(plan);
   }
   plan_lifetimes(p, *prep);
   prep->has_cuda = p.device.type == DeviceType::CUDA;
@@ -475,7 +476,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       const ExternViews& views = rs.externs[st.index];
       at::Tensor r;
       if (!plan.op) {
-        if (!run_torch_call(e, views, tensors, rs.sizes[e.output], r)) return false;
+        if (!run_torch_call(e, *plan.call, views, tensors, rs.sizes[e.output], r)) return false;
       } else {
         torch::jit::Stack stack;
         push_arguments(stack, *plan.def, e.attrs, [&](size_t i) -> c10::IValue {
