@@ -143,3 +143,114 @@ def test_guards_are_not_repeated_and_code_contents_are_not_guarded():
     assert any("__code__ is" in g for g in e.guards), "\n".join(e.guards)
     assert not any("co_varnames" in g for g in e.guards), "\n".join(e.guards)
     torch.testing.assert_close(kiln.compile(f)(x), f(x))
+
+
+class Optional(nn.Module):
+    """Reads hasattr(self, "extra"): answered from the module's dicts without Python."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if hasattr(self, "extra"):
+            y = y + self.extra(y) if callable(self.extra) else y + self.extra
+        return y
+
+
+def test_hasattr_on_a_module_follows_each_of_its_dicts():
+    m = Optional().eval().requires_grad_(False)
+    f = kiln.compile(m)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        _same(f(x), m(x))
+        m.extra = nn.Linear(4, 4).requires_grad_(False)  # a submodule (_modules)
+        _same(f(x), m(x))
+        del m.extra
+        _same(f(x), m(x))
+        m.register_buffer("extra", torch.randn(4))  # a buffer (_buffers)
+        _same(f(x), m(x))
+        del m.extra
+        m.extra = nn.Parameter(torch.randn(4), requires_grad=False)  # a parameter (_parameters)
+        _same(f(x), m(x))
+        del m.extra
+        _same(f(x), m(x))
+        Optional.extra = torch.ones(4)  # on the class: the generic lookup answers
+        try:
+            _same(f(x), m(x))
+        finally:
+            del Optional.extra
+        _same(f(x), m(x))
+
+
+class Settings:
+    def __init__(self, scale):
+        self.scale = scale
+        self.shift = 0.5
+
+
+class Layer(nn.Module):
+    def __init__(self, settings):
+        super().__init__()
+        self.settings = settings
+        self.fc = nn.Linear(5, 5)
+
+    def forward(self, x):
+        return self.fc(x) * self.settings.scale + self.settings.shift
+
+
+class Stack(nn.Module):
+    def __init__(self, n=4):
+        super().__init__()
+        self.settings = Settings(2.0)
+        self.layers = nn.ModuleList(Layer(self.settings) for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x * self.settings.scale
+
+
+def test_one_settings_object_shared_by_every_layer():
+    # Each layer reaches the same object: its attributes are guarded once, through the first
+    # path, and every other path is guarded to reach that same object.
+    m = Stack().eval().requires_grad_(False)
+    x = torch.randn(3, 5)
+    with torch.no_grad():
+        e = kiln.explain(m)(x)
+        assert e.graph_count == 1
+        scale_guards = [g for g in e.guards if g.endswith(".scale == 2.0")]
+        assert len(scale_guards) == 1, "\n".join(e.guards)
+        assert sum("SAME_OBJECT" in g and ".settings is" in g for g in e.guards) == 4, "\n".join(e.guards)
+        f = kiln.compile(m)
+        _same(f(x), m(x))
+        m.settings.scale = 3.0  # the shared object changes: every layer sees it
+        _same(f(x), m(x))
+        m.layers[2].settings = Settings(-1.0)  # one layer gets an object of its own
+        _same(f(x), m(x))
+        m.layers[2].settings = m.settings
+        m.layers[1].settings.shift = 4.0  # through a layer's path: the shared object
+        _same(f(x), m(x))
+
+
+def test_a_model_with_hundreds_of_parameters_sees_a_change_deep_inside():
+    torch.manual_seed(0)
+    m = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Dropout(0.5)) for _ in range(60)]).eval()
+    m.requires_grad_(False)
+    f = kiln.compile(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        _same(f(x), m(x))
+        m[41][1].eps = 0.5  # one LayerNorm's eps
+        _same(f(x), m(x))
+        m[57][2].train()  # one dropout in training mode: eager's random mask, so compare shape
+        assert f(x).shape == m(x).shape
+        m[57][2].eval()
+        handle = m[13][0].register_forward_hook(lambda mod, inp, out: out * 0)
+        _same(f(x), m(x))
+        handle.remove()
+        m[29][0].weight.data = torch.randn(4, 4)  # same shape, a new tensor under the parameter
+        _same(f(x), m(x))
+        m[33][0].bias = None
+        _same(f(x), m(x))

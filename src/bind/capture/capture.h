@@ -162,6 +162,9 @@ struct BoundArgs {
   const std::vector<bool>* private_slots = nullptr;
   // What guard checks read from sources, reused by the input fetch of the same call.
   SourceMemo* memo = nullptr;
+  // The inputs of the entry selected for this call, read by its guards' walk (guard_tree.h);
+  // empty when its guards were checked one by one.
+  FetchedValues* fetched = nullptr;
   // Dims to capture with symbolic sizes (nullptr: none, unless a tensor is marked dynamic).
   const DynamicDims* dynamic = nullptr;
 };

@@ -323,9 +323,19 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     // An instance of a user class (a config, a KV cache): its type, and then each attribute
     // capture reads, as its own guarded value; a new object of the same structure hits the cache.
     // Used as a value itself (compared, hashed, passed to Python), it is pinned by identity.
+    // Met again by another path (each layer's self.config), it is guarded to be that object,
+    // and its attributes are read (and checked at each call) once, through the first path.
+    Interpreter* r = root();
+    for (const auto& [obj, tracker] : r->structured_)
+      if (obj == v) {
+        if (src->str() != tracker->source->str()) out_.guards.add_same(src, tracker->source);
+        return tracker;
+      }
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
     VarPtr c = Var::constant(v, src);
     c->as<ConstV>().by_type = true;
+    r->structured_.emplace_back(Py_NewRef(v), c);
+    r->keep_.push_back(v);
     return c;
   }
   // Modules, functions, classes and other objects: their identity.

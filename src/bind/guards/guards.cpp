@@ -50,7 +50,10 @@ GuardSet::~GuardSet() {
   for (Guard& g : guards_) Py_XDECREF(g.expected);
 }
 
+void GuardSet::finalize(const std::vector<SourcePtr>& fetch) { tree_ = std::make_unique<GuardTree>(*this, fetch); }
+
 bool GuardSet::needed(const Guard& g) {
+  tree_.reset();  // it points into guards_, which may grow
   if (g.source)
     for (const Source* a = g.source->base.get(); a; a = a->base.get())
       if (fixed_roots_.count(a->str())) return false;
@@ -111,6 +114,7 @@ void GuardSet::add_int_symbol(SourcePtr s, const sym::Expr& symbol) {
 }
 
 void GuardSet::add_no_alias(std::vector<SourcePtr> inputs, std::vector<bool> mutated) {
+  tree_.reset();
   Guard g{Guard::Kind::NoAlias, nullptr};
   g.sources = std::move(inputs);
   g.mutated = std::move(mutated);
@@ -244,7 +248,10 @@ std::map<sym::Expr, sym::Expr> GuardSet::specializations() const {
 
 bool GuardSet::check(const FrameView& f, std::string* why) const {
   SymbolBindings bindings{&symbols_, std::vector<int64_t>(symbols_.size(), -1)};
-  if (!check_guards(f, why, bindings)) return false;
+  return check_guards(f, why, bindings) && check_facts(bindings, why);
+}
+
+bool GuardSet::check_facts(const SymbolBindings& bindings, std::string* why) const {
   for (const sym::Expr& z : facts_) {
     if (bindings.value_of(z) != 0) {
       if (why) *why = "SIZE_FACT: " + z.str() + " == 0 failed";
@@ -267,44 +274,94 @@ bool GuardSet::check(const FrameView& f, std::string* why) const {
   return true;
 }
 
+bool Guard::holds_globally() const {
+  switch (kind) {
+    case Kind::Autocast: return autocast_state() == autocast;
+    case Kind::GradMode: return grad_enabled() == flag;
+    default: return false;
+  }
+}
+
+bool Guard::holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail) const {
+  switch (kind) {
+    case Kind::Tensor: return tensor_matches(v, tensor, detail, &bindings);
+    case Kind::Type: return reinterpret_cast<PyObject*>(Py_TYPE(v)) == expected;
+    case Kind::Identity: return v == expected;
+    case Kind::HasAttr: {
+      // A lookup that reports a missing attribute without building an AttributeError: a
+      // hasattr(...) that is False on every call costs no exception object per call.
+      if (int known = module_has_attr(v, expected); known >= 0) return known == (flag ? 1 : 0);
+      PyObject* a = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+      int r = PyObject_GetOptionalAttr(v, expected, &a);
+#else
+      int r = _PyObject_LookupAttr(v, expected, &a);
+#endif
+      Py_XDECREF(a);
+      if (r < 0) clear_error();
+      return r == (flag ? 1 : 0);
+    }
+    case Kind::IntSymbol: {
+      long long x = PyLong_CheckExact(v) ? PyLong_AsLongLong(v) : -1;
+      if (x == -1 && PyErr_Occurred()) clear_error();
+      int64_t& bound = bindings.values[static_cast<size_t>(length)];
+      if (x < 2 || (bound >= 0 && bound != x)) return false;
+      bound = x;
+      return true;
+    }
+    case Kind::Length: {
+      Py_ssize_t n = PyObject_Size(v);
+      if (n < 0) clear_error();
+      return n == length;
+    }
+    case Kind::Equals: {
+      if (Py_TYPE(v) != Py_TYPE(expected)) return false;
+      if (v == expected) return true;
+      int r = PyObject_RichCompareBool(v, expected, Py_EQ);
+      if (r < 0) clear_error();
+      return r == 1;
+    }
+    default: return false;
+  }
+}
+
+bool Guard::no_alias_holds(PyObject* const* values) const {
+  // storages of the inputs updated in place, against every input's
+  std::vector<const void*> written, all;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const void* s = storage_of(values[i]);
+    if (!s) continue;
+    for (const void* w : written)
+      if (w == s) return false;
+    if (mutated[i]) {
+      for (const void* a : all)
+        if (a == s) return false;
+      written.push_back(s);
+    }
+    all.push_back(s);
+  }
+  return true;
+}
+
 bool GuardSet::check_guards(const FrameView& f, std::string* why, SymbolBindings& bindings) const {
   for (const Guard& g : guards_) {
-    if (g.kind == Guard::Kind::Autocast) {
-      if (!(autocast_state() == g.autocast)) {
-        if (why) *why = g.str() + " failed (now " + autocast_state().str() + ")";
+    if (!g.source && g.kind != Guard::Kind::NoAlias) {
+      if (!g.holds_globally()) {
+        if (why) *why = g.str() + " failed" + (g.kind == Guard::Kind::Autocast ? " (now " + autocast_state().str() + ")" : "");
         return false;
       }
       continue;
     }
     if (g.kind == Guard::Kind::NoAlias) {
-      // storages of the inputs updated in place, against every input's
-      std::vector<const void*> written, all;
+      std::vector<PyObject*> values;
       bool ok = true;
       for (size_t i = 0; i < g.sources.size() && ok; ++i) {
-        PyObject* v = eval_source(*g.sources[i], f);
-        if (!v) {
-          clear_error();
-          ok = false;
-          break;
-        }
-        const void* s = storage_of(v);
-        Py_DECREF(v);
-        if (!s) continue;
-        for (const void* w : written) ok = ok && w != s;
-        if (g.mutated[i]) {
-          for (const void* a : all) ok = ok && a != s;
-          written.push_back(s);
-        }
-        all.push_back(s);
+        values.push_back(eval_source(*g.sources[i], f));
+        ok = values.back() != nullptr;
       }
+      ok = ok && g.no_alias_holds(values.data());
+      for (PyObject* v : values) Py_XDECREF(v);
       if (!ok) {
-        if (why) *why = g.str() + " failed";
-        return false;
-      }
-      continue;
-    }
-    if (g.kind == Guard::Kind::GradMode) {
-      if (grad_enabled() != g.flag) {
         if (why) *why = g.str() + " failed";
         return false;
       }
@@ -315,57 +372,12 @@ bool GuardSet::check_guards(const FrameView& f, std::string* why, SymbolBindings
     PyObject* v = borrowed ? f.locals[g.source->local] : eval_source(*g.source, f);
     bool ok = v != nullptr;
     std::string detail;
-    if (ok) {
-      switch (g.kind) {
-        case Guard::Kind::Tensor: ok = tensor_matches(v, g.tensor, why ? &detail : nullptr, &bindings); break;
-        case Guard::Kind::Type: ok = reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.expected; break;
-        case Guard::Kind::Identity: ok = v == g.expected; break;
-        case Guard::Kind::HasAttr: {
-          // A lookup that reports a missing attribute without building an AttributeError: a
-          // hasattr(...) that is False on every call costs no exception object per call.
-          PyObject* a = nullptr;
-#if PY_VERSION_HEX >= 0x030D0000
-          int r = PyObject_GetOptionalAttr(v, g.expected, &a);
-#else
-          int r = _PyObject_LookupAttr(v, g.expected, &a);
-#endif
-          Py_XDECREF(a);
-          if (r < 0) clear_error();
-          ok = r == (g.flag ? 1 : 0);
-          break;
-        }
-        case Guard::Kind::Same: {
-          PyObject* o = eval_source(*g.sources[0], f);
-          if (!o) clear_error();
-          ok = o == v;
-          Py_XDECREF(o);
-          break;
-        }
-        case Guard::Kind::IntSymbol: {
-          long long x = PyLong_CheckExact(v) ? PyLong_AsLongLong(v) : -1;
-          if (x == -1 && PyErr_Occurred()) clear_error();
-          int64_t& bound = bindings.values[static_cast<size_t>(g.length)];
-          ok = x >= 2 && (bound < 0 || bound == x);
-          if (ok) bound = x;
-          break;
-        }
-        case Guard::Kind::Length: {
-          Py_ssize_t n = PyObject_Size(v);
-          if (n < 0) clear_error();
-          ok = n == g.length;
-          break;
-        }
-        case Guard::Kind::Equals: {
-          ok = Py_TYPE(v) == Py_TYPE(g.expected);
-          if (ok && v != g.expected) {
-            int r = PyObject_RichCompareBool(v, g.expected, Py_EQ);
-            if (r < 0) clear_error();
-            ok = r == 1;
-          }
-          break;
-        }
-        default: break;
-      }
+    if (ok && g.kind == Guard::Kind::Same) {
+      PyObject* o = eval_source(*g.sources[0], f);
+      ok = o == v;
+      Py_XDECREF(o);
+    } else if (ok) {
+      ok = g.holds_for(v, bindings, why ? &detail : nullptr);
     }
     if (!borrowed) Py_XDECREF(v);
     if (!ok) {

@@ -10,6 +10,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "bind/guards/guard_tree.h"
 #include "bind/guards/source.h"
 #include "bind/torch/tensor_bridge.h"
 #include "core/sym/shape_env.h"
@@ -40,6 +41,13 @@ struct Guard {
   std::vector<bool> mutated;       // NoAlias: those the graph updates in place (written back)
 
   std::string str() const;
+  // The check itself. Autocast and GradMode hold or not for the whole process; NoAlias over the
+  // values at `sources`, in order; Same compares two values and is checked by its caller. The
+  // others hold for `v`, the value at `source` (a shape-generic tensor or an int symbol binds
+  // its symbols in `bindings`); `detail` (if given) says what differed.
+  bool holds_globally() const;
+  bool holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail) const;
+  bool no_alias_holds(PyObject* const* values) const;
 };
 
 class GuardSet {
@@ -91,7 +99,15 @@ class GuardSet {
 
   // True when all hold. On failure, `why` (if given) names the first failing guard.
   bool check(const FrameView& f, std::string* why) const;
+  // The guards as one walk over their sources (guard_tree.h) that also reads the values at
+  // `fetch` (an entry's inputs), for check_and_fetch. A guard added later drops the tree.
+  void finalize(const std::vector<SourcePtr>& fetch);
+  bool finalized() const { return tree_ != nullptr; }
+  // check() and the fetch sources' values in one walk (finalized sets only).
+  bool check_and_fetch(const FrameView& f, FetchedValues& out) const { return tree_->check(*this, f, out); }
   const std::vector<Guard>& guards() const { return guards_; }
+  // After a check of the guards themselves: the size facts, at the symbols' bound values.
+  bool check_facts(const SymbolBindings& bindings, std::string* why) const;
   std::vector<std::string> strs() const;
 
  private:
@@ -108,6 +124,7 @@ class GuardSet {
   std::vector<sym::Expr> nonneg_facts_;  // ... that must be >= 0
   std::unordered_set<std::string> seen_;          // str() of each guard kept
   std::unordered_set<std::string> fixed_roots_;   // sources of identity-guarded code objects
+  std::unique_ptr<GuardTree> tree_;
 };
 
 // The shape environment of a capture (sym::ShapeEnv): sizes compare at the symbols' hints (this

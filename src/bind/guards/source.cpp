@@ -34,6 +34,9 @@ SourcePtr Source::attr(SourcePtr base, const std::string& name) {
 SourcePtr Source::item(SourcePtr base, Py_ssize_t index) {
   auto s = std::make_shared<Source>(Source{Kind::Item});
   s->index = index;
+  // ModuleList keys its modules by str(index). Interned, as attribute names are: the string
+  // then lives in the interpreter's table, whichever thread drops the last source holding it.
+  if (index >= 0) s->key = PyUnicode_InternFromString(std::to_string(index).c_str());
   s->base = std::move(base);
   return s;
 }
@@ -165,11 +168,30 @@ const ModuleLookups* module_lookups() {
   return m->module_getattr && m->object_getattribute && m->modulelist_getitem ? m : nullptr;
 }
 
+// Does a type look attributes up as Module does (its __getattr__ and object's __getattribute__)?
+// Remembered per type and type version: CPython gives a type a new version tag whenever it or a
+// base changes, so an answer for (type, tag) never goes stale. A model's walk asks this of a few
+// dozen types about a thousand times a call.
+bool plain_module_type(PyTypeObject* tp, const ModuleLookups& l) {
+  struct Seen {
+    PyTypeObject* type = nullptr;
+    unsigned int version = 0;
+    bool plain = false;
+  };
+  static Seen seen[64];
+  const bool tagged = PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG);
+  Seen& slot = seen[(reinterpret_cast<uintptr_t>(tp) >> 4) & 63];
+  if (tagged && slot.type == tp && slot.version == tp->tp_version_tag) return slot.plain;
+  const bool plain = _PyType_Lookup(tp, l.getattr_name) == l.module_getattr &&
+                     _PyType_Lookup(tp, l.getattribute_name) == l.object_getattribute;
+  // _PyType_Lookup gives the type a tag when it has none
+  if (PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) slot = {tp, tp->tp_version_tag, plain};
+  return plain;
+}
+
 // The instance dict of a module whose attribute lookup is Module's own, else nullptr. Borrowed.
 PyObject* plain_module_dict(PyObject* obj, const ModuleLookups& l) {
-  PyTypeObject* tp = Py_TYPE(obj);
-  if (_PyType_Lookup(tp, l.getattr_name) != l.module_getattr) return nullptr;
-  if (_PyType_Lookup(tp, l.getattribute_name) != l.object_getattribute) return nullptr;
+  if (!plain_module_type(Py_TYPE(obj), l)) return nullptr;
   PyObject** dp = _PyObject_GetDictPtr(obj);
   return dp && *dp && PyDict_Check(*dp) ? *dp : nullptr;
 }
@@ -187,15 +209,17 @@ PyObject* module_attr(PyObject* obj, PyObject* name) {
   return Py_XNewRef(v);
 }
 
-PyObject* modulelist_item(PyObject* obj, Py_ssize_t index) {
+PyObject* modulelist_item(PyObject* obj, Py_ssize_t index, PyObject* index_key) {
   const ModuleLookups* l = module_lookups();
   PyObject* dict = l ? plain_module_dict(obj, *l) : nullptr;
   if (!dict || _PyType_Lookup(Py_TYPE(obj), l->getitem_name) != l->modulelist_getitem) return nullptr;
   PyObject* mods = PyDict_GetItem(dict, l->names[2]);
   if (!mods || !PyDict_Check(mods)) return nullptr;
   Py_ssize_t n = PyDict_Size(mods);
+  const Py_ssize_t given = index;
   if (index < 0) index += n;
   if (index < 0 || index >= n) return nullptr;  // the generic path raises IndexError
+  if (index_key && index == given) return Py_XNewRef(PyDict_GetItem(mods, index_key));
   PyObject* key = PyUnicode_FromFormat("%zd", index);
   PyObject* v = key ? PyDict_GetItem(mods, key) : nullptr;
   Py_XDECREF(key);
@@ -214,60 +238,73 @@ PyObject* eval_memo(const Source& s, const FrameView& f) {
 }
 
 PyObject* eval_uncached(const Source& s, const FrameView& f) {
-  switch (s.kind) {
-    case Source::Kind::Local: {
-      PyObject* v = f.locals[s.local];
-      Py_XINCREF(v);
-      return v;
-    }
-    case Source::Kind::Global: {
-      PyObject* v = PyDict_GetItemWithError(s.globals ? s.globals : f.globals, s.key);
-      if (!v && !PyErr_Occurred() && f.builtins) v = PyDict_GetItemWithError(f.builtins, s.key);
-      if (!v) {
-        clear_error();
-        return nullptr;
-      }
-      Py_INCREF(v);
-      return v;
-    }
-    case Source::Kind::Attr: {
-      PyObject* base = eval_memo(*s.base, f);
-      if (!base) return nullptr;
-      PyObject* v = module_attr(base, s.key);
-      if (!v) v = PyObject_GetAttr(base, s.key);
-      Py_DECREF(base);
-      if (!v) clear_error();
-      return v;
-    }
-    case Source::Kind::Item: {
-      PyObject* base = eval_memo(*s.base, f);
-      if (!base) return nullptr;
-      PyObject* v = modulelist_item(base, s.index);
-      if (!v) v = PySequence_GetItem(base, s.index);
-      Py_DECREF(base);
-      if (!v) clear_error();
-      return v;
-    }
-    case Source::Kind::Key: {
-      PyObject* base = eval_memo(*s.base, f);
-      if (!base) return nullptr;
-      PyObject* v = PyObject_GetItem(base, s.key);
-      Py_DECREF(base);
-      if (!v) clear_error();
-      return v;
-    }
-    case Source::Kind::Closure: {
-      if (!f.closure || s.index >= PyTuple_GET_SIZE(f.closure)) return nullptr;
-      PyObject* v = PyCell_GET(PyTuple_GET_ITEM(f.closure, s.index));
-      Py_XINCREF(v);
-      return v;
-    }
-  }
-  return nullptr;
+  if (!s.base) return read_root(s, f);
+  PyObject* base = eval_memo(*s.base, f);
+  if (!base) return nullptr;
+  PyObject* v = read_from_base(s, base);
+  Py_DECREF(base);
+  return v;
 }
 
 }  // namespace
 
 PyObject* eval_source(const Source& s, const FrameView& f) { return eval_memo(s, f); }
+
+int module_has_attr(PyObject* obj, PyObject* name) {
+  const ModuleLookups* l = module_lookups();
+  PyObject* dict = l ? plain_module_dict(obj, *l) : nullptr;
+  // On the class (a method, a property that may raise): the generic lookup answers.
+  if (!dict || _PyType_Lookup(Py_TYPE(obj), name)) return -1;
+  if (PyDict_GetItem(dict, name)) return 1;
+  for (int i = 0; i < 3; ++i) {
+    PyObject* d = PyDict_GetItem(dict, l->names[i]);
+    if (!d || !PyDict_Check(d)) return -1;
+    if (PyDict_GetItem(d, name)) return 1;
+  }
+  return 0;  // Module.__getattr__ raises AttributeError
+}
+
+PyObject* read_root(const Source& s, const FrameView& f) {
+  switch (s.kind) {
+    case Source::Kind::Local: return Py_XNewRef(f.locals[s.local]);
+    case Source::Kind::Global: {
+      PyObject* v = PyDict_GetItemWithError(s.globals ? s.globals : f.globals, s.key);
+      if (!v && !PyErr_Occurred() && f.builtins) v = PyDict_GetItemWithError(f.builtins, s.key);
+      if (!v) clear_error();
+      return Py_XNewRef(v);
+    }
+    case Source::Kind::Closure:
+      if (!f.closure || s.index >= PyTuple_GET_SIZE(f.closure)) return nullptr;
+      return Py_XNewRef(PyCell_GET(PyTuple_GET_ITEM(f.closure, s.index)));
+    default: return nullptr;
+  }
+}
+
+PyObject* read_from_base(const Source& s, PyObject* base) {
+  PyObject* v = nullptr;
+  switch (s.kind) {
+    case Source::Kind::Attr:
+      v = module_attr(base, s.key);
+      if (!v) v = PyObject_GetAttr(base, s.key);
+      break;
+    case Source::Kind::Item:
+      if (s.index >= 0 && PyTuple_CheckExact(base)) return s.index < PyTuple_GET_SIZE(base) ? Py_NewRef(PyTuple_GET_ITEM(base, s.index)) : nullptr;
+      if (s.index >= 0 && PyList_CheckExact(base)) return s.index < PyList_GET_SIZE(base) ? Py_NewRef(PyList_GET_ITEM(base, s.index)) : nullptr;
+      v = modulelist_item(base, s.index, s.key);
+      if (!v) v = PySequence_GetItem(base, s.index);
+      break;
+    case Source::Kind::Key:
+      if (PyDict_CheckExact(base)) {
+        v = PyDict_GetItemWithError(base, s.key);
+        if (!v) clear_error();
+        return Py_XNewRef(v);
+      }
+      v = PyObject_GetItem(base, s.key);
+      break;
+    default: return nullptr;
+  }
+  if (!v) clear_error();
+  return v;
+}
 
 }  // namespace kiln::bind

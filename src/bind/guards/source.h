@@ -17,7 +17,7 @@ struct Source {
   enum class Kind { Local, Global, Attr, Item, Closure, Key } kind;
   int local = -1;            // Local: the slot in the bound arguments
   std::string name;          // Local/Global/Attr: the name
-  PyObject* key = nullptr;   // Global/Attr: interned name string; Key: the key (owned)
+  PyObject* key = nullptr;   // Global/Attr: interned name string; Key: the key; Item: str(index) (owned)
   Py_ssize_t index = 0;      // Item; Closure: the cell's position in fn.__closure__
   SourcePtr base;            // Attr/Item
   PyObject* globals = nullptr;  // Global: the dict it is read from, when not the frame's (owned)
@@ -76,5 +76,14 @@ struct FrameView {
 
 // New reference, or nullptr with no Python error set when the value is gone.
 PyObject* eval_source(const Source& s, const FrameView& f);
+// The two steps eval_source takes, for walks that hold the base's value already (guard trees):
+// a root source's value in the frame (Local, Global, Closure), and the value another source
+// reads from its base's (Attr, Item, Key). New reference, or nullptr with no error set.
+PyObject* read_root(const Source& s, const FrameView& f);
+PyObject* read_from_base(const Source& s, PyObject* base);
+// hasattr(obj, name) for a torch.nn.Module that keeps Module's attribute lookup, answered from
+// its dicts without the AttributeError Module.__getattr__ would build: 1 or 0; -1 when obj is
+// not such a module or its class has the name (the generic lookup answers then).
+int module_has_attr(PyObject* obj, PyObject* name);
 
 }  // namespace kiln::bind

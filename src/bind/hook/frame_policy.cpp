@@ -153,8 +153,10 @@ PyObject* on_frame(PyObject* func, PyObject* const* args, PyObject** trampoline,
   FrameCache* c = cache_for(func, contain);
   if (!c) return nullptr;
   SourceMemo memo;
+  FetchedValues fetched;
   BoundArgs bound;
   bound.memo = &memo;
+  bound.fetched = &fetched;
   bound.locals.assign(args, args + c->nargs);
   bool failed;
   Entry* e = select_entry(*c, func, bound, failed);

@@ -327,6 +327,15 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
     if (fixed.memo) fixed.memo->clear();
     e = build_entry_interruptible(fn, fixed, cfg, name);
   }
+  // The guards as one walk that also reads the inputs (guard_tree.h).
+  if (e) {
+    std::vector<SourcePtr> fetch;
+    if (!e->eager) {
+      fetch = e->capture.input_sources;
+      fetch.insert(fetch.end(), e->capture.scalar_sources.begin(), e->capture.scalar_sources.end());
+    }
+    e->capture.guards.finalize(fetch);
+  }
   return e;
 }
 
@@ -641,10 +650,13 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
     heap_inputs.resize(sources.size());
     inputs = heap_inputs.data();
   }
+  // The guards' walk read the inputs (then the int scalars) already, or they are read here.
+  const auto& scalar_sources = e.capture.scalar_sources;
+  const bool walked = bound.fetched && bound.fetched->size() == sources.size() + scalar_sources.size();
   size_t fetched = 0;
   bool ok = true;
   for (; fetched < sources.size(); ++fetched) {
-    inputs[fetched] = eval_source(*sources[fetched], fv);
+    inputs[fetched] = walked ? Py_NewRef(bound.fetched->data()[fetched]) : eval_source(*sources[fetched], fv);
     if (!inputs[fetched]) {
       ok = false;
       break;
@@ -652,11 +664,12 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
   }
   // Python ints the entry keeps symbolic: their values for this call (guards checked them)
   std::vector<int64_t> scalars;
-  for (size_t i = 0; ok && i < e.capture.scalar_sources.size(); ++i) {
-    PyObject* v = eval_source(*e.capture.scalar_sources[i], fv);
+  for (size_t i = 0; ok && i < scalar_sources.size(); ++i) {
+    PyObject* v = walked ? Py_NewRef(bound.fetched->data()[sources.size() + i]) : eval_source(*scalar_sources[i], fv);
     scalars.push_back(v ? PyLong_AsLongLong(v) : 0);
     Py_XDECREF(v);
   }
+  if (walked) bound.fetched->release();
   // Every size symbol's value, where a symbolic int is handed out (a counter stored back)
   std::vector<int64_t> symbol_values;
   for (size_t i = 0; ok && i < e.capture.symbol_sources.size(); ++i) {
@@ -757,8 +770,11 @@ Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) 
   failed = false;
   InterruptWatch watch;  // Ctrl-C in Python code that guards and capture run (see interrupts.h)
   FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn), bound.memo};
-  for (auto& e : c.entries)
-    if (e->capture.guards.check(fv, nullptr)) {
+  for (auto& e : c.entries) {
+    const GuardSet& guards = e->capture.guards;
+    const bool hit = guards.finalized() && bound.fetched ? guards.check_and_fetch(fv, *bound.fetched)
+                                                         : guards.check(fv, nullptr);
+    if (hit) {
       if (interrupt_pending() && watch.raised()) {
         failed = true;
         return nullptr;
@@ -766,6 +782,7 @@ Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) 
       ++stats().cache_hits_memory;
       return e.get();
     }
+  }
   if (interrupt_pending() && watch.raised()) {
     failed = true;
     return nullptr;
@@ -860,8 +877,10 @@ PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   if (st->cfg.disable || !PyFunction_Check(st->fn)) return PyObject_Vectorcall(st->fn, args, nargsf, kwnames);
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   SourceMemo memo;
+  FetchedValues fetched;
   BoundArgs bound;
   bound.memo = &memo;
+  bound.fetched = &fetched;
   std::vector<PyObject*> owned;
   if (st->simple && !kwnames && nargs == st->argcount) {
     bound.locals.assign(args, args + nargs);
