@@ -104,6 +104,33 @@ TEST(GemmEpilogues, WhatTheEpilogueDoesNotComputeStaysAsItIs) {
   }
 }
 
+// Without timings: a float32 linear layer whose result only feeds pointwise ops runs as mm with
+// the bias added by the next kernel; 16-bit ones, and results read otherwise, keep addmm.
+TEST(GemmEpilogues, Float32LinearFeedingPointwiseOpsRunsAsMm) {
+  {
+    ir::Graph g;
+    g.outputs().push_back(linear_act(g, {8, 128}, DType::Float32, DeviceType::CUDA, "gelu"));
+    const auto ops = after_pass(g);
+    EXPECT_TRUE(has(ops, "mm") && has(ops, "add") && !has(ops, "addmm")) << g.str();
+    EXPECT_EQ(g.outputs()[0]->meta.dtype, DType::Float32);
+  }
+  for (DType t : {DType::BFloat16, DType::Float16}) {
+    ir::Graph g;
+    g.outputs().push_back(linear_act(g, {8, 128}, t, DeviceType::CUDA, "gelu"));
+    const auto ops = after_pass(g);
+    EXPECT_TRUE(has(ops, "addmm") && !has(ops, "mm")) << g.str();
+  }
+  {  // read by a non-pointwise op (a reduction): the bias stays in the GEMM
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", meta({8, 128}, DType::Float32, DeviceType::CUDA));
+    ir::Node* w = g.placeholder("w", meta({256, 128}, DType::Float32, DeviceType::CUDA));
+    ir::Node* b = g.placeholder("b", meta({256}, DType::Float32, DeviceType::CUDA));
+    g.outputs().push_back(g.must_add("sum", {g.must_add("linear", {x, w, b})}, A({{"dim", std::vector<int64_t>{1}}})));
+    const auto ops = after_pass(g);
+    EXPECT_TRUE(has(ops, "addmm") && !has(ops, "mm")) << g.str();
+  }
+}
+
 // With timings: the winner follows the measurements, and a second compile reads it from disk.
 TEST(GemmEpilogues, TimedChoicesFollowTheMeasurementsAndAreCached) {
   const std::string dir = std::filesystem::temp_directory_path() / ("kiln-gemm-tune-" + std::to_string(getpid()));

@@ -560,7 +560,12 @@ double time_extern_node(const ir::Node& n) {
   }
   try {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    // The timed calls rotate over copies of the inputs that together exceed the L2 cache (50 MB
+    // on an H100), as a model's GEMMs meet their weights: read from memory, not from L2. Timed
+    // on one warm copy, a GEMM of 8 rows over a float32 768×768 weight ranked cuBLASLt's bias
+    // epilogue first where, inside BERT, it was the slower choice.
     std::vector<at::Tensor> inputs;
+    size_t bytes = 0;
     for (const ir::Node* in : n.inputs) {
       if (!in) {
         inputs.emplace_back();
@@ -578,15 +583,25 @@ double time_extern_node(const ir::Node& n) {
       at::Tensor t = at::empty_strided(sizes, strides, at::TensorOptions().dtype(scalar_type(in->meta.dtype)).device(device_of(in->meta.device)));
       if (is_floating(in->meta.dtype)) t.normal_();
       else t.zero_();
+      bytes += t.storage().nbytes();
       inputs.push_back(t);
     }
+    constexpr size_t kBeyondL2 = size_t{128} << 20;
+    const size_t copies = std::clamp<size_t>(kBeyondL2 / std::max<size_t>(bytes, 1), 1, 64);
+    std::vector<std::vector<at::Tensor>> sets{inputs};
+    for (size_t c = 1; c < copies; ++c) {
+      sets.emplace_back();
+      for (const at::Tensor& t : inputs) sets.back().push_back(t.defined() ? t.clone() : t);
+    }
+    size_t turn = 0;
     std::string error;
     auto work = [&](std::string& err) {
       try {
+        const std::vector<at::Tensor>& use = sets[turn++ % sets.size()];
         torch::jit::Stack stack;
         push_arguments(stack, def, n.attrs, [&](size_t i) -> c10::IValue {
-          if (!inputs[i].defined()) return {};
-          return inputs[i];
+          if (!use[i].defined()) return {};
+          return use[i];
         });
         handle->callBoxed(&stack);
         return true;
