@@ -98,11 +98,12 @@ void fuse_attention(ir::Graph& g) {
     std::string error;
     Node* r = g.add("scaled_dot_product_attention", {m.q, m.k, m.v, m.mask}, a, error);
     if (!r) continue;
-    // The fused kernels write [B, L, H, E] transposed; a result the caller gets has eager's
-    // row-major strides (inside the graph, consumers read the fused layout as it is).
+    // The fused kernels may write [B, L, H, E] transposed (the op's shape rule says where); a
+    // result the caller gets has eager's row-major strides (inside the graph, consumers read
+    // the fused layout as it is). Where the rule gives row-major already, nothing is copied.
     bool is_output = false;
     for (const Node* o : g.outputs()) is_output = is_output || o == out;
-    if (is_output) r = g.must_add("contiguous", {r});
+    if (is_output && !ir::is_contiguous(r->meta.sizes, r->meta.strides)) r = g.must_add("contiguous", {r});
     g.move_tail_before(tail, out);
     g.replace_all_uses(out, r);
     ++i;
