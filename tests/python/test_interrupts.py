@@ -77,8 +77,12 @@ def test_keyboard_interrupt_during_capture_propagates_and_next_call_compiles(mon
     kiln.reset()
     g = kiln.compile(f)
     x = torch.randn(16)
-    with pytest.raises(KeyboardInterrupt):
+    try:
         g(x)
+        raised = False
+    except KeyboardInterrupt:
+        raised = True
+    assert raised, f"calls={calls} stats={kiln.stats()} handler={signal.getsignal(signal.SIGINT)}"
     assert calls, "capture did not decode the function"
     assert kiln.stats()["graphs_compiled"] == 0
     torch.testing.assert_close(g(x), f(x))
@@ -148,7 +152,7 @@ def test_keyboard_interrupt_during_cpp_compile_kills_compiler_and_next_call_comp
     assert out["compiled_after_first"] == 0 and out["fallbacks_after_first"] == 0, out
     assert out["tmp_after_first"] == [], out
     # The next call compiles normally: no eager entry was cached.
-    assert out["second_ok"], out
+    assert out["second_ok"], (out, proc.stderr[-3000:])
     assert out["graphs_compiled"] == 1, out
     assert out["eager_fallbacks"] == 0, out
     assert out["recompiles"] == 0, out
