@@ -45,7 +45,7 @@ bool checked_late(const Guard& g) {
 
 GuardTree::GuardTree(const GuardSet& guards, const std::vector<SourcePtr>& fetch) {
   for (const Guard& g : guards.guards()) {
-    if (!g.source && g.kind != Guard::Kind::NoAlias) {
+    if (g.is_global()) {
       process_checks_.push_back(&g);
       continue;
     }

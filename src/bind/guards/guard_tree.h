@@ -40,6 +40,8 @@ class FetchedValues {
   PyObject** reset(size_t n);
   void release();
   PyObject** data() { return data_; }
+  // Slot i's reference, handed to the caller (the slot is left empty).
+  PyObject* take(size_t i) { return std::exchange(data_[i], nullptr); }
   size_t size() const { return size_; }
 
  private:

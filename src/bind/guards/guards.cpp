@@ -345,7 +345,7 @@ bool Guard::no_alias_holds(PyObject* const* values) const {
 
 bool GuardSet::check_guards(const FrameView& f, std::string* why, SymbolBindings& bindings) const {
   for (const Guard& g : guards_) {
-    if (!g.source && g.kind != Guard::Kind::NoAlias) {
+    if (g.is_global()) {
       if (!g.holds_globally()) {
         if (why) *why = g.str() + " failed" + (g.kind == Guard::Kind::Autocast ? " (now " + autocast_state().str() + ")" : "");
         return false;

@@ -45,6 +45,7 @@ struct Guard {
   // values at `sources`, in order; Same compares two values and is checked by its caller. The
   // others hold for `v`, the value at `source` (a shape-generic tensor or an int symbol binds
   // its symbols in `bindings`); `detail` (if given) says what differed.
+  bool is_global() const { return kind == Kind::Autocast || kind == Kind::GradMode; }  // no source to read
   bool holds_globally() const;
   bool holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail) const;
   bool no_alias_holds(PyObject* const* values) const;

@@ -656,7 +656,7 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
   size_t fetched = 0;
   bool ok = true;
   for (; fetched < sources.size(); ++fetched) {
-    inputs[fetched] = walked ? Py_NewRef(bound.fetched->data()[fetched]) : eval_source(*sources[fetched], fv);
+    inputs[fetched] = walked ? bound.fetched->take(fetched) : eval_source(*sources[fetched], fv);
     if (!inputs[fetched]) {
       ok = false;
       break;
@@ -665,7 +665,7 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
   // Python ints the entry keeps symbolic: their values for this call (guards checked them)
   std::vector<int64_t> scalars;
   for (size_t i = 0; ok && i < scalar_sources.size(); ++i) {
-    PyObject* v = walked ? Py_NewRef(bound.fetched->data()[sources.size() + i]) : eval_source(*scalar_sources[i], fv);
+    PyObject* v = walked ? bound.fetched->take(sources.size() + i) : eval_source(*scalar_sources[i], fv);
     scalars.push_back(v ? PyLong_AsLongLong(v) : 0);
     Py_XDECREF(v);
   }
