@@ -4,7 +4,11 @@ kernel compiler), and the rest (loading kernels, the run itself), with empty cac
 
     python bench/first_call.py --device cuda --rows sincos,gelu,softmax
 
-Each row runs in a fresh process, so that no compiler state or cache is shared with another.
+Each row runs in a fresh process, so that no compiler state or cache is shared with another,
+twice: once as the process's first compile ("cold"), and once after kiln has compiled an
+unrelated kernel in that process ("warm": what bench.py's first-call column measures, which
+leaves one-time start-up out for torch.compile and kiln alike). Their difference is the kernel
+compiler's one-time start-up in a process (loading NVRTC and its built-in headers).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def child(row: str, device: str) -> None:
+def child(row: str, device: str, warm: bool) -> None:
     os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-first-")
     import torch
     sys.path.insert(0, HERE)
@@ -32,6 +36,11 @@ def child(row: str, device: str) -> None:
         torch.zeros(1, device="cuda")  # the CUDA context: not kiln's time
         torch.cuda.synchronize()
     with torch.no_grad():
+        if warm:  # an unrelated kernel, in another cache, then kiln forgets it
+            os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-warm-")
+            kiln.compile(bench._warmup_fn)(torch.ones(8, device=device))
+            kiln.reset()
+            os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-first-")
         fn(*args)  # eager once: torch's own lazy set-up is not kiln's either
         if device == "cuda":
             torch.cuda.synchronize()
@@ -51,21 +60,27 @@ def main() -> int:
     ap.add_argument("--rows", default="sincos,gelu,softmax")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--child", default=None)
+    ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(a.child, a.device)
+        child(a.child, a.device, a.warm)
         return 0
-    print("| row | first call | capture | compile | rest | kernels |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| row | process | first call | capture | compile | rest | kernels |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for row in a.rows.split(","):
-        r = subprocess.run([sys.executable, __file__, "--child", row, "--device", a.device], capture_output=True, text=True)
-        line = [l for l in r.stdout.splitlines() if l.startswith("{")]
-        if r.returncode or not line:
-            print(f"| {row} | failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode} | | | | |")
-            continue
-        d = json.loads(line[-1])
-        rest = d["total"] - d["capture"] - d["compile"]
-        print(f"| {row} | {d['total']*1e3:.1f} ms | {d['capture']*1e3:.1f} ms | {d['compile']*1e3:.1f} ms | {rest*1e3:.1f} ms | {d['kernels']} |")
+        for warm in (False, True):
+            cmd = [sys.executable, __file__, "--child", row, "--device", a.device] + (["--warm"] if warm else [])
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            line = [l for l in r.stdout.splitlines() if l.startswith("{")]
+            kind = "warm" if warm else "cold"
+            if r.returncode or not line:
+                why = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode
+                print(f"| {row} | {kind} | failed: {why} | | | | |")
+                continue
+            d = json.loads(line[-1])
+            rest = d["total"] - d["capture"] - d["compile"]
+            print(f"| {row} | {kind} | {d['total']*1e3:.1f} ms | {d['capture']*1e3:.1f} ms | {d['compile']*1e3:.1f} ms | "
+                  f"{rest*1e3:.1f} ms | {d['kernels']} |")
     return 0
 
 

@@ -270,3 +270,50 @@ TEST(CudaCodegen, EveryLaunchCandidateCompiles) {
                           "block=256 warp_rows=3 vectorize=1", "blocks=256"})
     EXPECT_FALSE(codegen::LaunchChoice::parse(bad, junk)) << bad;
 }
+
+namespace {
+size_t count_of(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+// Softmax's exponentials stay in registers between the sum and the division, and the division
+// overwrites them in place: the row goes through memory once each way (one vector store). In
+// bfloat16 the float32 exponentials are recomputed by the division instead, with the same one
+// store. The kernels' results are checked against eager by the GPU tests.
+TEST(CudaCodegen, RowStagesHoldWhatLaterStagesReadBack) {
+  for (DType t : {DType::Float32, DType::BFloat16}) {
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(t, {64, 4096}));
+    g.outputs().push_back(g.must_add("softmax", {x}, attrs({{"dim", int64_t(-1)}})));
+    const std::string src = cuda_source_of(g);
+    if (t == DType::Float32) EXPECT_NE(src.find("kiln_rs0["), std::string::npos) << src;
+    EXPECT_EQ(count_of(src, "kiln_vstore<"), 1u) << src;
+  }
+}
+
+// Compile time follows code size: a kernel whose grid covers its points runs the body once per
+// thread with no loop, and the scalar loop behind a vector loop (misaligned views) is not
+// unrolled.
+TEST(CudaCodegen, PointwiseBodiesAreEmittedOnceWhereTheyCan) {
+  {
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(DType::Float32, {1}));
+    g.outputs().push_back(g.must_add("add", {g.must_add("sin", {x}), g.must_add("cos", {x})}));
+    const std::string src = cuda_source_of(g);
+    const std::string body = src.substr(src.find("__global__"));
+    EXPECT_EQ(body.find("for ("), std::string::npos) << body;
+    EXPECT_EQ(body.find("#pragma unroll"), std::string::npos) << body;
+    expect_compiles(g, 1);
+  }
+  {
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(DType::Float32, {1 << 24}));
+    g.outputs().push_back(g.must_add("tanh", {x}));
+    const std::string src = cuda_source_of(g);
+    EXPECT_NE(src.find("#pragma unroll 1\n"), std::string::npos) << src;
+    EXPECT_EQ(src.find("#pragma unroll 4"), std::string::npos) << src;
+  }
+}

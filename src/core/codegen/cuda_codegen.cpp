@@ -317,10 +317,18 @@ class CudaKernelWriter {
         write_vectorized(em, indent);
         out_ += indent + "else\n";
       }
-      out_ += indent + "#pragma unroll 4\n";  // several independent loads in flight per thread
-      out_ += indent + "for (kiln_idx kiln_lin = (kiln_idx)blockIdx.x * " + std::to_string(l.block) +
-              " + threadIdx.x; kiln_lin < " + outer_ + "; kiln_lin += (kiln_idx)gridDim.x * " +
-              std::to_string(l.block) + ") {\n";
+      const std::string first = "(kiln_idx)blockIdx.x * " + std::to_string(l.block) + " + threadIdx.x";
+      if (!symbolic_outer && int64_t(l.grid) * l.block >= outer) {
+        // One point per thread: no loop, so NVRTC compiles the body once (an unrolled loop
+        // over sin and cos took 60 of a 1-element kernel's 140 ms).
+        out_ += indent + "if (const kiln_idx kiln_lin = " + first + "; kiln_lin < " + outer_ + ") {\n";
+      } else {
+        // Several independent loads in flight per thread where the loop is the hot path; the
+        // scalar loop behind a vector loop only runs for misaligned views, and is not unrolled.
+        out_ += indent + (vec_.width ? "#pragma unroll 1\n" : "#pragma unroll 4\n");
+        out_ += indent + "for (kiln_idx kiln_lin = " + first + "; kiln_lin < " + outer_ +
+                "; kiln_lin += (kiln_idx)gridDim.x * " + std::to_string(l.block) + ") {\n";
+      }
       indent += "  ";
       unravel(out_, indent, "kiln_lin", k_.vars, k_.ranges);
       for (const Stage& st : k_.stages) {
@@ -529,6 +537,9 @@ class CudaKernelWriter {
       cached[{buffer, index.str()}] = name + "[kiln_it * " + std::to_string(width) + " + kiln_j]";
       out_ += in2 + ctype(p_.buffers[buffer].dtype) + " " + name + "[" + std::to_string(trips * width) + "];\n";
     }
+    plan_held_stores(trips * width);
+    for (const auto& [store, held] : held_)
+      out_ += in2 + ctype(p_.buffers[store->buffer].dtype) + " " + held.reg + "[" + std::to_string(trips * width) + "];\n";
     if (!rows_.cached.empty()) {
       open_group(g, in2);
       const std::string in4 = in2 + "    ";
@@ -546,8 +557,56 @@ class CudaKernelWriter {
       }
       close_group(g, in2);
     }
-    for (const Stage& st : k_.stages) write_group_stage(st, em, in2, g, cached);
+    for (const Stage& st : k_.stages) {
+      write_group_stage(st, em, in2, g, cached);
+      // Later stages read what this one holds from its registers.
+      for (const loop::Store& s : st.stores)
+        if (auto it = held_.find(&s); it != held_.end())
+          cached[{s.buffer, s.index.str()}] = it->second.reg + "[kiln_it * " + std::to_string(width) + " + kiln_j]";
+    }
     out_ += indent + "}\n";
+  }
+
+  // Row elements a stage stores and a later stage reads back at the same index (softmax's
+  // exponentials, read by its division) stay in registers from one stage to the next, as the
+  // cached loads do. Such a store is not written at all when a later stage stores the same
+  // element (the division overwrites the exponentials in place): the row then makes one trip
+  // through memory each way. Only where every read of the buffer in the kernel is at that
+  // index, by a stage that walks the row, and the registers fit beside the cached loads.
+  void plan_held_stores(int64_t per_thread) {
+    held_.clear();
+    std::vector<std::vector<std::pair<int, std::string>>> reads(k_.stages.size());
+    std::set<int> unheld;  // buffers read at another index or outside the row walk
+    for (size_t i = 0; i < k_.stages.size(); ++i) {
+      const Stage& st = k_.stages[i];
+      std::set<loop::SRef> seen;
+      auto note = [&](const loop::SNode& n) {
+        if (st.vars.empty()) unheld.insert(n.buffer);
+        reads[i].push_back({n.buffer, n.index.str()});
+      };
+      if (st.kind == Stage::Kind::Reduce) visit_loads(p_.exprs, st.value, seen, note);
+      for (const loop::Store& s : st.stores) visit_loads(p_.exprs, s.value, seen, note);
+    }
+    int64_t registers = int64_t(rows_.cached.size()) * per_thread;
+    for (size_t i = 0; i < k_.stages.size(); ++i) {
+      if (k_.stages[i].vars.empty()) continue;
+      for (const loop::Store& s : k_.stages[i].stores) {
+        const std::string index = s.index.str();
+        bool read_later = false, other_index = unheld.count(s.buffer) > 0, overwritten = false;
+        for (size_t j = 0; j < k_.stages.size(); ++j)
+          for (const auto& [b, idx] : reads[j]) {
+            if (b != s.buffer) continue;
+            if (idx != index) other_index = true;
+            else if (j > i) read_later = true;
+          }
+        for (size_t j = i + 1; j < k_.stages.size(); ++j)
+          for (const loop::Store& later : k_.stages[j].stores)
+            overwritten |= !k_.stages[j].vars.empty() && later.buffer == s.buffer && later.index.str() == index;
+        if (!read_later || other_index || registers + per_thread > kMaxRowRegisters) continue;
+        registers += per_thread;
+        held_[&s] = Held{"kiln_rs" + std::to_string(held_.size()), overwritten};
+      }
+    }
   }
 
   struct GroupLoop {
@@ -603,7 +662,8 @@ class CudaKernelWriter {
       for (const auto& l : rows_.vector_loads)
         if (used.count({l.first, l.second.str()})) loads.push_back(l);
       for (const loop::Store& s : st.stores)
-        if (std::find(rows_.vector_stores.begin(), rows_.vector_stores.end(), &s) != rows_.vector_stores.end())
+        if (std::find(rows_.vector_stores.begin(), rows_.vector_stores.end(), &s) != rows_.vector_stores.end() &&
+            !is_dead(s))
           stores.push_back(&s);
     }
     open_group(g, indent);
@@ -634,6 +694,9 @@ class CudaKernelWriter {
     if (reduce) v = em.emit(st.value, in5);
     for (const loop::Store& s : st.stores) {
       const std::string value = reduce ? v : em.emit(s.value, in5);
+      if (auto h = held_.find(&s); h != held_.end())
+        out_ += in5 + store_to(p_.buffers[s.buffer], h->second.reg + "[kiln_it * " + std::to_string(g.width) + " + kiln_j]", value) + "\n";
+      if (is_dead(s)) continue;
       auto it = std::find(stores.begin(), stores.end(), &s);
       if (it == stores.end()) out_ += in5 + store_stmt(p_.buffers[s.buffer], s.index.c_str(), value) + "\n";
       else out_ += in5 + store_to(p_.buffers[s.buffer], "kiln_so" + std::to_string(it - stores.begin()) + ".v[kiln_j]", value) + "\n";
@@ -658,6 +721,15 @@ class CudaKernelWriter {
   RowPlan rows_;
   VectorPlan vec_;
   unsigned block_ = 256;
+  struct Held {
+    std::string reg;   // the register array, an element per (trip, lane of the group)
+    bool dead = false; // a later stage stores the same element: never written to memory
+  };
+  std::map<const loop::Store*, Held> held_;  // persistent rows: stores kept in registers
+  bool is_dead(const loop::Store& s) const {
+    auto it = held_.find(&s);
+    return it != held_.end() && it->second.dead;
+  }
   std::string outer_;  // the outer space's point count, as source text
 };
 

@@ -40,6 +40,7 @@ struct Nvrtc {
   std::string path;   // which file was loaded
   std::string error;  // why loading failed, when it did
   std::string version;
+  bool minimal = false;  // accepts -minimal (CUDA 12.4+)
   CreateProgramFn create = nullptr;
   CompileProgramFn compile = nullptr;
   DestroyProgramFn destroy = nullptr;
@@ -130,6 +131,7 @@ void load_into(Nvrtc& n) {
     int major = 0, minor = 0;
     n.version_fn(&major, &minor);
     n.version = std::to_string(major) + "." + std::to_string(minor);
+    n.minimal = major > 12 || (major == 12 && minor >= 4);
     n.handle = h;
     n.path = c;
     preload_builtins(h, n.version);
@@ -246,8 +248,11 @@ NvrtcResult nvrtc_compile(const std::string& source, const std::string& arch,
   }
 
   // No --use_fast_math: kiln must match eager PyTorch numerics, so keep IEEE division, sqrt
-  // and denormals. -default-device lets helper functions omit __device__.
-  const std::vector<std::string> options = {"--std=c++17", "-default-device", "-arch=" + arch};
+  // and denormals. -default-device lets helper functions omit __device__. -minimal leaves out
+  // the runtime API's declarations, textures and device-side launches, which kernels never use:
+  // about 10 ms of each compile's fixed cost (an empty kernel's 40-50 ms).
+  std::vector<std::string> options = {"--std=c++17", "-default-device", "-arch=" + arch};
+  if (n.minimal) options.push_back("-minimal");
 
   uint64_t h = hash_str("kiln-nvrtc-1");  // bump to invalidate every entry
   h = hash_combine(h, hash_str(source));
