@@ -35,8 +35,9 @@ What is measured, per row and mode:
              empty in-memory state (torch._dynamo.reset() and inductor's in-memory kernel caches,
              kiln.reset()) and empty disk caches (TORCHINDUCTOR_CACHE_DIR and KILN_CACHE_DIR
              point at new temporary folders).
-             Each worker first compiles an unrelated function once in every mode, so these
-             numbers leave out one-time process start-up (imports, compiler detection); the
+             Each worker first compiles an unrelated function once in every mode and calls
+             torch's fused attention once per dtype, so these numbers leave out one-time
+             process start-up (imports, compiler detection, libraries loaded lazily); the
              section "first call in a fresh process" reports that separately.
   warm       the same first call after resetting in-memory state, its disk cache kept (mode
              default only).
@@ -127,6 +128,16 @@ def attention(q, k, v):
 
 def _warmup_fn(x):
     return x * 3.0 - 1.0
+
+
+def warm_up_libraries(device: str) -> None:
+    """torch loads its fused attention's libraries (cuDNN's engines, flash attention) on their
+    first call in a process, a hundred milliseconds and more on the GPU; both compilers call
+    them for the attention rows. One small call per dtype, before any first call is timed, keeps
+    that one-time start-up out of the first-call numbers of both."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        q = torch.randn(1, 2, 64, 64, device=device, dtype=dtype)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
 
 
 def attention_shape(device: str) -> tuple:
@@ -419,6 +430,7 @@ def worker_torch(rows, device, repeat, cache_root, modes, timeout) -> None:
     import torch._inductor.utils
     worker_env_info(device)
     sync = make_sync(device)
+    warm_up_libraries(device)
     for mode in modes:  # one-time start-up of every mode, outside the first-call numbers
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh_dir(cache_root, f"inductor-warmup-{mode}")
         tc_compile(_warmup_fn, mode, device)(torch.ones(8, device=device))
@@ -482,6 +494,7 @@ def worker_kiln(rows, device, repeat, cache_root, modes) -> None:
     """kiln; the parent restarts it past a row that crashes it."""
     import kiln
     sync = make_sync(device)
+    warm_up_libraries(device)
     for mode in modes:  # one-time start-up of every mode, outside the first-call numbers
         # (kiln warns here, once, about a mode it does not implement yet and compiles as default)
         os.environ["KILN_CACHE_DIR"] = fresh_dir(cache_root, f"kiln-warmup-{mode}")
