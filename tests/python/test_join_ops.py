@@ -100,6 +100,23 @@ def test_stack(device):
     check(stacked, *(torch.randn(3, 4, device=device) for _ in range(3)))
 
 
+def stacked_then_viewed(b):
+    t = torch.stack((b, -b), dim=2)
+    return t, t.view(t.shape[0], t.shape[1], t.shape[2], 2, -1)
+
+
+def test_stack_result_is_row_major_whatever_its_inputs(device):
+    # Unsqueezed, a transposed 3-d tensor looks channels-last, which cat would follow; torch.stack
+    # writes a row-major result (fuzzer seed 97054: the view's strides differed from eager's).
+    b = torch.randn(4, 4, 4, device=device).transpose(1, 2)
+    out = kiln.compile(stacked_then_viewed)(b)
+    ref = stacked_then_viewed(b)
+    for o, r in zip(out, ref):
+        assert o.stride() == r.stride()
+        torch.testing.assert_close(o, r)
+    assert kiln.explain(stacked_then_viewed)(b).graph_count == 1
+
+
 def many(xs):
     return torch.cat(xs, 1) * 2
 

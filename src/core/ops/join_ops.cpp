@@ -115,7 +115,11 @@ Node* decompose_stack(Graph& g, Node* n) {
   at.set("dim", dim);
   std::vector<Node*> parts;
   for (Node* x : n->inputs) parts.push_back(g.must_add("unsqueeze", {x}, at));
-  return g.must_add("cat", parts, at);
+  Node* joined = g.must_add("cat", parts, at);
+  // torch.stack writes into a row-major result whatever its inputs' layouts; cat would follow
+  // inputs that all look channels-last (a transposed 3-d tensor unsqueezed does).
+  if (ir::is_contiguous(joined->meta.sizes, joined->meta.strides)) return joined;
+  return g.must_add("contiguous", {joined});
 }
 
 }  // namespace
