@@ -1,5 +1,6 @@
 // Matrix products run as extern calls of torch's own kernels (BLAS/cuBLAS); kiln fuses around them.
 #include "core/sym/shape_env.h"
+#include "core/ops/derivatives.h"
 #include "core/ops/registry.h"
 
 namespace kiln::ops {
@@ -62,6 +63,12 @@ std::vector<OpDef> linalg_ops() {
         return true;
       },
       {"torch.mm", "Tensor.mm"}));
+  // d(a @ b): grad @ b^T and a^T @ grad (bmm: the same per batch).
+  ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
+    using grad_ops::transpose;
+    Node *a = n->inputs[0], *b = n->inputs[1];
+    return std::vector<Node*>{g.must_add("mm", {grad, transpose(g, b, 0, 1)}), g.must_add("mm", {transpose(g, a, 0, 1), grad})};
+  };
   ops.push_back(extern_op(
       "bmm", "bmm(Tensor self, Tensor mat2)", "aten::bmm",
       [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string& err) {
@@ -80,6 +87,11 @@ std::vector<OpDef> linalg_ops() {
         return true;
       },
       {"torch.bmm", "Tensor.bmm"}));
+  ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
+    using grad_ops::transpose;
+    Node *a = n->inputs[0], *b = n->inputs[1];
+    return std::vector<Node*>{g.must_add("bmm", {grad, transpose(g, b, 1, 2)}), g.must_add("bmm", {transpose(g, a, 1, 2), grad})};
+  };
   auto infer_addmm = [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string& err) {
     const TensorMeta &c = in[0]->meta, &a = in[1]->meta, &b = in[2]->meta;
     if (a.dim() != 2 || b.dim() != 2) return err = "RuntimeError: mat1 and mat2 must be matrices", false;

@@ -1,6 +1,7 @@
 // Elementwise ops. Each entry: schema, type promotion, scalar body, torch callables.
 #include <cmath>
 
+#include "core/ops/derivatives.h"
 #include "core/ops/registry.h"
 
 namespace kiln::ops {
@@ -184,28 +185,55 @@ static bool integer_division_on_cpu(const Node& n) {
 
 std::vector<OpDef> pointwise_ops() {
   std::vector<OpDef> ops;
-  auto U = [&](const char* n, SOp op, Promotion p, std::vector<std::string> py) { ops.push_back(unary(n, op, p, std::move(py))); };
+  auto U = [&](const char* n, SOp op, Promotion p, std::vector<std::string> py, DerivativeFn d = nullptr) {
+    ops.push_back(unary(n, op, p, std::move(py)));
+    ops.back().derivative = std::move(d);
+  };
   const Promotion F = Promotion::IntToFloat, D = Promotion::Default;
+  using namespace grad_ops;
+  // A unary op's derivative from d(result)/d(input), given the input x and the result y.
+  auto chain = [](ir::Node* (*local)(Graph& g, Node* x, Node* y)) -> DerivativeFn {
+    return [local](Graph& g, Node* n, Node* grad) { return std::vector<Node*>{mul(g, grad, local(g, n->inputs[0], n))}; };
+  };
+  auto zero = [](Graph& g, Node*, Node* grad) { return std::vector<Node*>{scaled(g, grad, 0.0)}; };
 
-  U("exp", SOp::Exp, F, {"torch.exp", "Tensor.exp"});
-  U("exp2", SOp::Exp2, F, {"torch.exp2", "Tensor.exp2"});
-  U("expm1", SOp::Expm1, F, {"torch.expm1", "Tensor.expm1"});
-  U("log", SOp::Log, F, {"torch.log", "Tensor.log"});
-  U("log2", SOp::Log2, F, {"torch.log2", "Tensor.log2"});
-  U("log1p", SOp::Log1p, F, {"torch.log1p", "Tensor.log1p"});
-  U("sin", SOp::Sin, F, {"torch.sin", "Tensor.sin"});
-  U("cos", SOp::Cos, F, {"torch.cos", "Tensor.cos"});
-  U("tan", SOp::Tan, F, {"torch.tan", "Tensor.tan"});
-  U("tanh", SOp::Tanh, F, {"torch.tanh", "Tensor.tanh", "torch.nn.functional.tanh"});
-  U("sigmoid", SOp::Sigmoid, F, {"torch.sigmoid", "Tensor.sigmoid", "torch.nn.functional.sigmoid"});
-  U("sqrt", SOp::Sqrt, F, {"torch.sqrt", "Tensor.sqrt"});
-  U("rsqrt", SOp::Rsqrt, F, {"torch.rsqrt", "Tensor.rsqrt"});
-  U("erf", SOp::Erf, F, {"torch.erf", "Tensor.erf", "torch.special.erf"});
-  U("reciprocal", SOp::Reciprocal, F, {"torch.reciprocal", "Tensor.reciprocal"});
-  U("abs", SOp::Abs, D, {"torch.abs", "Tensor.abs", "Tensor.__abs__"});
-  U("floor", SOp::Floor, D, {"torch.floor", "Tensor.floor"});
-  U("ceil", SOp::Ceil, D, {"torch.ceil", "Tensor.ceil"});
-  U("trunc", SOp::Trunc, D, {"torch.trunc", "Tensor.trunc"});
+  U("exp", SOp::Exp, F, {"torch.exp", "Tensor.exp"}, chain([](Graph&, Node*, Node* y) { return y; }));
+  U("exp2", SOp::Exp2, F, {"torch.exp2", "Tensor.exp2"},
+    chain([](Graph& g, Node*, Node* y) { return scaled(g, y, 0.6931471805599453); }));
+  U("expm1", SOp::Expm1, F, {"torch.expm1", "Tensor.expm1"},
+    chain([](Graph& g, Node*, Node* y) { return add(g, y, num(g, 1.0)); }));
+  U("log", SOp::Log, F, {"torch.log", "Tensor.log"},
+    chain([](Graph& g, Node* x, Node*) { return unary(g, "reciprocal", x); }));
+  U("log2", SOp::Log2, F, {"torch.log2", "Tensor.log2"},
+    chain([](Graph& g, Node* x, Node*) { return unary(g, "reciprocal", scaled(g, x, 0.6931471805599453)); }));
+  U("log1p", SOp::Log1p, F, {"torch.log1p", "Tensor.log1p"},
+    chain([](Graph& g, Node* x, Node*) { return unary(g, "reciprocal", add(g, x, num(g, 1.0))); }));
+  U("sin", SOp::Sin, F, {"torch.sin", "Tensor.sin"}, chain([](Graph& g, Node* x, Node*) { return unary(g, "cos", x); }));
+  U("cos", SOp::Cos, F, {"torch.cos", "Tensor.cos"},
+    chain([](Graph& g, Node* x, Node*) { return neg(g, unary(g, "sin", x)); }));
+  U("tan", SOp::Tan, F, {"torch.tan", "Tensor.tan"},
+    chain([](Graph& g, Node*, Node* y) { return add(g, mul(g, y, y), num(g, 1.0)); }));
+  U("tanh", SOp::Tanh, F, {"torch.tanh", "Tensor.tanh", "torch.nn.functional.tanh"},
+    chain([](Graph& g, Node*, Node* y) { return sub(g, num(g, 1.0), mul(g, y, y)); }));
+  U("sigmoid", SOp::Sigmoid, F, {"torch.sigmoid", "Tensor.sigmoid", "torch.nn.functional.sigmoid"},
+    chain([](Graph& g, Node*, Node* y) { return mul(g, y, sub(g, num(g, 1.0), y)); }));
+  U("sqrt", SOp::Sqrt, F, {"torch.sqrt", "Tensor.sqrt"},
+    chain([](Graph& g, Node*, Node* y) { return unary(g, "reciprocal", scaled(g, y, 2.0)); }));
+  U("rsqrt", SOp::Rsqrt, F, {"torch.rsqrt", "Tensor.rsqrt"},
+    chain([](Graph& g, Node*, Node* y) { return scaled(g, mul(g, y, mul(g, y, y)), -0.5); }));
+  U("erf", SOp::Erf, F, {"torch.erf", "Tensor.erf", "torch.special.erf"},
+    chain([](Graph& g, Node* x, Node*) { return scaled(g, unary(g, "exp", neg(g, mul(g, x, x))), 1.1283791670955126); }));
+  U("reciprocal", SOp::Reciprocal, F, {"torch.reciprocal", "Tensor.reciprocal"},
+    chain([](Graph& g, Node*, Node* y) { return neg(g, mul(g, y, y)); }));
+  // torch's sgn: 0 at 0.
+  U("abs", SOp::Abs, D, {"torch.abs", "Tensor.abs", "Tensor.__abs__"}, [](Graph& g, Node* n, Node* grad) {
+    Node* x = n->inputs[0];
+    Node* pos = only_where(g, g.must_add("gt", {x, num(g, 0.0)}), grad);
+    return std::vector<Node*>{g.must_add("where", {g.must_add("lt", {x, num(g, 0.0)}), neg(g, grad), pos})};
+  });
+  U("floor", SOp::Floor, D, {"torch.floor", "Tensor.floor"}, zero);
+  U("ceil", SOp::Ceil, D, {"torch.ceil", "Tensor.ceil"}, zero);
+  U("trunc", SOp::Trunc, D, {"torch.trunc", "Tensor.trunc"}, zero);
   U("logical_not", SOp::Not, Promotion::AlwaysBool, {"torch.logical_not", "Tensor.logical_not"});
   {
     OpDef neg = unary("neg", SOp::Neg, D, {"torch.neg", "Tensor.neg", "torch.negative", "Tensor.__neg__"});
@@ -216,11 +244,16 @@ std::vector<OpDef> pointwise_ops() {
       }
       return infer_pointwise(*find_op("neg"), in, a, out, err);
     };
+    neg.derivative = [](Graph& g, Node*, Node* grad) { return std::vector<Node*>{grad_ops::neg(g, grad)}; };
     ops.push_back(neg);
   }
   {
     OpDef relu = unary("relu", SOp::Relu, D, {"torch.relu", "Tensor.relu", "torch.nn.functional.relu"});
     relu.schema = Schema::parse("relu(Tensor self, bool inplace=False)");
+    // Where the result is positive (torch's threshold_backward).
+    relu.derivative = [](Graph& g, Node* n, Node* grad) {
+      return std::vector<Node*>{grad_ops::only_where(g, g.must_add("gt", {n, grad_ops::num(g, 0.0)}), grad)};
+    };
     ops.push_back(relu);
   }
   {
@@ -296,10 +329,23 @@ std::vector<OpDef> pointwise_ops() {
                SRef soft = s.binary(SOp::Div, s.unary(SOp::Log1p, s.unary(SOp::Exp, bx)), beta);
                return s.where(s.binary(SOp::Gt, bx, s.constant(n.attrs.get_float("threshold", 20.0), t)), a[0], soft);
              });
-  ops.push_back(add_like("add", SOp::Add, {"torch.add", "Tensor.add", "Tensor.__add__", "Tensor.__radd__"}));
-  ops.push_back(add_like("sub", SOp::Sub, {"torch.sub", "torch.subtract", "Tensor.sub", "Tensor.__sub__"}));
+  for (const char* name : {"add", "sub"}) {
+    const bool plus = name[0] == 'a';
+    OpDef d = add_like(name, plus ? SOp::Add : SOp::Sub,
+                       plus ? std::vector<std::string>{"torch.add", "Tensor.add", "Tensor.__add__", "Tensor.__radd__"}
+                            : std::vector<std::string>{"torch.sub", "torch.subtract", "Tensor.sub", "Tensor.__sub__"});
+    d.derivative = [plus](Graph& g, Node* n, Node* grad) {
+      const double alpha = n->attrs.get_float("alpha", 1.0);
+      Node* other = alpha == 1.0 ? grad : scaled(g, grad, alpha);
+      return std::vector<Node*>{grad, plus ? other : neg(g, other)};
+    };
+    ops.push_back(d);
+  }
   {
     OpDef mul = binary("mul", SOp::Mul, D, {"torch.mul", "torch.multiply", "Tensor.mul", "Tensor.__mul__", "Tensor.__rmul__"});
+    mul.derivative = [](Graph& g, Node* n, Node* grad) {
+      return std::vector<Node*>{grad_ops::mul(g, grad, n->inputs[1]), grad_ops::mul(g, grad, n->inputs[0])};
+    };
     mul.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
       auto x = operands(s, a, n, /*full_scalars=*/true);
       return s.binary(n.meta.dtype == DType::Bool ? SOp::And : SOp::Mul, x[0], x[1]);
@@ -329,6 +375,13 @@ std::vector<OpDef> pointwise_ops() {
       return s.unary(SOp::Trunc, s.binary(SOp::Div, x[0], x[1]));
     };
     div.keep_unused = integer_division_on_cpu;
+    // Rounding divisions are steps: no gradient flows (torch gives zeros).
+    div.derivative = [](Graph& g, Node* n, Node* grad) {
+      if (!n->attrs.get_str("rounding_mode", "").empty())
+        return std::vector<Node*>{grad_ops::scaled(g, grad, 0.0), grad_ops::scaled(g, grad, 0.0)};
+      Node* b = n->inputs[1];
+      return std::vector<Node*>{grad_ops::div(g, grad, b), grad_ops::neg(g, grad_ops::div(g, grad_ops::mul(g, grad, n), b))};
+    };
     ops.push_back(div);
   }
   OpDef floor_divide = binary("floor_divide", SOp::FloorDiv, D, {"torch.floor_divide", "Tensor.floor_divide", "Tensor.__floordiv__"});
@@ -370,10 +423,36 @@ std::vector<OpDef> pointwise_ops() {
       const bool roots = !(n.meta.dtype == DType::Float16 && n.meta.device.type == DeviceType::CPU);
       return pow_scalar(s, s.cast(a[0], t), a[1], t, roots);
     };
+    // torch's pow_backward: e * x^(e-1), and 0 where e is 0 (not 0 * inf at x = 0); the
+    // exponent's: result * log(x), and 0 where x is 0 and e >= 0.
+    pow.derivative = [](Graph& g, Node* n, Node* grad) {
+      using namespace grad_ops;
+      Node *x = n->inputs[0], *e = n->inputs[1];
+      Node* dx = mul(g, grad, mul(g, e, g.must_add("pow", {x, sub(g, e, num(g, 1.0))})));
+      dx = g.must_add("where", {g.must_add("eq", {e, num(g, 0.0)}), num(g, 0.0), dx});
+      Node* de = mul(g, grad, mul(g, n, unary(g, "log", x)));
+      Node* x_zero = g.must_add("logical_and", {g.must_add("eq", {x, num(g, 0.0)}), g.must_add("ge", {e, num(g, 0.0)})});
+      de = g.must_add("where", {x_zero, num(g, 0.0), de});
+      return std::vector<Node*>{dx, de};
+    };
     ops.push_back(pow);
   }
-  ops.push_back(binary("maximum", SOp::Max, D, {"torch.maximum", "Tensor.maximum"}));
-  ops.push_back(binary("minimum", SOp::Min, D, {"torch.minimum", "Tensor.minimum"}));
+  for (bool is_max : {true, false}) {
+    OpDef d = is_max ? binary("maximum", SOp::Max, D, {"torch.maximum", "Tensor.maximum"})
+                     : binary("minimum", SOp::Min, D, {"torch.minimum", "Tensor.minimum"});
+    // To the larger (smaller) operand; split in half between equal ones, as torch does.
+    d.derivative = [is_max](Graph& g, Node* n, Node* grad) {
+      using namespace grad_ops;
+      Node *a = n->inputs[0], *b = n->inputs[1];
+      Node* half = scaled(g, grad, 0.5);
+      Node* tie = g.must_add("eq", {a, b});
+      Node* a_wins = g.must_add(is_max ? "gt" : "lt", {a, b});
+      Node* b_wins = g.must_add(is_max ? "lt" : "gt", {a, b});
+      return std::vector<Node*>{g.must_add("where", {tie, half, only_where(g, a_wins, grad)}),
+                                g.must_add("where", {tie, half, only_where(g, b_wins, grad)})};
+    };
+    ops.push_back(d);
+  }
   ops.push_back(binary("eq", SOp::Eq, Promotion::AlwaysBool, {"torch.eq", "Tensor.eq", "Tensor.__eq__"}));
   ops.push_back(binary("ne", SOp::Ne, Promotion::AlwaysBool, {"torch.ne", "Tensor.ne", "Tensor.__ne__"}));
   ops.push_back(binary("lt", SOp::Lt, Promotion::AlwaysBool, {"torch.lt", "torch.less", "Tensor.lt", "Tensor.__lt__"}));
@@ -406,6 +485,11 @@ std::vector<OpDef> pointwise_ops() {
       return s.where(a[0], s.cast(a[1], t), s.cast(a[2], t));
     };
     w.python = {"torch.where"};  // Tensor.where(cond, other) puts self second: capture reorders it
+    w.derivative = [](Graph& g, Node* n, Node* grad) {
+      Node* c = n->inputs[0];
+      return std::vector<Node*>{nullptr, grad_ops::only_where(g, c, grad),
+                                g.must_add("where", {c, grad_ops::num(g, 0.0), grad})};
+    };
     ops.push_back(w);
   }
   {
@@ -426,6 +510,8 @@ std::vector<OpDef> pointwise_ops() {
                 "Tensor.half{dtype=float16}", "Tensor.bfloat16{dtype=bfloat16}", "Tensor.int{dtype=int32}",
                 "Tensor.long{dtype=int64}", "Tensor.bool{dtype=bool}", "Tensor.short{dtype=int16}",
                 "Tensor.char{dtype=int8}", "Tensor.byte{dtype=uint8}"};
+    // Back to the input's dtype (build_joint converts every input's gradient to its dtype).
+    c.derivative = [](Graph&, Node*, Node* grad) { return std::vector<Node*>{grad}; };
     ops.push_back(c);
   }
   {
@@ -440,6 +526,7 @@ std::vector<OpDef> pointwise_ops() {
       return true;
     };
     c.python = {"torch.clone", "Tensor.clone"};
+    c.derivative = [](Graph&, Node*, Node* grad) { return std::vector<Node*>{grad}; };  // copies
     OpDef contiguous = c;  // a copy laid out row-major, whatever the input's layout
     contiguous.name = "contiguous";
     contiguous.schema = Schema::parse("contiguous(Tensor self)");

@@ -1,4 +1,5 @@
 // Reductions over dims. The shape rule is shared (infer_reduction); entries name the combine.
+#include "core/ops/derivatives.h"
 #include "core/ops/registry.h"
 
 namespace kiln::ops {
@@ -15,11 +16,25 @@ OpDef reduction(const std::string& name, ReduceOp r, Promotion p, const std::str
 }
 }  // namespace
 
+// A reduction's result (or its gradient) with the reduced dims back as size 1, then expanded
+// over the input's sizes: each input element sees its row's value.
+static Node* spread_over_input(Graph& g, Node* reduced, const Node& n) {
+  const TensorMeta& x = n.inputs[0]->meta;
+  std::vector<int64_t> dims = n.attrs.get_ints("dim");
+  std::vector<bool> gone(x.sizes.size(), dims.empty());
+  for (int64_t d : dims) gone[static_cast<size_t>(d < 0 ? d + x.dim() : d)] = true;
+  std::vector<Expr> kept;
+  for (size_t d = 0; d < x.sizes.size(); ++d) kept.push_back(gone[d] ? Expr(int64_t(1)) : x.sizes[d]);
+  return grad_ops::expand(g, grad_ops::reshape(g, reduced, kept), x.sizes);
+}
+
 std::vector<OpDef> reduction_ops() {
-  return {
-      reduction("sum", ReduceOp::Sum, Promotion::BoolToLong,
-                "sum(Tensor self, int[]? dim=None, bool keepdim=False, *, ScalarType? dtype=None)",
-                {"torch.sum", "Tensor.sum"}),
+  OpDef sum = reduction("sum", ReduceOp::Sum, Promotion::BoolToLong,
+                        "sum(Tensor self, int[]? dim=None, bool keepdim=False, *, ScalarType? dtype=None)",
+                        {"torch.sum", "Tensor.sum"});
+  sum.derivative = [](Graph& g, Node* n, Node* grad) { return std::vector<Node*>{spread_over_input(g, grad, *n)}; };
+  std::vector<OpDef> ops = {
+      sum,
       reduction("prod", ReduceOp::Prod, Promotion::BoolToLong,
                 "prod(Tensor self, int? dim=None, bool keepdim=False, *, ScalarType? dtype=None)",
                 {"torch.prod", "Tensor.prod"}),
@@ -28,6 +43,21 @@ std::vector<OpDef> reduction_ops() {
       reduction("amin", ReduceOp::Min, Promotion::Default, "amin(Tensor self, int[] dim=[], bool keepdim=False)",
                 {"torch.amin", "Tensor.amin"}),
   };
+  // amax/amin: shared equally by the elements equal to the extreme, as torch's backward does.
+  for (OpDef& d : ops) {
+    if (d.reduce != ReduceOp::Max && d.reduce != ReduceOp::Min) continue;
+    d.derivative = [](Graph& g, Node* n, Node* grad) {
+      using namespace grad_ops;
+      Node* hit = g.must_add("eq", {n->inputs[0], spread_over_input(g, n, *n)});
+      ir::Attrs count_attrs = n->attrs;
+      count_attrs.set("keepdim", false);
+      ir::Attrs as_float;
+      as_float.set("dtype", grad->meta.dtype);
+      Node* count = g.must_add("sum", {g.must_add("convert", {hit}, as_float)}, count_attrs);
+      return std::vector<Node*>{only_where(g, hit, spread_over_input(g, div(g, grad, reshape(g, count, grad->meta.sizes)), *n))};
+    };
+  }
+  return ops;
 }
 
 }  // namespace kiln::ops

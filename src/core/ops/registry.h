@@ -9,6 +9,8 @@
 //   gather       for gather ops (pooling windows): an output element from reads of the inputs
 //                at computed indices
 //   aten         for extern ops: the torch operator called at run time
+//   derivative   reverse mode: the gradients of the node's inputs from its result's, as graph
+//                nodes (autodiff/joint_graph.h builds backward graphs from these)
 //   python       the torch callables that capture maps onto this op; the first that names a
 //                function or Tensor method (no {fixed} attributes) is also how the eager
 //                backend runs the op, with the schema's arguments (bind/runtime/eager_backend.h)
@@ -88,6 +90,12 @@ struct GatherInput {
 using GatherFn = std::function<loop::SRef(loop::ScalarCtx& s, const std::vector<Expr>& out_index,
                                           const std::vector<GatherInput>& in, const Node& n)>;
 
+// Reverse mode: given node `n` and the gradient `grad` of its result (same sizes and dtype),
+// adds to `g` the nodes computing the gradient of each of n's inputs, in `n->inputs` order;
+// nullptr for an input that gets none (a condition, an integer index, a size). A gradient may
+// have the result's broadcast sizes or dtype: build_joint sums and converts it to the input's.
+using DerivativeFn = std::function<std::vector<Node*>(Graph& g, Node* n, Node* grad)>;
+
 // What torch.autocast does to an op's floating inputs (autocast_policy.cpp).
 enum class AutocastPolicy {
   None,              // nothing: the op runs in its inputs' dtypes
@@ -113,6 +121,7 @@ struct OpDef {
   ViewFn view;
   GatherFn gather;
   std::string aten;
+  DerivativeFn derivative;  // empty: the op has none (a graph that needs it is not differentiated)
   std::vector<std::string> python;
   std::string doc;
   // The result may share memory with the first input in eager (views, and composites such as

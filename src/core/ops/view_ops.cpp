@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/sym/shape_env.h"
+#include "core/ops/derivatives.h"
 #include "core/ops/registry.h"
 
 namespace kiln::ops {
@@ -184,8 +185,14 @@ std::vector<bool> squeeze_mask(const TensorMeta& x, const Attrs& a) {
 
 std::vector<OpDef> view_ops() {
   std::vector<OpDef> ops;
+  // Views that only regroup dims: the gradient takes the input's sizes back.
+  const DerivativeFn regroup = [](Graph& g, Node* n, Node* grad) {
+    return std::vector<Node*>{grad_ops::reshape(g, grad, n->inputs[0]->meta.sizes)};
+  };
   ops.push_back(reshape_like("reshape", false, {"torch.reshape", "Tensor.reshape"}));
+  ops.back().derivative = regroup;
   ops.push_back(reshape_like("view", true, {"Tensor.view"}));
+  ops.back().derivative = regroup;
 
   OpDef permute;
   permute.name = "permute";
@@ -221,6 +228,13 @@ std::vector<OpDef> view_ops() {
     return r;
   };
   permute.python = {"torch.permute", "Tensor.permute"};
+  permute.derivative = [](Graph& g, Node* n, Node* grad) {
+    std::vector<int64_t> dims = n->attrs.get_ints("dims"), back(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i) back[static_cast<size_t>(dims[i] < 0 ? dims[i] + int64_t(dims.size()) : dims[i])] = int64_t(i);
+    ir::Attrs a;
+    a.set("dims", back);
+    return std::vector<Node*>{g.must_add("permute", {grad}, a)};
+  };
   ops.push_back(permute);
 
   OpDef transpose;
@@ -245,6 +259,9 @@ std::vector<OpDef> view_ops() {
     return r;
   };
   transpose.python = {"torch.transpose", "Tensor.transpose", "torch.swapaxes", "Tensor.swapaxes"};
+  transpose.derivative = [](Graph& g, Node* n, Node* grad) {
+    return std::vector<Node*>{grad_ops::transpose(g, grad, n->attrs.get_int("dim0"), n->attrs.get_int("dim1"))};
+  };
   ops.push_back(transpose);
 
   OpDef expand;
@@ -299,6 +316,8 @@ std::vector<OpDef> view_ops() {
     return r;
   };
   expand.python = {"Tensor.expand"};
+  // Summed over what the expand repeated (build_joint's reduce_to does it).
+  expand.derivative = [](Graph&, Node*, Node* grad) { return std::vector<Node*>{grad}; };
   ops.push_back(expand);
 
   // x[:], x[...], x[()]: a new tensor over the same memory (aten::alias). Capture makes one so
@@ -314,6 +333,7 @@ std::vector<OpDef> view_ops() {
   };
   alias.view = [](const Exprs& idx, const Node&) { return idx; };
   alias.python = {"torch.ops.aten.alias.default"};
+  alias.derivative = [](Graph&, Node*, Node* grad) { return std::vector<Node*>{grad}; };
   ops.push_back(alias);
 
   OpDef unsq;
@@ -338,6 +358,7 @@ std::vector<OpDef> view_ops() {
     return r;
   };
   unsq.python = {"torch.unsqueeze", "Tensor.unsqueeze"};
+  unsq.derivative = regroup;
   ops.push_back(unsq);
 
   OpDef sq;
@@ -365,6 +386,7 @@ std::vector<OpDef> view_ops() {
     return r;
   };
   sq.python = {"torch.squeeze", "Tensor.squeeze"};
+  sq.derivative = regroup;
   ops.push_back(sq);
 
   // x[a:b:c] along one dim (and torch.narrow): a strided window, start folded into the offset.

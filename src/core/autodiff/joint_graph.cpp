@@ -1,0 +1,107 @@
+#include "core/autodiff/joint_graph.h"
+
+#include <map>
+#include <set>
+
+#include "core/ops/registry.h"
+#include "core/sym/shape_env.h"
+
+namespace kiln::autodiff {
+
+using ir::Node;
+
+namespace {
+
+bool differentiable(const Node* n) { return n && is_floating(n->meta.dtype); }
+
+}  // namespace
+
+Node* reduce_to(ir::Graph& g, Node* grad, const ir::TensorMeta& meta) {
+  const auto& have = grad->meta.sizes;
+  const auto& want = meta.sizes;
+  // Leading dims the broadcast added, then dims of size 1 that it stretched.
+  std::vector<int64_t> dims;
+  const size_t lead = have.size() - want.size();
+  for (size_t d = 0; d < lead; ++d) dims.push_back(static_cast<int64_t>(d));
+  std::vector<int64_t> ones;
+  for (size_t d = 0; d < want.size(); ++d)
+    if (want[d].is_const(1) && !have[lead + d].is_const(1)) ones.push_back(static_cast<int64_t>(lead + d));
+  if (!ones.empty()) {
+    ir::Attrs a;
+    a.set("dim", ones);
+    a.set("keepdim", true);
+    grad = g.must_add("sum", {grad}, a);
+  }
+  if (!dims.empty()) {
+    ir::Attrs a;
+    a.set("dim", dims);
+    grad = g.must_add("sum", {grad}, a);
+  }
+  if (grad->meta.dtype != meta.dtype) {
+    ir::Attrs a;
+    a.set("dtype", meta.dtype);
+    grad = g.must_add("convert", {grad}, a);
+  }
+  return grad;
+}
+
+bool build_joint(ir::Graph& g, const std::vector<Node*>& wrt, JointGraph& out, std::string& why) {
+  out = JointGraph{};
+  // The nodes a gradient flows through: reachable from `wrt` along differentiable values.
+  std::set<const Node*> active(wrt.begin(), wrt.end());
+  const size_t forward_nodes = g.nodes().size();
+  std::vector<Node*> order;
+  for (size_t i = 0; i < forward_nodes; ++i) order.push_back(g.nodes()[i].get());
+  for (Node* n : order) {
+    if (active.count(n) || !differentiable(n)) continue;
+    for (Node* in : n->inputs)
+      if (in && active.count(in)) {
+        active.insert(n);
+        break;
+      }
+  }
+  std::map<const Node*, Node*> grad;
+  auto accumulate = [&](Node* at, Node* gi) {
+    gi = reduce_to(g, gi, at->meta);
+    auto [it, fresh] = grad.emplace(at, gi);
+    if (!fresh) it->second = g.must_add("add", {it->second, gi});
+  };
+  const std::vector<Node*> outputs = g.outputs();
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    Node* o = outputs[i];
+    if (!differentiable(o)) {
+      out.tangents.push_back(nullptr);
+      continue;
+    }
+    ir::TensorMeta m = o->meta;
+    m.strides = ir::contiguous_strides(m.sizes);
+    m.offset = 0;
+    Node* t = g.placeholder("tangent_" + std::to_string(i), m);
+    out.tangents.push_back(t);
+    if (active.count(o)) accumulate(o, t);
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* n = *it;
+    auto gi = grad.find(n);
+    if (gi == grad.end() || n->inputs.empty()) continue;
+    bool feeds = false;  // some input still needs a gradient
+    for (Node* in : n->inputs) feeds |= in && active.count(in) > 0;
+    if (!feeds) continue;
+    if (!n->op->derivative) {
+      why = "no derivative for " + n->op_name() + (n->source_loc.empty() ? "" : " (" + n->source_loc + ")");
+      return false;
+    }
+    std::vector<Node*> in_grads = n->op->derivative(g, n, gi->second);
+    for (size_t k = 0; k < n->inputs.size() && k < in_grads.size(); ++k)
+      if (in_grads[k] && n->inputs[k] && active.count(n->inputs[k])) accumulate(n->inputs[k], in_grads[k]);
+  }
+  for (Node* w : wrt) {
+    auto it = grad.find(w);
+    out.grads.push_back(it == grad.end() ? nullptr : it->second);
+    if (out.grads.back()) g.outputs().push_back(out.grads.back());
+  }
+  g.recompute_users();
+  return true;
+}
+
+}  // namespace kiln::autodiff
