@@ -49,15 +49,20 @@ def render() -> str:
         "and `torch_call` are the graph's inputs, Python numbers and recorded torch calls, and an",
         "`arange` over constant bounds is `torch.arange`.",
         "",
+        "The \"derivative\" column says whether the entry carries its reverse-mode derivative",
+        "(`autodiff::build_joint`, issue 13); a composite op is differentiated through the ops it",
+        "decomposes into.",
+        "",
         f"{len(ops)} ops.",
         "",
-        "| op | kind | lowering | dtypes | Python spellings | eager | schema |",
-        "|---|---|---|---|---|---|---|",
+        "| op | kind | lowering | derivative | dtypes | Python spellings | eager | schema |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for o in ops:
         py = ", ".join(f"`{p}`" for p in o["python"]) or "(internal)"
         eager = f"`{o['eager']}`" if o["eager"] else ""
-        lines.append(f"| `{o['name']}` | {o['kind']} | {o['lowering']} | {DTYPES.get(o['kind'], '')} | {py} | "
+        deriv = "yes" if o["derivative"] else ("via decomposition" if o["kind"] == "composite" else "")
+        lines.append(f"| `{o['name']}` | {o['kind']} | {o['lowering']} | {deriv} | {DTYPES.get(o['kind'], '')} | {py} | "
                      f"{eager} | `{o['schema']}` |")
     return "\n".join(lines) + "\n"
 

@@ -124,6 +124,7 @@ nb::list ops_list() {
     for (const std::string& p : d->python) py.append(p);
     o["python"] = py;
     o["eager"] = torch_spelling(*d);  // the callable the eager backend runs it with
+    o["derivative"] = static_cast<bool>(d->derivative);
     out.append(o);
   }
   return out;
