@@ -10,6 +10,7 @@
 
 #include "core/autodiff/joint_graph.h"
 #include "core/ops/registry.h"
+#include "core/passes/passes.h"
 #include "core/pipeline/compile_graph.h"
 
 using namespace kiln;
@@ -97,6 +98,7 @@ void check_gradients(const std::vector<std::vector<int64_t>>& shapes, const Buil
   std::vector<ir::Node*> in;
   for (size_t i = 0; i < shapes.size(); ++i) in.push_back(joint.placeholder("x" + std::to_string(i), f64(shapes[i])));
   for (ir::Node* o : build(joint, in)) joint.outputs().push_back(o);
+  passes::decompose(joint);  // composite ops: differentiated through what they decompose into
   const size_t n_out = joint.outputs().size();
   autodiff::JointGraph jg;
   std::string why;
@@ -117,6 +119,7 @@ void check_gradients(const std::vector<std::vector<int64_t>>& shapes, const Buil
     std::vector<ir::Node*> fin;
     for (size_t i = 0; i < shapes.size(); ++i) fin.push_back(fwd.placeholder("x" + std::to_string(i), f64(shapes[i])));
     for (ir::Node* o : build(fwd, fin)) fwd.outputs().push_back(o);
+    passes::decompose(fwd);
     const auto outs = run(fwd, at);
     double l = 0;
     for (size_t o = 0; o < outs.size(); ++o)
@@ -144,7 +147,8 @@ ir::Node* add(ir::Graph& g, const char* op, std::vector<ir::Node*> in, ir::Attrs
 }  // namespace
 
 TEST(Autodiff, UnaryOpsMatchFiniteDifferences) {
-  for (const char* op : {"exp", "sin", "cos", "tanh", "sigmoid", "expm1", "exp2", "erf", "neg", "relu", "abs", "tan"}) {
+  for (const char* op : {"exp", "sin", "cos", "tanh", "sigmoid", "expm1", "exp2", "erf", "neg", "relu", "abs", "tan",
+                         "gelu", "silu", "hardsigmoid", "hardswish", "leaky_relu", "elu", "softplus"}) {
     SCOPED_TRACE(op);
     check_gradients({{3, 5}}, [&](ir::Graph& g, const std::vector<ir::Node*>& x) {
       return std::vector<ir::Node*>{add(g, op, {x[0]})};
@@ -227,6 +231,26 @@ TEST(Autodiff, AccumulationAndDtypes) {
   ASSERT_NE(jg.grads[0], nullptr);
   EXPECT_EQ(jg.grads[0]->meta.dtype, DType::Float32);
   EXPECT_EQ(jg.tangents[0]->meta.dtype, DType::Float64);
+}
+
+// Composite ops are differentiated through their decompositions (layer_norm, softmax,
+// log_softmax, mean, gelu, silu, clamp): a transformer block's pointwise and row parts.
+TEST(Autodiff, CompositeOpsThroughTheirDecompositions) {
+  auto ints = [](std::vector<int64_t> v) { return ir::AttrValue(v); };
+  check_gradients({{3, 8}, {8}, {8}}, [&](ir::Graph& g, const std::vector<ir::Node*>& x) {
+    ir::Attrs ln, last, gelu_tanh, mean_rows, clamp;
+    ln.set("normalized_shape", ints({8}));
+    last.set("dim", int64_t(-1));
+    gelu_tanh.set("approximate", std::string("tanh"));
+    mean_rows.set("dim", ints({1}));
+    clamp.set("min", -0.5);
+    clamp.set("max", 0.7);
+    ir::Node* h = add(g, "layer_norm", {x[0], x[1], x[2]}, ln);
+    std::vector<ir::Node*> outs = {add(g, "softmax", {h}, last), add(g, "log_softmax", {h}, last),
+                                   add(g, "gelu", {h}), add(g, "gelu", {h}, gelu_tanh), add(g, "silu", {h}),
+                                   add(g, "mean", {h}, mean_rows), add(g, "clamp", {h}, clamp)};
+    return outs;
+  }, 1e-5);
 }
 
 // Matrix products' gradients are matrix products (extern ops: run by torch, so checked here by

@@ -277,12 +277,32 @@ std::vector<OpDef> pointwise_ops() {
       return infer_pointwise(*find_op("gelu"), in, a, out, err);
     };
     g.python = {"torch.nn.functional.gelu", "Tensor.gelu"};
+    g.derivative = [](Graph& gr, Node* n, Node* grad) {
+      using namespace grad_ops;
+      Node* x = n->inputs[0];
+      if (n->attrs.get_str("approximate", "none") == "tanh") {
+        // y = x/2 (1 + tanh(k (x + c x^3))): y' = (1 + t)/2 + x/2 (1 - t^2) k (1 + 3c x^2)
+        const double k = 0.7978845608028654, c = 0.044715;
+        Node* x2 = mul(gr, x, x);
+        Node* t = unary(gr, "tanh", scaled(gr, add(gr, x, scaled(gr, mul(gr, x2, x), c)), k));
+        Node* inner = scaled(gr, add(gr, scaled(gr, x2, 3 * c), num(gr, 1.0)), k);
+        Node* d = add(gr, scaled(gr, add(gr, t, num(gr, 1.0)), 0.5),
+                      mul(gr, scaled(gr, x, 0.5), mul(gr, sub(gr, num(gr, 1.0), mul(gr, t, t)), inner)));
+        return std::vector<Node*>{mul(gr, grad, d)};
+      }
+      // y = x Phi(x): y' = Phi(x) + x phi(x)
+      Node* cdf = scaled(gr, add(gr, unary(gr, "erf", scaled(gr, x, 0.7071067811865476)), num(gr, 1.0)), 0.5);
+      Node* pdf = scaled(gr, unary(gr, "exp", scaled(gr, mul(gr, x, x), -0.5)), 0.3989422804014327);
+      return std::vector<Node*>{mul(gr, grad, add(gr, cdf, mul(gr, x, pdf)))};
+    };
     ops.push_back(g);
   }
 
   // Activations, as torch's kernels compute them.
-  auto activation = [&](const char* name, const char* schema, std::vector<std::string> py, ScalarFn body) {
+  auto activation = [&](const char* name, const char* schema, std::vector<std::string> py, ScalarFn body,
+                        DerivativeFn derivative) {
     OpDef d;
+    d.derivative = std::move(derivative);
     d.name = name;
     d.schema = Schema::parse(schema);
     d.kind = OpKind::Pointwise;
@@ -296,30 +316,60 @@ std::vector<OpDef> pointwise_ops() {
   activation("silu", "silu(Tensor self, bool inplace=False)", {"torch.nn.functional.silu"},
              [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
                return s.binary(SOp::Div, a[0], s.binary(SOp::Add, s.constant(1, s.dtype(a[0])), s.unary(SOp::Exp, s.unary(SOp::Neg, a[0]))));
+             },
+             [](Graph& g, Node* n, Node* grad) {  // s (1 + x (1 - s)), s = sigmoid(x)
+               using namespace grad_ops;
+               Node* x = n->inputs[0];
+               Node* sg = unary(g, "sigmoid", x);
+               return std::vector<Node*>{mul(g, grad, mul(g, sg, add(g, mul(g, x, sub(g, num(g, 1.0), sg)), num(g, 1.0))))};
              });
   activation("hardsigmoid", "hardsigmoid(Tensor self, bool inplace=False)", {"torch.nn.functional.hardsigmoid"},
              [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
                DType t = s.dtype(a[0]);
                SRef r = s.binary(SOp::Min, s.binary(SOp::Max, s.binary(SOp::Add, a[0], s.constant(3, t)), s.constant(0, t)), s.constant(6, t));
                return s.binary(SOp::Div, r, s.constant(6, t));
+             },
+             [](Graph& g, Node* n, Node* grad) {  // 1/6 strictly inside (-3, 3), as torch's
+               using namespace grad_ops;
+               Node* x = n->inputs[0];
+               Node* inside = g.must_add("logical_and", {g.must_add("gt", {x, num(g, -3.0)}), g.must_add("lt", {x, num(g, 3.0)})});
+               return std::vector<Node*>{only_where(g, inside, scaled(g, grad, 1.0 / 6.0))};
              });
   activation("hardswish", "hardswish(Tensor self, bool inplace=False)", {"torch.nn.functional.hardswish"},
              [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
                DType t = s.dtype(a[0]);
                SRef r = s.binary(SOp::Min, s.binary(SOp::Max, s.binary(SOp::Add, a[0], s.constant(3, t)), s.constant(0, t)), s.constant(6, t));
                return s.binary(SOp::Div, s.binary(SOp::Mul, a[0], r), s.constant(6, t));
+             },
+             [](Graph& g, Node* n, Node* grad) {  // 0 below -3, x/3 + 1/2 up to 3, then 1 (torch's)
+               using namespace grad_ops;
+               Node* x = n->inputs[0];
+               Node* mid = mul(g, grad, add(g, scaled(g, x, 1.0 / 3.0), num(g, 0.5)));
+               Node* upper = g.must_add("where", {g.must_add("le", {x, num(g, 3.0)}), mid, grad});
+               return std::vector<Node*>{g.must_add("where", {g.must_add("lt", {x, num(g, -3.0)}), num(g, 0.0), upper})};
              });
   activation("leaky_relu", "leaky_relu(Tensor self, float negative_slope=0.01, bool inplace=False)", {"torch.nn.functional.leaky_relu"},
              [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
                DType t = s.dtype(a[0]);
                SRef neg = s.binary(SOp::Mul, a[0], s.constant(n.attrs.get_float("negative_slope", 0.01), t));
                return s.where(s.binary(SOp::Gt, a[0], s.constant(0, t)), a[0], neg);
+             },
+             [](Graph& g, Node* n, Node* grad) {
+               using namespace grad_ops;
+               Node* pos = g.must_add("gt", {n->inputs[0], num(g, 0.0)});
+               return std::vector<Node*>{g.must_add("where", {pos, grad, scaled(g, grad, n->attrs.get_float("negative_slope", 0.01))})};
              });
   activation("elu", "elu(Tensor self, float alpha=1.0, bool inplace=False)", {"torch.nn.functional.elu"},
              [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
                DType t = s.dtype(a[0]);
                SRef neg = s.binary(SOp::Mul, s.unary(SOp::Expm1, a[0]), s.constant(n.attrs.get_float("alpha", 1.0), t));
                return s.where(s.binary(SOp::Gt, a[0], s.constant(0, t)), a[0], neg);
+             },
+             [](Graph& g, Node* n, Node* grad) {  // alpha e^x = y + alpha below 0
+               using namespace grad_ops;
+               Node* pos = g.must_add("gt", {n->inputs[0], num(g, 0.0)});
+               Node* below = mul(g, grad, add(g, n, num(g, n->attrs.get_float("alpha", 1.0))));
+               return std::vector<Node*>{g.must_add("where", {pos, grad, below})};
              });
   activation("softplus", "softplus(Tensor self, float beta=1.0, float threshold=20.0)", {"torch.nn.functional.softplus"},
              [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
@@ -328,6 +378,12 @@ std::vector<OpDef> pointwise_ops() {
                SRef bx = s.binary(SOp::Mul, a[0], beta);
                SRef soft = s.binary(SOp::Div, s.unary(SOp::Log1p, s.unary(SOp::Exp, bx)), beta);
                return s.where(s.binary(SOp::Gt, bx, s.constant(n.attrs.get_float("threshold", 20.0), t)), a[0], soft);
+             },
+             [](Graph& g, Node* n, Node* grad) {  // sigmoid(beta x), 1 past the threshold
+               using namespace grad_ops;
+               Node* bx = scaled(g, n->inputs[0], n->attrs.get_float("beta", 1.0));
+               Node* past = g.must_add("gt", {bx, num(g, n->attrs.get_float("threshold", 20.0))});
+               return std::vector<Node*>{g.must_add("where", {past, grad, mul(g, grad, unary(g, "sigmoid", bx))})};
              });
   for (const char* name : {"add", "sub"}) {
     const bool plus = name[0] == 'a';
