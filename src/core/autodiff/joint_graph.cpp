@@ -49,9 +49,9 @@ bool build_joint(ir::Graph& g, const std::vector<Node*>& wrt, JointGraph& out, s
   out = JointGraph{};
   // The nodes a gradient flows through: reachable from `wrt` along differentiable values.
   std::set<const Node*> active(wrt.begin(), wrt.end());
-  const size_t forward_nodes = g.nodes().size();
   std::vector<Node*> order;
-  for (size_t i = 0; i < forward_nodes; ++i) order.push_back(g.nodes()[i].get());
+  for (const auto& n : g.nodes()) order.push_back(n.get());
+  out.forward.assign(order.begin(), order.end());
   for (Node* n : order) {
     if (active.count(n) || !differentiable(n)) continue;
     for (Node* in : n->inputs)
