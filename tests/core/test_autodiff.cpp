@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/autodiff/joint_graph.h"
+#include "core/autodiff/partition.h"
 #include "core/ops/registry.h"
 #include "core/passes/passes.h"
 #include "core/pipeline/compile_graph.h"
@@ -296,4 +297,52 @@ TEST(Autodiff, UnusedInputsAndOpsWithoutDerivative) {
     EXPECT_FALSE(autodiff::build_joint(g, {x}, jg, why));
     EXPECT_NE(why.find("prod"), std::string::npos) << why;
   }
+}
+
+// The forward and backward programs cut from the joint graph compute what the joint graph
+// does: the forward's outputs, and from the saved values and the tangents, the gradients.
+TEST(Autodiff, SplitProgramsComputeWhatTheJointGraphDoes) {
+  auto build = [](ir::Graph& g, std::vector<ir::Node*>& in) {
+    in = {g.placeholder("x", f64({6, 8})), g.placeholder("w", f64({8})), g.placeholder("b", f64({8}))};
+    ir::Attrs ln, last;
+    ln.set("normalized_shape", std::vector<int64_t>{8});
+    last.set("dim", int64_t(-1));
+    ir::Node* h = g.must_add("tanh", {g.must_add("add", {g.must_add("mul", {in[0], in[1]}), in[2]})});
+    ir::Node* n = g.must_add("layer_norm", {h, in[1], in[2]}, ln);
+    g.outputs().push_back(g.must_add("softmax", {g.must_add("gelu", {n})}, last));
+    g.outputs().push_back(g.must_add("sum", {h}));
+    passes::decompose(g);
+  };
+  std::mt19937 rng(3);
+  std::normal_distribution<double> nd;
+  auto randv = [&](int64_t n) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (double& e : v) e = nd(rng);
+    return v;
+  };
+  const std::vector<std::vector<double>> x = {randv(48), randv(8), randv(8)};
+  const std::vector<std::vector<double>> t = {randv(48), randv(1)};
+  ir::Graph joint;
+  std::vector<ir::Node*> in;
+  build(joint, in);
+  autodiff::JointGraph jg;
+  std::string why;
+  ASSERT_TRUE(autodiff::build_joint(joint, in, jg, why)) << why;
+  autodiff::Partition part = autodiff::partition_joint(joint, jg);
+  autodiff::SplitGraphs split;
+  ASSERT_TRUE(autodiff::split_joint(joint, jg, part, split, why)) << why;
+  EXPECT_FALSE(part.recomputed.empty());  // the pointwise work is redone in the backward
+  std::vector<std::vector<double>> joint_in = x;
+  joint_in.insert(joint_in.end(), t.begin(), t.end());
+  const auto want = run(joint, joint_in);  // 2 forward outputs, 3 gradients
+  const auto fwd = run(*split.forward, x);
+  ASSERT_EQ(fwd.size(), 2 + part.saved.size());
+  std::vector<std::vector<double>> bwd_in(fwd.begin() + 2, fwd.end());
+  bwd_in.insert(bwd_in.end(), t.begin(), t.end());
+  const auto bwd = run(*split.backward, bwd_in);
+  ASSERT_EQ(bwd.size(), 3u);
+  for (size_t o = 0; o < 2; ++o)
+    for (size_t e = 0; e < want[o].size(); ++e) ASSERT_NEAR(fwd[o][e], want[o][e], 1e-12) << "output " << o;
+  for (size_t i = 0; i < 3; ++i)
+    for (size_t e = 0; e < want[2 + i].size(); ++e) ASSERT_NEAR(bwd[i][e], want[2 + i][e], 1e-9) << "grad " << i;
 }

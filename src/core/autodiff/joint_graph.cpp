@@ -67,6 +67,7 @@ bool build_joint(ir::Graph& g, const std::vector<Node*>& wrt, JointGraph& out, s
     if (!fresh) it->second = g.must_add("add", {it->second, gi});
   };
   const std::vector<Node*> outputs = g.outputs();
+  out.forward_outputs = outputs.size();
   for (size_t i = 0; i < outputs.size(); ++i) {
     Node* o = outputs[i];
     if (!differentiable(o)) {

@@ -17,6 +17,7 @@ struct JointGraph {
   // The forward's nodes, in graph order; every other node of the graph is the backward's
   // (the tangents among them: placeholders go before the other nodes of a graph).
   std::vector<const ir::Node*> forward;
+  size_t forward_outputs = 0;  // the graph's first outputs are the forward's, then the gradients
   // The incoming gradient of each forward output, as new placeholders (`tangent_<i>`, the
   // output's sizes and dtype, row-major); nullptr for an output that is not differentiable
   // (an integer or bool result).

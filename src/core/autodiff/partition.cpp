@@ -173,4 +173,80 @@ Partition partition_joint(const ir::Graph& g, const JointGraph& jg) {
   return out;
 }
 
+namespace {
+
+// Copies nodes of one graph into another, their inputs mapped through `map`; Python numbers and
+// sizes a copied node reads are copied on first use.
+class Copier {
+ public:
+  explicit Copier(ir::Graph& to) : to_(to) {}
+  std::map<const Node*, Node*> map;
+  Node* copy(const Node& n, std::string& why) {
+    std::vector<Node*> in;
+    for (const Node* u : n.inputs) {
+      if (!u) {
+        in.push_back(nullptr);
+        continue;
+      }
+      Node* m = lookup(*u, why);
+      if (!m) return nullptr;
+      in.push_back(m);
+    }
+    Node* c = to_.add(n.op, in, n.attrs, why);
+    if (c) {
+      c->source_loc = n.source_loc;
+      map[&n] = c;
+    }
+    return c;
+  }
+  Node* lookup(const Node& u, std::string& why) {
+    auto it = map.find(&u);
+    if (it != map.end()) return it->second;
+    if (u.op->kind == ops::OpKind::Source && u.op_name() != "placeholder") return copy(u, why);
+    why = "kiln: " + u.name + " is neither saved nor recomputed";
+    return nullptr;
+  }
+
+ private:
+  ir::Graph& to_;
+};
+
+ir::TensorMeta as_input(const Node& n) {
+  ir::TensorMeta m = n.meta;
+  m.offset = 0;
+  return m;
+}
+
+}  // namespace
+
+bool split_joint(const ir::Graph& g, const JointGraph& jg, const Partition& p, SplitGraphs& out, std::string& why) {
+  std::set<const Node*> forward_set(jg.forward.begin(), jg.forward.end());
+  std::set<const Node*> tangents(jg.tangents.begin(), jg.tangents.end());
+  out.forward = std::make_unique<ir::Graph>();
+  out.backward = std::make_unique<ir::Graph>();
+  Copier f(*out.forward);
+  for (const Node* n : jg.forward) {
+    if (n->op_name() == "placeholder") f.map[n] = out.forward->placeholder(n->name, n->meta);
+    else if (!f.copy(*n, why)) return false;
+  }
+  for (size_t i = 0; i < jg.forward_outputs; ++i) out.forward->outputs().push_back(f.map.at(g.outputs()[i]));
+  for (const Node* s : p.saved) out.forward->outputs().push_back(f.map.at(s));
+  Copier b(*out.backward);
+  for (const Node* s : p.saved) b.map[s] = out.backward->placeholder("saved_" + s->name, as_input(*s));
+  for (const Node* t : jg.tangents)
+    if (t) b.map[t] = out.backward->placeholder(t->name, t->meta);
+  for (const Node* n : jg.forward)
+    if (p.recomputed.count(n) && !b.copy(*n, why)) return false;
+  for (const auto& up : g.nodes()) {
+    const Node* n = up.get();
+    if (forward_set.count(n) || tangents.count(n)) continue;
+    if (!b.copy(*n, why)) return false;
+  }
+  for (const Node* gr : jg.grads)
+    if (gr) out.backward->outputs().push_back(b.map.at(gr));
+  out.forward->recompute_users();
+  out.backward->recompute_users();
+  return true;
+}
+
 }  // namespace kiln::autodiff

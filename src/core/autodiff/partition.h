@@ -9,6 +9,7 @@
 // are tied to the source. The minimum cut is the cheapest set of saved values from which the
 // backward can rebuild everything it reads; nodes on the sink side are recomputed there.
 #pragma once
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,5 +29,16 @@ struct Partition {
 bool recomputable(const ir::Node& n);
 
 Partition partition_joint(const ir::Graph& g, const JointGraph& jg);
+
+// The two programs of a training step, cut from the joint graph where the partition says.
+struct SplitGraphs {
+  // Inputs: the joint's graph inputs other than the tangents, in order. Outputs: the joint's
+  // forward outputs, then the saved values (the partition's order).
+  std::unique_ptr<ir::Graph> forward;
+  // Inputs: the saved values, then the tangents (for differentiable outputs). Outputs: the
+  // gradients that exist, in `wrt` order. Recomputed forward nodes come first.
+  std::unique_ptr<ir::Graph> backward;
+};
+bool split_joint(const ir::Graph& g, const JointGraph& jg, const Partition& p, SplitGraphs& out, std::string& why);
 
 }  // namespace kiln::autodiff
