@@ -212,6 +212,36 @@ TEST(Autodiff, ReductionsAndViews) {
   });
 }
 
+// Slices, selects and cats (split heads, rotate_half, chunk): the gradient goes back to the
+// window each took; a strided slice is named as not covered.
+TEST(Autodiff, SlicesSelectsAndCats) {
+  check_gradients({{4, 6}}, [&](ir::Graph& g, const std::vector<ir::Node*>& x) {
+    ir::Attrs lo, hi, sel, cat;
+    lo.set("dim", int64_t(1));
+    lo.set("start", int64_t(0));
+    lo.set("end", int64_t(3));
+    hi.set("dim", int64_t(1));
+    hi.set("start", int64_t(3));
+    sel.set("dim", int64_t(0));
+    sel.set("index", int64_t(-2));
+    cat.set("dim", int64_t(-1));
+    ir::Node* a = add(g, "slice", {x[0]}, lo);
+    ir::Node* b = add(g, "slice", {x[0]}, hi);
+    ir::Node* rotated = add(g, "cat", {add(g, "neg", {b}), a}, cat);  // rotate_half
+    return std::vector<ir::Node*>{add(g, "mul", {rotated, x[0]}), add(g, "sin", {add(g, "select", {x[0]}, sel)})};
+  });
+  ir::Graph g;
+  ir::Node* x = g.placeholder("x", f64({8}));
+  ir::Attrs strided;
+  strided.set("dim", int64_t(0));
+  strided.set("step", int64_t(2));
+  g.outputs().push_back(g.must_add("slice", {x}, strided));
+  autodiff::JointGraph jg;
+  std::string why;
+  EXPECT_FALSE(autodiff::build_joint(g, {x}, jg, why));
+  EXPECT_NE(why.find("slice"), std::string::npos) << why;
+}
+
 // A value used twice accumulates; a float32 input of a float64 computation gets a float32
 // gradient (checked by dtype: finite differences run in float64).
 TEST(Autodiff, AccumulationAndDtypes) {

@@ -92,7 +92,13 @@ bool build_joint(ir::Graph& g, const std::vector<Node*>& wrt, JointGraph& out, s
       why = "no derivative for " + n->op_name() + (n->source_loc.empty() ? "" : " (" + n->source_loc + ")");
       return false;
     }
-    std::vector<Node*> in_grads = n->op->derivative(g, n, gi->second);
+    std::vector<Node*> in_grads;
+    try {
+      in_grads = n->op->derivative(g, n, gi->second);
+    } catch (const std::exception& e) {  // a case the derivative does not cover (a strided slice)
+      why = std::string(e.what()) + (n->source_loc.empty() ? "" : " (" + n->source_loc + ")");
+      return false;
+    }
     for (size_t k = 0; k < n->inputs.size() && k < in_grads.size(); ++k)
       if (in_grads[k] && n->inputs[k] && active.count(n->inputs[k])) accumulate(n->inputs[k], in_grads[k]);
   }

@@ -35,4 +35,30 @@ inline ir::Node* expand(ir::Graph& g, ir::Node* a, const std::vector<sym::Expr>&
   return g.must_add("expand", {a}, at);
 }
 
+// Zeros of `like`'s sizes, dtype and device, with dim `d` of length `len`: what a slice's or a
+// select's gradient is padded with.
+inline ir::Node* zeros_along(ir::Graph& g, const ir::TensorMeta& like, int64_t d, const sym::Expr& len) {
+  std::vector<sym::Expr> sizes = like.sizes;
+  sizes[static_cast<size_t>(d)] = len;
+  ir::Attrs at;
+  at.set("size", ir::sizes_attr(sizes));
+  at.set("value", 0.0);
+  at.set("dtype", like.dtype);
+  at.set("device", like.device.str());
+  return g.must_add("full", {}, at);
+}
+// `part` placed at [start, start + its length) along dim d of a tensor of `like`'s sizes,
+// zeros elsewhere: the gradient of a slice (or select) of `like`.
+inline ir::Node* pad_along(ir::Graph& g, ir::Node* part, const ir::TensorMeta& like, int64_t d, const sym::Expr& start) {
+  const sym::Expr after = like.sizes[static_cast<size_t>(d)] - start - part->meta.sizes[static_cast<size_t>(d)];
+  std::vector<ir::Node*> parts;
+  if (!start.is_const(0)) parts.push_back(zeros_along(g, part->meta, d, start));
+  parts.push_back(part);
+  if (!after.is_const(0)) parts.push_back(zeros_along(g, part->meta, d, after));
+  if (parts.size() == 1) return part;
+  ir::Attrs at;
+  at.set("dim", d);
+  return g.must_add("cat", parts, at);
+}
+
 }  // namespace kiln::ops::grad_ops

@@ -135,6 +135,24 @@ std::vector<OpDef> join_ops() {
   cat.gather = gather_cat;
   cat.python = {"torch.cat", "torch.concat"};
   cat.doc = "tensors joined along a dim; an element read from the one input holding it";
+  // Each input's stretch of the gradient.
+  cat.derivative = [](Graph& g, Node* n, Node* grad) {
+    int64_t d = n->attrs.get_int("dim", 0);
+    std::string err;
+    if (!wrap_dim(d, n->meta.dim(), err)) throw std::runtime_error(err);
+    std::vector<Node*> grads;
+    Expr at(0);
+    for (Node* x : n->inputs) {
+      const Expr end = at + x->meta.sizes[static_cast<size_t>(d)];
+      Attrs a;
+      a.set("dim", d);
+      a.set("start", at);
+      a.set("end", end);
+      grads.push_back(g.must_add("slice", {grad}, a));
+      at = end;
+    }
+    return grads;
+  };
   OpDef stack = composite_op("stack", "stack(Tensor[] tensors, int dim=0)", decompose_stack, {"torch.stack"});
   // Tensors of one shape (as expressions) on one device, as many as cat takes.
   stack.covers = [](const std::vector<Node*>& in, const Attrs&) {

@@ -425,6 +425,17 @@ std::vector<OpDef> view_ops() {
     return r;
   };
   slice.python = {"torch.ops.aten.slice.Tensor"};
+  // The gradient between zeros, at the slice's window (steps of one; a strided slice's would
+  // interleave zeros, and has no derivative yet).
+  slice.derivative = [](Graph& g, Node* n, Node* grad) {
+    const TensorMeta& x = n->inputs[0]->meta;
+    int64_t d = n->attrs.get_int("dim");
+    std::string err;
+    if (!wrap_dim(d, x.dim(), err)) throw std::runtime_error(err);
+    if (n->attrs.get_int("step", 1) != 1) throw std::runtime_error("no derivative for slice with a step other than 1");
+    auto [start, len] = slice_window(x.sizes[static_cast<size_t>(d)], n->attrs);
+    return std::vector<Node*>{grad_ops::pad_along(g, grad, x, d, start)};
+  };
   ops.push_back(slice);
 
   // x[i] along one dim: that dim goes, i folded into the offset.
@@ -475,6 +486,18 @@ std::vector<OpDef> view_ops() {
     return r;
   };
   select.python = {"torch.select", "Tensor.select"};
+  select.derivative = [](Graph& g, Node* n, Node* grad) {
+    const TensorMeta& x = n->inputs[0]->meta;
+    int64_t d = n->attrs.get_int("dim"), i = n->attrs.get_int("index");
+    std::string err;
+    if (!wrap_dim(d, x.dim(), err)) throw std::runtime_error(err);
+    ir::Attrs at;
+    at.set("dim", d);
+    auto size = x.sizes[static_cast<size_t>(d)].as_const();
+    if (i < 0 && !size) throw std::runtime_error("no derivative for select at a negative index of a symbolic dim");
+    if (i < 0) i += *size;
+    return std::vector<Node*>{grad_ops::pad_along(g, g.must_add("unsqueeze", {grad}, at), x, d, Expr(i))};
+  };
   ops.push_back(select);
   return ops;
 }
