@@ -1,6 +1,7 @@
 #include "core/autodiff/joint_graph.h"
 
 #include <map>
+#include <stdexcept>
 #include <set>
 
 #include "core/ops/registry.h"
@@ -19,6 +20,8 @@ bool differentiable(const Node* n) { return n && is_floating(n->meta.dtype); }
 Node* reduce_to(ir::Graph& g, Node* grad, const ir::TensorMeta& meta) {
   const auto& have = grad->meta.sizes;
   const auto& want = meta.sizes;
+  if (have.size() < want.size())
+    throw std::runtime_error("kiln: a gradient of " + grad->meta.str() + " for a value of " + meta.str());
   // Leading dims the broadcast added, then dims of size 1 that it stretched.
   std::vector<int64_t> dims;
   const size_t lead = have.size() - want.size();
@@ -92,15 +95,14 @@ bool build_joint(ir::Graph& g, const std::vector<Node*>& wrt, JointGraph& out, s
       why = "no derivative for " + n->op_name() + (n->source_loc.empty() ? "" : " (" + n->source_loc + ")");
       return false;
     }
-    std::vector<Node*> in_grads;
     try {
-      in_grads = n->op->derivative(g, n, gi->second);
+      std::vector<Node*> in_grads = n->op->derivative(g, n, gi->second);
+      for (size_t k = 0; k < n->inputs.size() && k < in_grads.size(); ++k)
+        if (in_grads[k] && n->inputs[k] && active.count(n->inputs[k])) accumulate(n->inputs[k], in_grads[k]);
     } catch (const std::exception& e) {  // a case the derivative does not cover (a strided slice)
       why = std::string(e.what()) + (n->source_loc.empty() ? "" : " (" + n->source_loc + ")");
       return false;
     }
-    for (size_t k = 0; k < n->inputs.size() && k < in_grads.size(); ++k)
-      if (in_grads[k] && n->inputs[k] && active.count(n->inputs[k])) accumulate(n->inputs[k], in_grads[k]);
   }
   for (Node* w : wrt) {
     auto it = grad.find(w);
