@@ -6,16 +6,16 @@
 
 #include "core/autodiff/joint_graph.h"
 #include "core/autodiff/partition.h"
+#include "graph_helpers.h"
 
 using namespace kiln;
 
 namespace {
 
+// On the CPU as torch's CPU tensors are (no device index).
 ir::TensorMeta f32(std::vector<int64_t> sizes) {
-  ir::TensorMeta m;
-  m.dtype = DType::Float32;
-  for (auto s : sizes) m.sizes.push_back(s);
-  m.strides = ir::contiguous_strides(m.sizes);
+  ir::TensorMeta m = test::meta(std::move(sizes), DType::Float32, DeviceType::CPU);
+  m.device = Device{};
   return m;
 }
 

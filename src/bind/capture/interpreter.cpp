@@ -326,15 +326,15 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     // Met again by another path (each layer's self.config), it is guarded to be that object,
     // and its attributes are read (and checked at each call) once, through the first path.
     Interpreter* r = root();
-    for (const auto& [obj, tracker] : r->structured_)
-      if (obj == v) {
-        if (src->str() != tracker->source->str()) out_.guards.add_same(src, tracker->source);
-        return tracker;
-      }
+    if (auto it = r->structured_.find(v); it != r->structured_.end()) {
+      const VarPtr& tracker = it->second;
+      if (src->str() != tracker->source->str()) out_.guards.add_same(src, tracker->source);
+      return tracker;
+    }
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
     VarPtr c = Var::constant(v, src);
     c->as<ConstV>().by_type = true;
-    r->structured_.emplace_back(Py_NewRef(v), c);
+    r->structured_.emplace(Py_NewRef(v), c);
     r->keep_.push_back(v);
     return c;
   }

@@ -526,7 +526,7 @@ class Interpreter {
   std::vector<PyObject*> input_objects_;  // root: per graph input, the tensor at capture (kept alive by keep_)
   // root: the user objects guarded by structure (wrap), each tracker with its object (kept alive
   // by keep_): one object met again by another path is the same tracker.
-  std::vector<std::pair<PyObject*, VarPtr>> structured_;
+  std::unordered_map<PyObject*, VarPtr> structured_;
   std::unordered_map<const ir::Node*, size_t> written_back_;  // root: final value of a mutated input -> input
   bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
   AutocastState autocast_;            // root: torch.autocast's state where capture is

@@ -19,31 +19,31 @@ constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
 // Dinic's maximum flow; after run(), reachable() is the source side of a minimum cut.
 class MaxFlow {
  public:
-  explicit MaxFlow(int n) : adj_(static_cast<size_t>(n)) {}
-  void edge(int a, int b, int64_t cap) {
-    adj_[a].push_back(static_cast<int>(edges_.size()));
+  explicit MaxFlow(size_t n) : adj_(n) {}
+  void edge(size_t a, size_t b, int64_t cap) {
+    adj_[a].push_back(edges_.size());
     edges_.push_back({b, cap});
-    adj_[b].push_back(static_cast<int>(edges_.size()));
+    adj_[b].push_back(edges_.size());
     edges_.push_back({a, 0});
   }
-  void run(int s, int t) {
+  void run(size_t s, size_t t) {
     while (levels(s, t)) {
       next_.assign(adj_.size(), 0);
       while (push(s, t, kInf) > 0) {}
     }
   }
-  // Nodes reachable from s in the residual network.
-  std::vector<bool> reachable(int s) const {
+  // Vertices reachable from s in the residual network.
+  std::vector<bool> reachable(size_t s) const {
     std::vector<bool> seen(adj_.size(), false);
-    std::vector<int> stack = {s};
-    seen[static_cast<size_t>(s)] = true;
+    std::vector<size_t> stack = {s};
+    seen[s] = true;
     while (!stack.empty()) {
-      int v = stack.back();
+      const size_t v = stack.back();
       stack.pop_back();
-      for (int e : adj_[static_cast<size_t>(v)])
-        if (edges_[static_cast<size_t>(e)].cap > 0 && !seen[static_cast<size_t>(edges_[static_cast<size_t>(e)].to)]) {
-          seen[static_cast<size_t>(edges_[static_cast<size_t>(e)].to)] = true;
-          stack.push_back(edges_[static_cast<size_t>(e)].to);
+      for (size_t e : adj_[v])
+        if (edges_[e].cap > 0 && !seen[edges_[e].to]) {
+          seen[edges_[e].to] = true;
+          stack.push_back(edges_[e].to);
         }
     }
     return seen;
@@ -51,47 +51,48 @@ class MaxFlow {
 
  private:
   struct Edge {
-    int to;
+    size_t to;
     int64_t cap;
   };
-  bool levels(int s, int t) {
+  bool levels(size_t s, size_t t) {
     level_.assign(adj_.size(), -1);
-    std::queue<int> q;
-    level_[static_cast<size_t>(s)] = 0;
+    std::queue<size_t> q;
+    level_[s] = 0;
     q.push(s);
     while (!q.empty()) {
-      int v = q.front();
+      const size_t v = q.front();
       q.pop();
-      for (int e : adj_[static_cast<size_t>(v)]) {
-        const Edge& ed = edges_[static_cast<size_t>(e)];
-        if (ed.cap > 0 && level_[static_cast<size_t>(ed.to)] < 0) {
-          level_[static_cast<size_t>(ed.to)] = level_[static_cast<size_t>(v)] + 1;
-          q.push(ed.to);
+      for (size_t e : adj_[v])
+        if (edges_[e].cap > 0 && level_[edges_[e].to] < 0) {
+          level_[edges_[e].to] = level_[v] + 1;
+          q.push(edges_[e].to);
         }
-      }
     }
-    return level_[static_cast<size_t>(t)] >= 0;
+    return level_[t] >= 0;
   }
-  int64_t push(int v, int t, int64_t f) {
+  int64_t push(size_t v, size_t t, int64_t f) {
     if (v == t) return f;
-    for (size_t& i = next_[static_cast<size_t>(v)]; i < adj_[static_cast<size_t>(v)].size(); ++i) {
-      const int e = adj_[static_cast<size_t>(v)][i];
-      Edge& ed = edges_[static_cast<size_t>(e)];
-      if (ed.cap <= 0 || level_[static_cast<size_t>(ed.to)] != level_[static_cast<size_t>(v)] + 1) continue;
+    for (size_t& i = next_[v]; i < adj_[v].size(); ++i) {
+      const size_t e = adj_[v][i];
+      Edge& ed = edges_[e];
+      if (ed.cap <= 0 || level_[ed.to] != level_[v] + 1) continue;
       const int64_t got = push(ed.to, t, std::min(f, ed.cap));
       if (got > 0) {
         ed.cap -= got;
-        edges_[static_cast<size_t>(e ^ 1)].cap += got;
+        edges_[e ^ 1].cap += got;
         return got;
       }
     }
     return 0;
   }
-  std::vector<std::vector<int>> adj_;
+  std::vector<std::vector<size_t>> adj_;
   std::vector<Edge> edges_;
   std::vector<int> level_;
   std::vector<size_t> next_;
 };
+
+// Python numbers and sizes: free to have in either program, never saved.
+bool constant(const Node& n) { return n.op->kind == ops::OpKind::Source && n.op_name() != "placeholder"; }
 
 // Bytes of a value, symbolic sizes at their hints (or 1024 when they have none).
 int64_t bytes_of(const Node& n) {
@@ -114,7 +115,7 @@ bool recomputable(const Node& n) {
     case ops::OpKind::Gather:
       return true;
     case ops::OpKind::Source:  // Python numbers and sizes are free; graph inputs are inputs
-      return n.op_name() != "placeholder";
+      return constant(n);
     default:
       return false;
   }
@@ -123,46 +124,36 @@ bool recomputable(const Node& n) {
 Partition partition_joint(const ir::Graph& g, const JointGraph& jg) {
   Partition out;
   const std::vector<const Node*>& forward = jg.forward;
-  const size_t fwd = forward.size();
-  std::map<const Node*, int> index;
-  for (size_t i = 0; i < fwd; ++i) index[forward[i]] = static_cast<int>(i);
-  std::vector<const Node*> backward;
-  for (const auto& n : g.nodes())
-    if (!index.count(n.get())) backward.push_back(n.get());
+  std::map<const Node*, size_t> index;
+  for (size_t i = 0; i < forward.size(); ++i) index[forward[i]] = i;
+  // The forward values the backward reads.
+  std::set<const Node*> read;
+  for (const auto& b : g.nodes())
+    if (!index.count(b.get()))
+      for (const Node* u : b->inputs)
+        if (u && index.count(u)) read.insert(u);
   // Vertices: each forward node's in (2i) and out (2i + 1), then source and sink.
-  const int source = static_cast<int>(2 * fwd), sink = source + 1;
+  const size_t source = 2 * forward.size(), sink = source + 1;
   MaxFlow flow(sink + 1);
-  for (size_t i = 0; i < fwd; ++i) {
+  for (size_t i = 0; i < forward.size(); ++i) {
     const Node* n = forward[i];
-    const int in = static_cast<int>(2 * i), o = in + 1;
-    // Python numbers and sizes cost nothing to have anywhere.
-    const bool free = n->op->kind == ops::OpKind::Source && n->op_name() != "placeholder";
-    flow.edge(in, o, free ? kInf : bytes_of(*n));
-    if (n->op_name() == "placeholder" || !recomputable(*n)) flow.edge(source, in, kInf);
+    flow.edge(2 * i, 2 * i + 1, constant(*n) ? kInf : bytes_of(*n));
+    if (n->op_name() == "placeholder" || !recomputable(*n)) flow.edge(source, 2 * i, kInf);
     for (const Node* u : n->inputs)
-      if (u && index.count(u)) flow.edge(2 * index[u] + 1, in, kInf);
+      if (u && index.count(u)) flow.edge(2 * index[u] + 1, 2 * i, kInf);
+    if (read.count(n)) flow.edge(2 * i + 1, sink, kInf);
   }
-  // What the backward reads of the forward goes to the sink.
-  for (const Node* b : backward)
-    for (const Node* u : b->inputs)
-      if (u && index.count(u)) flow.edge(2 * index[u] + 1, sink, kInf);
   flow.run(source, sink);
+  // Saved: the cut (in on the source side, out on the sink side).
   const std::vector<bool> side = flow.reachable(source);
-  std::set<const Node*> needed;  // forward nodes the backward reaches through recomputation
-  for (const Node* b : backward)
-    for (const Node* u : b->inputs)
-      if (u && index.count(u)) needed.insert(u);
-  // Saved: the cut (source-side in, sink-side out). Recomputed: sink-side nodes the backward
-  // needs, walked back from what it reads until a saved value.
-  for (size_t i = 0; i < fwd; ++i) {
-    const Node* n = forward[i];
-    if (side[2 * i] && !side[2 * i + 1] && !(n->op->kind == ops::OpKind::Source && n->op_name() != "placeholder")) {
-      out.saved.push_back(n);
-      out.saved_bytes += bytes_of(*n);
+  for (size_t i = 0; i < forward.size(); ++i)
+    if (side[2 * i] && !side[2 * i + 1] && !constant(*forward[i])) {
+      out.saved.push_back(forward[i]);
+      out.saved_bytes += bytes_of(*forward[i]);
     }
-  }
+  // Recomputed: what the backward reads, walked back until a saved value.
   std::set<const Node*> saved(out.saved.begin(), out.saved.end());
-  std::vector<const Node*> work(needed.begin(), needed.end());
+  std::vector<const Node*> work(read.begin(), read.end());
   while (!work.empty()) {
     const Node* n = work.back();
     work.pop_back();
@@ -202,7 +193,7 @@ class Copier {
   Node* lookup(const Node& u, std::string& why) {
     auto it = map.find(&u);
     if (it != map.end()) return it->second;
-    if (u.op->kind == ops::OpKind::Source && u.op_name() != "placeholder") return copy(u, why);
+    if (constant(u)) return copy(u, why);
     why = "kiln: " + u.name + " is neither saved nor recomputed";
     return nullptr;
   }

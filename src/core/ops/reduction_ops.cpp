@@ -49,12 +49,11 @@ std::vector<OpDef> reduction_ops() {
     d.derivative = [](Graph& g, Node* n, Node* grad) {
       using namespace grad_ops;
       Node* hit = g.must_add("eq", {n->inputs[0], spread_over_input(g, n, *n)});
-      ir::Attrs count_attrs = n->attrs;
-      count_attrs.set("keepdim", false);
       ir::Attrs as_float;
       as_float.set("dtype", grad->meta.dtype);
-      Node* count = g.must_add("sum", {g.must_add("convert", {hit}, as_float)}, count_attrs);
-      return std::vector<Node*>{only_where(g, hit, spread_over_input(g, div(g, grad, reshape(g, count, grad->meta.sizes)), *n))};
+      // Over the same dims and keepdim as the node: the count has the result's (and grad's) sizes.
+      Node* count = g.must_add("sum", {g.must_add("convert", {hit}, as_float)}, n->attrs);
+      return std::vector<Node*>{only_where(g, hit, spread_over_input(g, div(g, grad, count), *n))};
     };
   }
   return ops;
