@@ -205,6 +205,11 @@ class ExplainOutput:
     captured: str = ""
     # mode="reduce-overhead": per graph, whether it is recorded as a CUDA graph, or why not.
     cudagraphs: list = field(default_factory=list)
+    # Graphs with results autograd tracks (training): per graph, its backward program as a dict
+    # with "graph" (after passes), "saved" (how many values the forward keeps for it) and
+    # "source"; and the backward's kernel names.
+    backward_graphs: list = field(default_factory=list)
+    backward_kernels: list = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"Graph Count: {self.graph_count}", f"Graph Break Count: {self.graph_break_count}",
@@ -216,11 +221,17 @@ class ExplainOutput:
         for i, g in enumerate(self.graphs):
             lines.append(f"Graph {i}:")
             lines.append(g.rstrip())
+        for i, b in enumerate(self.backward_graphs):
+            lines.append(f"Backward graph {i} (reads {b['saved']} saved values):")
+            lines.append(b["graph"].rstrip())
         lines.append(f"Guards ({len(self.guards)}):")
         lines.extend("  " + g for g in self.guards)
         lines.append(f"Kernels ({len(self.kernels)}):")
         for k in self.kernels:
             lines.append(f"  {k['name']}")
+        if self.backward_kernels:
+            lines.append(f"Backward kernels ({len(self.backward_kernels)}):")
+            lines.extend("  " + k for k in self.backward_kernels)
         if self.source_path:
             lines.append(f"Generated code: {self.source_path}")
         return "\n".join(lines)
@@ -252,7 +263,8 @@ def explain(fn: Callable, *extra_args, **extra_kwargs):
             break_reasons=list(d["break_reasons"]), graphs=list(d["graphs"]), guards=list(d["guards"]),
             kernels=[_Kernel(k["name"], k["source"], k.get("launch", "")) for k in d["kernels"]], loop_ir=d.get("loop_ir", ""),
             source_path=d.get("source_path", ""), compile_seconds=d.get("compile_seconds", 0.0),
-            captured=d.get("captured", ""), cudagraphs=list(d.get("cudagraphs", [])))
+            captured=d.get("captured", ""), cudagraphs=list(d.get("cudagraphs", [])),
+            backward_graphs=list(d.get("backward_graphs", [])), backward_kernels=list(d.get("backward_kernels", [])))
 
     if extra_args or extra_kwargs:
         return run(*extra_args, **extra_kwargs)

@@ -59,7 +59,7 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
   Py_DECREF(result);
 
   nb::dict d;
-  nb::list graphs, kernels, reasons, guards, cudagraphs;
+  nb::list graphs, kernels, reasons, guards, cudagraphs, backward_graphs, backward_kernels;
   size_t op_count = 0, graph_count = 0, breaks = 0;
   std::string loop_ir, source, captured, source_path, device;
   double compile_seconds = 0;
@@ -85,6 +85,14 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
       kernels.append(kd);
     }
     if (!r.cudagraphs.empty()) cudagraphs.append(r.cudagraphs);
+    if (!r.backward_graph.empty()) {
+      nb::dict bd;
+      bd["graph"] = r.backward_graph;
+      bd["saved"] = r.saved;
+      bd["source"] = r.backward_source;
+      backward_graphs.append(bd);
+      for (const std::string& k : r.backward_kernels) backward_kernels.append(k);
+    }
     loop_ir += r.loop_ir;
     source += r.source;
     if (source_path.empty()) source_path = r.source_path;
@@ -105,6 +113,8 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
   d["guards"] = guards;
   d["kernels"] = kernels;
   d["cudagraphs"] = cudagraphs;
+  d["backward_graphs"] = backward_graphs;
+  d["backward_kernels"] = backward_kernels;
   return d;
 }
 
@@ -135,6 +145,7 @@ nb::dict stats_dict() {
   nb::dict d, reasons;
   d["frames_captured"] = s.frames_captured;
   d["graphs_compiled"] = s.graphs_compiled;
+  d["backward_graphs_compiled"] = s.backward_graphs_compiled;
   d["recompiles"] = s.recompiles;
   d["cache_hits_memory"] = s.cache_hits_memory;
   d["cache_hits_disk"] = s.cache_hits_disk;

@@ -10,7 +10,7 @@ code) go through ``check_break``: ``kiln.explain`` must report at least one grap
 code around the break is captured, not the whole call run eagerly) at the line marked
 ``# break: <tag>`` and the compiled function must match eager on fresh inputs.
 
-Module tests run in eval mode under ``torch.no_grad()`` (kiln builds no backward graphs yet).
+Module tests run in eval mode under ``torch.no_grad()`` (training is tests/python/test_training.py).
 
 Constructs kiln does not capture yet (these run in Python, tested for eager's results and a
 reason): match statements, functools.partial over tensors, instantiating user classes /
@@ -2839,12 +2839,20 @@ def test_train_after_eval_between_calls(no_grad):
     check_after_change(TwoFlagBlocks().eval(), x48(), change)
 
 
-def test_batchnorm_train_mode_updates_running_stats_runs_in_python(no_grad):
-    # runs_in_python compares the module's state (running_mean, running_var,
-    # num_batches_tracked included) with the eager copy's after every call.
+def test_batchnorm_train_mode_updates_running_stats_in_the_graph(no_grad):
+    # batch statistics in the graph; running_mean, running_var and num_batches_tracked written
+    # back after it, equal to the eager copy's after every call
     model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU()).train()
-    runs_in_python(model, lambda: (x48(),), "training mode")
+    eager = copy.deepcopy(model)
+    compiled = kiln.compile(model)
+    for call in range(2):
+        x = x48()
+        assert_same(compiled(x), eager(x), path=f"wrong result (call {call}): out")
+        assert_same(list(model.state_dict().values()), list(eager.state_dict().values()),
+                    path=f"wrong result (call {call}): module state")
     assert int(model[1].num_batches_tracked) == 2
+    e = kiln.explain(copy.deepcopy(model))(x48())
+    assert e.graph_count == 1 and not e.break_reasons, _why(e)
 
 
 class CountsCalls(nn.Module):

@@ -31,6 +31,7 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
   bool inplace = false;
   const ops::Schema& s = b.op->schema;
   std::vector<ir::Node*> inputs;
+  std::vector<VarPtr> input_vars;  // the tracker of each tensor input (nullptr for None)
   ir::Attrs attrs = b.fixed;
   size_t pos = 0;
   std::vector<bool> used_kw(kwargs.size(), false);
@@ -78,10 +79,12 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
       continue;
     }
     if (p.is_tensor()) {
+      input_vars.resize(inputs.size());
       if (p.type == "Tensor?" && v->is_const() && v->known() == Py_None) {
         inputs.push_back(nullptr);
         continue;
       }
+      input_vars.push_back(v);
       if (b.op->tensors_only && !v->is_tensor())
         unsupported("shape/dtype check of " + b.op->name + " failed: TypeError: " + b.op->name + "(): argument '" +
                     p.name + "' must be Tensor, not " + (v->is_const() ? Py_TYPE(v->obj())->tp_name : "a value"));
@@ -164,6 +167,8 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
   for (ir::Node* n : inputs) any_tensor |= n && !n->meta.wrapped_number;
   if (!any_tensor) unsupported(b.op->name + "() called without tensor arguments");
   if (b.op->covers && !b.op->covers(inputs, attrs)) return nullptr;  // torch's operator runs it
+  static const ops::OpDef* batch_norm = ops::find_op("batch_norm");
+  if (b.op == batch_norm && attrs.get_bool("training")) return batch_norm_training(inputs, input_vars, attrs);
   if (inplace) {
     const VarPtr& target = args.empty() ? kwargs.front().second : args.front();
     if (!target->is_tensor()) unsupported("in-place " + b.op->name + " on a non-tensor");
@@ -171,6 +176,90 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
     return mutate(target, add_node(b.op, inputs, attrs));
   }
   return Var::tensor(add_node(b.op, inputs, attrs));
+}
+
+VarPtr Interpreter::dropout(const std::vector<VarPtr>& args, const KwArgs& kwargs, bool functional) {
+  // F.dropout(input, p=0.5, training=True, inplace=False); torch.dropout(input, p, train).
+  const std::vector<std::string> names = functional ? std::vector<std::string>{"input", "p", "training", "inplace"}
+                                                    : std::vector<std::string>{"input", "p", "train"};
+  std::vector<VarPtr> a(names.size());
+  if (args.size() > names.size()) unsupported("dropout() takes at most " + std::to_string(names.size()) + " arguments");
+  for (size_t i = 0; i < args.size(); ++i) a[i] = args[i];
+  for (const auto& [k, v] : kwargs) {
+    auto it = std::find(names.begin(), names.end(), k);
+    if (it == names.end() || a[static_cast<size_t>(it - names.begin())]) unsupported("dropout() got an unexpected keyword argument '" + k + "'");
+    a[static_cast<size_t>(it - names.begin())] = v;
+  }
+  if (!a[0] || !a[0]->is_tensor()) unsupported("dropout of a non-tensor");
+  if (!functional && (!a[1] || !a[2])) unsupported("torch.dropout() missing arguments");
+  auto number = [&](const VarPtr& v, double dflt) {
+    if (!v) return dflt;
+    PyObject* o = const_obj(v, "p");
+    if (!PyFloat_Check(o) && !PyLong_Check(o)) unsupported("dropout probability must be a number");
+    return PyFloat_AsDouble(o);
+  };
+  auto flag = [&](const VarPtr& v, bool dflt) {
+    if (!v) return dflt;
+    PyObject* o = const_obj(v, "training");
+    if (!PyBool_Check(o)) unsupported("dropout's training flag must be a bool");
+    return o == Py_True;
+  };
+  const double p = number(a[1], 0.5);
+  const bool training = flag(a[2], true);
+  if (p < 0 || p > 1) unsupported("shape/dtype check of dropout failed: ValueError: dropout probability has to be between 0 and 1, but got " + std::to_string(p));
+  if (functional && flag(a[3], false)) unsupported("in-place dropout (inplace=True) is not captured yet");
+  ir::Node* x = a[0]->node();
+  if (!training || p == 0 || !is_floating(x->meta.dtype)) return a[0];  // eager hands the input back
+  Interpreter* r = root();
+  ir::Attrs at;
+  at.set("p", p);
+  at.set("offset", r->rng_draws_++ * (int64_t{1} << 40));  // each draw its own stretch of counters
+  ir::Node* seed = rng_seed()->node();
+  return Var::tensor(add_node("dropout", {x, seed}, at));
+}
+
+VarPtr Interpreter::rng_seed() {
+  Interpreter* r = root();
+  if (r->rng_seed_) return r->rng_seed_;
+  SourcePtr src = Source::seed();
+  // A stand-in for the seed at capture: drawing one here would move torch's generator on the
+  // first call only, so torch.manual_seed(s) before a call would not repeat it.
+  PyObject* zero = PyLong_FromLong(0);
+  PyObject* t = zero ? wrapped_number_tensor(zero) : nullptr;
+  Py_XDECREF(zero);
+  if (!t) real(nullptr);
+  r->keep_.push_back(t);
+  ir::TensorMeta m;
+  m.dtype = DType::Int64;
+  ir::Node* n = g_->placeholder("rng_seed", m);
+  r->out_.input_sources.push_back(src);
+  r->input_vars_.push_back(Var::tensor(n, src));
+  r->input_objects_.push_back(t);
+  r->rng_seed_ = r->input_vars_.back();
+  return r->rng_seed_;
+}
+
+VarPtr Interpreter::batch_norm_training(const std::vector<ir::Node*>& inputs, std::vector<VarPtr> vars, const ir::Attrs& attrs) {
+  static const ops::OpDef* batch_norm = ops::find_op("batch_norm");
+  vars.resize(inputs.size());
+  ir::Node* y = add_node(batch_norm, inputs, attrs);
+  // The running statistics, updated in place as torch's kernel does (outside autograd): the
+  // new values are graph outputs written back into the buffers after the call.
+  ir::Node *rm = inputs.size() > 2 ? inputs[1] : nullptr, *rv = inputs.size() > 2 ? inputs[2] : nullptr;
+  if (rm && rv) {
+    if (!vars[1] || !vars[2]) unsupported("batch_norm's running statistics must be tensors");
+    check_inplace_target(vars[1], "batch_norm running_mean update");
+    check_inplace_target(vars[2], "batch_norm running_var update");
+    std::pair<ir::Node*, ir::Node*> fresh;
+    try {
+      fresh = ops::batch_norm_running_update(*g_, inputs[0], rm, rv, attrs.get_float("momentum", 0.1));
+    } catch (const std::exception& e) {
+      unsupported(std::string("shape/dtype check of batch_norm failed: ") + e.what());
+    }
+    mutate(vars[1], fresh.first);
+    mutate(vars[2], fresh.second);
+  }
+  return Var::tensor(y);
 }
 
 VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
@@ -1216,6 +1305,30 @@ void Interpreter::offer_in_place(const VarPtr& result, const VarPtr& target, PyO
 }
 
 VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  // F.relu6(x, inplace=True) and the other functions with an `inplace` parameter: the call out
+  // of place, then the input takes the result (as a registry op's inplace=True does). Left in
+  // the call, the update would land in a buffer that other nodes, or a backward, still read.
+  if (PyFunction_Check(f)) {
+    auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(f));
+    PyObject* names = PyCode_GetVarnames(co);
+    Py_ssize_t at = -1;
+    for (Py_ssize_t i = 0; names && i < co->co_argcount + co->co_kwonlyargcount; ++i)
+      if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(names, i), "inplace") == 0) at = i;
+    Py_XDECREF(names);
+    if (!names) real(nullptr);
+    std::vector<VarPtr> a = args;
+    KwArgs kw = kwargs;
+    VarPtr* flag = at >= 0 && at < co->co_argcount && static_cast<size_t>(at) < a.size() ? &a[static_cast<size_t>(at)] : nullptr;
+    for (auto& [k, v] : kw)
+      if (k == "inplace") flag = &v;
+    if (flag && (*flag)->is_const() && (*flag)->known() == Py_True && !a.empty() && a[0]->is_tensor()) {
+      *flag = Var::constant(Py_False);
+      VarPtr out = torch_extern(f, name, a, kw);
+      if (!out->is_tensor()) unsupported("in-place " + name + " with a result kiln cannot take");
+      check_inplace_target(args[0], name);
+      return mutate(args[0], out->node());
+    }
+  }
   std::string leaf = name.substr(name.rfind('.') + 1);
   // Random draws (their order against eager's RNG stream matters), device moves, data reads
   // and autograd state stay in Python.
@@ -1223,8 +1336,19 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   static const char* refused[] = {"empty", "item", "tolist", "numpy", "to", "cuda", "cpu", "type", "data_ptr",
                                   "backward", "register_hook", "requires_grad", "detach", "set_", "share_memory",
                                   "pin_memory", "new_empty"};
+  static PyObject* f_dropout = resolve_torch_path("torch.nn.functional.dropout");
+  static PyObject* torch_dropout = resolve_torch_path("torch.dropout");
+  if (f == f_dropout || f == torch_dropout) return dropout(args, kwargs, f == f_dropout);
   for (const char* r : random)
     if (leaf.find(r) != std::string::npos) unsupported("call to " + name + " draws random numbers: not captured yet");
+  // x.detach(): the same values, outside autograd (the training graph stops gradients there).
+  if (leaf == "detach" && args.size() == 1 && args[0]->is_tensor() && kwargs.empty()) {
+    ir::Attrs a;
+    a.set("detach", true);
+    ir::Node* n = add_node("alias", {args[0]->node()}, a);
+    root()->needs_grad_.erase(n);
+    return Var::tensor(n);
+  }
   for (const char* r : refused)
     if (leaf == r) unsupported("call to " + name + " is not captured (device, data or autograd state)");
   bool dunder = leaf.size() > 4 && leaf.rfind("__", 0) == 0 && leaf.substr(leaf.size() - 2) == "__";

@@ -141,6 +141,13 @@ struct CaptureResult {
   std::vector<StoreReplay> replays;  // attribute stores to do after the graph, in program order
   std::unique_ptr<GraphBreak> graph_break;
   std::string captured_text;     // the graph as captured, before any pass
+  // An output autograd tracks (an input requires grad, grad mode is on): the entry also gets a
+  // backward program. `tracked`: the nodes autograd would record.
+  bool needs_backward = false;
+  std::set<const ir::Node*> tracked;
+  // Graph outputs that are `x.detach()` (or a view of it) of an input that requires grad: the
+  // program hands back the input's memory, the runtime a tensor outside autograd over it.
+  std::vector<int> detached_outputs;
 };
 
 // Which tensor dims capture makes symbolic (dynamic shapes). torch's own marks on a tensor

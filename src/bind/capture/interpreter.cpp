@@ -508,13 +508,19 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
         n = n->inputs[0];
         if (root()->written_back_.count(n)) unsupported("a view of an input updated in place is handed out: not captured yet");
       }
-      if (root()->needs_grad_.count(v->node()) && v->node()->op_name() != "placeholder")
-        unsupported("a result requires grad (its inputs do, and grad mode is on): kiln does not build backward graphs yet (AOTAutograd is a later stage); run under torch.no_grad() or torch.inference_mode()");
+      // A result autograd tracks: the entry compiles a backward program too (training_graphs.h).
+      if (root()->needs_grad_.count(v->node()) && v->node()->op_name() != "placeholder") root()->out_.needs_backward = true;
       auto& outs = g_->outputs();
       auto it = std::find(outs.begin(), outs.end(), v->node());
       s.kind = OutSpec::Kind::Graph;
       s.index = static_cast<int>(it - outs.begin());
-      if (it == outs.end()) outs.push_back(v->node());
+      if (it == outs.end()) {
+        outs.push_back(v->node());
+        bool detach = false;
+        const ir::Node* n = v->node();
+        for (; n->op->aliases() && !n->inputs.empty(); n = n->inputs[0]) detach |= n->attrs.get_bool("detach");
+        if (detach && root()->needs_grad_.count(n)) root()->out_.detached_outputs.push_back(s.index);
+      }
       return s;
     }
     case Var::Kind::Tuple:
@@ -598,6 +604,7 @@ CaptureResult capture(PyObject* fn, const BoundArgs& args) {
     it.run(args);
     r.ok = true;
     r.captured_text = r.graph->str();
+    if (r.needs_backward) r.tracked.insert(it.tracked().begin(), it.tracked().end());
   } catch (const Unsupported& e) {
     r.ok = false;
     r.reason = e.what();

@@ -75,6 +75,10 @@ class Interpreter {
   // Where capture is: the innermost instruction, inlined calls included.
   std::string location() const;
 
+  // The nodes autograd would record: inputs that require grad, and what grad mode computed
+  // from them.
+  const std::unordered_set<const ir::Node*>& tracked() const { return needs_grad_; }
+
  private:
   static constexpr int kReturn = -2;
   using KwArgs = std::vector<std::pair<std::string, VarPtr>>;
@@ -140,6 +144,15 @@ class Interpreter {
   bool to_int_list(PyObject* o, std::vector<int64_t>& out);
 
   VarPtr call_op(const OpBinding& b, std::vector<VarPtr> args, const std::vector<std::pair<std::string, VarPtr>>& kwargs);
+  // F.batch_norm(training=True): the op on the batch's statistics, and the running statistics
+  // updated in place (written back), as torch's kernel does.
+  VarPtr batch_norm_training(const std::vector<ir::Node*>& inputs, std::vector<VarPtr> vars, const ir::Attrs& attrs);
+  // F.dropout / torch.dropout: in training mode a `dropout` node whose mask comes from kiln's
+  // generator (random_ops.cpp), keyed by the graph's seed input.
+  VarPtr dropout(const std::vector<VarPtr>& args, const KwArgs& kwargs, bool functional);
+  // The graph's int64 seed input: drawn from torch's default generator on every call (one per
+  // graph, however many draws use it).
+  VarPtr rng_seed();
 
   // ---- calls ----
 
@@ -523,6 +536,8 @@ class Interpreter {
 
  private:
   std::vector<VarPtr> input_vars_;      // root: per graph input, the one tracker all reads of its source share
+  VarPtr rng_seed_;                     // root: the seed input, once a draw needs it
+  int64_t rng_draws_ = 0;               // root: random draws so far (each gets its own counters)
   std::vector<PyObject*> input_objects_;  // root: per graph input, the tensor at capture (kept alive by keep_)
   // root: the user objects guarded by structure (wrap), each tracker with its object (kept alive
   // by keep_): one object met again by another path is the same tracker.

@@ -146,8 +146,9 @@ struct ModuleRules {
   }
   static VarPtr identity(Interpreter&, const VarPtr&, std::vector<VarPtr>& args, const Interpreter::KwArgs&) { return args.at(0); }
   static VarPtr dropout(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
-    if (I.module_attr(mod, "training")->known() == Py_True) unsupported("Dropout in training mode is random: not captured yet");
-    return args.at(0);
+    if (I.module_attr(mod, "training")->known() != Py_True) return args.at(0);
+    return I.call(Var::constant(I.resolve_torch_path("torch.nn.functional.dropout")),
+                  {args.at(0), I.module_attr(mod, "p"), I.module_attr(mod, "training"), I.module_attr(mod, "inplace")}, {});
   }
   static VarPtr gelu(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
     return fn(I, "torch.nn.functional.gelu", args, {{"approximate", I.module_attr(mod, "approximate")}});
@@ -172,8 +173,9 @@ struct ModuleRules {
   static VarPtr batch_norm(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
     VarPtr mean = I.module_attr(mod, "running_mean"), var = I.module_attr(mod, "running_var");
     bool no_stats = mean->is_const() && mean->known() == Py_None;
-    if (I.module_attr(mod, "training")->known() == Py_True || no_stats)
-      unsupported(type_name(mod) + " in training mode (batch statistics) is not compiled yet");
+    // Training mode (batch statistics, running ones updated, num_batches_tracked counted): the
+    // module's own forward, inlined.
+    if (I.module_attr(mod, "training")->known() == Py_True || no_stats) return nullptr;
     return fn(I, "torch.nn.functional.batch_norm",
               {args.at(0), mean, var, I.module_attr(mod, "weight"), I.module_attr(mod, "bias")}, {{"eps", I.module_attr(mod, "eps")}});
   }
@@ -339,7 +341,7 @@ VarPtr Interpreter::call_module_body(VarPtr mod, std::vector<VarPtr> args, const
   if (auto it = rules.find(forward); forward && it != rules.end()) {
     // The class is torch's own, or keeps its forward: the rule reads what that forward reads.
     // Its guards: the module is held by identity (wrap), so its class cannot change under them.
-    return it->second(*this, mod, args, kwargs);
+    if (VarPtr out = it->second(*this, mod, args, kwargs)) return out;  // nullptr: the rule leaves this call to forward
   }
   if (!forward || !PyFunction_Check(forward))
     unsupported(std::string("module ") + Py_TYPE(mod->obj())->tp_name + " has no Python forward");

@@ -2,6 +2,7 @@
 #include "bind/interrupts.h"
 
 #include "bind/python_objects.h"
+#include "bind/torch/tensor_bridge.h"
 
 namespace kiln::bind {
 
@@ -59,6 +60,8 @@ SourcePtr Source::key_of(SourcePtr base, PyObject* key) {
   return s;
 }
 
+SourcePtr Source::seed() { return std::make_shared<Source>(Source{Kind::Seed}); }
+
 SourcePtr Source::closure(Py_ssize_t index, const std::string& name) {
   auto s = std::make_shared<Source>(Source{Kind::Closure});
   s->index = index;
@@ -79,6 +82,7 @@ std::string Source::str() const {
     case Kind::Item: return base->str() + "[" + std::to_string(index) + "]";
     case Kind::Closure: return "C['" + name + "']";
     case Kind::Key: return base->str() + "[" + name + "]";
+    case Kind::Seed: return "<a fresh seed from torch's default generator>";
   }
   return "?";
 }
@@ -273,6 +277,7 @@ PyObject* read_root(const Source& s, const FrameView& f) {
       if (!v) clear_error();
       return Py_XNewRef(v);
     }
+    case Source::Kind::Seed: return fresh_seed();
     case Source::Kind::Closure:
       if (!f.closure || s.index >= PyTuple_GET_SIZE(f.closure)) return nullptr;
       return Py_XNewRef(PyCell_GET(PyTuple_GET_ITEM(f.closure, s.index)));

@@ -14,7 +14,9 @@ struct Source;
 using SourcePtr = std::shared_ptr<const Source>;
 
 struct Source {
-  enum class Kind { Local, Global, Attr, Item, Closure, Key } kind;
+  // Seed: not a place but a fresh int64 seed from torch's default generator each time it is
+  // read (the input of a graph that draws random numbers).
+  enum class Kind { Local, Global, Attr, Item, Closure, Key, Seed } kind;
   int local = -1;            // Local: the slot in the bound arguments
   std::string name;          // Local/Global/Attr: the name
   PyObject* key = nullptr;   // Global/Attr: interned name string; Key: the key; Item: str(index) (owned)
@@ -29,6 +31,7 @@ struct Source {
   static SourcePtr item(SourcePtr base, Py_ssize_t index);
   static SourcePtr closure(Py_ssize_t index, const std::string& name);
   static SourcePtr key_of(SourcePtr base, PyObject* key);  // base[key] for any hashable key (dicts)
+  static SourcePtr seed();
   ~Source();
 
   std::string module_name() const;

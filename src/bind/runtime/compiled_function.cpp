@@ -10,9 +10,11 @@
 #include "bind/hook/frame_hook.h"
 #include "bind/hook/frame_policy.h"
 #include "bind/interrupts.h"
+#include "bind/runtime/autograd_node.h"
 #include "bind/runtime/eager_backend.h"
 #include "bind/runtime/executor.h"
 #include "bind/runtime/stats.h"
+#include "core/autodiff/training_graphs.h"
 #include "core/support/log.h"
 
 namespace kiln::bind {
@@ -91,6 +93,13 @@ void record_explain(const Entry& e, const std::string& name) {
       r.kernels.push_back({k.name, k.source, launch});
     }
     r.cudagraphs = e.cudagraphs_note;
+  }
+  if (e.backward && e.backward->compiled) {
+    const pipeline::CompiledGraph& b = *e.backward->compiled;
+    r.backward_graph = b.graph_text;
+    r.backward_source = b.source;
+    for (const auto& k : b.kernels) r.backward_kernels.push_back(k.name);
+    r.saved = e.backward->saved;
   }
   log->push_back(std::move(r));
 }
@@ -241,6 +250,40 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   }
   // Sizes the capture specialized are constants in the kernels (their guards hold them).
   e->capture.graph->substitute_sizes(e->capture.guards.specializations());
+  // A result autograd tracks: the forward and backward programs of the joint graph instead.
+  ir::Graph* forward = e->capture.graph.get();
+  autodiff::TrainingGraphs training;
+  if (e->capture.needs_backward) {
+    auto bp = std::make_shared<BackwardProgram>();
+    std::vector<ir::Node*> wrt;
+    const auto& graph_inputs = forward->inputs();
+    for (size_t i = 0; i < graph_inputs.size(); ++i)
+      if (e->capture.tracked.count(graph_inputs[i])) {
+        wrt.push_back(graph_inputs[i]);
+        bp->wrt.push_back(static_cast<int>(i));
+      }
+    if (!autodiff::make_training_graphs(*forward, wrt, e->capture.tracked, training, error)) {
+      e->eager = true;
+      e->reason = "the backward cannot be built: " + error;
+      e->location = e->capture.location;
+      s.compile_seconds += since(t1);
+      log("fallback", name + ": runs eagerly: " + e->reason);
+      record_explain(*e, name);
+      return e;
+    }
+    forward = training.forward.get();
+    bp->outputs = training.outputs;
+    bp->saved = training.saved;
+    bp->tangent_of = training.tangent_of;
+    bp->saved_as_output = training.saved_as_output;
+    bp->grad_of = training.grad_of;
+    for (int t : bp->tangent_of) bp->tangents += t >= 0;
+    bp->compiled = std::make_unique<pipeline::CompiledGraph>();
+    e->backward = std::move(bp);
+    log("graph", name + ": training: saves " + std::to_string(training.saved) + " values (" +
+                     std::to_string(training.saved_bytes) + " bytes), the backward recomputes " +
+                     std::to_string(training.recomputed) + " nodes");
+  }
   e->compiled = std::make_unique<pipeline::CompiledGraph>();
   pipeline::CompileOptions opts;
   opts.mode = cfg.mode;
@@ -259,14 +302,23 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     // Layout choices for symbolic sizes read the capture's hints; no new facts.
     GuardShapeEnv env(e->capture.guards, true);
     sym::ShapeEnvScope env_scope(&env);
-    ok = pipeline::compile_graph(*e->capture.graph, opts, *e->compiled, error);
+    ok = pipeline::compile_graph(*forward, opts, *e->compiled, error);
+    if (ok && e->backward) {
+      opts.name += "_backward";
+      ok = pipeline::compile_graph(*training.backward, opts, *e->backward->compiled, error);
+      if (!ok) error = "the backward: " + error;
+    }
   }
   s.compile_seconds += since(t1);
   if (check_interrupt()) return nullptr;   // a compile that ran to its end is in the disk cache
-  if (e->compiled->cancelled) return nullptr;  // the handler did not raise: compile again
+  if (e->compiled->cancelled || (e->backward && e->backward->compiled->cancelled)) return nullptr;  // the handler did not raise: compile again
   if (ok) {
     const auto preparing = std::chrono::steady_clock::now();
     e->prepared = prepare_program(*e->compiled, error);
+    if (e->prepared && e->backward) {
+      e->backward->prepared = prepare_program(*e->backward->compiled, error);
+      if (!e->backward->prepared) e->prepared.reset();
+    }
     log("timing", name + ": compile " + std::to_string(static_cast<int>(since(t1) * 1e3 + 0.5)) +
                       " ms, of which preparing the program " +
                       std::to_string(static_cast<int>(since(preparing) * 1e3 + 0.5)) + " ms");
@@ -277,11 +329,19 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     e->location = e->capture.location;
     log("fallback", name + ": runs eagerly: " + e->reason);
     e->compiled.reset();
+    e->backward.reset();
     record_explain(*e, name);
     return e;
   }
-  if (cfg.mode == "reduce-overhead" || cfg.mode == "max-autotune") plan_cuda_graphs(*e);
+  if (cfg.mode == "reduce-overhead" || cfg.mode == "max-autotune") {
+    if (e->backward) e->cudagraphs_note = "not recorded: a graph with a backward runs without CUDA graphs (not built yet)";
+    else plan_cuda_graphs(*e);
+  }
   ++s.graphs_compiled;
+  if (e->backward) {
+    ++s.backward_graphs_compiled;
+    s.kernels_generated += static_cast<long>(e->backward->compiled->kernels.size());
+  }
   s.kernels_generated += static_cast<long>(e->compiled->kernels.size());
   s.kernels_autotuned += e->compiled->tuned_kernels;
   s.autotune_cache_hits += e->compiled->tuned_from_disk;
@@ -692,8 +752,14 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
     } else if (e.torch_program) {
       ran = run_torch_program(*e.torch_program, inputs, outs);
     } else {
-      ran = e.cudagraphs ? e.cudagraphs->run(*e.compiled, *e.prepared, inputs, outs, scalars.data())
-                         : run_program(*e.compiled, *e.prepared, inputs, outs, scalars.data());
+      ran = e.backward    ? run_forward_with_backward(*e.compiled, *e.prepared, e.backward, inputs, outs, scalars.data(), scalars.size())
+            : e.cudagraphs ? e.cudagraphs->run(*e.compiled, *e.prepared, inputs, outs, scalars.data())
+                           : run_program(*e.compiled, *e.prepared, inputs, outs, scalars.data());
+    }
+    for (size_t k = 0; ran && k < e.capture.detached_outputs.size(); ++k) {
+      PyObject*& o = outs[static_cast<size_t>(e.capture.detached_outputs[k])];
+      Py_SETREF(o, detached(o));
+      ran = o != nullptr;
     }
     // In-place updates of inputs, into the caller's tensors, before anything reads them.
     for (const auto& [input, output] : e.capture.writebacks)

@@ -15,6 +15,7 @@ namespace kiln::bind {
 
 struct PreparedProgram;
 struct TorchProgram;
+struct BackwardProgram;
 
 // Who runs a captured graph: kiln's compiler (kernels), or torch's own ops one node at a time
 // (kiln.compile(backend="eager"), as torch.compile(backend="eager") runs its FX graph).
@@ -43,6 +44,9 @@ struct Entry {
   CompileConfig cfg;
   std::unique_ptr<pipeline::CompiledGraph> compiled;
   std::shared_ptr<PreparedProgram> prepared;
+  // A graph with results autograd tracks: `compiled` is the forward program (the outputs, then
+  // the values saved for backward) and this the backward (autograd_node.h).
+  std::shared_ptr<BackwardProgram> backward;
   // mode="reduce-overhead": the program recorded as a CUDA graph (cuda_graphs.h).
   std::unique_ptr<CudaGraphRunner> cudagraphs;
   std::string cudagraphs_note;  // for explain: recorded, or why not

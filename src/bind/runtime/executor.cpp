@@ -5,11 +5,16 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <ATen/core/stack.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
+#include <optional>
+#include <unordered_map>
 #include <functional>
 
 #include "bind/capture/torch_call.h"
@@ -104,6 +109,14 @@ struct ExternPlan {
   // A torch_call's registered call: its in-place form where the graph lets it update an input
   // where it lies (passes::reinplace_input_updates), resolved once here rather than per call.
   const TorchCall* call = nullptr;
+  bool vjp = false;  // aten_vjp: `op` is the kernel whose input gradient the node asks for
+  // A gradient node (aten_vjp, or a torch_call with `vjp_input`): the nodes made for one
+  // forward call share `vjp_group`; the first of them to run computes the gradients of every
+  // input in `vjp_wanted` (the group's nodes this program kept) from one forward and one
+  // backward, and the others take theirs from the run's stash.
+  int64_t vjp_group = -1, vjp_input = -1;
+  std::vector<int64_t> vjp_wanted;
+  size_t result = 0;  // which of the kernel's results the node is (convolution_backward's)
 };
 
 // An extern's tensors, with sizes resolved.
@@ -121,7 +134,17 @@ void push_arguments(torch::jit::Stack& stack, const ops::OpDef& def, const ir::A
     if (param.is_tensor()) {
       stack.push_back(tensor(next_input++));
     } else if (const ir::AttrValue* a = attrs.find(param.name)) {
-      stack.push_back(attr_ivalue(*a));
+      const auto* ints = std::get_if<std::vector<int64_t>>(a);
+      const auto* one = std::get_if<int64_t>(a);
+      if (ints && param.type.rfind("bool[", 0) == 0) {  // a mask (convolution_backward's output_mask)
+        c10::List<bool> mask;
+        for (int64_t v : *ints) mask.push_back(v != 0);
+        stack.push_back(c10::IValue(mask));
+      } else if (one && param.is_int_list()) {  // stride=2 for int[2] stride: torch repeats it
+        stack.push_back(c10::IValue(std::vector<int64_t>(std::max<size_t>(param.list_size(), 1), *one)));
+      } else {
+        stack.push_back(attr_ivalue(*a));
+      }
     } else if (auto d = param.default_value()) {
       stack.push_back(attr_ivalue(*d));
     } else {
@@ -156,6 +179,30 @@ bool same_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
   return true;
 }
 
+// The gradients autograd gives for `wrt` from `out` and its gradient `grad`: zeros (row-major)
+// for an input `out` does not depend on, as eager's autograd.grad(allow_unused) then materialized.
+std::vector<at::Tensor> gradients_of(const at::Tensor& out, const std::vector<at::Tensor>& wrt, const at::Tensor& grad) {
+  std::vector<at::Tensor> result(wrt.size());
+  if (out.requires_grad()) {
+    GilRelease unlocked;  // autograd's engine may run nodes on threads of its own
+    result = torch::autograd::grad({out}, wrt, {grad}, /*retain_graph=*/false, /*create_graph=*/false,
+                                   /*allow_unused=*/true);
+  }
+  for (size_t i = 0; i < wrt.size(); ++i)
+    result[i] = result[i].defined() ? result[i].detach() : at::zeros_like(wrt[i], at::MemoryFormat::Contiguous);
+  return result;
+}
+
+// The call's inputs as leaves for a gradient: detached, those in `wanted` requiring grad.
+at::Tensor vjp_leaf(const at::Tensor& t, int64_t i, const std::vector<int64_t>& wanted, std::vector<at::Tensor>& wrt) {
+  const bool want = std::find(wanted.begin(), wanted.end(), i) != wanted.end();
+  at::Tensor leaf = t.detach().requires_grad_(want);
+  if (want) wrt[static_cast<size_t>(std::find(wanted.begin(), wanted.end(), i) - wanted.begin())] = leaf;
+  return leaf;
+}
+
+// A torch_call: the operator called from Python with this run's tensors; its result laid out
+// as capture planned (a copy when the operator chose other strides).
 bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternViews& plan,
                     const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& expect_sizes, at::Tensor& out) {
   std::vector<PyObject*> ins;
@@ -185,12 +232,75 @@ bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternVi
                  e.attrs.get_str("target").c_str(), got.c_str(), want.c_str());
     return false;
   }
-  if (!same_layout(out, plan.out_strides)) {
-    at::Tensor laid = at::empty_strided(out.sizes(), plan.out_strides, out.options());
-    laid.copy_(out);
-    out = std::move(laid);
-  }
   return true;
+}
+
+// The gradients of a torch_call's inputs `wanted` (the nodes' `vjp_input`s): the call's inputs
+// are followed by the result's gradient; the call runs again with grad on, and autograd gives
+// every wanted gradient from that one forward.
+bool torch_call_vjp(const loop::Extern& e, const TorchCall& call, const ExternViews& plan,
+                    const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& wanted,
+                    std::vector<at::Tensor>& grads) {
+  std::vector<PyObject*> ins;
+  std::vector<at::Tensor> wrt(wanted.size());
+  for (size_t i = 0; i + 1 < plan.inputs.size(); ++i)
+    ins.push_back(THPVariable_Wrap(vjp_leaf(view_of(tensors[plan.inputs[i].buffer], plan.inputs[i]), static_cast<int64_t>(i), wanted, wrt)));
+  at::Tensor out;
+  {
+    torch::autograd::AutoGradMode grad_on(true);
+    PyObject* args = substitute(call.args, ins.data());
+    PyObject* kwargs = call.kwargs ? substitute(call.kwargs, ins.data()) : nullptr;
+    PyObject* r = PyObject_Call(call.fn, args, kwargs);
+    Py_DECREF(args);
+    Py_XDECREF(kwargs);
+    for (PyObject* o : ins) Py_DECREF(o);
+    if (!r) return false;
+    PyObject* t = call.output >= 0 ? (PyTuple_Check(r) ? PyTuple_GetItem(r, call.output) : nullptr) : r;
+    if (!t || !THPVariable_Check(t)) {
+      Py_DECREF(r);
+      PyErr_Format(PyExc_RuntimeError, "kiln: %s did not return the tensor capture saw", e.attrs.get_str("target").c_str());
+      return false;
+    }
+    out = THPVariable_Unpack(t);
+    Py_DECREF(r);
+  }
+  const ViewPlan& g = plan.inputs.back();
+  grads = gradients_of(out, wrt, view_of(tensors[g.buffer], g));
+  return true;
+}
+
+// The gradients of inputs `wanted` of kernel `op` (arguments ordered by the registry op `def`'s
+// schema), given the result's gradient (the nodes' last input): the kernel runs again with grad
+// on, and torch's autograd gives every wanted gradient from that one forward.
+std::vector<at::Tensor> kernel_vjp(const c10::OperatorHandle& op, const ops::OpDef& def, const ir::Attrs& attrs,
+                                   const ExternViews& views, const std::vector<at::Tensor>& tensors,
+                                   const std::vector<int64_t>& wanted) {
+  std::vector<at::Tensor> wrt(wanted.size());
+  torch::jit::Stack stack;
+  push_arguments(stack, def, attrs, [&](size_t i) -> c10::IValue {
+    const ViewPlan& v = views.inputs[i];
+    if (v.buffer < 0) return {};
+    return vjp_leaf(view_of(tensors[v.buffer], v), static_cast<int64_t>(i), wanted, wrt);
+  });
+  // Parameters of kiln's schema past the kernel's (max_pool2d's return_indices) are not passed.
+  if (stack.size() > op.schema().arguments().size()) stack.resize(op.schema().arguments().size());
+  at::Tensor out;
+  {
+    GilRelease unlocked;
+    torch::autograd::AutoGradMode grad_on(true);
+    op.callBoxed(&stack);
+    out = stack[0].toTensor();
+  }
+  const ViewPlan& g = views.inputs.back();
+  return gradients_of(out, wrt, view_of(tensors[g.buffer], g));
+}
+
+// A tensor in the strides its buffer was planned with (kernels index by them): itself, or a copy.
+at::Tensor laid_out(at::Tensor t, const std::vector<int64_t>& strides) {
+  if (same_layout(t, strides)) return t;
+  at::Tensor laid = at::empty_strided(t.sizes(), strides, t.options());
+  laid.copy_(t);
+  return laid;
 }
 
 }  // namespace
@@ -355,17 +465,26 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
   if (!prep->symbolic) resolve(cg, SymbolValues{&p.symbols, {}}, prep->fixed);
   for (const loop::Extern& e : p.externs) {
     std::optional<c10::OperatorHandle> handle;
+    const bool vjp = e.op == "aten_vjp";  // the gradient of a registry op's kernel (torch_call_op.cpp)
+    const std::string aten = vjp ? e.attrs.get_str("aten") : e.aten;
     if (e.op != "torch_call") {
-      handle = c10::Dispatcher::singleton().findSchema({e.aten, ""});
+      handle = c10::Dispatcher::singleton().findSchema({aten, ""});
       if (!handle) {
-        error = "torch has no operator " + e.aten;
+        error = "torch has no operator " + aten;
         return nullptr;
       }
     }
-    ExternPlan plan{handle, ops::find_op(e.op)};
+    ExternPlan plan{handle, ops::find_op(vjp ? e.attrs.get_str("of") : e.op)};
+    plan.vjp = vjp;
     if (!handle) plan.call = &torch_call(static_cast<int>(e.attrs.get_int(e.attrs.get_bool("in_place") ? "inplace_fn" : "fn")));
+    else plan.result = static_cast<size_t>(e.attrs.get_int("result", 0));
+    plan.vjp_input = e.attrs.get_int("vjp_input", -1);
+    if (plan.vjp_input >= 0) plan.vjp_group = e.attrs.get_int("vjp_group", -1);
     prep->externs.push_back(plan);
   }
+  for (ExternPlan& a : prep->externs)
+    for (const ExternPlan& b : prep->externs)
+      if (a.vjp_input >= 0 && b.vjp_input >= 0 && a.vjp_group == b.vjp_group) a.vjp_wanted.push_back(b.vjp_input);
   plan_lifetimes(p, *prep);
   prep->has_cuda = p.device.type == DeviceType::CUDA;
   if (prep->has_cuda) {
@@ -424,6 +543,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
     const Resolved& rs = prep.symbolic ? per_call : prep.fixed;
     const auto options = at::TensorOptions().device(device_of(p.device));
     std::vector<at::Tensor> slots(rs.slot_bytes.size());
+    std::unordered_map<int64_t, std::vector<at::Tensor>> vjp_stash;  // per gradient group (ExternPlan)
     // Outputs, and temporaries that extern ops read (slot -1), are tensors of their own; the
     // other temporaries live in reuse slots.
     auto make = [&](size_t step) {
@@ -475,8 +595,23 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       ExternPlan& plan = prep.externs[st.index];
       const ExternViews& views = rs.externs[st.index];
       at::Tensor r;
-      if (!plan.op) {
+      if (plan.vjp_input >= 0) {
+        auto it = vjp_stash.find(plan.vjp_group);
+        if (it == vjp_stash.end()) {
+          std::vector<at::Tensor> grads;
+          if (!plan.op) {
+            if (!torch_call_vjp(e, *plan.call, views, tensors, plan.vjp_wanted, grads)) return false;
+          } else {
+            grads = kernel_vjp(*plan.op, *plan.def, e.attrs, views, tensors, plan.vjp_wanted);
+          }
+          it = vjp_stash.emplace(plan.vjp_group, std::move(grads)).first;
+        }
+        const size_t at = static_cast<size_t>(std::find(plan.vjp_wanted.begin(), plan.vjp_wanted.end(), plan.vjp_input) -
+                                              plan.vjp_wanted.begin());
+        r = laid_out(std::move(it->second[at]), views.out_strides);  // in the layout torch's backward chose: copied
+      } else if (!plan.op) {
         if (!run_torch_call(e, *plan.call, views, tensors, rs.sizes[e.output], r)) return false;
+        r = laid_out(std::move(r), views.out_strides);
       } else {
         torch::jit::Stack stack;
         push_arguments(stack, *plan.def, e.attrs, [&](size_t i) -> c10::IValue {
@@ -484,16 +619,13 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
           if (v.buffer < 0) return {};
           return view_of(tensors[v.buffer], v);
         });
+        // Parameters of kiln's schema past the kernel's (conv2d_backward's `result`) are not passed.
+        if (stack.size() > plan.op->schema().arguments().size()) stack.resize(plan.op->schema().arguments().size());
         {
           GilRelease unlocked;
           plan.op->callBoxed(&stack);
         }
-        r = stack[0].toTensor();
-        if (!same_layout(r, views.out_strides)) {  // laid out as planned (kernels index by these strides)
-          at::Tensor laid = at::empty_strided(r.sizes(), views.out_strides, r.options());
-          laid.copy_(r);
-          r = std::move(laid);
-        }
+        r = laid_out(stack[plan.result].toTensor(), views.out_strides);  // laid out as planned
       }
       ptrs[e.output] = r.data_ptr();
       tensors[e.output] = std::move(r);

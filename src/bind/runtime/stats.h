@@ -10,6 +10,7 @@ namespace kiln::bind {
 struct Stats {
   long frames_captured = 0;
   long graphs_compiled = 0;
+  long backward_graphs_compiled = 0;  // graphs compiled with a backward program (training)
   long recompiles = 0;
   long cache_hits_memory = 0;
   long cache_hits_disk = 0;
@@ -43,6 +44,10 @@ struct ExplainRecord {
   };
   std::vector<Kernel> kernels;
   std::string cudagraphs;        // mode="reduce-overhead": recorded, or why not
+  // A graph with a backward (training): its graph, code, kernel names and saved values.
+  std::string backward_graph, backward_source;
+  std::vector<std::string> backward_kernels;
+  size_t saved = 0;
   std::vector<std::string> guards;
 };
 

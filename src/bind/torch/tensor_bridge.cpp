@@ -6,7 +6,9 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/tensor_dtypes.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ScalarOps.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 
@@ -72,6 +74,30 @@ const void* storage_of(PyObject* obj) {
   if (!THPVariable_Check(obj)) return nullptr;
   const at::Tensor& t = THPVariable_Unpack(obj);
   return t.has_storage() ? t.storage().data() : nullptr;
+}
+
+PyObject* fresh_seed() {
+  try {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    uint64_t v;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      v = gen.get<at::CPUGeneratorImpl>()->random64();
+    }
+    return THPVariable_Wrap(at::scalar_tensor(static_cast<int64_t>(v >> 1), at::kLong));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyObject* detached(PyObject* t) {
+  try {
+    return THPVariable_Wrap(THPVariable_Unpack(t).detach());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
 }
 
 bool copy_into(PyObject* dst, PyObject* src) {

@@ -63,6 +63,11 @@ bool grad_enabled();
 const void* storage_of(PyObject* obj);
 // t.size(dim) of a tensor.
 int64_t tensor_dim_size(PyObject* t, int dim);
+// A 0-d int64 CPU tensor holding a seed drawn from torch's default CPU generator (so
+// torch.manual_seed makes it reproducible). New reference; nullptr with a Python error set.
+PyObject* fresh_seed();
+// t.detach() (new reference; nullptr with a Python error set).
+PyObject* detached(PyObject* t);
 // dst.copy_(src) for two tensors (an in-place update of an input, written back after the
 // graph). False with a Python error set when torch raises.
 bool copy_into(PyObject* dst, PyObject* src);

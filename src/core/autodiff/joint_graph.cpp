@@ -15,6 +15,9 @@ namespace {
 
 bool differentiable(const Node* n) { return n && is_floating(n->meta.dtype); }
 
+// A value autograd does not track past: `x.detach()`, or one computed under torch.no_grad().
+bool detached(const Node* n) { return n->attrs.get_bool("detach"); }
+
 }  // namespace
 
 Node* reduce_to(ir::Graph& g, Node* grad, const ir::TensorMeta& meta) {
@@ -56,7 +59,7 @@ bool build_joint(ir::Graph& g, const std::vector<Node*>& wrt, JointGraph& out, s
   for (const auto& n : g.nodes()) order.push_back(n.get());
   out.forward.assign(order.begin(), order.end());
   for (Node* n : order) {
-    if (active.count(n) || !differentiable(n)) continue;
+    if (active.count(n) || !differentiable(n) || detached(n)) continue;
     for (Node* in : n->inputs)
       if (in && active.count(in)) {
         active.insert(n);
@@ -73,7 +76,9 @@ bool build_joint(ir::Graph& g, const std::vector<Node*>& wrt, JointGraph& out, s
   out.forward_outputs = outputs.size();
   for (size_t i = 0; i < outputs.size(); ++i) {
     Node* o = outputs[i];
-    if (!differentiable(o)) {
+    // No gradient flows back through an output that is a graph input itself (autograd reaches
+    // the caller's tensor directly) or that no `wrt` input reaches.
+    if (!differentiable(o) || !active.count(o) || o->op_name() == "placeholder") {
       out.tangents.push_back(nullptr);
       continue;
     }
@@ -82,7 +87,7 @@ bool build_joint(ir::Graph& g, const std::vector<Node*>& wrt, JointGraph& out, s
     m.offset = 0;
     Node* t = g.placeholder("tangent_" + std::to_string(i), m);
     out.tangents.push_back(t);
-    if (active.count(o)) accumulate(o, t);
+    accumulate(o, t);
   }
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* n = *it;
@@ -92,7 +97,8 @@ bool build_joint(ir::Graph& g, const std::vector<Node*>& wrt, JointGraph& out, s
     for (Node* in : n->inputs) feeds |= in && active.count(in) > 0;
     if (!feeds) continue;
     if (!n->op->derivative) {
-      why = "no derivative for " + n->op_name() + (n->source_loc.empty() ? "" : " (" + n->source_loc + ")");
+      const std::string what = n->attrs.has("target") ? n->attrs.get_str("target") : n->op_name();
+      why = "no derivative for " + what + (n->source_loc.empty() ? "" : " (" + n->source_loc + ")");
       return false;
     }
     try {

@@ -19,8 +19,8 @@ struct JointGraph {
   std::vector<const ir::Node*> forward;
   size_t forward_outputs = 0;  // the graph's first outputs are the forward's, then the gradients
   // The incoming gradient of each forward output, as new placeholders (`tangent_<i>`, the
-  // output's sizes and dtype, row-major); nullptr for an output that is not differentiable
-  // (an integer or bool result).
+  // output's sizes and dtype, row-major); nullptr for an output no gradient flows back through
+  // (an integer or bool result, one no `wrt` input reaches, or a graph input handed back).
   std::vector<ir::Node*> tangents;
   // The gradient of each `wrt` input, in order (also appended to the graph's outputs); nullptr
   // where no differentiable path leads from that input to an output (torch's None).
@@ -28,6 +28,7 @@ struct JointGraph {
 };
 
 // Appends to `g` the gradients of its outputs with respect to `wrt` (placeholders of `g`).
+// Gradients stop at nodes with the attribute `detach` (x.detach(), values made under no_grad).
 // False, with the reason naming the op, when a node on a path from `wrt` to an output has no
 // derivative: the caller runs that graph as it did before (eagerly), with the reason.
 bool build_joint(ir::Graph& g, const std::vector<ir::Node*>& wrt, JointGraph& out, std::string& why);

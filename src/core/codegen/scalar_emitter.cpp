@@ -96,6 +96,7 @@ const char* fn_name(SOp op) {
     case SOp::Pow: return "kiln_pow";
     case SOp::Max: return "kiln_max";
     case SOp::Min: return "kiln_min";
+    case SOp::Rand: return "kiln_rand";
     default: return nullptr;
   }
 }

@@ -152,7 +152,8 @@ SRef ScalarCtx::binary(SOp op, SRef a, SRef b) {
     if ((m == 0.5 || m == -0.5) && exp > -120 && exp < 120) return binary(SOp::Mul, a, constant(1.0 / nodes_[b].fval, nodes_[b].dtype));
   }
   bool to_bool = sop_is_comparison(op) || op == SOp::And || op == SOp::Or;
-  SNode n{op, to_bool ? DType::Bool : nodes_[a].dtype};
+  // Rand(seed, counter): int64 operands, a float32 draw in [0, 1).
+  SNode n{op, to_bool ? DType::Bool : op == SOp::Rand ? DType::Float32 : nodes_[a].dtype};
   n.a = a;
   n.b = b;
   return intern(n);

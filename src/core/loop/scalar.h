@@ -29,7 +29,7 @@ namespace kiln::loop {
   X(Add, "add") X(Sub, "sub") X(Mul, "mul") X(Div, "div") X(FloorDiv, "floordiv") \
   X(TruncDiv, "truncdiv") X(Mod, "mod") X(Pow, "pow") X(Max, "maximum") X(Min, "minimum") \
   X(Eq, "eq") X(Ne, "ne") X(Lt, "lt") X(Le, "le") X(Gt, "gt") X(Ge, "ge") X(And, "logical_and") \
-  X(Or, "logical_or")
+  X(Or, "logical_or") X(Rand, "rand")
 
 enum class SOp : uint8_t {
   Const,  // literal of `dtype`

@@ -109,6 +109,15 @@ std::vector<OpDef> linalg_ops() {
   };
   ops.push_back(extern_op("addmm", "addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1)",
                           "aten::addmm", infer_addmm, {"torch.addmm", "Tensor.addmm"}));
+  // d(beta * c + alpha * a @ b): beta * grad (summed to c's shape), alpha * grad @ b^T, alpha * a^T @ grad.
+  ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
+    using grad_ops::transpose;
+    Node *a = n->inputs[1], *b = n->inputs[2];
+    const double beta = n->attrs.get_float("beta", 1), alpha = n->attrs.get_float("alpha", 1);
+    auto times = [&](Node* x, double f) { return f == 1 ? x : grad_ops::scaled(g, x, f); };
+    return std::vector<Node*>{times(grad, beta), times(g.must_add("mm", {grad, transpose(g, b, 0, 1)}), alpha),
+                              times(g.must_add("mm", {transpose(g, a, 0, 1), grad}), alpha)};
+  };
   // addmm followed by relu, or by gelu(approximate="tanh") when use_gelu: on CUDA, cuBLASLt
   // applies the bias and the activation in the GEMM's epilogue (passes::gemm_epilogues makes
   // it); elsewhere torch runs addmm, then the activation.

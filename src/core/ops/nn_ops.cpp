@@ -73,17 +73,48 @@ Attrs A(std::initializer_list<std::pair<std::string, ir::AttrValue>> kv) {
   return a;
 }
 
+// The batch statistics of a training-mode batch norm: mean and biased variance over every dim
+// but the channels (dim 1), kept as [1, C, 1, ...], computed in float for 16-bit inputs.
+struct BatchStats {
+  Node *x, *mean, *var;
+  Expr count;  // values per channel
+};
+BatchStats batch_statistics(Graph& g, Node* x) {
+  const int64_t r = x->meta.dim();
+  Ints dims = {0};
+  Expr count = x->meta.sizes[0];
+  for (int64_t d = 2; d < r; ++d) {
+    dims.push_back(d);
+    count = count * x->meta.sizes[static_cast<size_t>(d)];
+  }
+  if (count.is_const(1))  // F.batch_norm's own check (_verify_batch_size)
+    throw std::runtime_error("ValueError: Expected more than 1 value per channel when training, got input size " + sym::str(x->meta.sizes));
+  const DType ct = compute_dtype(x->meta.dtype);
+  if (ct != x->meta.dtype) x = g.must_add("convert", {x}, A({{"dtype", ct}}));
+  Node* mean = g.must_add("mean", {x}, A({{"dim", dims}, {"keepdim", true}}));
+  Node* centered = g.must_add("sub", {x, mean});
+  Node* var = g.must_add("mean", {g.must_add("mul", {centered, centered})}, A({{"dim", dims}, {"keepdim", true}}));
+  return {x, mean, var, count};
+}
+
 // Eval-mode batch norm as torch's CPU kernel computes it: alpha = w / sqrt(var + eps),
-// beta = b - mean * alpha, y = x * alpha + beta, per channel (dim 1).
+// beta = b - mean * alpha, y = x * alpha + beta, per channel (dim 1). Training mode normalizes
+// with the batch's statistics instead (batch_norm_running_update keeps the running ones).
 Node* decompose_batch_norm(Graph& g, Node* n) {
   Node *x = n->inputs[0], *mean = n->inputs[1], *var = n->inputs[2];
   Node *w = n->inputs.size() > 3 ? n->inputs[3] : nullptr, *b = n->inputs.size() > 4 ? n->inputs[4] : nullptr;
-  if (n->attrs.get_bool("training")) throw std::runtime_error("kiln: batch_norm in training mode is not compiled yet");
-  if (!mean || !var) throw std::runtime_error("kiln: batch_norm without running statistics is not compiled yet");
   if (x->meta.dim() < 2) throw std::runtime_error("RuntimeError: batch_norm expects an input of at least 2 dims");
   Ints shape(x->meta.dim(), 1);
   shape[1] = -1;
   auto per_channel = [&](Node* v) { return g.must_add("reshape", {v}, A({{"shape", shape}})); };
+  if (n->attrs.get_bool("training") || !mean || !var) {
+    const BatchStats st = batch_statistics(g, x);
+    Node* y = g.must_add("mul", {g.must_add("sub", {st.x, st.mean}),
+                                 g.must_add("rsqrt", {g.must_add("add", {st.var, g.scalar(n->attrs.get_float("eps", 1e-5), DType::Float64)})})});
+    if (w) y = g.must_add("mul", {y, per_channel(w)});
+    if (b) y = g.must_add("add", {y, per_channel(b)});
+    return y->meta.dtype == x->meta.dtype ? y : g.must_add("convert", {y}, A({{"dtype", x->meta.dtype}}));
+  }
   Node* invstd = g.must_add("rsqrt", {g.must_add("add", {var, g.scalar(n->attrs.get_float("eps", 1e-5), DType::Float64)})});
   Node* alpha = w ? g.must_add("mul", {w, invstd}) : invstd;
   Node* shift = g.must_add("mul", {mean, alpha});
@@ -92,6 +123,26 @@ Node* decompose_batch_norm(Graph& g, Node* n) {
   if (y->meta.dtype != x->meta.dtype) y = g.must_add("convert", {y}, A({{"dtype", x->meta.dtype}}));
   return y;
 }
+
+}  // namespace
+
+std::pair<Node*, Node*> batch_norm_running_update(Graph& g, Node* x, Node* running_mean, Node* running_var, double momentum) {
+  const BatchStats st = batch_statistics(g, x);
+  const Ints channels = {-1};
+  auto flat = [&](Node* v) { return g.must_add("reshape", {v}, A({{"shape", channels}})); };
+  // torch's kernels: running = momentum * batch + (1 - momentum) * running, with the variance
+  // unbiased (count / (count - 1)).
+  Node* unbiased = g.must_add("mul", {flat(st.var), g.must_add("div", {g.size_value(st.count, DType::Float64),
+                                                                         g.size_value(st.count - Expr(1), DType::Float64)})});
+  auto blend = [&](Node* running, Node* batch) {
+    Node* r = g.must_add("add", {g.must_add("mul", {batch, g.scalar(momentum, DType::Float64)}),
+                                 g.must_add("mul", {running, g.scalar(1 - momentum, DType::Float64)})});
+    return r->meta.dtype == running->meta.dtype ? r : g.must_add("convert", {r}, A({{"dtype", running->meta.dtype}}));
+  };
+  return {blend(running_mean, flat(st.mean)), blend(running_var, unbiased)};
+}
+
+namespace {
 
 // The normalized dims of layer_norm / rms_norm: the trailing ones, matching normalized_shape.
 Ints trailing_norm_dims(const char* op, Node* x, const Ints& shape) {
@@ -220,6 +271,22 @@ std::vector<OpDef> nn_ops() {
         return true;
       },
       {"torch.nn.functional.conv2d", "torch.conv2d"}));
+  // conv2d's gradients as eager computes them: the input's and the weight's each from torch's
+  // convolution_backward (output_mask asks for that one alone: cuDNN runs data and weight
+  // gradients as separate kernels anyway, and the forward is not run again), the bias's a sum
+  // over batch and space that fuses into kiln's kernels.
+  ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
+    std::vector<Node*> out(n->inputs.size(), nullptr);
+    for (int64_t k = 0; k < 2; ++k) {
+      Attrs a = n->attrs;
+      a.set("output_mask", Ints{k == 0, k == 1, 0});
+      a.set("result", k);
+      out[static_cast<size_t>(k)] = g.must_add("conv2d_backward", {grad, n->inputs[0], n->inputs[1]}, a);
+    }
+    if (n->inputs.size() > 2 && n->inputs[2])
+      out[2] = g.must_add("sum", {grad}, A({{"dim", Ints{0, 2, 3}}, {"keepdim", false}}));
+    return out;
+  };
   {
     // max_pool2d: each output the largest element of its window (NaN if any is), positions in
     // the padding left out. A gather: fused with the op that makes its input (batch norm and
@@ -309,6 +376,7 @@ std::vector<OpDef> nn_ops() {
       return best;
     };
     mp.python = {"torch.nn.functional.max_pool2d", "torch.max_pool2d"};
+    mp.derivative = aten_vjp_derivative("aten::max_pool2d");
     ops.push_back(mp);
   }
   ops.push_back(extern_op(
@@ -407,6 +475,28 @@ std::vector<OpDef> nn_ops() {
       if (!sym::same_size(q.sizes[d], k.sizes[d]) || !sym::same_size(q.sizes[d], v.sizes[d])) return false;
     return sym::same_size(q.sizes[r - 1], k.sizes[r - 1]) && sym::same_size(k.sizes[r - 2], v.sizes[r - 2]);
   };
+  // Convolution, pooling, embedding and attention: their gradients from torch's kernels.
+  for (OpDef& d : ops)
+    if (d.kind == OpKind::Extern && !d.derivative && !d.aten.empty()) d.derivative = aten_vjp_derivative(d.aten);
+  // Made by conv2d's derivative only (no derivative of its own: no double backward).
+  ops.push_back(extern_op(
+      "conv2d_backward",
+      "conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, int[]? bias_sizes=None, int[2] stride=1, "
+      "int[2] padding=0, int[2] dilation=1, bool transposed=False, int[2] output_padding=0, int groups=1, "
+      "bool[3] output_mask, int result=0)",
+      "aten::convolution_backward",
+      [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+        const int64_t k = a.get_int("result", 0);
+        if (k < 0 || k > 1) return err = "kiln: conv2d_backward gives the input's or the weight's gradient", false;
+        const TensorMeta &x = in[1]->meta, &w = in[2]->meta;
+        out = in[static_cast<size_t>(1 + k)]->meta;
+        out.offset = 0;
+        // cuDNN and oneDNN answer in channels-last when the input or the weight suggests it.
+        out.strides = suggests_channels_last(x) || suggests_channels_last(w) ? channels_last_strides(out.sizes)
+                                                                              : ir::contiguous_strides(out.sizes);
+        return true;
+      },
+      {}));
   return ops;
 }
 

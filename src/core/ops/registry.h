@@ -184,10 +184,20 @@ std::vector<OpDef> linalg_ops();
 std::vector<OpDef> composite_ops();
 std::vector<OpDef> nn_ops();
 std::vector<OpDef> join_ops();
+std::vector<OpDef> random_ops();
 
 // An op that runs as a call of the torch operator `aten` (shape rule `infer`).
 OpDef extern_op(const std::string& name, const std::string& schema, const std::string& aten, InferFn infer,
                 std::vector<std::string> python);
+
+// The derivative of an op that torch's own kernel `aten` computes (a convolution, a pooling,
+// attention): per input that needs one, an `aten_vjp` node that the runtime answers by calling
+// the kernel again with grad on and asking torch's autograd for that input's gradient.
+DerivativeFn aten_vjp_derivative(const std::string& aten);
+
+// A training-mode batch_norm's new running statistics (mean, var) from its input `x`, as torch's
+// kernel updates them in place; capture writes them back into the buffers.
+std::pair<Node*, Node*> batch_norm_running_update(Graph& g, Node* x, Node* running_mean, Node* running_var, double momentum);
 
 // Gives a composite op the shape rule of its decomposition (run on a scratch graph).
 void infer_by_decomposition(OpDef& d);

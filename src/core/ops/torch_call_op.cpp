@@ -1,4 +1,5 @@
-// torch_call: any torch operator kiln has no entry for, called as an extern inside the graph.
+// torch_call: any torch operator kiln has no entry for, called as an extern inside the graph;
+// and aten_vjp: the gradient of a registry op's torch kernel, through torch's autograd.
 //
 // Capture works out the result's layout (it runs the operator on meta tensors) and records it
 // in the node's attributes, as expressions in the inputs' size symbols where probing found
@@ -9,6 +10,61 @@
 #include "core/ops/registry.h"
 
 namespace kiln::ops {
+
+namespace {
+
+// The node's attributes without the result layout (a gradient has its input's).
+Attrs without_layout(const Attrs& attrs) {
+  Attrs a;
+  for (const auto& [key, v] : attrs.items())
+    if (key != "out_sizes" && key != "out_strides" && key != "out_dtype" && key != "inplace_fn") a.set(key, v);
+  return a;
+}
+
+void set_layout_of(Attrs& a, const Node* like) {
+  a.set("out_sizes", ir::sizes_attr(like->meta.sizes));
+  a.set("out_strides", ir::sizes_attr(ir::contiguous_strides(like->meta.sizes)));
+  a.set("out_dtype", like->meta.dtype);
+}
+
+bool layout_from_attrs(const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
+  auto dtype = a.get_dtype("out_dtype");
+  if (!dtype) return err = "a gradient node without an output dtype", false;
+  out = TensorMeta{};
+  out.dtype = *dtype;
+  out.device = in.back()->meta.device;
+  out.sizes = a.get_exprs("out_sizes");
+  out.strides = a.get_exprs("out_strides");
+  return true;
+}
+
+// The gradient nodes of one forward call share this number (the graph's size when they are
+// made: deterministic, so kernels cache by graph text): the runtime computes all of them from
+// one forward and one backward of the operator (executor.cpp, ExternPlan).
+int64_t vjp_group(const Graph& g) { return static_cast<int64_t>(g.nodes().size()); }
+
+}  // namespace
+
+DerivativeFn aten_vjp_derivative(const std::string& aten) {
+  return [aten](Graph& g, Node* n, Node* grad) {
+    std::vector<Node*> out(n->inputs.size(), nullptr);
+    const int64_t group = vjp_group(g);
+    for (size_t k = 0; k < n->inputs.size(); ++k) {
+      const Node* in = n->inputs[k];
+      if (!in || !is_floating(in->meta.dtype)) continue;
+      Attrs a = without_layout(n->attrs);
+      a.set("of", n->op->name);  // whose schema orders the call's arguments
+      a.set("aten", aten);
+      a.set("vjp_input", static_cast<int64_t>(k));
+      a.set("vjp_group", group);
+      set_layout_of(a, in);
+      std::vector<Node*> ins = n->inputs;
+      ins.push_back(grad);
+      out[k] = g.must_add("aten_vjp", ins, a);
+    }
+    return out;
+  };
+}
 
 std::vector<OpDef> torch_call_ops() {
   OpDef d = extern_op(
@@ -34,10 +90,35 @@ std::vector<OpDef> torch_call_ops() {
       {});
   // One node per call is enough to raise: the first of a call's results (later ones may be
   // tensors the kernel leaves undefined when unused, as attention's weights).
-  d.keep_unused = [](const Node& n) { return n.attrs.get_int("result", -1) <= 0; };
+  d.keep_unused = [](const Node& n) { return !n.attrs.has("vjp_input") && n.attrs.get_int("result", -1) <= 0; };
+  // Any operator's gradient, through torch's own autograd: the same call with its inputs and the
+  // result's gradient, marked `vjp_input` = k, which the runtime answers with the gradient of
+  // input k (it calls the operator again with grad on and asks autograd). One call per input
+  // that needs one; registry entries with a derivative of their own avoid the second forward.
+  d.derivative = [](Graph& g, Node* n, Node* grad) {
+    std::vector<Node*> out(n->inputs.size(), nullptr);
+    const int64_t group = vjp_group(g);
+    for (size_t k = 0; k < n->inputs.size(); ++k) {
+      const Node* in = n->inputs[k];
+      if (!in || !is_floating(in->meta.dtype)) continue;
+      Attrs a = without_layout(n->attrs);
+      a.set("vjp_input", static_cast<int64_t>(k));
+      a.set("vjp_group", group);
+      set_layout_of(a, in);
+      std::vector<Node*> ins = n->inputs;
+      ins.push_back(grad);
+      out[k] = g.must_add("torch_call", ins, a);
+    }
+    return out;
+  };
   // torch_call stands for any torch operator: whether autocast casts its inputs is not known here
   d.autocast_cuda = d.autocast_cpu = AutocastPolicy::Unknown;
-  return {d};
+  // The gradient of input `vjp_input` of a registry op run by torch's kernel `aten`; its inputs
+  // are the op's, then the result's gradient (aten_vjp_derivative makes it).
+  OpDef v = extern_op("aten_vjp", "aten_vjp(str of, str aten, int vjp_input, SymInt[] out_sizes, SymInt[] out_strides, ScalarType out_dtype)",
+                      "", layout_from_attrs, {});
+  v.autocast_cuda = v.autocast_cpu = AutocastPolicy::Unknown;
+  return {d, v};
 }
 
 }  // namespace kiln::ops

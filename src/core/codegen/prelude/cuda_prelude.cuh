@@ -141,6 +141,23 @@ __device__ __forceinline__ double kiln_mod(double a, double b) {
   double r = fmod(a, b);
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
+// Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"): the first word
+// of the block at counter (counter, 0) under key `seed`, as a float in [0, 1) with 24 random bits.
+__device__ __forceinline__ float kiln_rand(long long seed, long long counter) {
+  unsigned int c0 = (unsigned int)counter, c1 = (unsigned int)((unsigned long long)counter >> 32), c2 = 0, c3 = 0;
+  unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)((unsigned long long)seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const unsigned long long p0 = 0xD2511F53ull * c0, p1 = 0xCD9E8D57ull * c2;
+    const unsigned int n0 = (unsigned int)(p1 >> 32) ^ c1 ^ k0, n2 = (unsigned int)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (unsigned int)p1;
+    c3 = (unsigned int)p0;
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return (float)(c0 >> 8) * (1.0f / 16777216.0f);
+}
 __device__ __forceinline__ float kiln_pow(float a, float b) { return powf(a, b); }
 __device__ __forceinline__ double kiln_pow(double a, double b) { return pow(a, b); }
 // Integer powers as torch's: a negative exponent gives 1 for base 1, +-1 for base -1, else 0.

@@ -1,0 +1,9 @@
+"""Python callables for kiln ops that have no torch function of the same signature, for
+kiln.compile(backend="eager"), which runs a captured graph through torch one op at a time."""
+import torch
+
+
+def dropout(input, seed, p=0.5, offset=0):
+    """kiln's training-mode dropout node: torch's own F.dropout (torch's generator draws the
+    mask, as eager's would; the graph's seed input is for kiln's kernels only)."""
+    return torch.nn.functional.dropout(input, p, True)

@@ -1,0 +1,73 @@
+#include "core/autodiff/training_graphs.h"
+
+#include <map>
+
+#include "core/autodiff/joint_graph.h"
+#include "core/autodiff/partition.h"
+#include "core/ops/registry.h"
+#include "core/passes/passes.h"
+
+namespace kiln::autodiff {
+
+using ir::Node;
+
+namespace {
+
+// Where capture recorded an untracked node reading a tracked value (made under no_grad), the
+// value goes through a detaching alias first, so the cut survives decomposition.
+void detach_untracked_reads(ir::Graph& g, const std::set<const Node*>& tracked) {
+  std::vector<Node*> order;
+  for (const auto& n : g.nodes()) order.push_back(n.get());
+  std::map<Node*, Node*> detached;
+  for (Node* n : order) {
+    if (tracked.count(n) || n->op->kind == ops::OpKind::Source || !is_floating(n->meta.dtype)) continue;
+    for (Node*& in : n->inputs) {
+      if (!in || !tracked.count(in)) continue;
+      auto [it, fresh] = detached.emplace(in, nullptr);
+      if (fresh) {
+        ir::Attrs a;
+        a.set("detach", true);
+        const size_t tail = g.nodes().size();
+        it->second = g.must_add("alias", {in}, a);
+        g.move_tail_before(tail, n);
+      }
+      in = it->second;
+    }
+  }
+  g.recompute_users();
+}
+
+}  // namespace
+
+bool make_training_graphs(ir::Graph& g, const std::vector<Node*>& wrt, const std::set<const Node*>& tracked,
+                          TrainingGraphs& out, std::string& why) {
+  out = TrainingGraphs{};
+  detach_untracked_reads(g, tracked);
+  passes::decompose(g);  // composite ops are differentiated through what they decompose into
+  JointGraph jg;
+  if (!build_joint(g, wrt, jg, why)) return false;
+  const Partition p = partition_joint(g, jg);
+  SplitGraphs split;
+  if (!split_joint(g, jg, p, split, why)) return false;
+  out.forward = std::move(split.forward);
+  out.backward = std::move(split.backward);
+  out.forward->scalar_symbols = g.scalar_symbols;
+  out.backward->scalar_symbols = g.scalar_symbols;
+  out.outputs = jg.forward_outputs;
+  out.saved = p.saved.size();
+  out.saved_bytes = p.saved_bytes;
+  out.recomputed = p.recomputed.size();
+  int tangents = 0;
+  for (const Node* t : jg.tangents) out.tangent_of.push_back(t ? tangents++ : -1);
+  for (const Node* s : p.saved) {
+    int as_output = -1;
+    for (size_t i = 0; i < jg.forward_outputs && as_output < 0; ++i)
+      if (g.outputs()[i] == s && out.tangent_of[i] >= 0) as_output = static_cast<int>(i);
+    out.saved_as_output.push_back(as_output);
+  }
+  int grads = 0;
+  for (const Node* gr : jg.grads) out.grad_of.push_back(gr ? grads++ : -1);
+  return true;
+}
+
+}  // namespace kiln::autodiff

@@ -1,0 +1,36 @@
+// The two programs kiln compiles for a captured graph that autograd must differentiate
+// (AOTAutograd's job, seed 003): decompose, build the joint graph, partition it, split it.
+// The binding runs the forward program in a call and the backward program in backward().
+#pragma once
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/ir/graph.h"
+
+namespace kiln::autodiff {
+
+struct TrainingGraphs {
+  // Inputs: the captured graph's. Outputs: the captured graph's, then the saved values.
+  std::unique_ptr<ir::Graph> forward;
+  // Inputs: the saved values, then one tangent per output that has one. Outputs: the
+  // gradients that exist, in `wrt` order.
+  std::unique_ptr<ir::Graph> backward;
+  size_t outputs = 0;              // the captured graph's outputs, first among the forward's
+  size_t saved = 0;                // the saved values after them
+  std::vector<int> tangent_of;     // per output: its tangent's index among the backward's tangent inputs, or -1
+  std::vector<int> saved_as_output;  // per saved value: the output (with a tangent) it also is, or -1
+  std::vector<int> grad_of;        // per `wrt` input: its gradient's index among the backward's outputs, or -1
+  int64_t saved_bytes = 0;         // the partition's cut (symbolic sizes at their hints)
+  size_t recomputed = 0;           // forward nodes the backward computes again
+};
+
+// `g` is a captured graph (rewritten in place); `wrt` its inputs that require grad; `tracked`
+// the nodes autograd would record (a node outside it whose input is inside it was made under
+// torch.no_grad(): no gradient flows through it). False with the reason (an op without a
+// derivative, named) when the graph cannot be differentiated.
+bool make_training_graphs(ir::Graph& g, const std::vector<ir::Node*>& wrt, const std::set<const ir::Node*>& tracked,
+                          TrainingGraphs& out, std::string& why);
+
+}  // namespace kiln::autodiff
