@@ -1392,6 +1392,23 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
       Py_DECREF(item);
     }
   }
+  // Under torch.autocast, an operator kiln has an entry for (whose `covers` sent this call to
+  // torch: attention with grouped heads, a cat with a legacy empty tensor) casts its inputs as
+  // that entry's policy says, before its layout is probed; other operators' casts are unknown
+  // (add_node refuses them).
+  bool cast_as_entry = false;
+  if (root()->autocast_.any() && !inputs.empty()) {
+    if (const OpBinding* b = function_binding(f)) {
+      const bool cuda = inputs.front()->meta.device.type == DeviceType::CUDA;
+      const ops::AutocastPolicy p = cuda ? b->op->autocast_cuda : b->op->autocast_cpu;
+      cast_as_entry = p == ops::AutocastPolicy::None || p == ops::AutocastPolicy::LowerPrecision ||
+                      p == ops::AutocastPolicy::Float32;
+      if (cast_as_entry) {
+        ir::Attrs unused;
+        autocast_inputs(b->op, inputs, unused);
+      }
+    }
+  }
   // A factory (arange, zeros, full, tensor, ...): its layout from the same call on the meta
   // device; the device it would make the tensor on, from its `device` argument or torch's default.
   PyObject* factory_device = nullptr;
@@ -1472,7 +1489,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     if (r == metas[j] && before[j] == after[j] && before[j] >= 0) {
       Py_DECREF(r);
       drop_metas();
-      return input_vars[j];
+      return inputs[j] == input_vars[j]->node() ? input_vars[j] : Var::tensor(inputs[j]);  // the autocast copy
     }
   drop_metas();
   if (!r) {
@@ -1532,7 +1549,8 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     if (is_view == Py_True) a.set("view", true);  // in-place updates must not go through it
     Py_XDECREF(is_view);
     clear_error();
-    outs.push_back(Var::tensor(add_node("torch_call", inputs, a)));
+    static const ops::OpDef* torch_call_op = ops::find_op("torch_call");
+    outs.push_back(Var::tensor(add_node(torch_call_op, inputs, a, !cast_as_entry)));
   }
   if (!tuple) return outs[0];
   VarPtr t = Var::tuple(std::move(outs));

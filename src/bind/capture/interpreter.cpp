@@ -424,10 +424,10 @@ void Interpreter::autocast_inputs(const ops::OpDef* op, std::vector<ir::Node*>& 
   }
 }
 
-ir::Node* Interpreter::add_node(const ops::OpDef* op, std::vector<ir::Node*> inputs, ir::Attrs attrs) {
+ir::Node* Interpreter::add_node(const ops::OpDef* op, std::vector<ir::Node*> inputs, ir::Attrs attrs, bool autocast) {
   std::string err;
   Interpreter* r = root();
-  if (r->autocast_.any()) autocast_inputs(op, inputs, attrs);
+  if (autocast && r->autocast_.any()) autocast_inputs(op, inputs, attrs);
   bool grad = r->grad_mode_ && std::any_of(inputs.begin(), inputs.end(), [&](ir::Node* i) { return r->needs_grad_.count(i); });
   ir::Node* n = g_->add(op, std::move(inputs), std::move(attrs), err);
   if (!n) unsupported("shape/dtype check of " + op->name + " failed: " + err);

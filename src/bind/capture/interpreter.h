@@ -106,7 +106,9 @@ class Interpreter {
   VarPtr& peek(size_t i);
 
   // ---- graph building ----
-  ir::Node* add_node(const ops::OpDef* op, std::vector<ir::Node*> inputs, ir::Attrs attrs);
+  // `autocast`: false where the caller has made autocast's casts already (a torch_call cast as
+  // the registry entry of its function says).
+  ir::Node* add_node(const ops::OpDef* op, std::vector<ir::Node*> inputs, ir::Attrs attrs, bool autocast = true);
 
   ir::Node* add_node(const std::string& op, std::vector<ir::Node*> inputs, ir::Attrs attrs = {});
 

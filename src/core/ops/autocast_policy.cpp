@@ -20,7 +20,7 @@ void set_autocast_policies(std::map<std::string, OpDef>& ops) {
       {"matmul", P::LowerPrecision, P::LowerPrecision},
       {"linear", P::LowerPrecision, P::LowerPrecision},
       {"conv2d", P::LowerPrecision, P::LowerPrecision},
-      {"scaled_dot_product_attention", P::LowerPrecision, P::Unknown},  // CPU's list varies by torch version
+      {"scaled_dot_product_attention", P::LowerPrecision, P::LowerPrecision},  // on CPU since torch 2.3 (kiln takes 2.11+)
       // CUDA's float32 list: ops whose range or accuracy needs float32
       {"exp", P::Float32, P::None},
       {"expm1", P::Float32, P::None},

@@ -61,16 +61,20 @@ bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, c
   std::vector<compile::NvrtcResult> results = compile_units(units, arch, name_hint, &threads);
   if (log_enabled("timing")) {
     double total = 0, longest = 0;
-    size_t hits = 0;
-    for (const compile::NvrtcResult& r : results) {
+    size_t hits = 0, slowest = 0;
+    for (size_t u = 0; u < results.size(); ++u) {
+      const compile::NvrtcResult& r = results[u];
       total += r.seconds;
-      longest = std::max(longest, r.seconds);
+      if (r.seconds > longest) longest = r.seconds, slowest = u;
       hits += r.cache_hit ? 1 : 0;
     }
+    std::string slow_kernels;  // which kernels the slowest unit holds: where NVRTC's time went
+    for (size_t i = 0; i < unit_of.size(); ++i)
+      if (unit_of[i] == slowest) slow_kernels += (slow_kernels.empty() ? "" : ", ") + p.kernels[i].name;
     log("timing", name_hint + ": NVRTC " + ms(seconds_since(started)) + " for " + std::to_string(p.kernels.size()) +
                       " kernels in " + std::to_string(units.size()) + " units (" + std::to_string(hits) +
                       " from disk) on " + std::to_string(threads) + " threads; summed " + ms(total) +
-                      ", longest " + ms(longest));
+                      ", longest " + ms(longest) + " (" + slow_kernels + ")");
   }
   const auto loading = std::chrono::steady_clock::now();
   const int device = p.device.index < 0 ? 0 : p.device.index;
