@@ -317,3 +317,34 @@ TEST(CudaCodegen, PointwiseBodiesAreEmittedOnceWhereTheyCan) {
     EXPECT_EQ(src.find("#pragma unroll 4"), std::string::npos) << src;
   }
 }
+
+// Reductions over outer dims of a contiguous kept dim (a bias's gradient, a channels-last batch
+// norm's statistics, its variance after its mean) give a warp's lanes neighbouring outputs, so
+// each load is coalesced; reductions along the contiguous dim keep a row per warp or block.
+TEST(CudaCodegen, ColumnReductionsGiveLanesNeighbouringOutputs) {
+  for (DType t : {DType::Float32, DType::BFloat16}) {
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(t, {1024, 768}));
+    g.outputs().push_back(g.must_add("sum", {x}, attrs({{"dim", std::vector<int64_t>{0}}})));
+    const std::string src = cuda_source_of(g);
+    EXPECT_NE(src.find("kiln_col"), std::string::npos) << src;
+    expect_compiles(g, 1);
+  }
+  {
+    ir::Graph g;
+    ir::TensorMeta m = cuda_meta(DType::Float32, {16, 64, 28, 28});
+    m.strides = {64 * 28 * 28, 1, 28 * 64, 64};  // channels-last
+    ir::Node* x = g.placeholder("x", m);
+    const std::vector<int64_t> dims{0, 2, 3};
+    ir::Node* mean = g.must_add("mean", {x}, attrs({{"dim", dims}, {"keepdim", true}}));
+    ir::Node* c = g.must_add("sub", {x, mean});
+    g.outputs().push_back(g.must_add("mean", {g.must_add("mul", {c, c})}, attrs({{"dim", dims}})));
+    const std::string src = cuda_source_of(g);
+    EXPECT_NE(src.find("kiln_col"), std::string::npos) << src;
+    expect_compiles(g, 1);  // both reductions, one after the other, in one kernel
+  }
+  ir::Graph g;
+  ir::Node* x = g.placeholder("x", cuda_meta(DType::Float32, {1024, 768}));
+  g.outputs().push_back(g.must_add("sum", {x}, attrs({{"dim", std::vector<int64_t>{1}}})));
+  EXPECT_EQ(cuda_source_of(g).find("kiln_col"), std::string::npos);
+}

@@ -240,6 +240,68 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int w
   return plan;
 }
 
+// How a reduction over an outer dim is walked when the kept dim is the contiguous one (a bias's
+// gradient: the sum over rows of a [rows, features] tensor; a channels-last batch norm's
+// statistics over N, H and W): a row per warp would read one element per 32-byte sector. Here
+// the 32 lanes of a warp take 32 neighbouring output points (coalesced loads), the block's R
+// warps split the reduced points among them, and the R partial results meet in shared memory.
+// Taken when every looping stage is a reduction over the same points, the kernel stores only at
+// its outer points, and the reduced loads step by one along the outer space and not along the
+// reduction.
+struct ColumnPlan {
+  bool columns = false;
+  int parts = 0;        // R: warps of a block splitting the reduced points
+  int64_t tiles = 0;    // 32 outer points each
+  int64_t points = 0;   // reduced points per output
+};
+
+ColumnPlan plan_columns(const loop::Program& p, const Kernel& k) {
+  ColumnPlan plan;
+  if (k.vars.empty()) return plan;
+  const Stage* reduce = nullptr;
+  for (const Stage& st : k.stages) {
+    if (st.vars.empty()) {
+      if (st.kind == Stage::Kind::Reduce) return plan;
+      continue;
+    }
+    if (st.kind != Stage::Kind::Reduce || (reduce && (reduce->vars != st.vars || reduce->ranges != st.ranges))) return plan;
+    reduce = &st;
+  }
+  if (!reduce) return plan;
+  auto outer = sym::product(k.ranges).as_const();
+  auto n = sym::product(reduce->ranges).as_const();
+  if (!outer || !n || *outer < 8 || *n < 64) return plan;
+  std::vector<Expr> all = k.vars;
+  all.insert(all.end(), reduce->vars.begin(), reduce->vars.end());
+  const size_t out_inner = k.vars.size() - 1, red_inner = all.size() - 1;
+  bool coalesced = false;
+  for (const Stage& st : k.stages) {
+    if (st.vars.empty()) continue;
+    std::set<loop::SRef> seen;
+    bool rowwise = false;
+    visit_loads(p.exprs, st.value, seen, [&](const loop::SNode& ld) {
+      auto a = sym::affine(ld.index, all);
+      if (!a) return void(rowwise = true);
+      bool walks = false;
+      for (size_t d = k.vars.size(); d < all.size(); ++d) walks |= !a->coeffs[d].is_const(0);
+      if (!walks) return;
+      if (a->coeffs[red_inner].is_const(1) || !a->coeffs[out_inner].is_const(1)) rowwise = true;
+      else coalesced = true;
+    });
+    if (rowwise) return plan;
+  }
+  if (!coalesced) return plan;
+  plan.columns = true;
+  plan.tiles = (*outer + 31) / 32;
+  plan.points = *n;
+  // Few tiles: more warps a block, so more of the GPU reads; never more warps than a few
+  // points each.
+  int parts = plan.tiles >= 264 ? 8 : 32;
+  while (parts > 1 && *n < int64_t(parts) * 4) parts /= 2;
+  plan.parts = parts;
+  return plan;
+}
+
 class CudaKernelWriter {
  public:
   CudaKernelWriter(const loop::Program& p, const Kernel& k, const LaunchChoice& choice, std::string& out)
@@ -267,7 +329,11 @@ class CudaKernelWriter {
     outer_ = symbolic_outer ? outer_e.c_str() : std::to_string(outer);
     CudaLaunch l;
     l.name = k_.name;
-    if (rowwise) {
+    if (rowwise && !symbolic_outer && !symbolic_inner) cols_ = plan_columns(p_, k_);
+    if (cols_.columns) {
+      l.block = static_cast<unsigned>(32 * cols_.parts);
+      l.grid = static_cast<unsigned>(std::min<int64_t>(cols_.tiles, 1 << 30));
+    } else if (rowwise) {
       // About 8 elements a thread, at most 256 threads: enough work per thread to hide load
       // latency, few warps for the block-wide reductions to combine.
       l.block = 32;
@@ -302,7 +368,9 @@ class CudaKernelWriter {
     out_ += ") {\n";
     ScalarEmitter em(p_, out_, [](int acc) { return "acc" + std::to_string(acc); });
     std::string indent = "  ";
-    if (rows_.persistent) {
+    if (cols_.columns) {
+      write_columns(em, indent);
+    } else if (rows_.persistent) {
       write_persistent_rows(em, indent);
     } else if (rowwise) {
       out_ += indent + "__shared__ double kiln_smem_raw[32];\n";
@@ -469,6 +537,61 @@ class CudaKernelWriter {
       const loop::Store* st = vec_.stores[i];
       out_ += in2 + "*reinterpret_cast<" + vtype(st->buffer) + "*>(" + p_.buffers[st->buffer].name + " + kiln_at[" +
               std::to_string(slot) + "]) = " + out_names[i] + ";\n";
+    }
+    out_ += indent + "}\n";
+  }
+
+  // ---- reductions over the outer dims of a contiguous kept dim (ColumnPlan) ----
+
+  void write_columns(ScalarEmitter& em, const std::string& indent) {
+    const std::string R = std::to_string(cols_.parts), in2 = indent + "  ", in3 = in2 + "  ", in4 = in3 + "  ";
+    out_ += indent + "__shared__ double kiln_smem_raw[" + std::to_string(32 * cols_.parts) + "];\n";
+    out_ += indent + "const unsigned kiln_col = threadIdx.x & 31u, kiln_part = threadIdx.x >> 5;\n";
+    out_ += indent + "for (kiln_idx kiln_tile = blockIdx.x; kiln_tile < " + std::to_string(cols_.tiles) +
+            "; kiln_tile += gridDim.x) {\n";
+    out_ += in2 + "const kiln_idx kiln_o = kiln_tile * 32 + kiln_col;\n";
+    out_ += in2 + "const bool kiln_in = kiln_o < " + outer_ + ";\n";
+    unravel(out_, in2, "kiln_o", k_.vars, k_.ranges);
+    for (const Stage& st : k_.stages) {
+      if (st.kind != Stage::Kind::Reduce) {
+        out_ += in2 + "if (kiln_part == 0 && kiln_in) {\n";
+        em.push_scope();
+        for (const loop::Store& s : st.stores) {
+          std::string v = em.emit(s.value, in3);
+          out_ += in3 + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
+        }
+        em.pop_scope();
+        out_ += in2 + "}\n";
+        continue;
+      }
+      const std::string acc = "acc" + std::to_string(st.acc), t = ctype(st.acc_dtype), f = functor(st.reduce);
+      out_ += in2 + t + " " + acc + " = " + acc_init(st.reduce, st.acc_dtype) + ";\n";
+      out_ += in2 + "if (kiln_in) {\n";
+      out_ += in3 + "#pragma unroll 4\n";
+      out_ += in3 + "for (kiln_idx kiln_q = kiln_part; kiln_q < " + std::to_string(cols_.points) + "; kiln_q += " + R + ") {\n";
+      em.push_scope();
+      unravel(out_, in4, "kiln_q", st.vars, st.ranges);
+      std::string v = em.emit(st.value, in4);
+      for (const loop::Store& s : st.stores) out_ += in4 + store_stmt(p_.buffers[s.buffer], s.index.c_str(), v) + "\n";
+      out_ += in4 + acc + " = " + f + "(" + acc + ", " + v + ");\n";
+      em.pop_scope();
+      out_ += in3 + "}\n";
+      out_ += in2 + "}\n";
+      // The R partial results of each output point meet in shared memory; every thread reads
+      // the total back (a later stage may use it).
+      out_ += in2 + "{\n";
+      out_ += in3 + t + "* kiln_cs = reinterpret_cast<" + t + "*>(kiln_smem_raw);\n";
+      out_ += in3 + "kiln_cs[threadIdx.x] = " + acc + ";\n";
+      out_ += in3 + "__syncthreads();\n";
+      out_ += in3 + "if (kiln_part == 0) {\n";
+      out_ += in4 + "for (int kiln_p = 1; kiln_p < " + R + "; ++kiln_p) " + acc + " = " + f + "(" + acc +
+              ", kiln_cs[kiln_p * 32 + kiln_col]);\n";
+      out_ += in4 + "kiln_cs[kiln_col] = " + acc + ";\n";
+      out_ += in3 + "}\n";
+      out_ += in3 + "__syncthreads();\n";
+      out_ += in3 + acc + " = kiln_cs[kiln_col];\n";
+      out_ += in3 + "__syncthreads();\n";
+      out_ += in2 + "}\n";
     }
     out_ += indent + "}\n";
   }
@@ -719,6 +842,7 @@ class CudaKernelWriter {
   const LaunchChoice& choice_;
   std::string& out_;
   RowPlan rows_;
+  ColumnPlan cols_;
   VectorPlan vec_;
   unsigned block_ = 256;
   struct Held {
