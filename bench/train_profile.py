@@ -20,6 +20,7 @@ def main() -> None:
     ap.add_argument("--system", default="kiln", choices=train.SYSTEMS)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--sort", default="", help="a key_averages column (default: device time, else CPU time)")
     a = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -54,7 +55,7 @@ def main() -> None:
         for _ in range(3):
             step()
         sync()
-    key = "cuda_time_total" if a.device == "cuda" else "cpu_time_total"
+    key = a.sort or ("cuda_time_total" if a.device == "cuda" else "cpu_time_total")
     print(prof.key_averages().table(sort_by=key, row_limit=a.top, max_name_column_width=70))
 
 

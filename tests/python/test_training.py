@@ -491,3 +491,53 @@ def test_llama_under_bf16_autocast_trains_in_one_graph_like_eager(device):
     for (n, a), b in zip(model.named_parameters(), eager.parameters()):
         # bf16 matrix products in two evaluation orders: gradients agree to about 1% of their norm
         assert (a.grad - b.grad).norm() <= 3e-2 * b.grad.norm() + 1e-6, n
+
+
+# --- torch.utils.checkpoint --------------------------------------------------------------------
+
+def test_checkpoint_recomputes_its_region_in_the_backward():
+    from torch.utils.checkpoint import checkpoint
+
+    def block(x, w1, w2):
+        return torch.tanh(x @ w1) @ w2
+
+    def plain(x, w1, w2):
+        return block(x, w1, w2).sin()
+
+    def ckpt(x, w1, w2):
+        return checkpoint(block, x, w1, w2, use_reentrant=False).sin()
+
+    args = (rand(4, 8), rand(8, 16), rand(16, 8))
+    grads_match(ckpt, *args)
+    saved_plain = kiln.explain(plain)(*args).backward_graphs[0]["saved"]
+    saved_ckpt = kiln.explain(ckpt)(*args).backward_graphs[0]["saved"]
+    # without it the forward keeps x @ w1 (or its tanh) for the backward; with it only the
+    # region's inputs and its result, and the backward runs x @ w1 again
+    assert saved_ckpt < saved_plain, (saved_ckpt, saved_plain)
+
+
+def test_checkpointed_layers_train_like_eager():
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(2))
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = checkpoint(b, x, use_reentrant=False)
+            return x
+
+    torch.manual_seed(0)
+    eager, mine = Net(), Net()
+    mine.load_state_dict(eager.state_dict())
+    before = _counters()
+    got = _train(mine, lambda: (torch.randn(2, 6, 32), torch.randn(2, 6, 32)), F.mse_loss,
+                 lambda p, lr: torch.optim.SGD(p, lr=lr), 3, compiled=True)
+    after = _counters()
+    assert after[0] == before[0] + 1 and after[1:] == before[1:], kiln.stats()["fallback_reasons"]
+    want = _train(eager, lambda: (torch.randn(2, 6, 32), torch.randn(2, 6, 32)), F.mse_loss,
+                  lambda p, lr: torch.optim.SGD(p, lr=lr), 3, compiled=False)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-5)

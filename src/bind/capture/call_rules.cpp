@@ -50,6 +50,7 @@ struct CallRules {
       add(I.resolve_torch("zeros"), torch_full);
       add(I.resolve_torch("full"), torch_full);
       add(I.resolve_torch("chunk"), torch_split);
+      add(object_at("torch.utils.checkpoint.checkpoint"), checkpoint);
       for (const char* ctx : {"torch.no_grad", "torch.enable_grad", "torch.inference_mode", "torch.set_grad_enabled",
                               "contextlib.nullcontext", "torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
         add(object_at(ctx), mode);
@@ -340,6 +341,29 @@ struct CallRules {
     if (full && args.size() == 1 && fill) size_args = {args[0]};
     return I.full_node(size_args, full ? fill : Var::steal_constant(PyLong_FromLong(fn->known() == I.resolve_torch("ones"))),
                        full, dtype, device);
+  }
+
+  // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, ...): fn's call, its
+  // values recomputed in the backward. The reentrant form (no gradients for parameters when no
+  // input requires grad) and a context_fn of one's own go by category.
+  static VarPtr checkpoint(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    static PyObject* noop_context = object_at("torch.utils.checkpoint.noop_context_fn");
+    clear_error();
+    if (args.empty()) return nullptr;
+    bool reentrant = true;
+    KwArgs passed;
+    for (auto& [k, v] : kwargs) {
+      if (k == "use_reentrant") {
+        if (!v->is_const()) return nullptr;
+        reentrant = v->known() != Py_False;
+      } else if (k == "context_fn") {
+        if (!v->is_const() || v->known() != noop_context) return nullptr;
+      } else if (k != "preserve_rng_state" && k != "determinism_check" && k != "debug") {
+        passed.emplace_back(k, v);
+      }
+    }
+    if (reentrant) return nullptr;
+    return I.checkpointed_call(args[0], std::vector<VarPtr>(args.begin() + 1, args.end()), std::move(passed));
   }
 
   static VarPtr mode(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {

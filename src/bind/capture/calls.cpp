@@ -218,6 +218,16 @@ VarPtr Interpreter::dropout(const std::vector<VarPtr>& args, const KwArgs& kwarg
   return Var::tensor(add_node("dropout", {x, seed}, at));
 }
 
+VarPtr Interpreter::checkpointed_call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
+  const size_t first = g_->nodes().size();
+  VarPtr out = call(fn, std::move(args), std::move(kwargs));
+  for (size_t i = first; i < g_->nodes().size(); ++i) {
+    ir::Node* n = g_->nodes()[i].get();
+    if (n->op->kind != ops::OpKind::Source) n->attrs.set("checkpoint", true);
+  }
+  return out;
+}
+
 VarPtr Interpreter::rng_seed() {
   Interpreter* r = root();
   if (r->rng_seed_) return r->rng_seed_;

@@ -152,6 +152,10 @@ class Interpreter {
   // F.dropout / torch.dropout: in training mode a `dropout` node whose mask comes from kiln's
   // generator (random_ops.cpp), keyed by the graph's seed input.
   VarPtr dropout(const std::vector<VarPtr>& args, const KwArgs& kwargs, bool functional);
+  // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False): fn(*args) inlined, the
+  // nodes it makes marked `checkpoint`, so the backward recomputes them instead of reading
+  // them saved (autodiff/partition.h).
+  VarPtr checkpointed_call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs);
   // The graph's int64 seed input: drawn from torch's default generator on every call (one per
   // graph, however many draws use it).
   VarPtr rng_seed();

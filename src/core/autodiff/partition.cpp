@@ -107,6 +107,8 @@ int64_t bytes_of(const Node& n) {
 
 }  // namespace
 
+bool checkpointed(const Node& n) { return n.attrs.get_bool("checkpoint"); }
+
 bool recomputable(const Node& n) {
   switch (n.op->kind) {
     case ops::OpKind::Pointwise:
@@ -132,13 +134,23 @@ Partition partition_joint(const ir::Graph& g, const JointGraph& jg) {
     if (!index.count(b.get()))
       for (const Node* u : b->inputs)
         if (u && index.count(u)) read.insert(u);
+  // torch.utils.checkpoint regions (nodes marked `checkpoint`): their interior values (read by
+  // nothing outside the region and not outputs) are never saved, and their matrix products and
+  // other externs are recomputed like the rest; what leaves a region may be saved.
+  std::set<const Node*> leaves;
+  for (size_t i = 0; i < jg.forward_outputs; ++i) leaves.insert(g.outputs()[i]);
+  for (const Node* n : forward)
+    if (!checkpointed(*n))
+      for (const Node* u : n->inputs)
+        if (u) leaves.insert(u);
   // Vertices: each forward node's in (2i) and out (2i + 1), then source and sink.
   const size_t source = 2 * forward.size(), sink = source + 1;
   MaxFlow flow(sink + 1);
   for (size_t i = 0; i < forward.size(); ++i) {
     const Node* n = forward[i];
-    flow.edge(2 * i, 2 * i + 1, constant(*n) ? kInf : bytes_of(*n));
-    if (n->op_name() == "placeholder" || !recomputable(*n)) flow.edge(source, 2 * i, kInf);
+    const bool interior = checkpointed(*n) && !leaves.count(n);
+    flow.edge(2 * i, 2 * i + 1, constant(*n) || interior ? kInf : bytes_of(*n));
+    if (n->op_name() == "placeholder" || (!recomputable(*n) && !checkpointed(*n))) flow.edge(source, 2 * i, kInf);
     for (const Node* u : n->inputs)
       if (u && index.count(u)) flow.edge(2 * index[u] + 1, 2 * i, kInf);
     if (read.count(n)) flow.edge(2 * i + 1, sink, kInf);

@@ -28,6 +28,10 @@ struct Partition {
 // and gathers, whose cost is memory traffic that a fused backward kernel absorbs.
 bool recomputable(const ir::Node& n);
 
+// Whether capture marked `n` as made inside torch.utils.checkpoint (attribute `checkpoint`;
+// decomposition hands the mark on): recomputed in the backward rather than saved.
+bool checkpointed(const ir::Node& n);
+
 Partition partition_joint(const ir::Graph& g, const JointGraph& jg);
 
 // The two programs of a training step, cut from the joint graph where the partition says.

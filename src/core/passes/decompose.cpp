@@ -16,6 +16,10 @@ void decompose(ir::Graph& g) {
       ir::Node* r = n->op->decompose(g, n);
       g.source_loc = saved;
       size_t added = g.nodes().size() - tail;
+      // What a torch.utils.checkpoint region computes stays marked as its (autodiff/partition.h).
+      if (n->attrs.get_bool("checkpoint"))
+        for (size_t j = tail; j < g.nodes().size(); ++j)
+          if (g.nodes()[j]->op->kind != ops::OpKind::Source) g.nodes()[j]->attrs.set("checkpoint", true);
       g.move_tail_before(tail, n);
       g.replace_all_uses(n, r);
       i += added;  // step past the expansion and the (now dead) composite itself
