@@ -541,3 +541,35 @@ def test_checkpointed_layers_train_like_eager():
                   lambda p, lr: torch.optim.SGD(p, lr=lr), 3, compiled=False)
     torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_scaler_with_float16_autocast_trains_like_eager(device):
+    def run(compiled):
+        torch.manual_seed(0)
+        model = MLP().to(device)
+        fwd = kiln.compile(model) if compiled else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 10)
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(3):
+            x, y = torch.randn(8, 16, generator=g).to(device), torch.randint(0, 4, (8,), generator=g).to(device)
+            with torch.autocast(device, dtype=torch.float16):
+                loss = F.cross_entropy(fwd(x).float(), y)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.detach())
+        return torch.stack(losses), [p.detach() for p in model.parameters()], scaler.get_scale()
+
+    before = _counters()
+    mine = run(True)
+    after = _counters()
+    assert after[0] == before[0] + 1 and after[1:] == before[1:], kiln.stats()["fallback_reasons"]
+    theirs = run(False)
+    torch.testing.assert_close(mine[0], theirs[0], rtol=1e-2, atol=1e-2)
+    for a, b in zip(mine[1], theirs[1]):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+    assert mine[2] == theirs[2]
