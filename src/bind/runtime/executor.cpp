@@ -167,8 +167,6 @@ void set_python_error(const c10::Error& e) {
 
 namespace {
 
-// A torch_call: the operator called from Python with this run's tensors; its result laid out
-// as capture planned (a copy when the operator chose other strides).
 // Whether a tensor's strides index its elements as `strides` do: dims of size 1 (and empty
 // tensors) do not care what their strides are.
 bool same_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
@@ -201,12 +199,11 @@ at::Tensor vjp_leaf(const at::Tensor& t, int64_t i, const std::vector<int64_t>& 
   return leaf;
 }
 
-// A torch_call: the operator called from Python with this run's tensors; its result laid out
-// as capture planned (a copy when the operator chose other strides).
-bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternViews& plan,
-                    const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& expect_sizes, at::Tensor& out) {
+// Calls a torch_call's registered function with `ins` in its tensor slots; `out` gets the
+// result (the element `call.output` of a tuple). False with a Python error set.
+bool call_registered(const loop::Extern& e, const TorchCall& call, const std::vector<at::Tensor>& tensors, at::Tensor& out) {
   std::vector<PyObject*> ins;
-  for (const ViewPlan& v : plan.inputs) ins.push_back(THPVariable_Wrap(view_of(tensors[v.buffer], v)));
+  for (const at::Tensor& t : tensors) ins.push_back(THPVariable_Wrap(t));
   PyObject* args = substitute(call.args, ins.data());
   PyObject* kwargs = call.kwargs ? substitute(call.kwargs, ins.data()) : nullptr;
   PyObject* r = PyObject_Call(call.fn, args, kwargs);
@@ -222,6 +219,16 @@ bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternVi
   }
   out = THPVariable_Unpack(t);
   Py_DECREF(r);
+  return true;
+}
+
+// A torch_call: the operator called from Python with this run's tensors, its sizes checked
+// against what capture inferred.
+bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternViews& plan,
+                    const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& expect_sizes, at::Tensor& out) {
+  std::vector<at::Tensor> ins;
+  for (const ViewPlan& v : plan.inputs) ins.push_back(view_of(tensors[v.buffer], v));
+  if (!call_registered(e, call, ins, out)) return false;
   if (out.sizes() != c10::IntArrayRef(expect_sizes)) {
     // Capture inferred these sizes from the operator's behaviour at other sizes (sym/fit.h):
     // a result that breaks the inference stops the call rather than being misread.
@@ -241,28 +248,13 @@ bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternVi
 bool torch_call_vjp(const loop::Extern& e, const TorchCall& call, const ExternViews& plan,
                     const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& wanted,
                     std::vector<at::Tensor>& grads) {
-  std::vector<PyObject*> ins;
-  std::vector<at::Tensor> wrt(wanted.size());
+  std::vector<at::Tensor> ins, wrt(wanted.size());
   for (size_t i = 0; i + 1 < plan.inputs.size(); ++i)
-    ins.push_back(THPVariable_Wrap(vjp_leaf(view_of(tensors[plan.inputs[i].buffer], plan.inputs[i]), static_cast<int64_t>(i), wanted, wrt)));
+    ins.push_back(vjp_leaf(view_of(tensors[plan.inputs[i].buffer], plan.inputs[i]), static_cast<int64_t>(i), wanted, wrt));
   at::Tensor out;
   {
     torch::autograd::AutoGradMode grad_on(true);
-    PyObject* args = substitute(call.args, ins.data());
-    PyObject* kwargs = call.kwargs ? substitute(call.kwargs, ins.data()) : nullptr;
-    PyObject* r = PyObject_Call(call.fn, args, kwargs);
-    Py_DECREF(args);
-    Py_XDECREF(kwargs);
-    for (PyObject* o : ins) Py_DECREF(o);
-    if (!r) return false;
-    PyObject* t = call.output >= 0 ? (PyTuple_Check(r) ? PyTuple_GetItem(r, call.output) : nullptr) : r;
-    if (!t || !THPVariable_Check(t)) {
-      Py_DECREF(r);
-      PyErr_Format(PyExc_RuntimeError, "kiln: %s did not return the tensor capture saw", e.attrs.get_str("target").c_str());
-      return false;
-    }
-    out = THPVariable_Unpack(t);
-    Py_DECREF(r);
+    if (!call_registered(e, call, ins, out)) return false;
   }
   const ViewPlan& g = plan.inputs.back();
   grads = gradients_of(out, wrt, view_of(tensors[g.buffer], g));

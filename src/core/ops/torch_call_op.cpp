@@ -43,26 +43,34 @@ bool layout_from_attrs(const std::vector<Node*>& in, const Attrs& a, TensorMeta&
 // one forward and one backward of the operator (executor.cpp, ExternPlan).
 int64_t vjp_group(const Graph& g) { return static_cast<int64_t>(g.nodes().size()); }
 
+// Per floating input k of `n`: a node of op `op` over n's inputs and the result's gradient, with
+// n's attributes (less its layout), `extra`, `vjp_input` = k and the group, laid out as input k.
+std::vector<Node*> vjp_nodes(Graph& g, Node* n, Node* grad, const char* op, const Attrs& extra) {
+  std::vector<Node*> out(n->inputs.size(), nullptr);
+  const int64_t group = vjp_group(g);
+  std::vector<Node*> ins = n->inputs;
+  ins.push_back(grad);
+  for (size_t k = 0; k < n->inputs.size(); ++k) {
+    const Node* in = n->inputs[k];
+    if (!in || !is_floating(in->meta.dtype)) continue;
+    Attrs a = without_layout(n->attrs);
+    for (const auto& [key, v] : extra.items()) a.set(key, v);
+    a.set("vjp_input", static_cast<int64_t>(k));
+    a.set("vjp_group", group);
+    set_layout_of(a, in);
+    out[k] = g.must_add(op, ins, a);
+  }
+  return out;
+}
+
 }  // namespace
 
 DerivativeFn aten_vjp_derivative(const std::string& aten) {
   return [aten](Graph& g, Node* n, Node* grad) {
-    std::vector<Node*> out(n->inputs.size(), nullptr);
-    const int64_t group = vjp_group(g);
-    for (size_t k = 0; k < n->inputs.size(); ++k) {
-      const Node* in = n->inputs[k];
-      if (!in || !is_floating(in->meta.dtype)) continue;
-      Attrs a = without_layout(n->attrs);
-      a.set("of", n->op->name);  // whose schema orders the call's arguments
-      a.set("aten", aten);
-      a.set("vjp_input", static_cast<int64_t>(k));
-      a.set("vjp_group", group);
-      set_layout_of(a, in);
-      std::vector<Node*> ins = n->inputs;
-      ins.push_back(grad);
-      out[k] = g.must_add("aten_vjp", ins, a);
-    }
-    return out;
+    Attrs extra;
+    extra.set("of", n->op->name);  // whose schema orders the call's arguments
+    extra.set("aten", aten);
+    return vjp_nodes(g, n, grad, "aten_vjp", extra);
   };
 }
 
@@ -93,24 +101,10 @@ std::vector<OpDef> torch_call_ops() {
   d.keep_unused = [](const Node& n) { return !n.attrs.has("vjp_input") && n.attrs.get_int("result", -1) <= 0; };
   // Any operator's gradient, through torch's own autograd: the same call with its inputs and the
   // result's gradient, marked `vjp_input` = k, which the runtime answers with the gradient of
-  // input k (it calls the operator again with grad on and asks autograd). One call per input
-  // that needs one; registry entries with a derivative of their own avoid the second forward.
-  d.derivative = [](Graph& g, Node* n, Node* grad) {
-    std::vector<Node*> out(n->inputs.size(), nullptr);
-    const int64_t group = vjp_group(g);
-    for (size_t k = 0; k < n->inputs.size(); ++k) {
-      const Node* in = n->inputs[k];
-      if (!in || !is_floating(in->meta.dtype)) continue;
-      Attrs a = without_layout(n->attrs);
-      a.set("vjp_input", static_cast<int64_t>(k));
-      a.set("vjp_group", group);
-      set_layout_of(a, in);
-      std::vector<Node*> ins = n->inputs;
-      ins.push_back(grad);
-      out[k] = g.must_add("torch_call", ins, a);
-    }
-    return out;
-  };
+  // input k (it calls the operator again with grad on and asks autograd, once for every input
+  // of the call that needs a gradient); registry entries with a derivative of their own avoid
+  // the second forward.
+  d.derivative = [](Graph& g, Node* n, Node* grad) { return vjp_nodes(g, n, grad, "torch_call", {}); };
   // torch_call stands for any torch operator: whether autocast casts its inputs is not known here
   d.autocast_cuda = d.autocast_cpu = AutocastPolicy::Unknown;
   // The gradient of input `vjp_input` of a registry op run by torch's kernel `aten`; its inputs
