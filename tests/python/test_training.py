@@ -119,6 +119,9 @@ OTHERS = {
     "scaled_dot_product_attention": lambda: grads_match(
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), rand(2, 3, 5, 8), rand(2, 3, 5, 8), rand(2, 3, 5, 8)),
     "torch_call": lambda: grads_match(lambda x: x.cumsum(1) + x[[0, 2]].sum(0), rand(3, 4)),
+    # at the bounds themselves too: no gradient there, as torch's (max/min would halve it)
+    "clamp": lambda: grads_match(lambda x: x.clamp(-0.5, 0.5) * x + x.clamp(min=0) + x.clamp(max=0.5),
+                                 torch.tensor([-1.0, -0.5, 0.0, 0.25, 0.5, 1.0], dtype=torch.float64).requires_grad_()),
     "channels_last": lambda: grads_match(lambda x, w: F.conv2d(x.to(memory_format=torch.channels_last), w).relu(),
                                          rand(1, 3, 6, 6), rand(4, 3, 3, 3)),
 }
@@ -573,3 +576,13 @@ def test_grad_scaler_with_float16_autocast_trains_like_eager(device):
     for a, b in zip(mine[1], theirs[1]):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
     assert mine[2] == theirs[2]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_clamp_at_its_bounds_and_at_nan_has_eagers_gradient(device):
+    x = torch.tensor([-1.0, -0.5, 0.0, 0.25, 0.5, 1.0, float("nan")], device=device)
+    for f in (lambda x: x.clamp(-0.5, 0.5), lambda x: x.clamp(min=0.0), lambda x: x.clamp(max=0.5)):
+        mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        kiln.compile(f)(mine).sum().backward()
+        f(theirs).sum().backward()
+        torch.testing.assert_close(mine.grad, theirs.grad)

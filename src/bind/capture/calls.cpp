@@ -1523,6 +1523,36 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     std::string why;
     if (!is_tensor(results[k]) || !tensor_info(results[k], infos[k], why)) unsupported(name + " returns something other than tensors");
   }
+  // Which results autograd tracks, as eager decides it: the call again on meta tensors that
+  // require grad where the inputs do (x.type_as(w) does not track w; most operators do).
+  std::vector<bool> tracked(results.size(), true);
+  bool tracked_input = false;
+  for (ir::Node* n : inputs) tracked_input |= root()->needs_grad_.count(n) > 0;
+  if (root()->grad_mode_ && tracked_input) {
+    std::vector<PyObject*> leaves;
+    if (make_metas(at_hints, leaves)) {
+      for (size_t j = 0; j < inputs.size(); ++j) {
+        if (!root()->needs_grad_.count(inputs[j]) || !is_floating(inputs[j]->meta.dtype)) continue;
+        // a non-leaf that requires grad: in-place operators may write it, as they may the input
+        PyObject* leaf = PyObject_CallMethod(leaves[j], "requires_grad_", nullptr);
+        PyObject* inner = leaf ? PyObject_CallMethod(leaf, "clone", nullptr) : nullptr;
+        Py_XDECREF(leaf);
+        if (inner) Py_SETREF(leaves[j], inner);
+      }
+      const bool was = set_grad_enabled(true);
+      PyObject* rg = call_on(leaves);
+      set_grad_enabled(was);
+      for (size_t k = 0; rg && k < results.size(); ++k) {
+        PyObject* t = PyTuple_Check(rg) ? (k < size_t(PyTuple_GET_SIZE(rg)) ? PyTuple_GET_ITEM(rg, k) : nullptr) : rg;
+        PyObject* rq = t ? PyObject_GetAttrString(t, "requires_grad") : nullptr;
+        if (rq) tracked[k] = rq == Py_True;
+        Py_XDECREF(rq);
+      }
+      Py_XDECREF(rg);
+    }
+    for (PyObject* m : leaves) Py_DECREF(m);
+    clear_error();  // no meta autograd for it: eager's rule for registry ops (any tracked input)
+  }
   std::optional<std::vector<sym::Expr>> layouts = symbolic_layouts(inputs, infos, make_metas, call_on);
   std::vector<VarPtr> outs;
   size_t next_expr = 0;
@@ -1560,7 +1590,9 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     Py_XDECREF(is_view);
     clear_error();
     static const ops::OpDef* torch_call_op = ops::find_op("torch_call");
-    outs.push_back(Var::tensor(add_node(torch_call_op, inputs, a, !cast_as_entry)));
+    ir::Node* node = add_node(torch_call_op, inputs, a, !cast_as_entry);
+    if (!tracked[k]) root()->needs_grad_.erase(node);
+    outs.push_back(Var::tensor(node));
   }
   if (!tuple) return outs[0];
   VarPtr t = Var::tuple(std::move(outs));

@@ -264,6 +264,12 @@ PyObject* wrapped_number_tensor(PyObject* number) {
 
 bool grad_enabled() { return c10::GradMode::is_enabled(); }
 
+bool set_grad_enabled(bool on) {
+  const bool was = c10::GradMode::is_enabled();
+  c10::GradMode::set_enabled(on);
+  return was;
+}
+
 AutocastState autocast_state() {
   AutocastState s;
   s.cpu = at::autocast::is_autocast_enabled(c10::DeviceType::CPU);

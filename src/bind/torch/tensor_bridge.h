@@ -57,6 +57,8 @@ bool dtype_from_object(PyObject* obj, DType& out);
 PyObject* wrapped_number_tensor(PyObject* number);
 
 bool grad_enabled();
+// Turns grad mode on or off for this thread; returns what it was.
+bool set_grad_enabled(bool on);
 
 // The memory a tensor's storage starts at (tensors that share storage share it); nullptr for a
 // non-tensor.

@@ -115,6 +115,7 @@ bool recomputable(const Node& n) {
     case ops::OpKind::View:
     case ops::OpKind::Reduction:
     case ops::OpKind::Gather:
+    case ops::OpKind::Composite:  // kept whole only when it has a derivative of its own: clamp
       return true;
     case ops::OpKind::Source:  // Python numbers and sizes are free; graph inputs are inputs
       return constant(n);

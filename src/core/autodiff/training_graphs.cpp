@@ -43,7 +43,9 @@ bool make_training_graphs(ir::Graph& g, const std::vector<Node*>& wrt, const std
                           TrainingGraphs& out, std::string& why) {
   out = TrainingGraphs{};
   detach_untracked_reads(g, tracked);
-  passes::decompose(g);  // composite ops are differentiated through what they decompose into
+  // Composite ops are differentiated through what they decompose into, unless their entry has
+  // a derivative of its own (clamp: torch's mask at the bounds, where max/min would halve).
+  passes::decompose(g, [](const Node& n) { return static_cast<bool>(n.op->derivative); });
   JointGraph jg;
   if (!build_joint(g, wrt, jg, why)) return false;
   const Partition p = partition_joint(g, jg);

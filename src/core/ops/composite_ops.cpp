@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "core/sym/shape_env.h"
+#include "core/ops/derivatives.h"
 #include "core/ops/registry.h"
 
 namespace kiln::ops {
@@ -258,6 +259,18 @@ std::vector<OpDef> composite_ops() {
         return x;
       },
       {"torch.clamp", "torch.clip", "Tensor.clamp", "Tensor.clip"}));
+  // torch's clamp backward with Python-number bounds: the gradient where min < x < max, zero at
+  // the bounds themselves, outside them and at NaN (maximum and minimum would halve it at a tie).
+  ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
+    Node* x = n->inputs[0];
+    Node* inside = nullptr;
+    for (const auto& [key, cmp] : {std::pair<const char*, const char*>{"min", "gt"}, {"max", "lt"}}) {
+      if (!n->attrs.find(key)) continue;
+      Node* ok = g.must_add(cmp, {x, g.scalar(n->attrs.get_float(key), DType::Float64)});
+      inside = inside ? g.must_add("logical_and", {inside, ok}) : ok;
+    }
+    return std::vector<Node*>{grad_ops::only_where(g, inside, grad)};
+  };
   ops.push_back(composite_op(
       "masked_fill", "masked_fill(Tensor self, Tensor mask, Tensor value)",
       [](Graph& g, Node* n) -> Node* {

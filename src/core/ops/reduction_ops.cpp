@@ -22,7 +22,11 @@ static Node* spread_over_input(Graph& g, Node* reduced, const Node& n) {
   const TensorMeta& x = n.inputs[0]->meta;
   std::vector<int64_t> dims = n.attrs.get_ints("dim");
   std::vector<bool> gone(x.sizes.size(), dims.empty());
-  for (int64_t d : dims) gone[static_cast<size_t>(d < 0 ? d + x.dim() : d)] = true;
+  // A 0-d input takes dim 0 or -1 (torch wraps dims against a rank of at least 1): none is gone.
+  for (int64_t d : dims) {
+    const int64_t at = d < 0 ? d + std::max<int64_t>(x.dim(), 1) : d;
+    if (at >= 0 && at < x.dim()) gone[static_cast<size_t>(at)] = true;
+  }
   std::vector<Expr> kept;
   for (size_t d = 0; d < x.sizes.size(); ++d) kept.push_back(gone[d] ? Expr(int64_t(1)) : x.sizes[d]);
   return grad_ops::expand(g, grad_ops::reshape(g, reduced, kept), x.sizes);
@@ -51,9 +55,12 @@ std::vector<OpDef> reduction_ops() {
       Node* hit = g.must_add("eq", {n->inputs[0], spread_over_input(g, n, *n)});
       ir::Attrs as_float;
       as_float.set("dtype", grad->meta.dtype);
+      Node* mask = g.must_add("convert", {hit}, as_float);
       // Over the same dims and keepdim as the node: the count has the result's (and grad's) sizes.
-      Node* count = g.must_add("sum", {g.must_add("convert", {hit}, as_float)}, n->attrs);
-      return std::vector<Node*>{only_where(g, hit, spread_over_input(g, div(g, grad, count), *n))};
+      Node* count = g.must_add("sum", {mask}, n->attrs);
+      // (grad / count) * mask, as torch's: a NaN extreme matches nothing, so its slice gets
+      // grad / 0 * 0, NaN, where a select would give zeros.
+      return std::vector<Node*>{mul(g, spread_over_input(g, div(g, grad, count), *n), mask)};
     };
   }
   return ops;

@@ -3,13 +3,15 @@
 
 namespace kiln::passes {
 
-void decompose(ir::Graph& g) {
+void decompose(ir::Graph& g) { decompose(g, nullptr); }
+
+void decompose(ir::Graph& g, const std::function<bool(const ir::Node&)>& keep) {
   // Decompositions may produce composites (linear -> matmul): sweep until a fixpoint.
   for (bool changed = true; changed;) {
     changed = false;
     for (size_t i = 0; i < g.nodes().size(); ++i) {
       ir::Node* n = g.nodes()[i].get();
-      if (n->op->kind != ops::OpKind::Composite) continue;
+      if (n->op->kind != ops::OpKind::Composite || (keep && keep(*n))) continue;
       size_t tail = g.nodes().size();
       std::string saved = g.source_loc;
       g.source_loc = n->source_loc;

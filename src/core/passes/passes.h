@@ -10,6 +10,9 @@ namespace kiln::passes {
 
 // Rewrites composite ops into primitives (pointwise, reduction, view, extern) until none remain.
 void decompose(ir::Graph& g);
+// The same, leaving the composite nodes `keep` holds as they are (the training graphs keep the
+// composites that have a derivative of their own, to differentiate them by it).
+void decompose(ir::Graph& g, const std::function<bool(const ir::Node&)>& keep);
 // Rewrites hand-written attention on CUDA (matmul, scale, mask, softmax, matmul) into torch's
 // fused scaled_dot_product_attention where the semantics are the same (fuse_attention.cpp).
 void fuse_attention(ir::Graph& g);

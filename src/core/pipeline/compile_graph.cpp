@@ -29,7 +29,7 @@ void run_graph_passes(ir::Graph& g, const std::string& dump_name, passes::Extern
   step("fuse_attention", passes::fuse_attention);
   step("additive_attention_masks", passes::additive_attention_masks);
   step("channels_last_convolutions", passes::channels_last_convolutions);
-  step("decompose", passes::decompose);
+  step("decompose", [](ir::Graph& gr) { passes::decompose(gr); });
   step("channels_last_activations", passes::channels_last_activations);
   step("gemm_epilogues", [timing](ir::Graph& gr) { passes::gemm_epilogues(gr, timing); });
   step("dce", passes::dead_code_elimination);
