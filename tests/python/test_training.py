@@ -91,6 +91,7 @@ BINARY = {
     "mul": lambda a, b: torch.mul(a, b), "div": lambda a, b: torch.div(a, b),
     "maximum": lambda a, b: torch.maximum(a, b), "minimum": lambda a, b: torch.minimum(a, b),
     "where": lambda a, b: torch.where(a > b, a, b),
+    "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5),
 }
 OTHERS = {
     "pow": lambda: grads_match(lambda a, b: a.abs().add(0.5) ** b + a ** 2, rand(3, 4), rand(4)),

@@ -458,6 +458,15 @@ std::vector<OpDef> pointwise_ops() {
       return true;
     };
     d.keep_unused = integer_division_on_cpu;
+    // remainder(a, b) = a - floor(a / b) * b: grad for a, -grad * floor(a / b) for b, as torch's
+    // (floor_divide has none in torch either: its backward raises there, so the call runs eagerly).
+    if (d.name == "remainder")
+      d.derivative = [](Graph& g, Node* n, Node* grad) {
+        Attrs floor;
+        floor.set("rounding_mode", std::string("floor"));
+        Node* q = g.must_add("div", {n->inputs[0], n->inputs[1]}, floor);
+        return std::vector<Node*>{grad, grad_ops::neg(g, grad_ops::mul(g, grad, q))};
+      };
     ops.push_back(d);
   }
   {
