@@ -73,3 +73,14 @@ def probe() -> tuple:
 
     with torch.no_grad(), torch.autocast("cpu", enabled=False):
         return prod_vector_bytes(), gelu_contiguous_f32_kernel()
+
+
+def clamp_gradient_at_bounds() -> bool:
+    """Whether torch's clamp with number bounds passes the gradient at a bound itself (torch
+    2.11 does; 2.14 gives zero there, as at NaN), for kiln's derivative of clamp."""
+    import torch
+
+    with torch.enable_grad(), torch.autocast("cpu", enabled=False):
+        x = torch.tensor([0.0, 1.0], requires_grad=True)
+        x.clamp(0.0, 1.0).sum().backward()
+        return bool((x.grad == 1).all())

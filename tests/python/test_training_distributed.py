@@ -78,11 +78,15 @@ def _ddp(model, device):
 
 def _fsdp2(model, device):
     import kiln
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    # The mesh on the model's device type: left to itself, FSDP2 takes CUDA's wherever a GPU is
+    # present, also for a CPU model over gloo.
+    mesh = init_device_mesh(device.split(":")[0], (WORLD,))
     for block in model[:2]:
-        fully_shard(block)
+        fully_shard(block, mesh=mesh)
         block.forward = kiln.compile(block.forward)  # FSDP2's hooks stay around the compiled forward
-    fully_shard(model)
+    fully_shard(model, mesh=mesh)
     return model
 
 

@@ -148,6 +148,20 @@ loop::TorchNumerics torch_numerics() {
   return t;
 }
 
+// The torch facts a backward's derivatives follow (ops::TorchFacts), found out once per process
+// by kiln/_torch_kernels.py; on failure the defaults stand (torch 2.14's behaviour).
+void find_torch_facts() {
+  static bool found = false;
+  if (found) return;
+  PyObject* mod = PyImport_ImportModule("kiln._torch_kernels");
+  PyObject* r = mod ? PyObject_CallMethod(mod, "clamp_gradient_at_bounds", nullptr) : nullptr;
+  if (r) ops::torch_facts().clamp_gradient_at_bounds = r == Py_True;
+  found = r || !interrupt_pending();
+  Py_XDECREF(r);
+  Py_XDECREF(mod);
+  if (PyErr_Occurred()) clear_error();
+}
+
 // mode="reduce-overhead" (and max-autotune, which includes it): a CUDA program gets a runner
 // that records it; one a graph cannot hold runs as usual, with the reason.
 void plan_cuda_graphs(Entry& e) {
@@ -262,6 +276,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
         wrt.push_back(graph_inputs[i]);
         bp->wrt.push_back(static_cast<int>(i));
       }
+    find_torch_facts();
     if (!autodiff::make_training_graphs(*forward, wrt, e->capture.tracked, training, error)) {
       e->eager = true;
       e->reason = "the backward cannot be built: " + error;

@@ -259,12 +259,15 @@ std::vector<OpDef> composite_ops() {
         return x;
       },
       {"torch.clamp", "torch.clip", "Tensor.clamp", "Tensor.clip"}));
-  // torch's clamp backward with Python-number bounds: the gradient where min < x < max, zero at
-  // the bounds themselves, outside them and at NaN (maximum and minimum would halve it at a tie).
+  // torch's clamp backward with Python-number bounds: the gradient where min < x < max, zero
+  // outside and at NaN; at the bounds themselves torch 2.11 passes it and 2.14 does not
+  // (torch_facts()). maximum and minimum would halve it there.
   ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
     Node* x = n->inputs[0];
     Node* inside = nullptr;
-    for (const auto& [key, cmp] : {std::pair<const char*, const char*>{"min", "gt"}, {"max", "lt"}}) {
+    const bool at_bounds = torch_facts().clamp_gradient_at_bounds;
+    for (const auto& [key, cmp] : {std::pair<const char*, const char*>{"min", at_bounds ? "ge" : "gt"},
+                                   {"max", at_bounds ? "le" : "lt"}}) {
       if (!n->attrs.find(key)) continue;
       Node* ok = g.must_add(cmp, {x, g.scalar(n->attrs.get_float(key), DType::Float64)});
       inside = inside ? g.must_add("logical_and", {inside, ok}) : ok;

@@ -100,6 +100,11 @@ std::string Schema::str() const {
   return out + ")";
 }
 
+TorchFacts& torch_facts() {
+  static TorchFacts facts;
+  return facts;
+}
+
 namespace {
 struct Registry {
   std::map<std::string, OpDef> ops;

@@ -190,6 +190,14 @@ std::vector<OpDef> random_ops();
 OpDef extern_op(const std::string& name, const std::string& schema, const std::string& aten, InferFn infer,
                 std::vector<std::string> python);
 
+// What kiln's entries must match that differs between the torch versions kiln supports, found
+// out by running torch once per process (bind/runtime: kiln/_torch_kernels.py) before a graph
+// that needs it is built.
+struct TorchFacts {
+  bool clamp_gradient_at_bounds = false;  // clamp(x, lo, hi)'s gradient at x == lo or hi: 1, else 0
+};
+TorchFacts& torch_facts();
+
 // The derivative of an op that torch's own kernel `aten` computes (a convolution, a pooling,
 // attention): per input that needs one, an `aten_vjp` node that the runtime answers by calling
 // the kernel again with grad on and asking torch's autograd for that input's gradient.
