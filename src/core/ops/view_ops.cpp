@@ -425,15 +425,35 @@ std::vector<OpDef> view_ops() {
     return r;
   };
   slice.python = {"torch.ops.aten.slice.Tensor"};
-  // The gradient between zeros, at the slice's window (steps of one; a strided slice's would
-  // interleave zeros, and has no derivative yet).
+  // The gradient between zeros, at the slice's window. A step s > 1 first interleaves s - 1
+  // zeros after each element (each gradient with its zeros along a new dim, then the two dims
+  // merged) and cuts what runs past the input's end.
   slice.derivative = [](Graph& g, Node* n, Node* grad) {
     const TensorMeta& x = n->inputs[0]->meta;
     int64_t d = n->attrs.get_int("dim");
     std::string err;
     if (!wrap_dim(d, x.dim(), err)) throw std::runtime_error(err);
-    if (n->attrs.get_int("step", 1) != 1) throw std::runtime_error("no derivative for slice with a step other than 1");
-    auto [start, len] = slice_window(x.sizes[static_cast<size_t>(d)], n->attrs);
+    const size_t dd = static_cast<size_t>(d);
+    auto [start, len] = slice_window(x.sizes[dd], n->attrs);
+    const int64_t step = n->attrs.get_int("step", 1);
+    if (step != 1) {
+      auto have = len.as_const(), room = (x.sizes[dd] - start).as_const();
+      if (!have || !room) throw std::runtime_error("no derivative for a strided slice of a symbolic size");
+      Attrs at;
+      at.set("dim", d + 1);
+      Node* column = g.must_add("unsqueeze", {grad}, at);
+      Node* spread = g.must_add("cat", {column, grad_ops::zeros_along(g, column->meta, d + 1, Expr(step - 1))}, at);
+      std::vector<Expr> sizes = grad->meta.sizes;
+      sizes[dd] = Expr(*have * step);
+      grad = grad_ops::reshape(g, spread, sizes);
+      if (*have * step > *room) {
+        Attrs cut;
+        cut.set("dim", d);
+        cut.set("start", Expr(0));
+        cut.set("end", Expr(*room));
+        grad = g.must_add("slice", {grad}, cut);
+      }
+    }
     return std::vector<Node*>{grad_ops::pad_along(g, grad, x, d, start)};
   };
   ops.push_back(slice);
