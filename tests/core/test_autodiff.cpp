@@ -224,7 +224,7 @@ TEST(Autodiff, ReductionsAndViews) {
 }
 
 // Slices, selects and cats (split heads, rotate_half, chunk): the gradient goes back to the
-// window each took; a strided slice is named as not covered.
+// window each took, a strided slice's to every step-th element of it.
 TEST(Autodiff, SlicesSelectsAndCats) {
   check_gradients({{4, 6}}, [&](ir::Graph& g, const std::vector<ir::Node*>& x) {
     ir::Attrs lo, hi, sel, cat;
@@ -241,7 +241,15 @@ TEST(Autodiff, SlicesSelectsAndCats) {
     ir::Node* rotated = add(g, "cat", {add(g, "neg", {b}), a}, cat);  // rotate_half
     return std::vector<ir::Node*>{add(g, "mul", {rotated, x[0]}), add(g, "sin", {add(g, "select", {x[0]}, sel)})};
   });
-  expect_not_differentiable("slice", {8}, test::A({{"dim", int64_t(0)}, {"step", int64_t(2)}}));
+  check_gradients({{7, 5}}, [&](ir::Graph& g, const std::vector<ir::Node*>& x) {
+    ir::Attrs every3, odd;
+    every3.set("dim", int64_t(0));
+    every3.set("step", int64_t(3));
+    odd.set("dim", int64_t(1));
+    odd.set("start", int64_t(1));
+    odd.set("step", int64_t(2));
+    return std::vector<ir::Node*>{add(g, "sin", {add(g, "slice", {x[0]}, every3)}), add(g, "exp", {add(g, "slice", {x[0]}, odd)})};
+  });
 }
 
 // A value used twice accumulates; a float32 input of a float64 computation gets a float32
