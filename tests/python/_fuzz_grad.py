@@ -19,6 +19,8 @@ import kiln
 
 
 def _flat(x, acc):
+    """The tensors in x by position, repeats kept (_fuzz._tensors_in keeps each object once, and
+    eager and kiln need not hand back the same object twice where they do)."""
     if isinstance(x, torch.Tensor):
         acc.append(x)
     elif isinstance(x, (tuple, list)):

@@ -109,7 +109,6 @@ struct ExternPlan {
   // A torch_call's registered call: its in-place form where the graph lets it update an input
   // where it lies (passes::reinplace_input_updates), resolved once here rather than per call.
   const TorchCall* call = nullptr;
-  bool vjp = false;  // aten_vjp: `op` is the kernel whose input gradient the node asks for
   // A gradient node (aten_vjp, or a torch_call with `vjp_input`): the nodes made for one
   // forward call share `vjp_group`; the first of them to run computes the gradients of every
   // input in `vjp_wanted` (the group's nodes this program kept) from one forward and one
@@ -467,7 +466,6 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
       }
     }
     ExternPlan plan{handle, ops::find_op(vjp ? e.attrs.get_str("of") : e.op)};
-    plan.vjp = vjp;
     if (!handle) plan.call = &torch_call(static_cast<int>(e.attrs.get_int(e.attrs.get_bool("in_place") ? "inplace_fn" : "fn")));
     else plan.result = static_cast<size_t>(e.attrs.get_int("result", 0));
     plan.vjp_input = e.attrs.get_int("vjp_input", -1);

@@ -902,6 +902,7 @@ std::vector<LaunchChoice> launch_candidates(const loop::Program& p, const Kernel
   for (const Stage& st : k.stages)
     if (!st.vars.empty()) rowwise = true, known = known && sym::product(st.ranges).as_const().has_value();
   if (!known) return out;  // sized at run time: the launch is fixed before the sizes are known
+  if (rowwise && plan_columns(p, k).columns) return out;  // the column plan takes no launch choice
   if (rowwise) {
     // A row per warp (4 warps a block), or a row per block of 64 to 1024 threads.
     out.push_back(LaunchChoice{0, 1, true});
