@@ -261,6 +261,16 @@ def test_explain_shows_the_backward_and_what_is_saved():
     assert "Backward graph 0" in str(e)
 
 
+def test_remainder_of_a_number_by_a_tensor_raises_in_backward_as_in_eager():
+    f = lambda x: (2.0 % x).sum()  # noqa: E731  (torch's remainder.Scalar_Tensor has no derivative)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = kiln.compile(f)(rand(3, low=0.5))
+    with pytest.raises(RuntimeError, match="derivative for aten::remainder is not implemented"):
+        out.backward()
+
+
 def test_an_op_without_a_derivative_runs_eagerly_with_its_name():
     import warnings
     f = lambda x: x.prod(1)  # noqa: E731  (prod has no derivative yet)

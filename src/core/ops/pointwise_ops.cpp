@@ -462,6 +462,9 @@ std::vector<OpDef> pointwise_ops() {
     // (floor_divide has none in torch either: its backward raises there, so the call runs eagerly).
     if (d.name == "remainder")
       d.derivative = [](Graph& g, Node* n, Node* grad) {
+        // A Python number by a tensor (2.0 % x) is torch's remainder.Scalar_Tensor, which has no
+        // derivative: the call runs eagerly and eager's backward raises.
+        if (n->inputs[0]->op->name == "scalar") throw std::runtime_error("no derivative for remainder of a number by a tensor");
         Attrs floor;
         floor.set("rounding_mode", std::string("floor"));
         Node* q = g.must_add("div", {n->inputs[0], n->inputs[1]}, floor);
