@@ -582,6 +582,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   if (const OpBinding* b = function_binding(f))
     if (VarPtr r = call_op(*b, args, kwargs)) return r;  // else a call the entry leaves to torch
   if (VarPtr r = call_rule(fn, args, kwargs)) return r;  // call_rules.cpp: by the callee object
+  if (VarPtr r = optimizer_method(fn, args, kwargs)) return r;  // optimizers.cpp: torch.optim's steps
   // ---- by category ----
   if (PyExceptionClass_Check(f) && !PyType_HasFeature(reinterpret_cast<PyTypeObject*>(f), Py_TPFLAGS_HEAPTYPE)) {
     // ValueError("...") with Python values: made now, as eager makes it (raised, or caught)

@@ -124,6 +124,14 @@ struct CaptureResult {
   std::unique_ptr<ir::Graph> graph;
   std::vector<SourcePtr> input_sources;  // one per graph placeholder
   std::vector<SourcePtr> scalar_sources;  // one per Graph::scalar_symbols entry (a Python int)
+  // One per Graph::scalar_inputs entry, read at every call: a Python float at `source`, or
+  // (`counter`) the value of a 0-d CPU tensor there, an optimizer's step count, which the
+  // runtime increments by one after the graph ran, as the optimizer's step does.
+  struct ScalarInput {
+    SourcePtr source;
+    bool counter = false;
+  };
+  std::vector<ScalarInput> scalar_inputs;
   // Where each guard symbol's value is read at run time, for symbolic ints handed out (Int
   // specs): an input's dim, or a scalar source. Empty when no spec needs them.
   struct SymbolSource {

@@ -418,6 +418,16 @@ class Interpreter {
   // where it lies when nothing else reads its old value (passes::reinplace_input_updates).
   void offer_in_place(const VarPtr& result, const VarPtr& target, PyObject* inplace_fn);
 
+  // ---- torch.optim (optimizers.cpp) ----
+  // opt.step() of SGD / Adam / AdamW and opt.zero_grad(): their update math as graph nodes,
+  // written back into the parameters and state. nullptr: `fn` is not such a method.
+  VarPtr optimizer_method(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs);
+  VarPtr optimizer_zero_grad(PyObject* self, const SourcePtr& self_src, std::vector<VarPtr>& args, KwArgs& kwargs);
+  void optimizer_step(PyObject* self, const SourcePtr& self_src, bool sgd, bool adamw);
+  // A Python float (or, `counter`, a 0-d CPU tensor's value) at `src`, read at each call: a
+  // scalar_input node (one per source), its type guarded rather than its value.
+  ir::Node* scalar_input(const SourcePtr& src, bool counter);
+
   // The results' sizes and strides (each result's sizes then strides, in order) as expressions in
   // the size symbols of the inputs, found by probing the operator on meta tensors at other
   // values of the symbols (sym::fit_multilinear). nullopt: the inputs have no symbols, or the
@@ -554,6 +564,7 @@ class Interpreter {
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded
   std::unordered_set<const ir::Node*> needs_grad_;  // root: nodes autograd would track
   std::vector<AttrStore> attr_stores_;  // root: the attribute-store log, in program order
+  std::vector<ir::Node*> scalar_input_nodes_;  // root: per CaptureResult::scalar_inputs entry, its node
   const DynamicDims* dynamic_ = nullptr;  // root: which input dims get size symbols
   std::vector<std::pair<int64_t, sym::Expr>> duck_;  // root: size -> its symbol (equal sizes share one)
 

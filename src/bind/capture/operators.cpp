@@ -17,7 +17,7 @@ void Interpreter::check_inplace_target(const VarPtr& a, const std::string& what)
   // after it (write_back). Every read of the input shares this tracker, so later reads see the
   // update; another input sharing its memory would not, so capture and guards refuse that.
   Interpreter* r = root();
-  if (r->needs_grad_.count(n))
+  if (r->needs_grad_.count(n) && r->grad_mode_)
     unsupported("in-place " + what + " on an input that requires grad: kiln does not build backward graphs yet");
   {
     // The write-back is a copy into the input: an input whose elements share memory (an
@@ -61,6 +61,7 @@ void Interpreter::write_back(const std::vector<std::pair<size_t, ir::Node*>>& mu
     const int index = static_cast<int>(it - outs.begin());
     if (it == outs.end()) outs.push_back(value);
     out_.writebacks.emplace_back(static_cast<int>(input), index);
+    g_->input_updates.emplace_back(static_cast<int>(input), index);
     written_back_[value] = input;
     mutated[input] = true;
   }

@@ -1,4 +1,6 @@
 #include "bind/guards/source.h"
+
+#include <cstdio>
 #include "bind/interrupts.h"
 
 #include "bind/python_objects.h"
@@ -53,10 +55,19 @@ SourcePtr Source::key_of(SourcePtr base, PyObject* key) {
   Py_INCREF(key);
   s->key = key;
   s->base = std::move(base);
-  PyObject* r = PyObject_Repr(key);
-  s->name = r ? PyUnicode_AsUTF8(r) : "?";
-  Py_XDECREF(r);
-  clear_error();
+  if (PyUnicode_Check(key) || PyLong_Check(key) || PyFloat_Check(key) || key == Py_None || PyTuple_Check(key)) {
+    PyObject* r = PyObject_Repr(key);
+    s->name = r ? PyUnicode_AsUTF8(r) : "?";
+    Py_XDECREF(r);
+    clear_error();
+  } else {
+    // An object keyed by identity (a parameter in an optimizer's state): its repr may be long,
+    // slow (a tensor's values) and equal for distinct keys; the source holds the key, so its
+    // address names it.
+    char addr[32];
+    std::snprintf(addr, sizeof addr, "%p", static_cast<void*>(key));
+    s->name = std::string("<") + Py_TYPE(key)->tp_name + " at " + addr + ">";
+  }
   return s;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -245,6 +246,12 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     if (!e->capture.guards.symbols().empty()) {
       e->eager = true;  // build_entry captures again with static sizes
       e->reason = "shape-generic graphs run through compiled kernels only";
+      return e;
+    }
+    if (e->capture.graph->scalar_inputs > 0) {
+      e->eager = true;
+      e->reason = "eager backend: Python floats read per call (an optimizer's step) run through compiled kernels only";
+      record_explain(*e, name);
       return e;
     }
     e->torch_program = prepare_torch_program(*e->capture.graph, error);
@@ -745,6 +752,20 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
     Py_XDECREF(v);
   }
   if (walked) bound.fetched->release();
+  // Python floats read per call (a learning rate), as doubles after the ints; a counter (an
+  // optimizer's step count in a 0-d CPU tensor) is kept to be incremented after the graph.
+  std::vector<PyObject*> counters;
+  for (size_t i = 0; ok && i < e.capture.scalar_inputs.size(); ++i) {
+    const CaptureResult::ScalarInput& in = e.capture.scalar_inputs[i];
+    PyObject* v = eval_source(*in.source, fv);
+    double d = 0;
+    ok = v && (in.counter ? cpu_scalar_value(v, d) : (d = PyFloat_AsDouble(v), !PyErr_Occurred()));
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    scalars.push_back(bits);
+    if (ok && in.counter) counters.push_back(v);
+    else Py_XDECREF(v);
+  }
   // Every size symbol's value, where a symbolic int is handed out (a counter stored back)
   std::vector<int64_t> symbol_values;
   for (size_t i = 0; ok && i < e.capture.symbol_sources.size(); ++i) {
@@ -779,6 +800,8 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
     // In-place updates of inputs, into the caller's tensors, before anything reads them.
     for (const auto& [input, output] : e.capture.writebacks)
       if (ran && !copy_into(inputs[input], outs[output])) ran = false;
+    for (PyObject* c : counters)
+      if (ran && !add_one_in_place(c)) ran = false;
     if (ran) {
       std::vector<PyObject*> memo(static_cast<size_t>(e.capture.output_memo_slots), nullptr);
       if (e.capture.graph_break) result = run_break(e, outs, fv);
@@ -790,6 +813,7 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
     PyErr_SetString(PyExc_RuntimeError, "kiln: an input of a compiled graph vanished between guard and use");
   }
   for (size_t i = 0; i < fetched; ++i) Py_XDECREF(inputs[i]);
+  for (PyObject* c : counters) Py_DECREF(c);
   return result;
 }
 

@@ -122,6 +122,8 @@ std::string cuda_graph_refusal(const pipeline::CompiledGraph& cg, const Prepared
   for (const loop::Output& o : p.outputs)
     if (o.input_alias >= 0) return "an output is an input";
   if (p.steps.empty()) return "nothing runs on the GPU";
+  // A recording would keep the values of the capture's call (a learning rate a scheduler changes).
+  if (p.scalar_args > 0) return "it reads Python floats at each call (kernel arguments a recording would freeze)";
   return "";
 }
 

@@ -325,6 +325,7 @@ struct PreparedProgram {
   std::vector<int> slot_of;  // per buffer: the reuse slot it lives in, or -1
   bool has_cuda = false;
   PyObject* raw_stream_fn = nullptr;  // torch._C._cuda_getCurrentRawStream
+  std::vector<std::vector<int>> kernel_scalar_args;  // per kernel: the scalar arguments a CUDA launch passes
 };
 
 namespace {
@@ -454,6 +455,7 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
     if (read) prep->moved_inputs.push_back(i);
   }
   if (!prep->symbolic) resolve(cg, SymbolValues{&p.symbols, {}}, prep->fixed);
+  for (const loop::Kernel& k : p.kernels) prep->kernel_scalar_args.push_back(loop::scalar_args_of(p, k));
   for (const loop::Extern& e : p.externs) {
     std::optional<c10::OperatorHandle> handle;
     const bool vjp = e.op == "aten_vjp";  // the gradient of a registry op's kernel (torch_call_op.cpp)
@@ -565,8 +567,11 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         const pipeline::CompiledKernel& ck = cg.kernels[st.index];
         args.clear();
         for (int b : k.buffers) args.push_back(prep.slot_of[b] >= 0 ? slots[prep.slot_of[b]].data_ptr() : ptrs[b]);
+        // Scalar arguments (doubles) follow the int symbols' values in `scalars`.
+        const int64_t* scalar_args = p.scalar_args > 0 ? scalars + p.scalar_symbols.size() : nullptr;
         if (ck.cpu_fn) {
           if (prep.symbolic) args.push_back(const_cast<int64_t*>(rs.symbols.values.data()));
+          if (scalar_args) args.push_back(const_cast<int64_t*>(scalar_args));
           GilRelease unlocked;  // other Python threads run while the kernel does
           ck.cpu_fn(args.data());
           return true;
@@ -574,6 +579,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         std::vector<void*> argp;
         for (void*& a : args) argp.push_back(&a);
         for (const int64_t& v : rs.symbols.values) argp.push_back(const_cast<int64_t*>(&v));
+        for (int i : prep.kernel_scalar_args[st.index]) argp.push_back(const_cast<int64_t*>(scalar_args + i));
         std::string err;
         if (!compile::cuda_launch(ck.cuda_fn, rs.grids[st.index], 1, 1, ck.block, 1, 1, 0, stream, argp.data(), err)) {
           PyErr_SetString(PyExc_RuntimeError, ("kiln: kernel launch failed: " + err).c_str());

@@ -107,14 +107,50 @@ bool copy_into(PyObject* dst, PyObject* src) {
     // Already there: an update the executor made in place (another tensor object over the
     // same elements, as a CUDA graph's outputs are).
     if (d.data_ptr() == s.data_ptr() && d.device() == s.device() && d.dtype() == s.dtype() &&
-        d.sizes().equals(s.sizes()) && d.strides().equals(s.strides()))
+        d.sizes().equals(s.sizes()) && d.strides().equals(s.strides())) {
+      if (!d.is_inference()) d.unsafeGetTensorImpl()->bump_version();  // as torch's in-place op would
       return true;
+    }
+    // Capture refuses in-place updates autograd would see; one it took under no_grad (an
+    // optimizer's update of a parameter) is no_grad's copy here too.
+    at::AutoGradMode no_grad(false);
     d.copy_(s);
     return true;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return false;
   }
+}
+
+namespace {
+const at::Tensor* cpu_scalar(PyObject* obj) {
+  if (!THPVariable_Check(obj)) return nullptr;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (t.dim() != 0 || !t.device().is_cpu() || (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble)) return nullptr;
+  return &t;
+}
+}  // namespace
+
+bool cpu_scalar_value(PyObject* obj, double& out) {
+  const at::Tensor* t = cpu_scalar(obj);
+  if (!t) {
+    PyErr_SetString(PyExc_RuntimeError, "kiln: a step count is no longer a 0-d floating CPU tensor");
+    return false;
+  }
+  out = t->scalar_type() == at::kFloat ? static_cast<double>(*t->const_data_ptr<float>()) : *t->const_data_ptr<double>();
+  return true;
+}
+
+bool add_one_in_place(PyObject* obj) {
+  const at::Tensor* t = cpu_scalar(obj);
+  if (!t) {
+    PyErr_SetString(PyExc_RuntimeError, "kiln: a step count is no longer a 0-d floating CPU tensor");
+    return false;
+  }
+  if (t->scalar_type() == at::kFloat) *t->mutable_data_ptr<float>() += 1.0f;
+  else *t->mutable_data_ptr<double>() += 1.0;
+  if (!t->is_inference()) t->unsafeGetTensorImpl()->bump_version();
+  return true;
 }
 
 bool tensor_info(PyObject* obj, TensorInfo& out, std::string& why) {

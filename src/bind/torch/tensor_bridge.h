@@ -74,6 +74,12 @@ PyObject* detached(PyObject* t);
 // graph). False with a Python error set when torch raises.
 bool copy_into(PyObject* dst, PyObject* src);
 
+// The value of a 0-d floating CPU tensor, read without dispatch (an optimizer's step count);
+// false with a Python error set for anything else.
+bool cpu_scalar_value(PyObject* t, double& out);
+// Adds one to such a tensor in place, bumping its version as torch's add_ does.
+bool add_one_in_place(PyObject* t);
+
 // torch.autocast's state for the device types kiln compiles for: whether it is on, and its dtype.
 struct AutocastState {
   bool cpu = false, cuda = false;

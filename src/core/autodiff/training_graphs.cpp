@@ -55,6 +55,8 @@ bool make_training_graphs(ir::Graph& g, const std::vector<Node*>& wrt, const std
   out.backward = std::move(split.backward);
   out.forward->scalar_symbols = g.scalar_symbols;
   out.backward->scalar_symbols = g.scalar_symbols;
+  out.forward->scalar_inputs = g.scalar_inputs;
+  out.backward->scalar_inputs = g.scalar_inputs;
   out.outputs = jg.forward_outputs;
   out.saved = p.saved.size();
   out.saved_bytes = p.saved_bytes;

@@ -79,6 +79,13 @@ class KernelWriter {
       for (size_t i = 0; i < p_.symbols.size(); ++i)
         out_ += "  const kiln_i64 " + p_.symbols[i].symbol.name() + " = kiln_syms[" + std::to_string(i) + "];\n";
     }
+    // The scalar arguments (Python floats read per call) follow, as one array of double.
+    if (p_.scalar_args > 0) {
+      const size_t at = k_.buffers.size() + (p_.symbols.empty() ? 0 : 1);
+      out_ += "  const double* kiln_scalar_args = (const double*)kiln_args[" + std::to_string(at) + "];\n";
+      for (int i : loop::scalar_args_of(p_, k_))
+        out_ += "  const double " + arg_name(i) + " = kiln_scalar_args[" + std::to_string(i) + "];\n";
+    }
     int64_t outer = const_product(k_.ranges);
     int64_t inner = 1;
     for (const Stage& st : k_.stages)

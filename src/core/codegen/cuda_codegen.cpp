@@ -365,6 +365,7 @@ class CudaKernelWriter {
       out_ += (i ? ", " : "") + cv + ctype(b.dtype) + "* __restrict__ " + b.name;
     }
     for (const loop::SymbolBinding& sb : p_.symbols) out_ += ", const long long " + sb.symbol.name();
+    for (int i : loop::scalar_args_of(p_, k_)) out_ += ", const double " + arg_name(i);
     out_ += ") {\n";
     ScalarEmitter em(p_, out_, [](int acc) { return "acc" + std::to_string(acc); });
     std::string indent = "  ";

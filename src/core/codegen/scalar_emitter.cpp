@@ -134,6 +134,8 @@ std::string store_stmt(const loop::Buffer& b, const std::string& index, const st
   return store_to(b, b.name + "[" + index + "]", value);
 }
 
+std::string arg_name(int64_t index) { return "kiln_scalar" + std::to_string(index); }
+
 std::string ScalarEmitter::emit(SRef r, const std::string& indent) { return expr(r, indent); }
 
 std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
@@ -152,6 +154,7 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
       break;
     }
     case SOp::Index: e = "((" + register_ctype(n.dtype) + ")(" + n.index.c_str() + "))"; break;
+    case SOp::Arg: e = "((" + register_ctype(n.dtype) + ")" + arg_name(n.ival) + ")"; break;
     case SOp::Cast: {
       // float -> int32/int64 -> float: one prelude helper (kiln_through_int32/64), so the CPU
       // compiler cannot fold the pair into a trunc() that keeps -0.0, inf and nan (see preludes).

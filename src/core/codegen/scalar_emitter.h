@@ -14,6 +14,8 @@ std::string ctype(DType t);  // the element type in memory (kiln_half / kiln_bf1
 std::string register_ctype(DType t);  // the type values of `t` are computed in (float for those)
 std::string literal(double fval, int64_t ival, DType t);
 int64_t int_lowest(DType t);
+// The name a kernel gives the program's scalar argument `index` (a double).
+std::string arg_name(int64_t index);
 // `buffer[index] = value;` (a 16-bit float buffer: the value, a float, rounded into its bits).
 std::string store_stmt(const loop::Buffer& buffer, const std::string& index, const std::string& value);
 // `element = value;` for an element of `buffer`'s type held elsewhere (a vector register).

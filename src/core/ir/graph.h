@@ -129,6 +129,13 @@ class Graph {
   // Size symbols that are Python ints the caller passes (a position, a length) rather than the
   // size of an input dim: the runtime hands their values to the program, in this order.
   std::vector<Expr> scalar_symbols;
+  // Python floats the runtime reads at each call (an optimizer's learning rate, which a
+  // scheduler changes every step): scalar_input nodes 0..scalar_inputs-1, passed as doubles
+  // after the int symbols' values.
+  int scalar_inputs = 0;
+  // In-place updates of inputs (graph input, graph output holding its final value): the runtime
+  // makes the input hold that value after the graph; the program may store it there directly.
+  std::vector<std::pair<int, int>> input_updates;
 
  private:
   std::string unique_name(const std::string& base);

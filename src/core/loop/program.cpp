@@ -1,5 +1,7 @@
 #include "core/loop/program.h"
 
+#include <set>
+
 namespace kiln::loop {
 
 Expr Buffer::bytes() const {
@@ -9,6 +11,25 @@ Expr Buffer::bytes() const {
   for (const Expr& s : sizes)
     if (s.is_const(0)) return Expr(0);
   return (span + offset) * Expr(dtype_size(dtype));
+}
+
+std::vector<int> scalar_args_of(const Program& p, const Kernel& k) {
+  std::set<int> used;
+  std::set<SRef> seen;
+  std::vector<SRef> stack;
+  for (const Stage& st : k.stages) {
+    if (st.kind == Stage::Kind::Reduce) stack.push_back(st.value);
+    for (const Store& s : st.stores) stack.push_back(s.value);
+  }
+  while (!stack.empty()) {
+    const SRef r = stack.back();
+    stack.pop_back();
+    if (r < 0 || !seen.insert(r).second) continue;
+    const SNode& n = p.exprs[r];
+    if (n.op == SOp::Arg) used.insert(static_cast<int>(n.ival));
+    stack.insert(stack.end(), {n.a, n.b, n.c});
+  }
+  return {used.begin(), used.end()};
 }
 
 int Program::add_buffer(Buffer b) {

@@ -110,17 +110,27 @@ struct Program {
   // (empty: every size is a constant). Each is read from the first input dim it names.
   std::vector<SymbolBinding> symbols;
   std::vector<Expr> scalar_symbols;  // the graph's Python-int symbols, in the order the runtime passes them
+  // The graph's scalar inputs (Python floats read per call): SOp::Arg 0..scalar_args-1. The
+  // runtime passes their values as doubles right after the int symbols' values.
+  int scalar_args = 0;
   std::vector<Buffer> buffers;
   std::vector<Kernel> kernels;
   std::vector<Extern> externs;
   std::vector<Step> steps;
   std::vector<int> inputs;       // buffer of each graph input
   std::vector<Output> outputs;
+  // Graph inputs the program updates (graph input, graph output holding its new value), as
+  // Graph::input_updates: write_updates_in_place may store such an output into the input.
+  std::vector<std::pair<int, int>> input_updates;
   int num_slots = 0;             // temp allocation slots after reuse planning
   Device device;
 
   int add_buffer(Buffer b);
   std::string str() const;       // readable dump (KILN_DEBUG)
 };
+
+// The scalar arguments (SOp::Arg indices) kernel `k` reads, ascending: a CUDA kernel takes
+// just these as parameters, however many the program has.
+std::vector<int> scalar_args_of(const Program& p, const Kernel& k);
 
 }  // namespace kiln::loop

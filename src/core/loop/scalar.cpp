@@ -16,6 +16,7 @@ const char* sop_name(SOp op) {
     case SOp::Cast: return "cast";
     case SOp::Where: return "where";
     case SOp::Index: return "index";
+    case SOp::Arg: return "arg";
 #define KILN_X(name, str) \
   case SOp::name: return str;
       KILN_SCALAR_UNARY(KILN_X) KILN_SCALAR_BINARY(KILN_X)
@@ -84,6 +85,12 @@ SRef ScalarCtx::size_value(sym::Expr e, DType t) {
   if (auto c = e.as_const()) return constant(static_cast<double>(*c), t);
   SNode n{SOp::Index, t};
   n.index = e;
+  return intern(n);
+}
+
+SRef ScalarCtx::arg(int index, DType t) {
+  SNode n{SOp::Arg, t};
+  n.ival = index;
   return intern(n);
 }
 
@@ -204,6 +211,7 @@ std::string ScalarCtx::str(SRef r) const {
     case SOp::Load: return "buf" + std::to_string(n.buffer) + "[" + n.index.str() + "]";
     case SOp::Acc: return "acc" + std::to_string(n.acc);
     case SOp::Index: return std::string(dtype_name(n.dtype)) + "(" + n.index.str() + ")";
+    case SOp::Arg: return "arg" + std::to_string(n.ival);
     case SOp::Cast: return std::string(dtype_name(n.dtype)) + "(" + str(n.a) + ")";
     case SOp::Where: return "where(" + str(n.a) + ", " + str(n.b) + ", " + str(n.c) + ")";
     default: break;

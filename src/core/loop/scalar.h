@@ -38,6 +38,7 @@ enum class SOp : uint8_t {
   Cast,   // a -> dtype
   Where,  // a ? b : c
   Index,  // the value of `index`, an expression of sizes (a symbolic size as a number), as dtype
+  Arg,    // the program's scalar argument `ival` (a Python float read at each call), as dtype
 #define KILN_X(name, str) name,
   KILN_SCALAR_UNARY(KILN_X) KILN_SCALAR_BINARY(KILN_X)
 #undef KILN_X
@@ -87,6 +88,7 @@ class ScalarCtx {
   SRef binary(SOp op, SRef a, SRef b);  // operands must share a dtype; comparisons give bool
   SRef where(SRef cond, SRef a, SRef b);
   SRef size_value(sym::Expr e, DType t);  // constant when e is
+  SRef arg(int index, DType t);           // scalar argument `index` of the program (Program::scalar_args)
 
   const SNode& operator[](SRef r) const { return nodes_[r]; }
   DType dtype(SRef r) const { return nodes_[r].dtype; }

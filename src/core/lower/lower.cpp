@@ -83,6 +83,8 @@ class Lowering {
     // Python ints as symbols: bound to the values the runtime passes (input -1, by position),
     // unless an input dim has the same symbol (read from it, like any size).
     for (size_t i = 0; i < g_.scalar_symbols.size(); ++i) p_.scalar_symbols.push_back(g_.scalar_symbols[i]);
+    p_.scalar_args = g_.scalar_inputs;
+    p_.input_updates = g_.input_updates;
     for (auto& up : g_.nodes()) {
       const ir::Node* n = up.get();
       if (n->meta.device != ir::TensorMeta{}.device && !n->meta.wrapped_number) p_.device = n->meta.device;
@@ -157,6 +159,12 @@ class Lowering {
     if (op.name == "size_value") {
       DType t = n->meta.dtype;
       SRef c = s_.size_value(n->attrs.get_expr("expr"), t);
+      values_[n] = Value{{}, t, [c](const Exprs&) { return c; }, -1, {}};
+      return true;
+    }
+    if (op.name == "scalar_input") {
+      DType t = n->meta.dtype;
+      SRef c = s_.arg(static_cast<int>(n->attrs.get_int("index")), t);
       values_[n] = Value{{}, t, [c](const Exprs&) { return c; }, -1, {}};
       return true;
     }

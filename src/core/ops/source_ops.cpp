@@ -22,6 +22,14 @@ std::vector<OpDef> source_ops() {
     out.wrapped_number = true;
     return true;
   };
+  // A Python float read at each call rather than guarded (an optimizer's learning rate that a
+  // scheduler changes every step): promoted as a Python number, its value a kernel argument.
+  OpDef si;
+  si.name = "scalar_input";
+  si.schema = Schema::parse("scalar_input(int index, ScalarType dtype)");
+  si.kind = OpKind::Source;
+  si.doc = "a Python float read at each call (the program's scalar argument `index`)";
+  si.infer = sc.infer;
   OpDef sv;
   sv.name = "size_value";
   sv.schema = Schema::parse("size_value(int expr, ScalarType dtype)");
@@ -63,7 +71,7 @@ std::vector<OpDef> source_ops() {
     out.strides = ir::contiguous_strides(out.sizes);
     return true;
   };
-  return {ph, sc, sv, ar, fu};
+  return {ph, sc, si, sv, ar, fu};
 }
 
 }  // namespace kiln::ops

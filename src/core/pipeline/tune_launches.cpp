@@ -53,8 +53,9 @@ LaunchTuning tune_launches(const loop::Program& p, const std::string& header, co
   LaunchTuning out;
   out.choices.assign(p.kernels.size(), LaunchChoice{});
   out.how.assign(p.kernels.size(), "");
-  // Shape-generic programs size their launches at run time: nothing to time at compile time.
-  if (!p.symbols.empty()) return out;
+  // Shape-generic programs size their launches at run time, and scalar arguments are values of
+  // a call: nothing to time at compile time.
+  if (!p.symbols.empty() || p.scalar_args > 0) return out;
   // The winners depend on the GPU, not only its architecture (an H100's and an H200's memory).
   const std::string gpu = arch + "/" + compile::cuda_device_name(device);
   std::vector<Pending> pending;

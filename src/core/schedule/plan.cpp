@@ -254,6 +254,7 @@ void schedule(loop::Program& p) {
   reuse_reduced_values(p);
   order_loops(p);
   collapse_dims(p);
+  write_updates_in_place(p);
   plan_buffers(p);
   name_kernels(p);
 }

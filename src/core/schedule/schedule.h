@@ -13,6 +13,8 @@
 //                     in address order: coalesced on the GPU, vectorized on the CPU.
 //   collapse_dims     merges adjacent loop dims that every access walks contiguously, so a
 //                     pointwise kernel over contiguous tensors is one flat, vectorizable loop.
+//   write_updates_in_place  lets the kernel that computes an update of a graph input store it
+//                     into the input itself where that is what eager's in-place op would do.
 //   plan_buffers      assigns temporaries to shared allocation slots by liveness.
 #pragma once
 #include "core/loop/program.h"
@@ -23,6 +25,7 @@ void fuse_kernels(loop::Program& p);
 void reuse_reduced_values(loop::Program& p);
 void order_loops(loop::Program& p);
 void collapse_dims(loop::Program& p);
+void write_updates_in_place(loop::Program& p);
 void plan_buffers(loop::Program& p);
 void name_kernels(loop::Program& p);
 

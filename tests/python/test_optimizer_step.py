@@ -1,0 +1,182 @@
+"""Training steps whose optimizer step kiln compiles: ``opt.step()`` of torch.optim's SGD, Adam
+and AdamW and ``opt.zero_grad()`` inside a compiled function, against the same step run
+eagerly (torch's foreach implementation). Learning-rate schedulers change the rate every step
+without a recompile."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])]
+
+
+def _model(device):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.GELU(), torch.nn.LayerNorm(24),
+                               torch.nn.Linear(24, 5)).to(device)
+
+
+def _batches(n, device):
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(6, 12, generator=g).to(device), torch.randint(0, 5, (6,), generator=g).to(device)) for _ in range(n)]
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05),
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    "sgd_nesterov_wd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True, weight_decay=1e-2),
+    "sgd_dampening_maximize": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.5, dampening=0.3, maximize=True),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
+    "adam_wd_amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1, amsgrad=True),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
+    "adamw_betas_maximize": lambda p: torch.optim.AdamW(p, lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05, maximize=True),
+}
+
+
+def _run(make_opt, device, compiled, steps=5, scheduler=None, zero_first=False):
+    model = _model(device)
+    opt = make_opt(model.parameters())
+    sched = scheduler(opt) if scheduler else None
+
+    def step(x, y):
+        if zero_first:
+            opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if not zero_first:
+            opt.zero_grad()
+        return loss
+
+    run = kiln.compile(step) if compiled else step
+    losses = []
+    for x, y in _batches(steps, device):
+        losses.append(run(x, y).item())
+        if sched:
+            sched.step()
+    return losses, model, opt
+
+
+def _state_tensors(opt):
+    return [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_compiled_step_equals_eager(name, device):
+    kiln.reset()
+    mine = _run(OPTIMIZERS[name], device, compiled=True)
+    stats = kiln.stats()
+    theirs = _run(OPTIMIZERS[name], device, compiled=False)
+    torch.testing.assert_close(mine[0], theirs[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(list(mine[1].parameters()), list(theirs[1].parameters()), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(_state_tensors(mine[2]), _state_tensors(theirs[2]), rtol=1e-5, atol=1e-6)
+    # zero_grad(set_to_none=True) left no gradient behind
+    assert all(p.grad is None for p in mine[1].parameters())
+    # forward + backward is one graph, the step and zero_grad another (the break is backward()),
+    # and nothing ran eagerly
+    assert stats["graphs_compiled"] == 2, stats
+    assert stats["eager_fallbacks"] == 0, stats["fallback_reasons"]
+    # SGD's first step with dampening makes its momentum buffers eagerly; the next compiles
+    assert stats["recompiles"] == (1 if "dampening" in name else 0), stats["recompile_reasons"]
+
+
+SCHEDULERS = {
+    "step_lr": lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7),
+    "cosine": lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4),
+    # OneCycleLR cycles Adam's beta1 (as momentum) with the rate
+    "one_cycle": lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=10),
+}
+
+
+@pytest.mark.parametrize("sched", sorted(SCHEDULERS))
+def test_lr_schedulers_change_the_rate_without_recompiling(sched):
+    kiln.reset()
+    make = OPTIMIZERS["adamw"]
+    mine = _run(make, "cpu", compiled=True, steps=6, scheduler=SCHEDULERS[sched])
+    stats = kiln.stats()
+    theirs = _run(make, "cpu", compiled=False, steps=6, scheduler=SCHEDULERS[sched])
+    torch.testing.assert_close(mine[0], theirs[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(list(mine[1].parameters()), list(theirs[1].parameters()), rtol=1e-5, atol=1e-6)
+    assert stats["recompiles"] == 0, stats["recompile_reasons"]
+    assert stats["graphs_compiled"] == 2 and stats["eager_fallbacks"] == 0, stats
+
+
+def test_zero_grad_first_and_set_to_none_false():
+    kiln.reset()
+    mine = _run(OPTIMIZERS["sgd_momentum"], "cpu", compiled=True, zero_first=True)
+    theirs = _run(OPTIMIZERS["sgd_momentum"], "cpu", compiled=False, zero_first=True)
+    torch.testing.assert_close(list(mine[1].parameters()), list(theirs[1].parameters()), rtol=1e-5, atol=1e-6)
+
+    model = _model("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads = []
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+        grads.append(p.grad)
+
+    @kiln.compile
+    def clear():
+        opt.zero_grad(set_to_none=False)
+
+    clear()
+    # zeroed in place: the same tensors, now zeros
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads))
+    assert all(bool((g == 0).all()) for g in grads)
+
+
+def test_parameters_without_grad_are_skipped_and_guarded():
+    model = _model("cpu")
+    ref = copy.deepcopy(model)
+    opts = [torch.optim.Adam(m.parameters(), lr=0.01) for m in (model, ref)]
+
+    def step(m, opt, x):
+        m(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    run = kiln.compile(step)
+    x = torch.randn(3, 12)
+    for frozen in (False, True, False):
+        for m in (model, ref):
+            m[0].weight.requires_grad_(not frozen)
+        run(model, opts[0], x)
+        step(ref, opts[1], x)
+        torch.testing.assert_close(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+def test_explain_shows_the_step_as_a_graph():
+    model = _model("cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(x, y):
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    x, y = _batches(1, "cpu")[0]
+    text = str(kiln.explain(step)(x, y))
+    assert "Graph Count: 2" in text and "Graph Break Count: 1" in text, text
+
+
+def test_an_optimizer_with_step_hooks_runs_its_step_eagerly():
+    kiln.reset()
+    model = _model("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    opt.register_step_post_hook(lambda o, a, k: seen.append(1))
+
+    @kiln.compile
+    def step(x):
+        model(x).sum().backward()
+        opt.step()
+
+    step(torch.randn(2, 12))
+    assert seen == [1]
+    assert any("hooks" in r for r in kiln.stats()["fallback_reasons"]), kiln.stats()["fallback_reasons"]
