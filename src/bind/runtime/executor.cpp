@@ -18,6 +18,7 @@
 #include <functional>
 
 #include "bind/capture/torch_call.h"
+#include "core/codegen/cuda_codegen.h"
 #include "core/compile/cuda_driver.h"
 
 namespace kiln::bind {
@@ -326,6 +327,11 @@ struct PreparedProgram {
   bool has_cuda = false;
   PyObject* raw_stream_fn = nullptr;  // torch._C._cuda_getCurrentRawStream
   std::vector<std::vector<int>> kernel_scalar_args;  // per kernel: the scalar arguments a CUDA launch passes
+  // Foreach groups (Program::foreach_groups): per kernel its group or -1, and per group its
+  // table's layout with the extents and block starts filled in (addresses and arguments per call).
+  std::vector<int> group_of;
+  std::vector<codegen::ForeachTable> foreach_layouts;
+  std::vector<std::vector<uint64_t>> foreach_tables;
 };
 
 namespace {
@@ -456,6 +462,17 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
   }
   if (!prep->symbolic) resolve(cg, SymbolValues{&p.symbols, {}}, prep->fixed);
   for (const loop::Kernel& k : p.kernels) prep->kernel_scalar_args.push_back(loop::scalar_args_of(p, k));
+  prep->group_of.assign(p.kernels.size(), -1);
+  for (size_t gi = 0; gi < p.foreach_groups.size(); ++gi) {
+    const loop::ForeachGroup& g = p.foreach_groups[gi];
+    for (int k : g.kernels) prep->group_of[k] = static_cast<int>(gi);
+    codegen::ForeachTable t = codegen::foreach_table(g);
+    std::vector<uint64_t> table(t.slots(), 0);
+    for (size_t m = 0; m < t.members; ++m) table[t.points_slot(m)] = static_cast<uint64_t>(g.points[m]);
+    for (size_t m = 0; m <= t.members; ++m) table[t.start_slot(m)] = static_cast<uint64_t>(t.block_start[m]);
+    prep->foreach_layouts.push_back(std::move(t));
+    prep->foreach_tables.push_back(std::move(table));
+  }
   for (const loop::Extern& e : p.externs) {
     std::optional<c10::OperatorHandle> handle;
     const bool vjp = e.op == "aten_vjp";  // the gradient of a registry op's kernel (torch_call_op.cpp)
@@ -627,9 +644,46 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       tensors[e.output] = std::move(r);
       return true;
     };
+    // A foreach group's members are consecutive steps launched as one kernel at the first:
+    // everything the members write is made before that launch.
+    std::vector<bool> made(p.steps.size(), false);
+    auto make_once = [&](size_t si) {
+      if (!made[si]) made[si] = true, make(si);
+    };
+    auto run_group = [&](int gi) -> bool {
+      const loop::ForeachGroup& g = p.foreach_groups[gi];
+      const codegen::ForeachTable& t = prep.foreach_layouts[gi];
+      std::vector<uint64_t> table = prep.foreach_tables[gi];
+      const int64_t* scalar_args = p.scalar_args > 0 ? scalars + p.scalar_symbols.size() : nullptr;
+      for (size_t m = 0; m < t.members; ++m) {
+        for (size_t j = 0; j < t.buffers; ++j) {
+          const int b = g.buffers[m][j];
+          table[t.buffer_slot(m, j)] = reinterpret_cast<uint64_t>(prep.slot_of[b] >= 0 ? slots[prep.slot_of[b]].data_ptr() : ptrs[b]);
+        }
+        for (size_t j = 0; j < t.args; ++j) table[t.arg_slot(m, j)] = static_cast<uint64_t>(scalar_args[g.args[m][j]]);
+      }
+      const pipeline::CompiledKernel& ck = cg.foreach[gi];
+      void* argp[1] = {table.data()};
+      std::string err;
+      if (!compile::cuda_launch(ck.cuda_fn, ck.grid, 1, 1, ck.block, 1, 1, 0, stream, argp, err)) {
+        PyErr_SetString(PyExc_RuntimeError, ("kiln: kernel launch failed: " + err).c_str());
+        return false;
+      }
+      return true;
+    };
     for (size_t si = 0; si < p.steps.size(); ++si) {
-      make(si);
-      if (!run_step(p.steps[si])) return false;
+      make_once(si);
+      const loop::Step& st = p.steps[si];
+      const int gi = st.kind == loop::Step::Kind::Kernel ? prep.group_of[st.index] : -1;
+      if (gi >= 0) {
+        const loop::ForeachGroup& g = p.foreach_groups[gi];
+        if (g.kernels[0] == st.index) {
+          for (size_t m = 1; m < g.kernels.size() && si + m < p.steps.size(); ++m) make_once(si + m);
+          if (!run_group(gi)) return false;
+        }
+      } else if (!run_step(st)) {
+        return false;
+      }
       drop(si);
     }
     make(p.steps.size());  // outputs no step writes

@@ -35,9 +35,27 @@ struct LaunchChoice {
 struct CudaSource {
   std::string source;                // the whole translation unit (for reading and dumps)
   std::vector<CudaLaunch> launches;  // one per kernel, in Program::kernels order
+  // One per Program::foreach_groups entry: its kernel's text and launch (block; grid: the
+  // members' blocks). Its one parameter is the table ForeachTable describes.
+  std::vector<std::string> foreach_kernels;
+  std::vector<CudaLaunch> foreach_launches;
   std::string header;                // what every kernel needs: the prelude, the index type
   std::vector<std::string> kernels;  // each kernel's own text, in Program::kernels order
 };
+
+// A foreach group's kernel reads one parameter, a table of 8-byte slots: per member its buffers'
+// addresses, then per member its scalar arguments (doubles), then per member its flat extent,
+// then the first block of each member and the total (int64).
+struct ForeachTable {
+  size_t members = 0, buffers = 0, args = 0;
+  std::vector<int64_t> block_start;  // members + 1 entries
+  size_t slots() const { return members * (buffers + args + 2) + 1; }
+  size_t buffer_slot(size_t m, size_t j) const { return m * buffers + j; }
+  size_t arg_slot(size_t m, size_t j) const { return members * buffers + m * args + j; }
+  size_t points_slot(size_t m) const { return members * (buffers + args) + m; }
+  size_t start_slot(size_t m) const { return members * (buffers + args + 1) + m; }
+};
+ForeachTable foreach_table(const loop::ForeachGroup& g);
 
 // `choices`: per kernel (Program::kernels order), or empty for the heuristics' launches.
 CudaSource generate_cuda(const loop::Program& p, const std::vector<LaunchChoice>& choices = {});

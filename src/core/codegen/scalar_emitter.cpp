@@ -134,6 +134,19 @@ std::string store_stmt(const loop::Buffer& b, const std::string& index, const st
   return store_to(b, b.name + "[" + index + "]", value);
 }
 
+void replace_identifier(std::string& text, const std::string& from, const std::string& to) {
+  auto identifier_char = [](char c) { return isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
+    const size_t end = at + from.size();
+    if ((end == text.size() || !identifier_char(text[end])) && (at == 0 || !identifier_char(text[at - 1]))) {
+      text.replace(at, from.size(), to);
+      at += to.size();
+    } else {
+      at = end;
+    }
+  }
+}
+
 std::string arg_name(int64_t index) { return "kiln_scalar" + std::to_string(index); }
 
 std::string ScalarEmitter::emit(SRef r, const std::string& indent) { return expr(r, indent); }

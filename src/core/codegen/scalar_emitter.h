@@ -14,6 +14,8 @@ std::string ctype(DType t);  // the element type in memory (kiln_half / kiln_bf1
 std::string register_ctype(DType t);  // the type values of `t` are computed in (float for those)
 std::string literal(double fval, int64_t ival, DType t);
 int64_t int_lowest(DType t);
+// Replaces the identifier `from` (whole words only) by `to` in generated code.
+void replace_identifier(std::string& text, const std::string& from, const std::string& to);
 // The name a kernel gives the program's scalar argument `index` (a double).
 std::string arg_name(int64_t index);
 // `buffer[index] = value;` (a 16-bit float buffer: the value, a float, rounded into its bits).

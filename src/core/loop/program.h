@@ -104,6 +104,18 @@ struct SymbolBinding {
   int dim = 0;
 };
 
+// Kernels that compute the same thing over other buffers (one parameter's optimizer update and
+// the next one's): flat pointwise kernels, each over its own contiguous buffers, launched as one
+// kernel over a table of their buffers and scalar arguments, as torch's multi-tensor kernels are.
+// Members are consecutive steps that do not read what an earlier member writes.
+struct ForeachGroup {
+  std::string name;
+  std::vector<int> kernels;               // members, in step order
+  std::vector<std::vector<int>> buffers;  // per member: its buffers, in the shared body's order
+  std::vector<std::vector<int>> args;     // per member: its scalar arguments, in the body's order
+  std::vector<int64_t> points;            // per member: its flat extent
+};
+
 struct Program {
   ScalarCtx exprs;
   // The size symbols of a shape-generic program, in the order kernels receive their values
@@ -122,6 +134,7 @@ struct Program {
   // Graph inputs the program updates (graph input, graph output holding its new value), as
   // Graph::input_updates: write_updates_in_place may store such an output into the input.
   std::vector<std::pair<int, int>> input_updates;
+  std::vector<ForeachGroup> foreach_groups;  // CUDA programs: kernels launched together
   int num_slots = 0;             // temp allocation slots after reuse planning
   Device device;
 

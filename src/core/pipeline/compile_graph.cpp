@@ -10,6 +10,7 @@
 
 #include "core/codegen/cpp_codegen.h"
 #include "core/codegen/cuda_codegen.h"
+#include "core/codegen/scalar_emitter.h"
 #include "core/compile/nvrtc.h"
 #include "core/pipeline/cuda_units.h"
 #include "core/pipeline/tune_launches.h"
@@ -50,11 +51,21 @@ bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, c
                         std::string& error) {
   std::vector<std::string> units;
   std::unordered_map<std::string, size_t> index;
-  for (size_t i = 0; i < p.kernels.size(); ++i) {
-    std::string unit = canonical_unit(cs.header, cs.kernels[i], p, p.kernels[i]);
+  std::vector<bool> grouped(p.kernels.size(), false);  // launched by its foreach group: not compiled alone
+  for (const loop::ForeachGroup& g : p.foreach_groups)
+    for (int k : g.kernels) grouped[k] = true;
+  auto add_unit = [&](std::string unit) {
     auto [it, fresh] = index.emplace(unit, units.size());
     if (fresh) units.push_back(std::move(unit));
-    unit_of.push_back(it->second);
+    return it->second;
+  };
+  for (size_t i = 0; i < p.kernels.size(); ++i)
+    unit_of.push_back(grouped[i] ? SIZE_MAX : add_unit(canonical_unit(cs.header, cs.kernels[i], p, p.kernels[i])));
+  for (size_t i = 0; i < p.foreach_groups.size(); ++i) {
+    std::string text = cs.foreach_kernels[i];
+    codegen::replace_identifier(text, p.foreach_groups[i].name, kUnitKernelName);
+    codegen::replace_identifier(text, p.foreach_groups[i].name + "_table", "kiln_unit_table");
+    unit_of.push_back(add_unit(cs.header + text));
   }
   const auto started = std::chrono::steady_clock::now();
   size_t threads = 1;
@@ -70,7 +81,9 @@ bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, c
     }
     std::string slow_kernels;  // which kernels the slowest unit holds: where NVRTC's time went
     for (size_t i = 0; i < unit_of.size(); ++i)
-      if (unit_of[i] == slowest) slow_kernels += (slow_kernels.empty() ? "" : ", ") + p.kernels[i].name;
+      if (unit_of[i] == slowest)
+        slow_kernels += (slow_kernels.empty() ? "" : ", ") +
+                        (i < p.kernels.size() ? p.kernels[i].name : p.foreach_groups[i - p.kernels.size()].name);
     log("timing", name_hint + ": NVRTC " + ms(seconds_since(started)) + " for " + std::to_string(p.kernels.size()) +
                       " kernels in " + std::to_string(units.size()) + " units (" + std::to_string(hits) +
                       " from disk) on " + std::to_string(threads) + " threads; summed " + ms(total) +
@@ -231,12 +244,24 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
     debug_dump(options.name + ".kernels.cu", out.source);
     std::vector<size_t> unit_of;  // per kernel: the translation unit it was compiled in
     if (!compile_cuda_units(cs, p, arch, options.name, unit_of, out, error)) return false;
-    for (size_t i = 0; i < p.kernels.size(); ++i) {
+    for (size_t i = 0; i < p.kernels.size() + p.foreach_groups.size(); ++i) {
+      const bool group = i >= p.kernels.size();
       CompiledKernel ck;
-      ck.name = p.kernels[i].name;
+      ck.name = group ? p.foreach_groups[i - p.kernels.size()].name : p.kernels[i].name;
       ck.source = kernel_source(out.source, ck.name);
-      ck.cuda_fn = out.cuda_modules[unit_of[i]]->function(kUnitKernelName, error);
-      if (!ck.cuda_fn) return false;
+      if (group) {
+        const codegen::CudaLaunch& l = cs.foreach_launches[i - p.kernels.size()];
+        ck.cuda_fn = out.cuda_modules[unit_of[i]]->function(kUnitKernelName, error);
+        if (!ck.cuda_fn) return false;
+        ck.grid = l.grid;
+        ck.block = l.block;
+        out.foreach.push_back(ck);
+        continue;
+      }
+      if (unit_of[i] != SIZE_MAX) {
+        ck.cuda_fn = out.cuda_modules[unit_of[i]]->function(kUnitKernelName, error);
+        if (!ck.cuda_fn) return false;
+      }
       ck.grid = cs.launches[i].grid;
       ck.block = cs.launches[i].block;
       if (i < tuning.how.size()) ck.tuned = tuning.how[i];

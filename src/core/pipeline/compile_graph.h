@@ -48,6 +48,7 @@ struct CompiledGraph {
   std::string source;            // the whole generated translation unit
   std::string source_path;       // where it lies on disk
   std::vector<CompiledKernel> kernels;
+  std::vector<CompiledKernel> foreach;  // one per Program::foreach_groups entry (its members have no cuda_fn)
   int (*take_error)() = nullptr;  // CPU: reports (and clears) an integer division by zero
   std::shared_ptr<compile::SharedLibrary> library;
   std::vector<std::shared_ptr<compile::CudaModule>> cuda_modules;  // one per distinct kernel

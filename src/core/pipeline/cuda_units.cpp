@@ -1,29 +1,15 @@
 #include "core/pipeline/cuda_units.h"
 
+#include "core/codegen/scalar_emitter.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <thread>
 
 namespace kiln::pipeline {
-namespace {
 
-bool identifier_char(char c) { return isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-
-// Replaces the identifier `from` (whole words only) by `to`.
-void replace_identifier(std::string& text, const std::string& from, const std::string& to) {
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
-    const size_t end = at + from.size();
-    if ((end == text.size() || !identifier_char(text[end])) && (at == 0 || !identifier_char(text[at - 1]))) {
-      text.replace(at, from.size(), to);
-      at += to.size();
-    } else {
-      at = end;
-    }
-  }
-}
-
-}  // namespace
+using codegen::replace_identifier;
 
 std::string canonical_unit(const std::string& header, std::string text, const loop::Program& p,
                            const loop::Kernel& k) {

@@ -16,6 +16,8 @@
 //   write_updates_in_place  lets the kernel that computes an update of a graph input store it
 //                     into the input itself where that is what eager's in-place op would do.
 //   plan_buffers      assigns temporaries to shared allocation slots by liveness.
+//   group_foreach     (GPU) groups consecutive flat pointwise kernels that compute the same
+//                     thing over other buffers into one launch (Program::foreach_groups).
 #pragma once
 #include "core/loop/program.h"
 
@@ -28,6 +30,7 @@ void collapse_dims(loop::Program& p);
 void write_updates_in_place(loop::Program& p);
 void plan_buffers(loop::Program& p);
 void name_kernels(loop::Program& p);
+void group_foreach(loop::Program& p);
 
 // All of the above, in order.
 void schedule(loop::Program& p);
