@@ -573,7 +573,13 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
 
     void* stream = nullptr;
     if (prep.has_cuda) {
-      stream = current_stream(prep, p.device.index < 0 ? 0 : p.device.index);
+      const int device = p.device.index < 0 ? 0 : p.device.index;
+      std::string err;
+      if (!compile::cuda_make_current(device, err)) {
+        PyErr_SetString(PyExc_RuntimeError, ("kiln: " + err).c_str());
+        return false;
+      }
+      stream = current_stream(prep, device);
       if (!stream && PyErr_Occurred()) return false;
     }
 

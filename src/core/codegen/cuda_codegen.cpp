@@ -948,11 +948,12 @@ std::string foreach_kernel(const loop::Program& p, const loop::ForeachGroup& g, 
   ScalarEmitter em(p, body, [](int acc) { return "acc" + std::to_string(acc); });
   const std::string indent = "    ";
   std::set<int> stored;
-  for (const loop::Store& s : k.stages[0].stores) {
-    std::string v = em.emit(s.value, indent);
-    body += indent + store_stmt(p.buffers[s.buffer], s.index.c_str(), v) + "\n";
-    stored.insert(s.buffer);
-  }
+  for (const Stage& st : k.stages)
+    for (const loop::Store& s : st.stores) {
+      std::string v = em.emit(s.value, indent);
+      body += indent + store_stmt(p.buffers[s.buffer], s.index.c_str(), v) + "\n";
+      stored.insert(s.buffer);
+    }
   for (size_t j = 0; j < t.buffers; ++j) replace_identifier(body, p.buffers[g.buffers[0][j]].name, "kiln_fb" + std::to_string(j));
   for (size_t j = 0; j < t.args; ++j) replace_identifier(body, arg_name(g.args[0][j]), "kiln_fs" + std::to_string(j));
   replace_identifier(body, k.vars[0].c_str(), "kiln_x");

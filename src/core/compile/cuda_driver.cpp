@@ -266,6 +266,15 @@ void* CudaModule::function(const std::string& name, std::string& error) const {
   return fn;
 }
 
+bool cuda_make_current(int device, std::string& error) {
+  const Driver& d = driver();
+  if (!d.handle) {
+    error = d.error;
+    return false;
+  }
+  return ensure_context(d, device, error);
+}
+
 bool cuda_launch(void* fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
                  unsigned block_y, unsigned block_z, unsigned shared_bytes, void* stream,
                  void** args, std::string& error) {

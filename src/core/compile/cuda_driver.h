@@ -32,6 +32,10 @@ class CudaModule {
 
 // Launches `fn` on `stream` (a CUstream, 0 for the legacy default stream). `args` is the usual
 // array of pointers to each kernel argument. Returns false and fills `error` on failure.
+// Makes a context of `device` current on the calling thread (torch's, or the primary one):
+// autograd runs a backward on a device thread of its own, where none may be current yet.
+bool cuda_make_current(int device, std::string& error);
+
 bool cuda_launch(void* fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
                  unsigned block_y, unsigned block_z, unsigned shared_bytes, void* stream,
                  void** args, std::string& error);

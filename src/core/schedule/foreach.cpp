@@ -30,8 +30,9 @@ struct Canonical {
 };
 
 bool canonical(const loop::Program& p, const Kernel& k, Canonical& c) {
-  if (k.stages.size() != 1 || k.stages[0].kind != Stage::Kind::Loop || !k.stages[0].vars.empty() || k.vars.size() != 1)
-    return false;
+  if (k.vars.size() != 1) return false;
+  for (const Stage& st : k.stages)
+    if (st.kind != Stage::Kind::Loop || !st.vars.empty()) return false;
   auto n = k.ranges[0].as_const();
   if (!n || *n <= 0) return false;
   c.points = *n;
@@ -80,12 +81,13 @@ bool canonical(const loop::Program& p, const Kernel& k, Canonical& c) {
     c.text += ")";
     seen.emplace(r, static_cast<int>(seen.size()));
   };
-  for (const loop::Store& st : k.stages[0].stores) {
-    walk(st.value);
-    if (!(st.index == x)) ok = false;
-    c.writes.insert(st.buffer);
-    c.text += "->b" + buffer(st.buffer) + ";";
-  }
+  for (const Stage& stage : k.stages)
+    for (const loop::Store& st : stage.stores) {
+      walk(st.value);
+      if (!(st.index == x)) ok = false;
+      c.writes.insert(st.buffer);
+      c.text += "->b" + buffer(st.buffer) + ";";
+    }
   return ok;
 }
 

@@ -87,10 +87,14 @@ void write_updates_in_place(loop::Program& p) {
     }
     if (!ok || writer < 0) continue;
     const Kernel& k = p.kernels[p.steps[writer].index];
-    if (k.stages.size() != 1 || k.stages[0].kind != Stage::Kind::Loop || !k.stages[0].vars.empty()) continue;
+    std::vector<loop::Store> stores;  // a pointwise kernel's stores, in order, whatever stage holds them
+    for (const Stage& st : k.stages) {
+      ok &= st.kind == Stage::Kind::Loop && st.vars.empty();
+      stores.insert(stores.end(), st.stores.begin(), st.stores.end());
+    }
+    if (!ok) continue;
     // Within the kernel: each point reads the input only where it writes it, and every such read
     // is made before the store (by this store's value or an earlier one's, held in a register).
-    const auto& stores = k.stages[0].stores;
     size_t at = 0;
     while (stores[at].buffer != bo) ++at;
     std::set<SRef> seen, before, after;
