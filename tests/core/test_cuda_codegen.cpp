@@ -349,9 +349,10 @@ TEST(CudaCodegen, ColumnReductionsGiveLanesNeighbouringOutputs) {
   EXPECT_EQ(cuda_source_of(g).find("kiln_col"), std::string::npos);
 }
 
-// An optimizer-style update of three parameters of different sizes, with a learning rate read
-// per call (a scalar input): each update is stored into its parameter (write_updates_in_place),
-// and the three kernels become one foreach launch over a table, which must compile.
+// An optimizer-style update of parameters of several sizes, with a learning rate read per call
+// (a scalar input): each update is stored into its parameter (write_updates_in_place), and the
+// kernels become one foreach launch over a table, which must compile. The two parameters of 77
+// elements are fused into one kernel: a second variant of the group's body.
 TEST(CudaCodegen, ForeachUpdatesOfParametersCompileAsOneGroup) {
   use_wheel_nvrtc();
   std::string why;
@@ -363,14 +364,14 @@ TEST(CudaCodegen, ForeachUpdatesOfParametersCompileAsOneGroup) {
   ir::Node* lr = g.must_add("scalar_input", {}, lr_attrs);
   g.scalar_inputs = 1;
   std::vector<ir::Node*> params, grads;
-  for (int64_t n : {300, 77, 4096}) {
-    params.push_back(g.placeholder("p" + std::to_string(n), cuda_meta(DType::Float32, {n})));
-    grads.push_back(g.placeholder("g" + std::to_string(n), cuda_meta(DType::Float32, {n})));
+  for (int64_t n : {300, 77, 77, 4096}) {
+    params.push_back(g.placeholder("p" + std::to_string(params.size()), cuda_meta(DType::Float32, {n})));
+    grads.push_back(g.placeholder("g" + std::to_string(grads.size()), cuda_meta(DType::Float32, {n})));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     ir::Node* step = g.must_add("mul", {grads[i], g.must_add("neg", {lr})});
     g.outputs().push_back(g.must_add("add", {params[i], step}));
-    g.input_updates.emplace_back(static_cast<int>(2 * i), static_cast<int>(i));
+    g.input_updates.emplace_back(static_cast<int>(2 * i), static_cast<int>(i));  // p_i is input 2i
   }
   pipeline::run_graph_passes(g);
   loop::Program p;
@@ -378,10 +379,13 @@ TEST(CudaCodegen, ForeachUpdatesOfParametersCompileAsOneGroup) {
   ASSERT_TRUE(lower::lower_graph(g, p, err)) << err;
   schedule::schedule(p);
   ASSERT_EQ(p.kernels.size(), 3u) << p.str();
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(p.outputs[i].view.buffer, p.inputs[2 * i]) << p.str();
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(p.outputs[i].view.buffer, p.inputs[2 * i]) << p.str();
   ASSERT_EQ(p.foreach_groups.size(), 1u) << p.str();
-  EXPECT_EQ(p.foreach_groups[0].kernels.size(), 3u);
-  EXPECT_EQ(p.foreach_groups[0].points, (std::vector<int64_t>{300, 77, 4096}));
+  const loop::ForeachGroup& fg = p.foreach_groups[0];
+  EXPECT_EQ(fg.kernels.size(), 3u);
+  EXPECT_EQ(fg.points, (std::vector<int64_t>{300, 77, 4096}));
+  EXPECT_EQ(fg.variant, (std::vector<int>{0, 1, 0}));
+  EXPECT_EQ(fg.buffers[1].size(), 4u);  // two parameters and their gradients
   codegen::CudaSource src = codegen::generate_cuda(p);
   ASSERT_EQ(src.foreach_kernels.size(), 1u);
   EXPECT_EQ(src.foreach_launches[0].grid, 2u + 1u + 16u);

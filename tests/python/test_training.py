@@ -508,6 +508,40 @@ def test_llama_under_bf16_autocast_trains_in_one_graph_like_eager(device):
         assert (a.grad - b.grad).norm() <= 3e-2 * b.grad.norm() + 1e-6, n
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse_loss", "nll_loss"])
+def test_a_loss_under_cuda_autocast_is_in_the_graph_in_float32(loss):
+    # torch's CUDA autocast computes these losses in float32 (cross_entropy through log_softmax
+    # and nll_loss, both on its float32 list): kiln casts their inputs so, inside the graph
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).cuda()
+    x = torch.randn(4, 16, device="cuda")
+    target = torch.randint(0, 8, (4,), device="cuda") if loss != "mse_loss" else torch.randn(4, 8, device="cuda")
+    fn = getattr(F, loss)
+
+    def step(m):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = m(x)
+            if loss == "nll_loss":
+                out = out.log_softmax(-1)
+            value = fn(out, target)
+        value.backward()
+        return value.detach()
+
+    eager = copy.deepcopy(model)
+    before = _counters()
+    mine = kiln.compile(step)(model)
+    after = _counters()
+    # one graph with a backward, the loss in it: the only break is backward() itself
+    assert after == (before[0] + 1, before[1], before[2] + 1), kiln.stats()["fallback_reasons"]
+    theirs = step(eager)
+    assert mine.dtype == theirs.dtype == torch.float32
+    torch.testing.assert_close(mine, theirs, rtol=2e-2, atol=2e-2)
+    for a, b in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=3e-2, atol=3e-2)
+
+
 # --- torch.utils.checkpoint --------------------------------------------------------------------
 
 def test_checkpoint_recomputes_its_region_in_the_backward():

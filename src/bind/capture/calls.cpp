@@ -1,4 +1,6 @@
 #include "bind/capture/interpreter.h"
+
+#include <array>
 #include "core/support/log.h"
 #include "core/sym/fit.h"
 #include "bind/interrupts.h"
@@ -1315,6 +1317,26 @@ void Interpreter::offer_in_place(const VarPtr& result, const VarPtr& target, PyO
   call->attrs.set("inplace_fn", static_cast<int64_t>(register_inplace_variant(static_cast<int>(call->attrs.get_int("fn")), inplace_fn)));
 }
 
+// Losses in the float32 list of torch's CUDA autocast (aten/src/ATen/autocast_mode.cpp) that kiln
+// runs as torch calls: {CUDA policy, CPU policy} by the function object. CPU autocast casts some
+// of their parts and not others: not taken there.
+static const ops::AutocastPolicy* loss_autocast_policy(PyObject* f) {
+  static const std::unordered_map<PyObject*, std::array<ops::AutocastPolicy, 2>> table = [] {
+    std::unordered_map<PyObject*, std::array<ops::AutocastPolicy, 2>> m;
+    for (const char* name : {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
+                             "binary_cross_entropy_with_logits", "poisson_nll_loss", "margin_ranking_loss",
+                             "soft_margin_loss", "hinge_embedding_loss", "cosine_embedding_loss", "multi_margin_loss",
+                             "multilabel_margin_loss", "triplet_margin_loss"}) {
+      PyObject* fn = object_at(std::string("torch.nn.functional.") + name);
+      if (fn) m.emplace(fn, std::array<ops::AutocastPolicy, 2>{ops::AutocastPolicy::Float32, ops::AutocastPolicy::Unknown});
+      clear_error();
+    }
+    return m;
+  }();
+  auto it = table.find(f);
+  return it == table.end() ? nullptr : it->second.data();
+}
+
 VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   // F.relu6(x, inplace=True) and the other functions with an `inplace` parameter: the call out
   // of place, then the input takes the result (as a registry op's inplace=True does). Left in
@@ -1409,7 +1431,13 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // (add_node refuses them).
   bool cast_as_entry = false;
   if (root()->autocast_.any() && !inputs.empty()) {
-    if (const OpBinding* b = function_binding(f)) {
+    if (const ops::AutocastPolicy* p = loss_autocast_policy(f)) {
+      // a loss torch's CUDA autocast computes in float32 (its own kernel, or log_softmax and
+      // nll_loss for cross_entropy, both on that list): its floating inputs cast to float32
+      ir::Attrs unused;
+      autocast_inputs(p[0], p[1], name, inputs, unused);
+      cast_as_entry = true;
+    } else if (const OpBinding* b = function_binding(f)) {
       const bool cuda = inputs.front()->meta.device.type == DeviceType::CUDA;
       const ops::AutocastPolicy p = cuda ? b->op->autocast_cuda : b->op->autocast_cpu;
       cast_as_entry = p == ops::AutocastPolicy::None || p == ops::AutocastPolicy::LowerPrecision ||

@@ -385,6 +385,12 @@ void Interpreter::push(VarPtr v) { stack_.push_back(std::move(v)); }
 VarPtr& Interpreter::peek(size_t i) { return stack_[stack_.size() - i]; }
 
 void Interpreter::autocast_inputs(const ops::OpDef* op, std::vector<ir::Node*>& inputs, ir::Attrs& attrs) {
+  autocast_inputs(op->autocast_cuda, op->autocast_cpu,
+                  op->kind == ops::OpKind::Extern && attrs.has("target") ? attrs.get_str("target") : op->name, inputs, attrs);
+}
+
+void Interpreter::autocast_inputs(ops::AutocastPolicy cuda, ops::AutocastPolicy cpu, const std::string& what,
+                                  std::vector<ir::Node*>& inputs, ir::Attrs& attrs) {
   const ir::Node* first = nullptr;
   for (ir::Node* n : inputs)
     if (n && !n->meta.wrapped_number) {
@@ -400,7 +406,7 @@ void Interpreter::autocast_inputs(const ops::OpDef* op, std::vector<ir::Node*>& 
     return n && !n->meta.wrapped_number && is_floating(n->meta.dtype) && n->meta.dtype != DType::Float64 &&
            n->meta.device.type == device;
   };
-  const ops::AutocastPolicy policy = device == DeviceType::CUDA ? op->autocast_cuda : op->autocast_cpu;
+  const ops::AutocastPolicy policy = device == DeviceType::CUDA ? cuda : cpu;
   auto cast_all = [&](DType to) {
     for (ir::Node*& n : inputs)
       if (eligible(n) && n->meta.dtype != to) {
@@ -418,8 +424,7 @@ void Interpreter::autocast_inputs(const ops::OpDef* op, std::vector<ir::Node*>& 
       return;
     case ops::AutocastPolicy::Unknown:
       if (std::any_of(inputs.begin(), inputs.end(), eligible))
-        unsupported("under torch.autocast, " + (op->kind == ops::OpKind::Extern && attrs.has("target") ? attrs.get_str("target") : op->name) +
-                    " on floating tensors is not captured yet (kiln does not know autocast's cast for it)");
+        unsupported("under torch.autocast, " + what + " on floating tensors is not captured yet (kiln does not know autocast's cast for it)");
       return;
   }
 }

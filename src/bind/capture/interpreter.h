@@ -116,6 +116,8 @@ class Interpreter {
   // become convert nodes on its inputs, or a dtype argument; an op whose policy kiln does not
   // know stops capture when it has floating inputs.
   void autocast_inputs(const ops::OpDef* op, std::vector<ir::Node*>& inputs, ir::Attrs& attrs);
+  void autocast_inputs(ops::AutocastPolicy cuda, ops::AutocastPolicy cpu, const std::string& what,
+                       std::vector<ir::Node*>& inputs, ir::Attrs& attrs);
 
   ir::Node* as_node(const VarPtr& v, const char* what);
 

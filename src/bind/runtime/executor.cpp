@@ -469,6 +469,7 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
     codegen::ForeachTable t = codegen::foreach_table(g);
     std::vector<uint64_t> table(t.slots(), 0);
     for (size_t m = 0; m < t.members; ++m) table[t.points_slot(m)] = static_cast<uint64_t>(g.points[m]);
+    for (size_t m = 0; m < t.members; ++m) table[t.variant_slot(m)] = static_cast<uint64_t>(g.variant[m]);
     for (size_t m = 0; m <= t.members; ++m) table[t.start_slot(m)] = static_cast<uint64_t>(t.block_start[m]);
     prep->foreach_layouts.push_back(std::move(t));
     prep->foreach_tables.push_back(std::move(table));
@@ -662,11 +663,11 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       std::vector<uint64_t> table = prep.foreach_tables[gi];
       const int64_t* scalar_args = p.scalar_args > 0 ? scalars + p.scalar_symbols.size() : nullptr;
       for (size_t m = 0; m < t.members; ++m) {
-        for (size_t j = 0; j < t.buffers; ++j) {
+        for (size_t j = 0; j < g.buffers[m].size(); ++j) {
           const int b = g.buffers[m][j];
           table[t.buffer_slot(m, j)] = reinterpret_cast<uint64_t>(prep.slot_of[b] >= 0 ? slots[prep.slot_of[b]].data_ptr() : ptrs[b]);
         }
-        for (size_t j = 0; j < t.args; ++j) table[t.arg_slot(m, j)] = static_cast<uint64_t>(scalar_args[g.args[m][j]]);
+        for (size_t j = 0; j < g.args[m].size(); ++j) table[t.arg_slot(m, j)] = static_cast<uint64_t>(scalar_args[g.args[m][j]]);
       }
       const pipeline::CompiledKernel& ck = cg.foreach[gi];
       void* argp[1] = {table.data()};

@@ -923,8 +923,8 @@ constexpr unsigned kForeachBlock = 256;
 ForeachTable foreach_table(const loop::ForeachGroup& g) {
   ForeachTable t;
   t.members = g.kernels.size();
-  t.buffers = g.buffers.empty() ? 0 : g.buffers[0].size();
-  t.args = g.args.empty() ? 0 : g.args[0].size();
+  for (const auto& b : g.buffers) t.buffers = std::max(t.buffers, b.size());
+  for (const auto& a : g.args) t.args = std::max(t.args, a.size());
   int64_t start = 0;
   for (int64_t n : g.points) {
     t.block_start.push_back(start);
@@ -936,31 +936,19 @@ ForeachTable foreach_table(const loop::ForeachGroup& g) {
 
 namespace {
 
-// The first member's body, its buffers, scalar arguments and loop variable renamed to the
-// table's entries of the member a block works for; each member's blocks stride over its extent.
+// Each variant's body (its first member's kernel), its buffers, scalar arguments and loop
+// variable renamed to the table's entries of the member a block works for; each member's blocks
+// stride over its extent.
 std::string foreach_kernel(const loop::Program& p, const loop::ForeachGroup& g, CudaLaunch& l) {
   const ForeachTable t = foreach_table(g);
-  const Kernel& k = p.kernels[g.kernels[0]];
   l.name = g.name;
   l.block = kForeachBlock;
   l.grid = static_cast<unsigned>(t.block_start.back());
-  std::string body;
-  ScalarEmitter em(p, body, [](int acc) { return "acc" + std::to_string(acc); });
-  const std::string indent = "    ";
-  std::set<int> stored;
-  for (const Stage& st : k.stages)
-    for (const loop::Store& s : st.stores) {
-      std::string v = em.emit(s.value, indent);
-      body += indent + store_stmt(p.buffers[s.buffer], s.index.c_str(), v) + "\n";
-      stored.insert(s.buffer);
-    }
-  for (size_t j = 0; j < t.buffers; ++j) replace_identifier(body, p.buffers[g.buffers[0][j]].name, "kiln_fb" + std::to_string(j));
-  for (size_t j = 0; j < t.args; ++j) replace_identifier(body, arg_name(g.args[0][j]), "kiln_fs" + std::to_string(j));
-  replace_identifier(body, k.vars[0].c_str(), "kiln_x");
   const std::string M = std::to_string(t.members), NB = std::to_string(t.buffers), NA = std::to_string(t.args);
   const std::string args0 = std::to_string(t.arg_slot(0, 0)), points0 = std::to_string(t.points_slot(0)),
-                    start0 = std::to_string(t.start_slot(0));
-  std::string out = "// " + g.name + ": " + M + " kernels like " + k.name + " in one launch, over a table of their buffers\n";
+                    start0 = std::to_string(t.start_slot(0)), variant0 = std::to_string(t.variant_slot(0));
+  const Kernel& first = p.kernels[g.kernels[0]];
+  std::string out = "// " + g.name + ": " + M + " kernels like " + first.name + " in one launch, over a table of their buffers\n";
   out += "struct " + g.name + "_table { unsigned long long v[" + std::to_string(t.slots()) + "]; };\n";
   out += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kForeachBlock) + ") " + g.name +
          "(const __grid_constant__ " + g.name + "_table kiln_fe) {\n";
@@ -970,19 +958,39 @@ std::string foreach_kernel(const loop::Program& p, const loop::ForeachGroup& g, 
   out += "  const long long kiln_n = (long long)kiln_v[" + points0 + " + kiln_t];\n";
   out += "  const long long kiln_first = (long long)kiln_v[" + start0 + " + kiln_t];\n";
   out += "  const long long kiln_blocks = (long long)kiln_v[" + start0 + " + kiln_t + 1] - kiln_first;\n";
-  for (size_t j = 0; j < t.buffers; ++j) {
-    const loop::Buffer& b = p.buffers[g.buffers[0][j]];
-    const std::string cv = stored.count(b.id) ? "" : "const ";
-    out += "  " + cv + ctype(b.dtype) + "* __restrict__ kiln_fb" + std::to_string(j) + " = (" + cv + ctype(b.dtype) +
-           "*)kiln_v[kiln_t * " + NB + " + " + std::to_string(j) + "];\n";
+  out += "  const long long kiln_variant = (long long)kiln_v[" + variant0 + " + kiln_t];\n";
+  for (size_t v = 0; v < g.variant_member.size(); ++v) {
+    const size_t m = static_cast<size_t>(g.variant_member[v]);
+    const Kernel& k = p.kernels[g.kernels[m]];
+    std::string body;
+    ScalarEmitter em(p, body, [](int acc) { return "acc" + std::to_string(acc); });
+    const std::string indent = "      ";
+    std::set<int> stored;
+    for (const Stage& st : k.stages)
+      for (const loop::Store& s : st.stores) {
+        std::string val = em.emit(s.value, indent);
+        body += indent + store_stmt(p.buffers[s.buffer], s.index.c_str(), val) + "\n";
+        stored.insert(s.buffer);
+      }
+    for (size_t j = 0; j < g.buffers[m].size(); ++j) replace_identifier(body, p.buffers[g.buffers[m][j]].name, "kiln_fb" + std::to_string(j));
+    for (size_t j = 0; j < g.args[m].size(); ++j) replace_identifier(body, arg_name(g.args[m][j]), "kiln_fs" + std::to_string(j));
+    replace_identifier(body, k.vars[0].c_str(), "kiln_x");
+    out += "  " + std::string(v ? "else " : "") + "if (kiln_variant == " + std::to_string(v) + ") {\n";
+    for (size_t j = 0; j < g.buffers[m].size(); ++j) {
+      const loop::Buffer& b = p.buffers[g.buffers[m][j]];
+      const std::string cv = stored.count(b.id) ? "" : "const ";
+      out += "    " + cv + ctype(b.dtype) + "* __restrict__ kiln_fb" + std::to_string(j) + " = (" + cv + ctype(b.dtype) +
+             "*)kiln_v[kiln_t * " + NB + " + " + std::to_string(j) + "];\n";
+    }
+    for (size_t j = 0; j < g.args[m].size(); ++j)
+      out += "    const double kiln_fs" + std::to_string(j) + " = __longlong_as_double((long long)kiln_v[" + args0 +
+             " + kiln_t * " + NA + " + " + std::to_string(j) + "]);\n";
+    out += "    for (long long kiln_x = ((long long)blockIdx.x - kiln_first) * " + std::to_string(kForeachBlock) +
+           " + threadIdx.x; kiln_x < kiln_n; kiln_x += kiln_blocks * " + std::to_string(kForeachBlock) + ") {\n";
+    out += body;
+    out += "    }\n  }\n";
   }
-  for (size_t j = 0; j < t.args; ++j)
-    out += "  const double kiln_fs" + std::to_string(j) + " = __longlong_as_double((long long)kiln_v[" + args0 + " + kiln_t * " +
-           NA + " + " + std::to_string(j) + "]);\n";
-  out += "  for (long long kiln_x = ((long long)blockIdx.x - kiln_first) * " + std::to_string(kForeachBlock) +
-         " + threadIdx.x; kiln_x < kiln_n; kiln_x += kiln_blocks * " + std::to_string(kForeachBlock) + ") {\n";
-  out += body;
-  out += "  }\n}\n\n";
+  out += "}\n\n";
   return out;
 }
 

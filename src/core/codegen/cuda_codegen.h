@@ -45,15 +45,17 @@ struct CudaSource {
 
 // A foreach group's kernel reads one parameter, a table of 8-byte slots: per member its buffers'
 // addresses, then per member its scalar arguments (doubles), then per member its flat extent,
-// then the first block of each member and the total (int64).
+// then per member its variant, then the first block of each member and the total (int64).
+// `buffers` and `args` are the most any member has.
 struct ForeachTable {
   size_t members = 0, buffers = 0, args = 0;
   std::vector<int64_t> block_start;  // members + 1 entries
-  size_t slots() const { return members * (buffers + args + 2) + 1; }
+  size_t slots() const { return members * (buffers + args + 3) + 1; }
   size_t buffer_slot(size_t m, size_t j) const { return m * buffers + j; }
   size_t arg_slot(size_t m, size_t j) const { return members * buffers + m * args + j; }
   size_t points_slot(size_t m) const { return members * (buffers + args) + m; }
-  size_t start_slot(size_t m) const { return members * (buffers + args + 1) + m; }
+  size_t variant_slot(size_t m) const { return members * (buffers + args + 1) + m; }
+  size_t start_slot(size_t m) const { return members * (buffers + args + 2) + m; }
 };
 ForeachTable foreach_table(const loop::ForeachGroup& g);
 

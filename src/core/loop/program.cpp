@@ -88,7 +88,13 @@ std::string Program::str() const {
   s += "outputs:";
   for (const Output& o : outputs)
     s += o.input_alias >= 0 ? " input" + std::to_string(o.input_alias) : " " + buffers[o.view.buffer].name;
-  return s + "\n";
+  s += "\n";
+  for (const ForeachGroup& g : foreach_groups) {
+    s += "foreach " + g.name + ":";
+    for (int k : g.kernels) s += " " + kernels[k].name;
+    s += "\n";
+  }
+  return s;
 }
 
 }  // namespace kiln::loop

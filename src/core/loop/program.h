@@ -104,16 +104,20 @@ struct SymbolBinding {
   int dim = 0;
 };
 
-// Kernels that compute the same thing over other buffers (one parameter's optimizer update and
-// the next one's): flat pointwise kernels, each over its own contiguous buffers, launched as one
-// kernel over a table of their buffers and scalar arguments, as torch's multi-tensor kernels are.
-// Members are consecutive steps that do not read what an earlier member writes.
+// Flat pointwise kernels, each over its own contiguous buffers, launched as one kernel over a
+// table of their buffers and scalar arguments, as torch's multi-tensor kernels are (one
+// parameter's optimizer update and the next one's). Members whose bodies are the same once
+// their buffers and arguments are numbered by first use share a variant: the kernel holds each
+// variant's body once (two parameters of one shape that fusion put in one kernel are a variant
+// of their own). Members are consecutive steps that do not read what an earlier member writes.
 struct ForeachGroup {
   std::string name;
   std::vector<int> kernels;               // members, in step order
-  std::vector<std::vector<int>> buffers;  // per member: its buffers, in the shared body's order
-  std::vector<std::vector<int>> args;     // per member: its scalar arguments, in the body's order
+  std::vector<std::vector<int>> buffers;  // per member: its buffers, in its variant's body order
+  std::vector<std::vector<int>> args;     // per member: its scalar arguments, in that order
   std::vector<int64_t> points;            // per member: its flat extent
+  std::vector<int> variant;               // per member: its variant
+  std::vector<int> variant_member;        // per variant: the first member that has it (its body)
 };
 
 struct Program {

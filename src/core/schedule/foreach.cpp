@@ -2,9 +2,13 @@
 // every parameter: after fusion, one kernel per parameter, each reading and writing that
 // parameter's buffers. On the GPU each would be a launch of its own (hundreds per step); torch's
 // foreach kernels instead cover many tensors per launch from a table of pointers. group_foreach
-// finds such kernels, consecutive in the program, whose bodies are the same once their buffers
-// and scalar arguments are numbered in order of use, and records them as one ForeachGroup; the
-// CUDA generator writes the shared body once, over a table, and the executor launches it once.
+// finds such kernels, consecutive in the program, and records them as one ForeachGroup; kernels
+// whose bodies are the same once their buffers and scalar arguments are numbered in order of use
+// share a variant, whose body the CUDA generator writes once (a few variants per group: fusion
+// puts two parameters of one shape, a LayerNorm's weight and bias, in one kernel of their own),
+// over a table; the executor launches the group once.
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -91,9 +95,11 @@ bool canonical(const loop::Program& p, const Kernel& k, Canonical& c) {
   return ok;
 }
 
-// The kernel parameter table: 8 bytes per member per buffer, argument, extent and block start;
-// kept under the 4 KB that every CUDA version takes as kernel parameters.
+// The kernel parameter table: 8 bytes per member per buffer, argument, extent, variant and
+// block start; kept under the 4 KB that every CUDA version takes as kernel parameters.
 constexpr size_t kTableSlots = 480;
+// Bodies one group's kernel holds.
+constexpr size_t kMaxVariants = 4;
 
 }  // namespace
 
@@ -103,6 +109,8 @@ void group_foreach(loop::Program& p) {
   for (size_t i = 0; i < p.kernels.size(); ++i) flat[i] = canonical(p, p.kernels[i], canon[i]);
   loop::ForeachGroup g;
   std::set<int> written, touched;  // by the group's members so far
+  std::vector<std::string> texts;  // per variant of the group
+  size_t max_buffers = 0, max_args = 0;
   auto close = [&] {
     if (g.kernels.size() >= 2) {
       g.name = "foreach" + std::to_string(p.foreach_groups.size()) + "_" + p.kernels[g.kernels[0]].name;
@@ -111,6 +119,8 @@ void group_foreach(loop::Program& p) {
     g = loop::ForeachGroup{};
     written.clear();
     touched.clear();
+    texts.clear();
+    max_buffers = max_args = 0;
   };
   for (const loop::Step& st : p.steps) {
     if (st.kind != loop::Step::Kind::Kernel || !flat[st.index]) {
@@ -118,12 +128,21 @@ void group_foreach(loop::Program& p) {
       continue;
     }
     const Canonical& c = canon[st.index];
-    bool fits = !g.kernels.empty() && canon[g.kernels[0]].text == c.text;
+    auto variant = [&] { return static_cast<size_t>(std::find(texts.begin(), texts.end(), c.text) - texts.begin()); };
+    bool fits = variant() < texts.size() || texts.size() < kMaxVariants;
     for (int b : c.reads) fits = fits && !written.count(b);
     for (int b : c.writes) fits = fits && !touched.count(b);
-    const size_t per_member = c.buffers.size() + c.args.size() + 2;
+    const size_t per_member = std::max(max_buffers, c.buffers.size()) + std::max(max_args, c.args.size()) + 3;
     fits = fits && (g.kernels.size() + 1) * per_member + 1 <= kTableSlots;
     if (!fits) close();
+    const size_t v = variant();
+    if (v == texts.size()) {
+      texts.push_back(c.text);
+      g.variant_member.push_back(static_cast<int>(g.kernels.size()));
+    }
+    max_buffers = std::max(max_buffers, c.buffers.size());
+    max_args = std::max(max_args, c.args.size());
+    g.variant.push_back(static_cast<int>(v));
     g.kernels.push_back(st.index);
     g.buffers.push_back(c.buffers);
     g.args.push_back(c.args);
