@@ -19,6 +19,7 @@
 
 #include "bind/capture/torch_call.h"
 #include "core/codegen/cuda_codegen.h"
+#include "core/support/log.h"
 #include "core/compile/cuda_driver.h"
 
 namespace kiln::bind {
@@ -288,8 +289,16 @@ std::vector<at::Tensor> kernel_vjp(const c10::OperatorHandle& op, const ops::OpD
 }
 
 // A tensor in the strides its buffer was planned with (kernels index by them): itself, or a copy.
-at::Tensor laid_out(at::Tensor t, const std::vector<int64_t>& strides) {
+// `what`: the extern, named in the "copies" log (KILN_LOGS=copies), which says where a step's
+// copies come from.
+at::Tensor laid_out(at::Tensor t, const std::vector<int64_t>& strides, const loop::Extern& what) {
   if (same_layout(t, strides)) return t;
+  if (log_enabled("copies")) {
+    std::string got, want;
+    for (int64_t s : t.strides()) got += std::to_string(s) + ",";
+    for (int64_t s : strides) want += std::to_string(s) + ",";
+    log("copies", what.op + " " + what.aten + " " + what.attrs.get_str("target", "") + ": strides [" + got + "] laid out as [" + want + "]");
+  }
   at::Tensor laid = at::empty_strided(t.sizes(), strides, t.options());
   laid.copy_(t);
   return laid;
@@ -628,10 +637,10 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         }
         const size_t at = static_cast<size_t>(std::find(plan.vjp_wanted.begin(), plan.vjp_wanted.end(), plan.vjp_input) -
                                               plan.vjp_wanted.begin());
-        r = laid_out(std::move(it->second[at]), views.out_strides);  // in the layout torch's backward chose: copied
+        r = laid_out(std::move(it->second[at]), views.out_strides, e);  // in the layout torch's backward chose: copied
       } else if (!plan.op) {
         if (!run_torch_call(e, *plan.call, views, tensors, rs.sizes[e.output], r)) return false;
-        r = laid_out(std::move(r), views.out_strides);
+        r = laid_out(std::move(r), views.out_strides, e);
       } else {
         torch::jit::Stack stack;
         push_arguments(stack, *plan.def, e.attrs, [&](size_t i) -> c10::IValue {
@@ -645,7 +654,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
           GilRelease unlocked;
           plan.op->callBoxed(&stack);
         }
-        r = laid_out(stack[plan.result].toTensor(), views.out_strides);  // laid out as planned
+        r = laid_out(stack[plan.result].toTensor(), views.out_strides, e);  // laid out as planned
       }
       ptrs[e.output] = r.data_ptr();
       tensors[e.output] = std::move(r);
