@@ -206,3 +206,45 @@ def transposed_cache_write(cache, pos, new):
 def test_an_update_of_a_non_contiguous_input_equals_eager(device):
     cache = torch.randn(6, 5, device=device).t()  # [5, 6] with strides [1, 5]
     _same_effects(transposed_cache_write, cache, torch.tensor([1, 3], device=device), torch.randn(2, 6, device=device))
+
+
+# --- updates stored into the input by the kernel that computes them (write_updates_in_place) ---
+
+def _shifted_update(x):
+    x.add_(torch.roll(x, 1) * 0.5)  # reads neighbours: the store must not overwrite them first
+    return x.sum()
+
+
+def _update_then_read(x, y):
+    x.mul_(2.0)
+    z = torch.cat([x, y]).sum()  # the new value read after the update
+    return z
+
+
+def _read_old_after(x):
+    old = x * 3.0
+    x.add_(1.0)
+    return (old.exp() + x).sum()  # the old value's use may land in a later kernel
+
+
+def _two_updates_one_kernel(a, b, g):
+    a.sub_(g * 0.1)
+    b.mul_(0.9).add_(g, alpha=0.1)
+    return a.sum() + b.sum()
+
+
+def _flipped(x, w):
+    x.copy_(x.flip(0) + w)  # each element written from another one
+    return x
+
+
+@pytest.mark.parametrize("fn,make", [
+    (_shifted_update, lambda: (torch.randn(64),)),
+    (_update_then_read, lambda: (torch.randn(33), torch.randn(7))),
+    (_read_old_after, lambda: (torch.randn(16, 9),)),
+    (_two_updates_one_kernel, lambda: (torch.randn(128), torch.randn(128), torch.randn(128))),
+    (_flipped, lambda: (torch.randn(50), torch.randn(50))),
+], ids=["neighbours", "read_after", "old_value_later", "two_updates", "flipped"])
+def test_updates_stored_in_place_keep_eager_results(fn, make):
+    for _ in range(2):  # the second call runs the cached program
+        _same_effects(fn, *make())
