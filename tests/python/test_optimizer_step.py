@@ -180,3 +180,37 @@ def test_an_optimizer_with_step_hooks_runs_its_step_eagerly():
     step(torch.randn(2, 12))
     assert seen == [1]
     assert any("hooks" in r for r in kiln.stats()["fallback_reasons"]), kiln.stats()["fallback_reasons"]
+
+
+def test_gradient_clipping_over_a_parameters_generator_clips_as_in_eager():
+    # clip_grad_norm_(model.parameters(), ...) makes list() of the generator: capture must not
+    # use the caller's generator up (it would be empty when the call runs after a break)
+    kiln.reset()
+
+    def step(m, opt, x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    model = _model("cpu")
+    ref = copy.deepcopy(model)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, ref)]
+    run = kiln.compile(step)
+    for x, y in _batches(3, "cpu"):
+        run(model, opts[0], x, y)
+        step(ref, opts[1], x, y)
+    torch.testing.assert_close(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+def test_a_caller_generator_is_not_used_up_by_capture():
+    def total(xs, w):
+        items = list(xs)  # a generator of the caller's: list() runs in Python
+        return sum(t * w for t in items)
+
+    w = torch.randn(3)
+    ts = [torch.randn(3) for _ in range(3)]
+    got = kiln.compile(total)((t for t in ts), w)
+    torch.testing.assert_close(got, total((t for t in ts), w))

@@ -721,9 +721,21 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   if (!any_tensor && PyFunction_Check(f)) return inline_call(f, fn->source, std::move(args), kwargs);
   if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
   if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);
+  // An iterator object (a generator the caller made: model.parameters()) would be used up by
+  // the call (list, sum, sorted, ...) here, and then be empty when the code runs for real after
+  // a break: the call runs in Python. Calls that only look at the object are made.
+  static const std::set<PyObject*> looks = [this] {
+    std::set<PyObject*> s;
+    for (const char* n : {"type", "isinstance", "issubclass", "hasattr", "getattr", "callable", "repr", "str"}) s.insert(builtin(n));
+    return s;
+  }();
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
   for (size_t i = 0; i < args.size(); ++i) {
     PyObject* o = const_obj(args[i], "argument");
+    if (PyIter_Check(o) && !looks.count(f)) {
+      Py_DECREF(tuple);
+      unsupported("call to " + name + " would use up an iterator of the caller's (" + Py_TYPE(o)->tp_name + "), so it runs in Python");
+    }
     Py_INCREF(o);
     PyTuple_SET_ITEM(tuple, i, o);
   }
