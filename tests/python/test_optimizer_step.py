@@ -214,3 +214,25 @@ def test_a_caller_generator_is_not_used_up_by_capture():
     ts = [torch.randn(3) for _ in range(3)]
     got = kiln.compile(total)((t for t in ts), w)
     torch.testing.assert_close(got, total((t for t in ts), w))
+
+
+def test_a_whole_step_with_a_grad_scaler_trains_like_eager_and_keeps_the_scaler_real():
+    # GradScaler.scale makes its scale tensor on first use: run as a torch call, its layout probe
+    # on meta tensors left a meta tensor in the scaler. Its methods are inlined like a user's.
+    def step(m, opt, scaler, x, y):
+        loss = F.cross_entropy(m(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        return loss
+
+    model = _model("cpu")
+    ref = copy.deepcopy(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, ref)]
+    scalers = [torch.amp.GradScaler("cpu", init_scale=1024.0) for _ in range(2)]
+    run = kiln.compile(step)
+    for x, y in _batches(4, "cpu"):
+        torch.testing.assert_close(run(model, opts[0], scalers[0], x, y), step(ref, opts[1], scalers[1], x, y))
+    assert scalers[0]._scale.device.type == "cpu" and scalers[0].get_scale() == scalers[1].get_scale()
+    torch.testing.assert_close(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)

@@ -667,7 +667,14 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     }
   }
   if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
-  if (PyMethod_Check(f) && PyFunction_Check(PyMethod_GET_FUNCTION(f)) && !is_torch_internal(PyMethod_GET_FUNCTION(f))) {
+  // A method of one of torch's Python objects that hold state (GradScaler.scale, which makes
+  // its scale on first use) is inlined like a user's: as an extern its layout probe would run it
+  // on meta tensors, for real, leaving meta tensors in the object.
+  const bool stateful_torch_method = PyMethod_Check(f) && PyFunction_Check(PyMethod_GET_FUNCTION(f)) &&
+                                     !is_tensor(PyMethod_GET_SELF(f)) && !is_nn_module(PyMethod_GET_SELF(f)) &&
+                                     !PyModule_Check(PyMethod_GET_SELF(f)) && !PyType_Check(PyMethod_GET_SELF(f));
+  if (PyMethod_Check(f) && PyFunction_Check(PyMethod_GET_FUNCTION(f)) &&
+      (!is_torch_internal(PyMethod_GET_FUNCTION(f)) || stateful_torch_method)) {
     // A bound method of a user object: inline its function with the receiver first.
     static PyObject* environ = object_at("os.environ");
     if (PyMethod_GET_SELF(f) == environ && kwargs.empty()) {
