@@ -2900,8 +2900,13 @@ class DtypeFromParams(nn.Module):
         return self.fc(x).to(self.fc.weight.dtype)
 
 
-def test_next_of_parameters_for_dtype_runs_in_python(no_grad):
-    runs_in_python(DtypeFromParams(), lambda: (torch.randn(4, 8, dtype=torch.float64),), "next")
+def test_next_of_parameters_for_dtype_is_captured(no_grad):
+    # self.parameters() is a list of trackers in torch's order (Interpreter::module_members)
+    model = DtypeFromParams()
+    x = torch.randn(4, 8, dtype=torch.float64)
+    e = kiln.explain(model)(x)
+    assert not e.break_reasons and e.graph_count == 1, _why(e)
+    torch.testing.assert_close(kiln.compile(model)(x), model(x))
 
 
 class KwargForward(nn.Module):

@@ -82,9 +82,11 @@ def test_compiled_step_equals_eager(name, device):
     # forward + backward is one graph, the step and zero_grad another (the break is backward()),
     # and nothing ran eagerly
     assert stats["graphs_compiled"] == 2, stats
-    assert stats["eager_fallbacks"] == 0, stats["fallback_reasons"]
-    # SGD's first step with dampening makes its momentum buffers eagerly; the next compiles
-    assert stats["recompiles"] == (1 if "dampening" in name else 0), stats["recompile_reasons"]
+    # SGD's first step with dampening makes its momentum buffers eagerly (the call runs in
+    # Python, on the GPU as one eager call); the next compiles
+    first_step_eager = "dampening" in name
+    assert stats["eager_fallbacks"] <= (1 if first_step_eager else 0), stats["fallback_reasons"]
+    assert stats["recompiles"] == (1 if first_step_eager else 0), stats["recompile_reasons"]
 
 
 SCHEDULERS = {
@@ -182,27 +184,29 @@ def test_an_optimizer_with_step_hooks_runs_its_step_eagerly():
     assert any("hooks" in r for r in kiln.stats()["fallback_reasons"]), kiln.stats()["fallback_reasons"]
 
 
-def test_gradient_clipping_over_a_parameters_generator_clips_as_in_eager():
-    # clip_grad_norm_(model.parameters(), ...) makes list() of the generator: capture must not
-    # use the caller's generator up (it would be empty when the call runs after a break)
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+def test_gradient_clipping_over_model_parameters_is_in_the_step_graph(norm_type):
+    # clip_grad_norm_(model.parameters(), ...): the gradients' norm and scaling in the same graph
+    # as the optimizer's update
     kiln.reset()
 
     def step(m, opt, x, y):
         loss = F.cross_entropy(m(x), y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+        norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05, norm_type=norm_type)
         opt.step()
         opt.zero_grad()
-        return loss
+        return loss, norm
 
     model = _model("cpu")
     ref = copy.deepcopy(model)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, ref)]
     run = kiln.compile(step)
     for x, y in _batches(3, "cpu"):
-        run(model, opts[0], x, y)
-        step(ref, opts[1], x, y)
+        torch.testing.assert_close(run(model, opts[0], x, y), step(ref, opts[1], x, y), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+    stats = kiln.stats()
+    assert stats["graphs_compiled"] == 2 and stats["eager_fallbacks"] == 0, stats["fallback_reasons"]
 
 
 def test_a_caller_generator_is_not_used_up_by_capture():
@@ -236,3 +240,34 @@ def test_a_whole_step_with_a_grad_scaler_trains_like_eager_and_keeps_the_scaler_
         torch.testing.assert_close(run(model, opts[0], scalers[0], x, y), step(ref, opts[1], scalers[1], x, y))
     assert scalers[0]._scale.device.type == "cpu" and scalers[0].get_scale() == scalers[1].get_scale()
     torch.testing.assert_close(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_param_groups_with_their_own_settings(opt_name):
+    kiln.reset()
+
+    def make(m):
+        groups = [{"params": [m[0].weight, m[0].bias], "lr": 0.02, "weight_decay": 0.0},
+                  {"params": list(m[2].parameters()) + list(m[3].parameters()), "lr": 0.005, "weight_decay": 0.1}]
+        if opt_name == "sgd":
+            return torch.optim.SGD(groups, lr=0.01, momentum=0.9, nesterov=True)
+        return torch.optim.AdamW(groups, lr=0.01, betas=(0.85, 0.99))
+
+    def step(m, opt, x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    model = _model("cpu")
+    ref = copy.deepcopy(model)
+    opts = [make(model), make(ref)]
+    run = kiln.compile(step)
+    for i, (x, y) in enumerate(_batches(4, "cpu")):
+        torch.testing.assert_close(run(model, opts[0], x, y), step(ref, opts[1], x, y), rtol=1e-5, atol=1e-6)
+        for o in opts:  # a schedule of one's own, group by group
+            o.param_groups[1]["lr"] *= 0.5
+    torch.testing.assert_close(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+    stats = kiln.stats()
+    assert stats["recompiles"] == 0 and stats["eager_fallbacks"] == 0, stats["recompile_reasons"]

@@ -632,3 +632,57 @@ def test_clamp_at_its_bounds_and_at_nan_has_eagers_gradient(device):
         kiln.compile(f)(mine).sum().backward()
         f(theirs).sum().backward()
         torch.testing.assert_close(mine.grad, theirs.grad)
+
+
+# --- nn.Module's own generators over its tree (parameters(), named_modules(), ...) ------------
+
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8, bias=False))
+        self.head = torch.nn.Linear(8, 10)
+        self.head.weight = self.emb.weight  # shared: listed once
+        self.register_buffer("scale", torch.tensor(2.0))
+        self.skip = None
+
+    def forward(self, ids):
+        return self.head(self.body(self.emb(ids)) * self.scale)
+
+
+def test_module_tree_generators_are_captured_in_torchs_order():
+    m = _Tied()
+
+    def names(mod):
+        return ([n for n, _ in mod.named_parameters()], [n for n, _ in mod.named_buffers()],
+                [n for n, _ in mod.named_modules()], [n for n, _ in mod.named_children()],
+                len(list(mod.parameters())), len(list(mod.modules())), len(list(mod.children())),
+                [n for n, _ in mod.named_parameters(prefix="m", recurse=False)])
+
+    e = kiln.explain(names)(m)
+    assert e.graph_break_count == 0 and not e.break_reasons, e  # Python values only: no graph to run
+    before = kiln.stats()["eager_fallbacks"]
+    assert kiln.compile(names)(m) == names(m)
+    assert kiln.stats()["eager_fallbacks"] == before
+
+
+def test_an_l2_term_over_parameters_and_clipping_train_in_the_graph():
+    torch.manual_seed(0)
+    model = _Tied()
+    ref = copy.deepcopy(model)
+
+    def loss_of(m, ids, y):
+        out = m(ids).flatten(0, 1)
+        return F.cross_entropy(out, y) + 1e-3 * sum(p.pow(2).sum() for p in m.parameters())
+
+    ids, y = torch.randint(0, 10, (2, 5)), torch.randint(0, 10, (10,))
+    before = _counters()
+    mine = kiln.compile(loss_of)(model, ids, y)
+    after = _counters()
+    assert after == (before[0] + 1, before[1], before[2]), kiln.stats()["fallback_reasons"]
+    theirs = loss_of(ref, ids, y)
+    torch.testing.assert_close(mine, theirs)
+    mine.backward()
+    theirs.backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)

@@ -51,6 +51,7 @@ struct CallRules {
       add(I.resolve_torch("full"), torch_full);
       add(I.resolve_torch("chunk"), torch_split);
       add(object_at("torch.utils.checkpoint.checkpoint"), checkpoint);
+      add(object_at("torch.nn.utils.clip_grad_norm_"), clip_grad_norm);
       for (const char* ctx : {"torch.no_grad", "torch.enable_grad", "torch.inference_mode", "torch.set_grad_enabled",
                               "contextlib.nullcontext", "torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
         add(object_at(ctx), mode);
@@ -346,6 +347,10 @@ struct CallRules {
   // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, ...): fn's call, its
   // values recomputed in the backward. The reentrant form (no gradients for parameters when no
   // input requires grad) and a context_fn of one's own go by category.
+  static VarPtr clip_grad_norm(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    return I.clip_grad_norm(args, kwargs);
+  }
+
   static VarPtr checkpoint(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
     static PyObject* noop_context = object_at("torch.utils.checkpoint.noop_context_fn");
     clear_error();

@@ -251,6 +251,7 @@ class Interpreter {
 
   // self.helper(x) on a module: the class's function, inlined with the module as self.
   VarPtr call_module_method(VarPtr mod, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+  VarPtr module_members(const VarPtr& mod, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   VarPtr module_attr(const VarPtr& mod, const char* name);
 
@@ -429,6 +430,8 @@ class Interpreter {
   // A Python float (or, `counter`, a 0-d CPU tensor's value) at `src`, read at each call: a
   // scalar_input node (one per source), its type guarded rather than its value.
   ir::Node* scalar_input(const SourcePtr& src, bool counter);
+  // torch.nn.utils.clip_grad_norm_: the gradients' norm and their in-place scaling, as nodes.
+  VarPtr clip_grad_norm(std::vector<VarPtr>& args, KwArgs& kwargs);
 
   // The results' sizes and strides (each result's sizes then strides, in order) as expressions in
   // the size symbols of the inputs, found by probing the operator on meta tensors at other

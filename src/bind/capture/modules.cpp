@@ -7,6 +7,8 @@
 // its forward. A user class that merely shares a name (timm's own `GELU`) or overrides forward
 // is inlined like any user module. Container modules are recognised by isinstance against
 // torch's classes, never by name.
+#include <functional>
+#include <set>
 #include <unordered_map>
 
 #include "bind/capture/interpreter.h"
@@ -250,10 +252,135 @@ VarPtr Interpreter::call_module_method(VarPtr mod, const std::string& name, std:
   Py_DECREF(key);
   if (PyErr_Occurred()) clear_error();
   if (!f || !PyFunction_Check(f)) unsupported("method " + name + " of module " + Py_TYPE(mod->obj())->tp_name);
+  if (VarPtr r = module_members(mod, f, args, kwargs)) return r;
   args.insert(args.begin(), mod);
   // type(self).<name>: the function itself, so its defaults and closure are guarded.
   SourcePtr src = mod->source ? Source::attr(Source::attr(mod->source, "__class__"), name) : nullptr;
   return inline_call(f, src, std::move(args), kwargs);
+}
+
+// nn.Module's own generators over its tree: parameters(), named_parameters(), buffers(),
+// named_buffers(), children(), named_children(), modules(), named_modules(), in torch's order
+// (each module before its children, members deduplicated by identity), as a list of trackers
+// read through the modules' attributes (so `clip_grad_norm_(model.parameters())` and an L2 term
+// over them are in the graph). Each module's `_modules` and member dict are guarded by length.
+// nullptr: `f` is not one of them (a class that overrides it), or arguments it does not take.
+VarPtr Interpreter::module_members(const VarPtr& mod, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  enum class What { Parameters, Buffers, Children, Modules };
+  struct Rule {
+    PyObject* fn;
+    What what;
+    bool named;
+  };
+  static const std::vector<Rule> rules = [] {
+    std::vector<Rule> r;
+    PyObject* module = object_at("torch.nn.Module");
+    auto add = [&](const char* name, What w, bool named) {
+      PyObject* fn = module ? PyObject_GetAttrString(module, name) : nullptr;  // kept for the process
+      if (fn) r.push_back({fn, w, named});
+      clear_error();
+    };
+    add("parameters", What::Parameters, false);
+    add("named_parameters", What::Parameters, true);
+    add("buffers", What::Buffers, false);
+    add("named_buffers", What::Buffers, true);
+    add("children", What::Children, false);
+    add("named_children", What::Children, true);
+    add("modules", What::Modules, false);
+    add("named_modules", What::Modules, true);
+    return r;
+  }();
+  const Rule* rule = nullptr;
+  for (const Rule& r : rules)
+    if (r.fn == f) rule = &r;
+  if (!rule || !mod->source) return nullptr;
+  // Arguments: recurse (members), prefix (named), remove_duplicate (default True): constants.
+  bool recurse = true, remove_duplicate = true;
+  std::string prefix;
+  const bool members = rule->what == What::Parameters || rule->what == What::Buffers;
+  // the positional parameters of each (self excluded)
+  std::vector<std::string> names;
+  if (members) names = rule->named ? std::vector<std::string>{"prefix", "recurse", "remove_duplicate"} : std::vector<std::string>{"recurse"};
+  else if (rule->what == What::Modules && rule->named) names = {"memo", "prefix", "remove_duplicate"};
+  if (args.size() > names.size()) return nullptr;
+  auto set = [&](const std::string& key, const VarPtr& v) {
+    PyObject* o = const_obj(v, "module method argument");
+    if (key == "recurse") recurse = PyObject_IsTrue(o) == 1;
+    else if (key == "remove_duplicate") remove_duplicate = PyObject_IsTrue(o) == 1;
+    else if (key == "prefix" && PyUnicode_Check(o)) prefix = PyUnicode_AsUTF8(o);
+    else if (key == "memo" && o == Py_None) {}
+    else return false;
+    return true;
+  };
+  for (size_t i = 0; i < args.size(); ++i)
+    if (!set(names[i], args[i])) return nullptr;
+  for (const auto& [k, v] : kwargs)
+    if (!set(k, v)) return nullptr;
+  // The modules in torch's order, each with its tracker and name prefix.
+  std::vector<std::pair<std::string, VarPtr>> tree;
+  std::set<PyObject*> seen_modules;
+  std::function<void(const VarPtr&, const std::string&)> walk = [&](const VarPtr& m, const std::string& at) {
+    if (remove_duplicate && !seen_modules.insert(m->obj()).second) return;
+    tree.emplace_back(at, m);
+    PyObject* children = PyObject_GetAttrString(m->obj(), "_modules");
+    if (!children || !PyDict_Check(children)) {
+      Py_XDECREF(children);
+      clear_error();
+      unsupported("module without _modules");
+    }
+    keep_.push_back(children);
+    out_.guards.add_length(Source::attr(m->source, "_modules"), PyDict_Size(children));
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    std::vector<std::string> keys;
+    while (PyDict_Next(children, &pos, &k, &v)) keys.push_back(PyUnicode_AsUTF8(k));
+    const bool deeper = rule->what == What::Modules || (members && recurse);
+    for (const std::string& n : keys) {
+      VarPtr c = module_attr(m, n.c_str());
+      if (c->kind() != Var::Kind::Module) continue;  // None
+      if (rule->what == What::Children) {
+        tree.emplace_back(n, c);
+        continue;
+      }
+      if (deeper) walk(c, at + (at.empty() ? "" : ".") + n);
+    }
+  };
+  if (rule->what == What::Children) {
+    walk(mod, "");
+    tree.erase(tree.begin());  // the children, not the module itself
+  } else {
+    walk(mod, prefix);
+  }
+  std::vector<VarPtr> out;
+  auto emit = [&](const std::string& name, const VarPtr& v) {
+    out.push_back(rule->named ? Var::tuple({real(PyUnicode_FromString(name.c_str())), v}) : v);
+  };
+  if (!members) {
+    for (const auto& [name, m] : tree) emit(name, m);
+    return Var::iterator(std::move(out));
+  }
+  std::set<PyObject*> seen;
+  const char* store = rule->what == What::Parameters ? "_parameters" : "_buffers";
+  for (const auto& [at, m] : tree) {
+    PyObject* dict = PyObject_GetAttrString(m->obj(), store);
+    if (!dict || !PyDict_Check(dict)) {
+      Py_XDECREF(dict);
+      clear_error();
+      unsupported(std::string("module without ") + store);
+    }
+    keep_.push_back(dict);
+    out_.guards.add_length(Source::attr(m->source, store), PyDict_Size(dict));
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    std::vector<std::pair<std::string, PyObject*>> items;
+    while (PyDict_Next(dict, &pos, &k, &v)) items.emplace_back(PyUnicode_AsUTF8(k), v);
+    for (const auto& [n, obj] : items) {
+      VarPtr t = module_attr(m, n.c_str());  // guarded: None stays None
+      if (obj == Py_None || (remove_duplicate && !seen.insert(obj).second)) continue;
+      emit(at + (at.empty() ? "" : ".") + n, t);
+    }
+  }
+  return Var::iterator(std::move(out));
 }
 
 VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {

@@ -163,6 +163,21 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
       return Var::tensor(add_node("permute", {base->node()}, a));
     }
     if (name == "requires_grad") return Var::constant(root()->needs_grad_.count(base->node()) ? Py_True : Py_False);
+    if (name == "grad" && base->source) {
+      // an input's .grad (a parameter's, for clipping or logging): the caller's gradient, read
+      // through its source like any input; None, or the value a zero_grad earlier set, as logged
+      Interpreter* r = root();
+      const auto& ins = g_->inputs();
+      for (size_t i = 0; i < r->input_vars_.size() && i < ins.size(); ++i) {
+        if (r->input_vars_[i] != base) continue;
+        PyObject* obj = r->input_objects_[i];
+        if (const AttrStore* st = logged_attr(obj, "grad")) return st->value;
+        PyObject* g = PyObject_GetAttrString(obj, "grad");
+        if (!g) return real(nullptr);
+        keep_.push_back(g);
+        return wrap(g, Source::attr(base->source, "grad"));
+      }
+    }
     // kiln's tensors are dense, strided, plain: the layout flags models test
     if (name == "is_nested" || name == "is_sparse" || name == "is_quantized" || name == "is_meta" ||
         name == "is_mkldnn" || name == "is_complex_" )

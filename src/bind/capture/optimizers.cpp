@@ -12,6 +12,8 @@
 // momentum) stays guarded equal to zero, since eager then leaves its terms out altogether.
 // The step count of Adam's state, a 0-d CPU tensor unless capturable, is read at each call as
 // a scalar input and incremented on the host after the graph (CaptureResult::ScalarInput).
+#include <cmath>
+
 #include "bind/capture/interpreter.h"
 #include "bind/interrupts.h"
 #include "bind/python_objects.h"
@@ -462,6 +464,81 @@ void Interpreter::optimizer_step(PyObject* self, const SourcePtr& self_src, bool
     throw;
   }
   enter_modes(saved);
+}
+
+
+// torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False,
+// foreach=None): the total norm of the gradients and their in-place scaling by
+// min(max_norm / (total + 1e-6), 1), as graph nodes under no_grad (torch's own body groups
+// tensors by device through a C helper capture cannot follow). The norm is taken over all
+// elements at once, where torch takes the norm of the per-tensor norms: equal up to rounding.
+VarPtr Interpreter::clip_grad_norm(std::vector<VarPtr>& args, KwArgs& kwargs) {
+  const char* names[] = {"parameters", "max_norm", "norm_type", "error_if_nonfinite", "foreach"};
+  VarPtr bound[5];
+  if (args.size() > 5) return nullptr;
+  for (size_t i = 0; i < args.size(); ++i) bound[i] = args[i];
+  for (auto& [k, v] : kwargs) {
+    size_t i = 0;
+    while (i < 5 && k != names[i]) ++i;
+    if (i == 5 || bound[i]) return nullptr;
+    bound[i] = v;
+  }
+  if (!bound[0] || !bound[1]) return nullptr;
+  double p = 2.0;
+  if (bound[2]) {
+    PyObject* o = const_obj(bound[2], "norm_type");
+    p = PyFloat_AsDouble(o);
+    if (PyErr_Occurred()) return clear_error(), nullptr;
+  }
+  if (bound[3] && PyObject_IsTrue(const_obj(bound[3], "error_if_nonfinite")) == 1)
+    unsupported("clip_grad_norm_ with error_if_nonfinite=True (a check of the gradients' values)");
+  std::vector<VarPtr> params = bound[0]->is_tensor() ? std::vector<VarPtr>{bound[0]} : items_of(bound[0]);
+  ModeChange saved = enter_modes(ModeChange{false, std::nullopt});  // clip_grad_norm_ is @_no_grad
+  try {
+    std::vector<VarPtr> grads;
+    for (const VarPtr& param : params) {
+      if (!param->is_tensor()) unsupported("clip_grad_norm_ over a value that is not a tensor");
+      VarPtr g = getattr(param, "grad");
+      if (g->is_const() && g->obj() == Py_None) continue;
+      if (!g->is_tensor()) unsupported("clip_grad_norm_ of a gradient kiln cannot read");
+      if (!grads.empty() && g->node()->meta.device != grads[0]->node()->meta.device)
+        unsupported("clip_grad_norm_ over gradients on several devices");
+      grads.push_back(g);
+    }
+    if (grads.empty()) unsupported("clip_grad_norm_ with no gradients");
+    auto torch_fn = [&](const char* name, std::vector<VarPtr> a, KwArgs kw = {}) {
+      return call(Var::constant(resolve_torch(name)), std::move(a), std::move(kw));
+    };
+    auto num = [&](double v) { return Var::steal_constant(PyFloat_FromDouble(v)); };
+    VarPtr total;
+    const bool inf = std::isinf(p) && p > 0;
+    for (const VarPtr& g : grads) {
+      VarPtr part = inf ? torch_fn("amax", {torch_fn("abs", {g})})
+                        : p == 2.0 ? torch_fn("sum", {binary("NB_MULTIPLY", g, g)})
+                                   : torch_fn("sum", {binary("NB_POWER", torch_fn("abs", {g}), num(p))});
+      total = !total ? part : inf ? torch_fn("maximum", {total, part}) : binary("NB_ADD", total, part);
+    }
+    if (!inf) total = p == 2.0 ? torch_fn("sqrt", {total}) : binary("NB_POWER", total, num(1.0 / p));
+    VarPtr coef = binary("NB_TRUE_DIVIDE", bound[1], binary("NB_ADD", total, num(1e-6)));
+    KwArgs at_most_one;
+    at_most_one.emplace_back("max", num(1.0));
+    VarPtr clamped = torch_fn("clamp", {coef}, std::move(at_most_one));
+    for (const VarPtr& g : grads) {
+      check_inplace_target(g, "clip_grad_norm_");
+      VarPtr c = clamped;
+      if (clamped->node()->meta.dtype != g->node()->meta.dtype) {
+        ir::Attrs a;
+        a.set("dtype", g->node()->meta.dtype);
+        c = Var::tensor(add_node("convert", {clamped->node()}, a));
+      }
+      mutate(g, add_node("mul", {g->node(), c->node()}));
+    }
+    enter_modes(saved);
+    return total;
+  } catch (...) {
+    enter_modes(saved);
+    throw;
+  }
 }
 
 }  // namespace kiln::bind::detail
