@@ -686,3 +686,19 @@ def test_an_l2_term_over_parameters_and_clipping_train_in_the_graph():
     theirs.backward()
     for a, b in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_parameter_reached_only_through_an_unused_output_gets_no_gradient():
+    # eager: w2's gradient is None (nothing used the output it flows through), so an optimizer
+    # leaves it alone; kiln's one backward node must not hand back zeros for it
+    lin1, lin2 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def two(x):
+        return lin1(x).relu(), lin2(x).tanh()
+
+    x = torch.randn(3, 4)
+    a, _ = kiln.compile(two)(x)
+    a.sum().backward()
+    assert lin1.weight.grad is not None and lin2.weight.grad is None and lin2.bias.grad is None
+    ga = torch.autograd.grad(kiln.compile(two)(x)[0].sum(), [lin1.weight, lin2.weight], allow_unused=True)
+    assert ga[0] is not None and ga[1] is None

@@ -84,8 +84,15 @@ struct CompiledFunctionBackward final : Node {
     }
     variable_list result(p.wrt.size());
     if (ok)
-      for (size_t k = 0; k < p.wrt.size(); ++k)
-        if (p.grad_of[k] >= 0) result[k] = THPVariable_Unpack(outs[static_cast<size_t>(p.grad_of[k])]);
+      for (size_t k = 0; k < p.wrt.size(); ++k) {
+        if (p.grad_of[k] < 0) continue;
+        // None where autograd reached none of the outputs this gradient flows from (a value
+        // handed out at a break that nothing used), as eager's None, not zeros
+        bool reached = k >= p.grad_tangents.size() || p.grad_tangents[k].empty();
+        if (!reached)
+          for (int t : p.grad_tangents[k]) reached = reached || (static_cast<size_t>(t) < grads.size() && grads[t].defined());
+        if (reached) result[k] = THPVariable_Unpack(outs[static_cast<size_t>(p.grad_of[k])]);
+      }
     for (PyObject* o : wrapped) Py_XDECREF(o);
     for (PyObject* o : outs) Py_XDECREF(o);
     if (!ok) {

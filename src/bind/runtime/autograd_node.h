@@ -20,6 +20,7 @@ struct BackwardProgram {
   std::shared_ptr<PreparedProgram> prepared;
   size_t outputs = 0, saved = 0, tangents = 0;
   std::vector<int> tangent_of, saved_as_output, grad_of;
+  std::vector<std::vector<int>> grad_tangents;  // per gradient: the tangents it is computed from
   std::vector<int> wrt;  // per gradient edge: the graph input it flows to
   ~BackwardProgram();
 };

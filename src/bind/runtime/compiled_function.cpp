@@ -299,6 +299,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     bp->tangent_of = training.tangent_of;
     bp->saved_as_output = training.saved_as_output;
     bp->grad_of = training.grad_of;
+    bp->grad_tangents = training.grad_tangents;
     for (int t : bp->tangent_of) bp->tangents += t >= 0;
     bp->compiled = std::make_unique<pipeline::CompiledGraph>();
     e->backward = std::move(bp);

@@ -71,6 +71,23 @@ bool make_training_graphs(ir::Graph& g, const std::vector<Node*>& wrt, const std
   }
   int grads = 0;
   for (const Node* gr : jg.grads) out.grad_of.push_back(gr ? grads++ : -1);
+  std::map<const Node*, int> tangent_index;
+  for (size_t i = 0; i < jg.tangents.size(); ++i)
+    if (jg.tangents[i]) tangent_index[jg.tangents[i]] = out.tangent_of[i];
+  for (const Node* gr : jg.grads) {
+    std::set<int> reached;
+    std::set<const Node*> seen;
+    std::vector<const Node*> stack;
+    if (gr) stack.push_back(gr);
+    while (!stack.empty()) {
+      const Node* n = stack.back();
+      stack.pop_back();
+      if (!n || !seen.insert(n).second) continue;
+      if (auto it = tangent_index.find(n); it != tangent_index.end()) reached.insert(it->second);
+      for (const Node* in : n->inputs) stack.push_back(in);
+    }
+    out.grad_tangents.emplace_back(reached.begin(), reached.end());
+  }
   return true;
 }
 

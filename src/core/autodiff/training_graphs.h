@@ -22,6 +22,9 @@ struct TrainingGraphs {
   std::vector<int> tangent_of;     // per output: its tangent's index among the backward's tangent inputs, or -1
   std::vector<int> saved_as_output;  // per saved value: the output (with a tangent) it also is, or -1
   std::vector<int> grad_of;        // per `wrt` input: its gradient's index among the backward's outputs, or -1
+  // Per `wrt` input: the tangents its gradient is computed from. Where autograd reaches none
+  // of them (the outputs they belong to are unused), the gradient is None, as eager's is.
+  std::vector<std::vector<int>> grad_tangents;
   int64_t saved_bytes = 0;         // the partition's cut (symbolic sizes at their hints)
   size_t recomputed = 0;           // forward nodes the backward computes again
 };
