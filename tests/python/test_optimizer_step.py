@@ -86,7 +86,9 @@ def test_compiled_step_equals_eager(name, device):
     # Python, on the GPU as one eager call); the next compiles
     first_step_eager = "dampening" in name
     assert stats["eager_fallbacks"] <= (1 if first_step_eager else 0), stats["fallback_reasons"]
-    assert stats["recompiles"] == (1 if first_step_eager else 0), stats["recompile_reasons"]
+    # (frames of other code that ran inside the eager step, torch's own, are not counted)
+    ours = [r for r in stats["recompile_reasons"] if "_run.<locals>" in r]
+    assert len(ours) == (1 if first_step_eager else 0), stats["recompile_reasons"]
 
 
 SCHEDULERS = {
