@@ -1,6 +1,4 @@
 #include "bind/capture/interpreter.h"
-
-#include <array>
 #include "core/support/log.h"
 #include "core/sym/fit.h"
 #include "bind/interrupts.h"
@@ -1337,23 +1335,22 @@ void Interpreter::offer_in_place(const VarPtr& result, const VarPtr& target, PyO
 }
 
 // Losses in the float32 list of torch's CUDA autocast (aten/src/ATen/autocast_mode.cpp) that kiln
-// runs as torch calls: {CUDA policy, CPU policy} by the function object. CPU autocast casts some
-// of their parts and not others: not taken there.
-static const ops::AutocastPolicy* loss_autocast_policy(PyObject* f) {
-  static const std::unordered_map<PyObject*, std::array<ops::AutocastPolicy, 2>> table = [] {
-    std::unordered_map<PyObject*, std::array<ops::AutocastPolicy, 2>> m;
+// runs as torch calls, by the function object. CPU autocast casts some of their parts and not
+// others: not taken there.
+static bool cuda_float32_loss(PyObject* f) {
+  static const std::unordered_set<PyObject*> losses = [] {
+    std::unordered_set<PyObject*> m;
     for (const char* name : {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
                              "binary_cross_entropy_with_logits", "poisson_nll_loss", "margin_ranking_loss",
                              "soft_margin_loss", "hinge_embedding_loss", "cosine_embedding_loss", "multi_margin_loss",
                              "multilabel_margin_loss", "triplet_margin_loss"}) {
       PyObject* fn = object_at(std::string("torch.nn.functional.") + name);
-      if (fn) m.emplace(fn, std::array<ops::AutocastPolicy, 2>{ops::AutocastPolicy::Float32, ops::AutocastPolicy::Unknown});
+      if (fn) m.insert(fn);
       clear_error();
     }
     return m;
   }();
-  auto it = table.find(f);
-  return it == table.end() ? nullptr : it->second.data();
+  return losses.count(f) > 0;
 }
 
 VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
@@ -1450,11 +1447,11 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // (add_node refuses them).
   bool cast_as_entry = false;
   if (root()->autocast_.any() && !inputs.empty()) {
-    if (const ops::AutocastPolicy* p = loss_autocast_policy(f)) {
+    if (cuda_float32_loss(f)) {
       // a loss torch's CUDA autocast computes in float32 (its own kernel, or log_softmax and
       // nll_loss for cross_entropy, both on that list): its floating inputs cast to float32
       ir::Attrs unused;
-      autocast_inputs(p[0], p[1], name, inputs, unused);
+      autocast_inputs(ops::AutocastPolicy::Float32, ops::AutocastPolicy::Unknown, name, inputs, unused);
       cast_as_entry = true;
     } else if (const OpBinding* b = function_binding(f)) {
       const bool cuda = inputs.front()->meta.device.type == DeviceType::CUDA;

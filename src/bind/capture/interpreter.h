@@ -427,6 +427,15 @@ class Interpreter {
   VarPtr optimizer_method(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs);
   VarPtr optimizer_zero_grad(PyObject* self, const SourcePtr& self_src, std::vector<VarPtr>& args, KwArgs& kwargs);
   void optimizer_step(PyObject* self, const SourcePtr& self_src, bool sgd, bool adamw);
+  // Each parameter of the optimizer's groups, the group list and each group's params guarded:
+  // `on_group` (if any) for each group first, then `on_param` for each parameter whose .grad is
+  // not None (a None is guarded and skipped, as eager skips it).
+  void each_optimizer_param(PyObject* self, const SourcePtr& self_src,
+                            const std::function<void(PyObject* group, const SourcePtr& group_src)>& on_group,
+                            const std::function<void(PyObject* p, const SourcePtr& p_src, PyObject* grad,
+                                                     const SourcePtr& grad_src)>& on_param);
+  // `body` under no_grad (and, with `autocast_off`, outside autocast), the modes restored after.
+  void without_grad(const std::function<void()>& body, bool autocast_off = true);
   // A Python float (or, `counter`, a 0-d CPU tensor's value) at `src`, read at each call: a
   // scalar_input node (one per source), its type guarded rather than its value.
   ir::Node* scalar_input(const SourcePtr& src, bool counter);
@@ -569,7 +578,7 @@ class Interpreter {
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded
   std::unordered_set<const ir::Node*> needs_grad_;  // root: nodes autograd would track
   std::vector<AttrStore> attr_stores_;  // root: the attribute-store log, in program order
-  std::vector<ir::Node*> scalar_input_nodes_;  // root: per CaptureResult::scalar_inputs entry, its node
+  std::unordered_map<std::string, ir::Node*> scalar_input_nodes_;  // root: scalar_input node by its source
   const DynamicDims* dynamic_ = nullptr;  // root: which input dims get size symbols
   std::vector<std::pair<int64_t, sym::Expr>> duck_;  // root: size -> its symbol (equal sizes share one)
 

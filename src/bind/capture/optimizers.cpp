@@ -141,6 +141,57 @@ VarPtr Interpreter::optimizer_method(const VarPtr& fn, std::vector<VarPtr>& args
   return Var::constant(Py_None);
 }
 
+void Interpreter::without_grad(const std::function<void()>& body, bool autocast_off) {
+  ModeChange change{false, std::nullopt};
+  if (autocast_off) change.autocast = AutocastState{};
+  ModeChange saved = enter_modes(change);
+  try {
+    body();
+  } catch (...) {
+    enter_modes(saved);
+    throw;
+  }
+  enter_modes(saved);
+}
+
+void Interpreter::each_optimizer_param(PyObject* self, const SourcePtr& self_src,
+                                       const std::function<void(PyObject*, const SourcePtr&)>& on_group,
+                                       const std::function<void(PyObject*, const SourcePtr&, PyObject*, const SourcePtr&)>& on_param) {
+  PyObject* groups = PyObject_GetAttrString(self, "param_groups");
+  if (!groups) real(nullptr);
+  keep_.push_back(groups);
+  if (!PyList_CheckExact(groups)) unsupported("optimizer param_groups is not a list");
+  const SourcePtr groups_src = Source::attr(self_src, "param_groups");
+  out_.guards.add_type(groups_src, reinterpret_cast<PyObject*>(&PyList_Type));
+  out_.guards.add_length(groups_src, PyList_GET_SIZE(groups));
+  PyObject* key = PyUnicode_InternFromString("params");
+  keep_.push_back(key);
+  for (Py_ssize_t gi = 0; gi < PyList_GET_SIZE(groups); ++gi) {
+    PyObject* group = PyList_GET_ITEM(groups, gi);
+    const SourcePtr group_src = Source::item(groups_src, gi);
+    PyObject* params = item(group, "params");
+    if (!PyDict_CheckExact(group) || !params || !PyList_CheckExact(params)) unsupported("optimizer param group layout");
+    out_.guards.add_type(group_src, reinterpret_cast<PyObject*>(&PyDict_Type));
+    const SourcePtr params_src = Source::key_of(group_src, key);
+    out_.guards.add_type(params_src, reinterpret_cast<PyObject*>(&PyList_Type));
+    out_.guards.add_length(params_src, PyList_GET_SIZE(params));
+    if (on_group) on_group(group, group_src);
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(params); ++j) {
+      PyObject* p = PyList_GET_ITEM(params, j);
+      const SourcePtr p_src = Source::item(params_src, j);
+      PyObject* grad = PyObject_GetAttrString(p, "grad");
+      if (!grad) real(nullptr);
+      keep_.push_back(grad);
+      const SourcePtr grad_src = Source::attr(p_src, "grad");
+      if (grad == Py_None) {  // skipped, as eager skips it
+        out_.guards.add_equals(grad_src, Py_None);
+        continue;
+      }
+      on_param(p, p_src, grad, grad_src);
+    }
+  }
+}
+
 VarPtr Interpreter::optimizer_zero_grad(PyObject* self, const SourcePtr& self_src, std::vector<VarPtr>& args, KwArgs& kwargs) {
   bool set_to_none = true;
   if (args.size() > 1) unsupported("zero_grad with extra arguments");
@@ -153,79 +204,42 @@ VarPtr Interpreter::optimizer_zero_grad(PyObject* self, const SourcePtr& self_sr
     PyObject* o = const_obj(flag, "set_to_none");
     set_to_none = PyObject_IsTrue(o) == 1;
   }
-  PyObject* groups = PyObject_GetAttrString(self, "param_groups");
-  if (!groups) real(nullptr);
-  keep_.push_back(groups);
-  if (!PyList_CheckExact(groups)) unsupported("optimizer param_groups is not a list");
-  const SourcePtr groups_src = Source::attr(self_src, "param_groups");
-  out_.guards.add_type(groups_src, reinterpret_cast<PyObject*>(&PyList_Type));
-  out_.guards.add_length(groups_src, PyList_GET_SIZE(groups));
-  ModeChange saved = enter_modes(ModeChange{false, AutocastState{}});
-  try {
-    for (Py_ssize_t gi = 0; gi < PyList_GET_SIZE(groups); ++gi) {
-      PyObject* group = PyList_GET_ITEM(groups, gi);
-      const SourcePtr group_src = Source::item(groups_src, gi);
-      PyObject* params = item(group, "params");
-      if (!PyDict_CheckExact(group) || !params || !PyList_CheckExact(params)) unsupported("optimizer param group layout");
-      PyObject* key = PyUnicode_FromString("params");
-      keep_.push_back(key);
-      const SourcePtr params_src = Source::key_of(group_src, key);
-      out_.guards.add_type(params_src, reinterpret_cast<PyObject*>(&PyList_Type));
-      out_.guards.add_length(params_src, PyList_GET_SIZE(params));
-      for (Py_ssize_t j = 0; j < PyList_GET_SIZE(params); ++j) {
-        PyObject* p = PyList_GET_ITEM(params, j);
-        const SourcePtr p_src = Source::item(params_src, j);
-        PyObject* grad = PyObject_GetAttrString(p, "grad");
-        if (!grad) real(nullptr);
-        keep_.push_back(grad);
-        const SourcePtr grad_src = Source::attr(p_src, "grad");
-        if (grad == Py_None) {
-          out_.guards.add_equals(grad_src, Py_None);
-          continue;
-        }
-        if (set_to_none) {
-          // p.grad = None, replayed on the caller's tensor after the graph (attr_stores.cpp)
-          wrap(grad, grad_src);  // guarded as a tensor, so an entry never meets a grad of None here
-          keep_.push_back(Py_NewRef(p));
-          root()->attr_stores_.push_back(AttrStore{p, "grad", Var::constant(Py_None), p_src});
-        } else {
-          // p.grad.zero_(): zeros written into the gradient (foreach_zero_ in eager)
-          VarPtr g = wrap(grad, grad_src);
-          if (!g->is_tensor()) unsupported("a gradient that is not a tensor");
-          check_inplace_target(g, "zero_");
-          const ir::TensorMeta& m = g->node()->meta;
-          ir::Attrs a;
-          a.set("size", m.sizes);
-          a.set("value", 0.0);
-          a.set("dtype", m.dtype);
-          a.set("device", m.device.str());
-          mutate(g, add_node("full", {}, a));
-        }
+  without_grad([&] {
+    each_optimizer_param(self, self_src, nullptr, [&](PyObject* p, const SourcePtr& p_src, PyObject* grad, const SourcePtr& grad_src) {
+      if (set_to_none) {
+        // p.grad = None, replayed on the caller's tensor after the graph (attr_stores.cpp)
+        wrap(grad, grad_src);  // guarded as a tensor, so an entry never meets a grad of None here
+        keep_.push_back(Py_NewRef(p));
+        root()->attr_stores_.push_back(AttrStore{p, "grad", Var::constant(Py_None), p_src});
+      } else {
+        // p.grad.zero_(): zeros written into the gradient (foreach_zero_ in eager)
+        VarPtr g = wrap(grad, grad_src);
+        if (!g->is_tensor()) unsupported("a gradient that is not a tensor");
+        check_inplace_target(g, "zero_");
+        const ir::TensorMeta& m = g->node()->meta;
+        ir::Attrs a;
+        a.set("size", m.sizes);
+        a.set("value", 0.0);
+        a.set("dtype", m.dtype);
+        a.set("device", m.device.str());
+        mutate(g, add_node("full", {}, a));
       }
-    }
-  } catch (...) {
-    enter_modes(saved);
-    throw;
-  }
-  enter_modes(saved);
+    });
+  });
   return Var::constant(Py_None);
 }
 
 
 ir::Node* Interpreter::scalar_input(const SourcePtr& src, bool counter) {
-  Interpreter* r = root();
-  auto& ins = out_.scalar_inputs;
-  const std::string key = src->str();
-  for (size_t i = 0; i < ins.size(); ++i)
-    if (ins[i].counter == counter && ins[i].source->str() == key) return r->scalar_input_nodes_[i];
+  ir::Node*& known = root()->scalar_input_nodes_[(counter ? "count " : "") + src->str()];
+  if (known) return known;
   ir::Attrs a;
   a.set("index", static_cast<int64_t>(g_->scalar_inputs));
   a.set("dtype", DType::Float64);
   ir::Node* n = add_node("scalar_input", {}, a);
   ++g_->scalar_inputs;
-  ins.push_back({src, counter});
-  r->scalar_input_nodes_.push_back(n);
-  return n;
+  out_.scalar_inputs.push_back({src, counter});
+  return known = n;
 }
 
 namespace {
@@ -260,210 +274,178 @@ void Interpreter::optimizer_step(PyObject* self, const SourcePtr& self_src, bool
     if (!PyDict_Check(d) || PyDict_GET_SIZE(d) != 0) unsupported(std::string("global optimizer step hooks (") + h + ")");
     out_.guards.add_length(Source::global(h, k.global_hooks), 0);
   }
-  PyObject* groups = PyObject_GetAttrString(self, "param_groups");
-  if (!groups) real(nullptr);
-  keep_.push_back(groups);
   PyObject* state = PyObject_GetAttrString(self, "state");
   if (!state) real(nullptr);
   keep_.push_back(state);
-  if (!PyList_CheckExact(groups) || !PyDict_Check(state)) unsupported("optimizer param_groups or state of an unexpected type");
-  const SourcePtr groups_src = Source::attr(self_src, "param_groups");
+  if (!PyDict_Check(state)) unsupported("optimizer state of an unexpected type");
   const SourcePtr state_src = Source::attr(self_src, "state");
-  out_.guards.add_type(groups_src, reinterpret_cast<PyObject*>(&PyList_Type));
-  out_.guards.add_length(groups_src, PyList_GET_SIZE(groups));
-
-  ModeChange saved = enter_modes(ModeChange{false, AutocastState{}});  // step runs under no_grad
-  try {
-    for (Py_ssize_t gi = 0; gi < PyList_GET_SIZE(groups); ++gi) {
-      PyObject* group = PyList_GET_ITEM(groups, gi);
-      if (!PyDict_CheckExact(group)) unsupported("optimizer param group is not a dict");
-      const SourcePtr group_src = Source::item(groups_src, gi);
-      out_.guards.add_type(group_src, reinterpret_cast<PyObject*>(&PyDict_Type));
-      auto key_src = [&](const char* name) {
-        PyObject* key = PyUnicode_InternFromString(name);
-        keep_.push_back(key);
-        return Source::key_of(group_src, key);
-      };
-      // A flag: guarded by value.
-      auto flag = [&](const char* name, bool fallback) {
-        PyObject* v = item(group, name);
-        if (!v) return fallback;
-        if (v != Py_None && !PyBool_Check(v)) unsupported(std::string("optimizer setting ") + name + " that is not a bool");
-        out_.guards.add_equals(key_src(name), v);
-        return v == Py_True;
-      };
-      // A number: a float is a scalar input read per call (a scheduler changes it); an int or a
-      // zero where `zero_drops` is guarded by value; a tensor (capturable lr) is an input.
-      auto number = [&](PyObject* v, const SourcePtr& src, const char* name, bool zero_drops) -> ir::Node* {
-        if (!v) unsupported(std::string("optimizer group without ") + name);
-        if (is_tensor(v)) {
-          VarPtr t = wrap(v, src);
-          if (!t->is_tensor() || !t->node()->meta.sizes.empty()) unsupported(std::string("optimizer ") + name + " as a tensor that is not 0-d");
-          return t->node();
-        }
-        if (!PyFloat_Check(v) && !PyLong_Check(v)) unsupported(std::string("optimizer setting ") + name + " that is not a number");
-        const double x = PyFloat_Check(v) ? PyFloat_AsDouble(v) : PyLong_AsDouble(v);
-        if ((zero_drops && x == 0) || !PyFloat_CheckExact(v)) {
-          out_.guards.add_equals(src, v);
-          return zero_drops && x == 0 ? nullptr : g_->scalar(x, DType::Float64);
-        }
-        out_.guards.add_type(src, reinterpret_cast<PyObject*>(&PyFloat_Type));
-        return scalar_input(src, false);
-      };
-      GroupSettings gs;
-      if (flag("differentiable", false)) unsupported("optimizer with differentiable=True");
-      gs.maximize = flag("maximize", false);
-      gs.capturable = flag("capturable", false);
-      flag("foreach", false);
-      flag("fused", false);
-      gs.lr = number(item(group, "lr"), key_src("lr"), "lr", false);
-      gs.weight_decay = number(item(group, "weight_decay"), key_src("weight_decay"), "weight_decay", true);
-      if (sgd) {
-        gs.momentum = number(item(group, "momentum"), key_src("momentum"), "momentum", true);
-        gs.dampening = number(item(group, "dampening"), key_src("dampening"), "dampening", true);
-        gs.nesterov = flag("nesterov", false);
-      } else {
-        PyObject* betas = item(group, "betas");
-        if (!betas || !PyTuple_Check(betas) || PyTuple_GET_SIZE(betas) != 2) unsupported("Adam betas that are not a pair");
-        const SourcePtr betas_src = key_src("betas");
-        out_.guards.add_type(betas_src, reinterpret_cast<PyObject*>(Py_TYPE(betas)));
-        out_.guards.add_length(betas_src, 2);
-        gs.beta1 = number(PyTuple_GET_ITEM(betas, 0), Source::item(betas_src, 0), "beta1", false);
-        gs.beta2 = number(PyTuple_GET_ITEM(betas, 1), Source::item(betas_src, 1), "beta2", false);
-        gs.eps = number(item(group, "eps"), key_src("eps"), "eps", false);
-        gs.amsgrad = flag("amsgrad", false);
-        gs.decoupled = flag("decoupled_weight_decay", adamw);
+  GroupSettings gs;  // the settings of the group whose parameters are being updated
+  auto on_group = [&](PyObject* group, const SourcePtr& group_src) {
+    gs = GroupSettings{};
+    auto key_src = [&](const char* name) {
+      PyObject* key = PyUnicode_InternFromString(name);
+      keep_.push_back(key);
+      return Source::key_of(group_src, key);
+    };
+    // A flag: guarded by value.
+    auto flag = [&](const char* name, bool fallback) {
+      PyObject* v = item(group, name);
+      if (!v) return fallback;
+      if (v != Py_None && !PyBool_Check(v)) unsupported(std::string("optimizer setting ") + name + " that is not a bool");
+      out_.guards.add_equals(key_src(name), v);
+      return v == Py_True;
+    };
+    // A number: a float is a scalar input read per call (a scheduler changes it); an int or a
+    // zero where `zero_drops` is guarded by value; a tensor (capturable lr) is an input.
+    auto number = [&](PyObject* v, const SourcePtr& src, const char* name, bool zero_drops) -> ir::Node* {
+      if (!v) unsupported(std::string("optimizer group without ") + name);
+      if (is_tensor(v)) {
+        VarPtr t = wrap(v, src);
+        if (!t->is_tensor() || !t->node()->meta.sizes.empty()) unsupported(std::string("optimizer ") + name + " as a tensor that is not 0-d");
+        return t->node();
       }
-      PyObject* params = item(group, "params");
-      if (!params || !PyList_CheckExact(params)) unsupported("optimizer params that are not a list");
-      const SourcePtr params_src = key_src("params");
-      out_.guards.add_type(params_src, reinterpret_cast<PyObject*>(&PyList_Type));
-      out_.guards.add_length(params_src, PyList_GET_SIZE(params));
-      if (!sgd) {
-        // The first step makes Adam's state (step counts, moments): made now by the optimizer's
-        // own _init_group, as eager's step would at this point and as Dynamo does.
-        PyObject* lists[6];
-        for (PyObject*& l : lists) l = PyList_New(0), keep_.push_back(l);
-        PyObject* r = PyObject_CallMethod(self, "_init_group", "OOOOOOO", group, lists[0], lists[1], lists[2], lists[3], lists[4], lists[5]);
-        if (!r) real(nullptr);
-        Py_DECREF(r);
+      if (!PyFloat_Check(v) && !PyLong_Check(v)) unsupported(std::string("optimizer setting ") + name + " that is not a number");
+      const double x = PyFloat_Check(v) ? PyFloat_AsDouble(v) : PyLong_AsDouble(v);
+      if ((zero_drops && x == 0) || !PyFloat_CheckExact(v)) {
+        out_.guards.add_equals(src, v);
+        return zero_drops && x == 0 ? nullptr : g_->scalar(x, DType::Float64);
       }
-      for (Py_ssize_t j = 0; j < PyList_GET_SIZE(params); ++j) {
-        PyObject* p = PyList_GET_ITEM(params, j);
-        const SourcePtr p_src = Source::item(params_src, j);
-        PyObject* grad = PyObject_GetAttrString(p, "grad");
-        if (!grad) real(nullptr);
-        keep_.push_back(grad);
-        const SourcePtr grad_src = Source::attr(p_src, "grad");
-        if (grad == Py_None) {  // skipped, as eager skips it
-          out_.guards.add_equals(grad_src, Py_None);
-          continue;
-        }
-        VarPtr pv = wrap(p, p_src), gv = wrap(grad, grad_src);
-        if (!pv->is_tensor() || !gv->is_tensor()) unsupported("optimizer parameter or gradient that is not a tensor");
-        const ir::TensorMeta& pm = pv->node()->meta;
-        if (!is_floating(pm.dtype) || gv->node()->meta.dtype != pm.dtype) unsupported("optimizer parameter of a non-floating dtype, or a gradient of another");
-        PyObject* pstate = PyObject_GetItem(state, p);  // a defaultdict: made empty where missing, as eager's lookup does
-        if (!pstate) real(nullptr);
-        keep_.push_back(pstate);
-        if (!PyDict_Check(pstate)) unsupported("optimizer state of a parameter is not a dict");
-        const SourcePtr pstate_src = Source::key_of(state_src, p);
-        out_.guards.add_type(pstate_src, reinterpret_cast<PyObject*>(Py_TYPE(pstate)));
-        auto state_tensor = [&](const char* name) -> VarPtr {
-          PyObject* key = PyUnicode_InternFromString(name);
-          keep_.push_back(key);
-          PyObject* t = PyDict_GetItem(pstate, key);
-          if (!t || !is_tensor(t)) return nullptr;
-          VarPtr v = wrap(t, Source::key_of(pstate_src, key));
-          if (!v->is_tensor()) unsupported(std::string("optimizer state ") + name);
-          return v;
-        };
-        auto node = [&](const char* op, ir::Node* a, ir::Node* b) { return add_node(op, {a, b}); };
-        auto num = [&](double x) { return g_->scalar(x, DType::Float64); };
-        ir::Node* g = gv->node();
-        ir::Node* pn = pv->node();
-        if (gs.maximize) g = add_node("neg", {g});
-        check_inplace_target(pv, "optimizer step");
-        if (sgd) {
-          if (gs.weight_decay) g = node("add", g, node("mul", pn, gs.weight_decay));
-          if (gs.momentum) {
-            VarPtr buf = state_tensor("momentum_buffer");
-            if (!buf) {
-              // The first step clones the gradient into a new buffer. With no dampening that is
-              // what the update makes of a zero buffer, so the buffer is made now, zeroed.
-              if (gs.dampening) {
-                out_.guards.add_length(state_src, PyObject_Length(state));
-                unsupported("SGD's first step with dampening makes its momentum buffers: it runs eagerly");
-              }
-              PyObject* zeros = PyObject_CallOneArg(resolve_torch("zeros_like"), p);
-              if (!zeros || PyDict_SetItemString(pstate, "momentum_buffer", zeros) < 0) {
-                Py_XDECREF(zeros);
-                real(nullptr);
-              }
-              Py_DECREF(zeros);
-              buf = state_tensor("momentum_buffer");
-            }
-            check_inplace_target(buf, "optimizer step");
-            ir::Node* damped = gs.dampening ? node("mul", g, node("sub", num(1.0), gs.dampening)) : g;
-            ir::Node* b = node("add", node("mul", buf->node(), gs.momentum), damped);
-            mutate(buf, b);
-            g = gs.nesterov ? node("add", g, node("mul", b, gs.momentum)) : b;
-          }
-          mutate(pv, node("add", pn, node("mul", g, add_node("neg", {gs.lr}))));
-          continue;
-        }
-        VarPtr m = state_tensor("exp_avg"), v = state_tensor("exp_avg_sq");
-        VarPtr vmax = gs.amsgrad ? state_tensor("max_exp_avg_sq") : nullptr;
-        PyObject* step = PyDict_GetItemString(pstate, "step");
-        if (!m || !v || (gs.amsgrad && !vmax) || !step || !is_tensor(step)) unsupported("Adam state without its moments or step");
-        const SourcePtr step_src = Source::key_of(pstate_src, PyUnicode_InternFromString("step"));
-        // The step count: a 0-d CPU tensor (read per call, incremented on the host), or, when
-        // capturable, a tensor on the parameters' device updated in the graph.
-        TensorInfo info;
-        std::string why;
-        if (!tensor_info(step, info, why)) unsupported("Adam step count: " + why);
-        ir::Node* count;
-        if (info.device.type == DeviceType::CPU && info.sizes.empty() && is_floating(info.dtype) && !gs.capturable) {
-          out_.guards.add_tensor(step_src, info);
-          count = node("add", scalar_input(step_src, true), num(1.0));
-        } else {
-          VarPtr sv = wrap(step, step_src);
-          check_inplace_target(sv, "optimizer step");
-          mutate(sv, node("add", sv->node(), num(1.0)));
-          // the bias corrections in double, as eager's Python floats (capturable: in the step's dtype)
-          count = sv->node();
-        }
-        if (gs.weight_decay) {
-          if (gs.decoupled) mutate(pv, node("mul", pn, node("sub", num(1.0), node("mul", gs.lr, gs.weight_decay))));
-          else g = node("add", g, node("mul", pn, gs.weight_decay));
-          pn = pv->node();
-        }
-        check_inplace_target(m, "optimizer step");
-        check_inplace_target(v, "optimizer step");
-        // exp_avg.lerp_(g, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        ir::Node* m1 = node("add", m->node(), node("mul", node("sub", g, m->node()), node("sub", num(1.0), gs.beta1)));
-        mutate(m, m1);
-        ir::Node* v1 = node("add", node("mul", v->node(), gs.beta2), node("mul", node("mul", g, g), node("sub", num(1.0), gs.beta2)));
-        mutate(v, v1);
-        ir::Node* second = v1;
-        if (vmax) {
-          check_inplace_target(vmax, "optimizer step");
-          second = add_node("maximum", {vmax->node(), v1});
-          mutate(vmax, second);
-        }
-        // step_size = -lr / (1 - beta1^t); denom = sqrt(v) / sqrt(1 - beta2^t) + eps
-        ir::Node* bc1 = node("sub", num(1.0), node("pow", gs.beta1, count));
-        ir::Node* bc2 = node("sub", num(1.0), node("pow", gs.beta2, count));
-        ir::Node* step_size = add_node("neg", {node("div", gs.lr, bc1)});
-        ir::Node* denom = node("add", node("div", add_node("sqrt", {second}), add_node("sqrt", {bc2})), gs.eps);
-        mutate(pv, node("add", pn, node("mul", node("div", m1, denom), step_size)));
-      }
+      out_.guards.add_type(src, reinterpret_cast<PyObject*>(&PyFloat_Type));
+      return scalar_input(src, false);
+    };
+    if (flag("differentiable", false)) unsupported("optimizer with differentiable=True");
+    gs.maximize = flag("maximize", false);
+    gs.capturable = flag("capturable", false);
+    flag("foreach", false);
+    flag("fused", false);
+    gs.lr = number(item(group, "lr"), key_src("lr"), "lr", false);
+    gs.weight_decay = number(item(group, "weight_decay"), key_src("weight_decay"), "weight_decay", true);
+    if (sgd) {
+      gs.momentum = number(item(group, "momentum"), key_src("momentum"), "momentum", true);
+      gs.dampening = number(item(group, "dampening"), key_src("dampening"), "dampening", true);
+      gs.nesterov = flag("nesterov", false);
+    } else {
+      PyObject* betas = item(group, "betas");
+      if (!betas || !PyTuple_Check(betas) || PyTuple_GET_SIZE(betas) != 2) unsupported("Adam betas that are not a pair");
+      const SourcePtr betas_src = key_src("betas");
+      out_.guards.add_type(betas_src, reinterpret_cast<PyObject*>(Py_TYPE(betas)));
+      out_.guards.add_length(betas_src, 2);
+      gs.beta1 = number(PyTuple_GET_ITEM(betas, 0), Source::item(betas_src, 0), "beta1", false);
+      gs.beta2 = number(PyTuple_GET_ITEM(betas, 1), Source::item(betas_src, 1), "beta2", false);
+      gs.eps = number(item(group, "eps"), key_src("eps"), "eps", false);
+      gs.amsgrad = flag("amsgrad", false);
+      gs.decoupled = flag("decoupled_weight_decay", adamw);
     }
-  } catch (...) {
-    enter_modes(saved);
-    throw;
-  }
-  enter_modes(saved);
+    if (!sgd) {
+      // The first step makes Adam's state (step counts, moments): made now by the optimizer's
+      // own _init_group, as eager's step would at this point and as Dynamo does.
+      PyObject* lists[6];
+      for (PyObject*& l : lists) l = PyList_New(0), keep_.push_back(l);
+      PyObject* r = PyObject_CallMethod(self, "_init_group", "OOOOOOO", group, lists[0], lists[1], lists[2], lists[3], lists[4], lists[5]);
+      if (!r) real(nullptr);
+      Py_DECREF(r);
+    }
+  };
+  auto on_param = [&](PyObject* p, const SourcePtr& p_src, PyObject* grad, const SourcePtr& grad_src) {
+    VarPtr pv = wrap(p, p_src), gv = wrap(grad, grad_src);
+    if (!pv->is_tensor() || !gv->is_tensor()) unsupported("optimizer parameter or gradient that is not a tensor");
+    const ir::TensorMeta& pm = pv->node()->meta;
+    if (!is_floating(pm.dtype) || gv->node()->meta.dtype != pm.dtype) unsupported("optimizer parameter of a non-floating dtype, or a gradient of another");
+    PyObject* pstate = PyObject_GetItem(state, p);  // a defaultdict: made empty where missing, as eager's lookup does
+    if (!pstate) real(nullptr);
+    keep_.push_back(pstate);
+    if (!PyDict_Check(pstate)) unsupported("optimizer state of a parameter is not a dict");
+    const SourcePtr pstate_src = Source::key_of(state_src, p);
+    out_.guards.add_type(pstate_src, reinterpret_cast<PyObject*>(Py_TYPE(pstate)));
+    auto state_tensor = [&](const char* name) -> VarPtr {
+      PyObject* key = PyUnicode_InternFromString(name);
+      keep_.push_back(key);
+      PyObject* t = PyDict_GetItem(pstate, key);
+      if (!t || !is_tensor(t)) return nullptr;
+      VarPtr v = wrap(t, Source::key_of(pstate_src, key));
+      if (!v->is_tensor()) unsupported(std::string("optimizer state ") + name);
+      return v;
+    };
+    auto node = [&](const char* op, ir::Node* a, ir::Node* b) { return add_node(op, {a, b}); };
+    auto num = [&](double x) { return g_->scalar(x, DType::Float64); };
+    ir::Node* g = gv->node();
+    ir::Node* pn = pv->node();
+    if (gs.maximize) g = add_node("neg", {g});
+    check_inplace_target(pv, "optimizer step");
+    if (sgd) {
+      if (gs.weight_decay) g = node("add", g, node("mul", pn, gs.weight_decay));
+      if (gs.momentum) {
+        VarPtr buf = state_tensor("momentum_buffer");
+        if (!buf) {
+          // The first step clones the gradient into a new buffer. With no dampening that is
+          // what the update makes of a zero buffer, so the buffer is made now, zeroed.
+          if (gs.dampening) {
+            out_.guards.add_length(state_src, PyObject_Length(state));
+            unsupported("SGD's first step with dampening makes its momentum buffers: it runs eagerly");
+          }
+          PyObject* zeros = PyObject_CallOneArg(resolve_torch("zeros_like"), p);
+          if (!zeros || PyDict_SetItemString(pstate, "momentum_buffer", zeros) < 0) {
+            Py_XDECREF(zeros);
+            real(nullptr);
+          }
+          Py_DECREF(zeros);
+          buf = state_tensor("momentum_buffer");
+        }
+        check_inplace_target(buf, "optimizer step");
+        ir::Node* damped = gs.dampening ? node("mul", g, node("sub", num(1.0), gs.dampening)) : g;
+        ir::Node* b = node("add", node("mul", buf->node(), gs.momentum), damped);
+        mutate(buf, b);
+        g = gs.nesterov ? node("add", g, node("mul", b, gs.momentum)) : b;
+      }
+      mutate(pv, node("add", pn, node("mul", g, add_node("neg", {gs.lr}))));
+      return;
+    }
+    VarPtr m = state_tensor("exp_avg"), v = state_tensor("exp_avg_sq");
+    VarPtr vmax = gs.amsgrad ? state_tensor("max_exp_avg_sq") : nullptr;
+    PyObject* step = PyDict_GetItemString(pstate, "step");
+    if (!m || !v || (gs.amsgrad && !vmax) || !step || !is_tensor(step)) unsupported("Adam state without its moments or step");
+    const SourcePtr step_src = Source::key_of(pstate_src, PyUnicode_InternFromString("step"));
+    // The step count: a 0-d CPU tensor (read per call, incremented on the host), or, when
+    // capturable, a tensor on the parameters' device updated in the graph.
+    TensorInfo info;
+    std::string why;
+    if (!tensor_info(step, info, why)) unsupported("Adam step count: " + why);
+    ir::Node* count;
+    if (info.device.type == DeviceType::CPU && info.sizes.empty() && is_floating(info.dtype) && !gs.capturable) {
+      out_.guards.add_tensor(step_src, info);
+      count = node("add", scalar_input(step_src, true), num(1.0));
+    } else {
+      VarPtr sv = wrap(step, step_src);
+      check_inplace_target(sv, "optimizer step");
+      mutate(sv, node("add", sv->node(), num(1.0)));
+      count = sv->node();
+    }
+    if (gs.weight_decay) {
+      if (gs.decoupled) mutate(pv, node("mul", pn, node("sub", num(1.0), node("mul", gs.lr, gs.weight_decay))));
+      else g = node("add", g, node("mul", pn, gs.weight_decay));
+      pn = pv->node();
+    }
+    check_inplace_target(m, "optimizer step");
+    check_inplace_target(v, "optimizer step");
+    // exp_avg.lerp_(g, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    ir::Node* m1 = node("add", m->node(), node("mul", node("sub", g, m->node()), node("sub", num(1.0), gs.beta1)));
+    mutate(m, m1);
+    ir::Node* v1 = node("add", node("mul", v->node(), gs.beta2), node("mul", node("mul", g, g), node("sub", num(1.0), gs.beta2)));
+    mutate(v, v1);
+    ir::Node* second = v1;
+    if (vmax) {
+      check_inplace_target(vmax, "optimizer step");
+      second = add_node("maximum", {vmax->node(), v1});
+      mutate(vmax, second);
+    }
+    // step_size = -lr / (1 - beta1^t); denom = sqrt(v) / sqrt(1 - beta2^t) + eps
+    ir::Node* bc1 = node("sub", num(1.0), node("pow", gs.beta1, count));
+    ir::Node* bc2 = node("sub", num(1.0), node("pow", gs.beta2, count));
+    ir::Node* step_size = add_node("neg", {node("div", gs.lr, bc1)});
+    ir::Node* denom = node("add", node("div", add_node("sqrt", {second}), add_node("sqrt", {bc2})), gs.eps);
+    mutate(pv, node("add", pn, node("mul", node("div", m1, denom), step_size)));
+  };
+  without_grad([&] { each_optimizer_param(self, self_src, on_group, on_param); });  // step runs under no_grad
 }
 
 
@@ -493,8 +475,8 @@ VarPtr Interpreter::clip_grad_norm(std::vector<VarPtr>& args, KwArgs& kwargs) {
   if (bound[3] && PyObject_IsTrue(const_obj(bound[3], "error_if_nonfinite")) == 1)
     unsupported("clip_grad_norm_ with error_if_nonfinite=True (a check of the gradients' values)");
   std::vector<VarPtr> params = bound[0]->is_tensor() ? std::vector<VarPtr>{bound[0]} : items_of(bound[0]);
-  ModeChange saved = enter_modes(ModeChange{false, std::nullopt});  // clip_grad_norm_ is @_no_grad
-  try {
+  VarPtr total;
+  without_grad([&] {  // clip_grad_norm_ is @_no_grad
     std::vector<VarPtr> grads;
     for (const VarPtr& param : params) {
       if (!param->is_tensor()) unsupported("clip_grad_norm_ over a value that is not a tensor");
@@ -510,7 +492,6 @@ VarPtr Interpreter::clip_grad_norm(std::vector<VarPtr>& args, KwArgs& kwargs) {
       return call(Var::constant(resolve_torch(name)), std::move(a), std::move(kw));
     };
     auto num = [&](double v) { return Var::steal_constant(PyFloat_FromDouble(v)); };
-    VarPtr total;
     const bool inf = std::isinf(p) && p > 0;
     for (const VarPtr& g : grads) {
       VarPtr part = inf ? torch_fn("amax", {torch_fn("abs", {g})})
@@ -533,12 +514,8 @@ VarPtr Interpreter::clip_grad_norm(std::vector<VarPtr>& args, KwArgs& kwargs) {
       }
       mutate(g, add_node("mul", {g->node(), c->node()}));
     }
-    enter_modes(saved);
-    return total;
-  } catch (...) {
-    enter_modes(saved);
-    throw;
-  }
+  }, /*autocast_off=*/false);
+  return total;
 }
 
 }  // namespace kiln::bind::detail

@@ -662,8 +662,9 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
     };
     // A foreach group's members are consecutive steps launched as one kernel at the first:
     // everything the members write is made before that launch.
-    std::vector<bool> made(p.steps.size(), false);
+    std::vector<bool> made(p.foreach_groups.empty() ? 0 : p.steps.size(), false);  // no allocation without groups
     auto make_once = [&](size_t si) {
+      if (made.empty()) return make(si);
       if (!made[si]) made[si] = true, make(si);
     };
     auto run_group = [&](int gi) -> bool {

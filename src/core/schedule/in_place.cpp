@@ -21,20 +21,6 @@ using loop::Stage;
 
 namespace {
 
-// Loads of `buffer` reachable from `root`, added to `out` (SRefs: hash-consed, so the same load
-// reached from two stores is one node, emitted once into a register).
-void loads_of(const loop::ScalarCtx& s, SRef root, int buffer, std::set<SRef>& seen, std::set<SRef>& out) {
-  std::vector<SRef> stack{root};
-  while (!stack.empty()) {
-    SRef r = stack.back();
-    stack.pop_back();
-    if (r < 0 || !seen.insert(r).second) continue;
-    const SNode& n = s[r];
-    if (n.op == SOp::Load && n.buffer == buffer) out.insert(r);
-    stack.insert(stack.end(), {n.a, n.b, n.c});
-  }
-}
-
 bool same_layout(const loop::Buffer& a, const loop::Buffer& b) {
   return a.dtype == b.dtype && a.device == b.device && a.sizes == b.sizes && a.strides == b.strides &&
          a.offset == b.offset;
@@ -69,12 +55,13 @@ void write_updates_in_place(loop::Program& p) {
         continue;
       }
       const Kernel& k = p.kernels[st.index];
-      std::set<SRef> seen, in_loads;
+      std::set<SRef> seen;
+      bool touches_in = false;
+      auto reads_in = [&](const SNode& n) { touches_in |= n.buffer == bi; };
       for (const Stage& s : k.stages) {
-        if (s.kind == Stage::Kind::Reduce) loads_of(p.exprs, s.value, bi, seen, in_loads);
-        for (const loop::Store& x : s.stores) loads_of(p.exprs, x.value, bi, seen, in_loads);
+        if (s.kind == Stage::Kind::Reduce) loop::visit_loads(p.exprs, s.value, seen, reads_in);
+        for (const loop::Store& x : s.stores) loop::visit_loads(p.exprs, x.value, seen, reads_in);
       }
-      const bool touches_in = !in_loads.empty();
       bool stores_out = false;
       for (const Stage& s : k.stages)
         for (const loop::Store& x : s.stores) stores_out |= x.buffer == bo, ok &= x.buffer != bi;
@@ -97,13 +84,20 @@ void write_updates_in_place(loop::Program& p) {
     // is made before the store (by this store's value or an earlier one's, held in a register).
     size_t at = 0;
     while (stores[at].buffer != bo) ++at;
-    std::set<SRef> seen, before, after;
-    for (size_t i = 0; i <= at; ++i) loads_of(p.exprs, stores[i].value, bi, seen, before);
-    seen.clear();
-    for (size_t i = at + 1; i < stores.size(); ++i) loads_of(p.exprs, stores[i].value, bi, seen, after);
-    for (SRef r : before) ok &= p.exprs[r].index == stores[at].index;
-    for (SRef r : after) ok &= before.count(r) > 0;
-    for (size_t i = 0; i < stores.size(); ++i) ok &= i == at || stores[i].buffer != bo;
+    // Loads are hash-consed by (buffer, index, dtype): a later store's read of the input at the
+    // store's index in a dtype an earlier value read it in is that same load, in a register.
+    std::set<SRef> seen;
+    std::set<DType> read_before;
+    for (size_t i = 0; i < stores.size(); ++i) {
+      if (i != at && stores[i].buffer == bo) ok = false;
+      if (i == at + 1) seen.clear();
+      loop::visit_loads(p.exprs, stores[i].value, seen, [&](const SNode& n) {
+        if (n.buffer != bi) return;
+        ok &= n.index == stores[at].index;
+        if (i <= at) read_before.insert(n.dtype);
+        else ok &= read_before.count(n.dtype) > 0;
+      });
+    }
     if (ok) redirects.emplace_back(bo, bi);
   }
   for (const auto& [bo, bi] : redirects) {
