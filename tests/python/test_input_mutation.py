@@ -248,3 +248,19 @@ def _flipped(x, w):
 def test_updates_stored_in_place_keep_eager_results(fn, make):
     for _ in range(2):  # the second call runs the cached program
         _same_effects(fn, *make())
+
+
+def test_an_in_place_op_whose_result_changes_shape_raises_eagers_error_first():
+    # t1 //= b broadcasts t1 to b's shape: eager refuses before dividing, so the integer
+    # division by b's zeros must not raise first (fuzzer seed 270275)
+    def fn(a, b):
+        t1 = a.to(torch.int64)
+        t1 //= b
+        return t1
+
+    a, b = torch.randn(1, 2) * 3, torch.tensor([[True, False], [False, True]])
+    with pytest.raises(RuntimeError) as want:
+        fn(a, b)
+    with pytest.raises(RuntimeError) as got:
+        kiln.compile(fn)(a, b)
+    assert str(got.value) == str(want.value)

@@ -71,7 +71,9 @@ void Interpreter::write_back(const std::vector<std::pair<size_t, ir::Node*>>& mu
 VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
   if (result->meta.dtype != a->node()->meta.dtype || result->meta.sizes != a->node()->meta.sizes) {
     // torch keeps the tensor's dtype and shape in place: a result that changes either is an error
-    // there (or a cast), which eager reports.
+    // there (or a cast), which eager reports. The result is not computed: eager raises before it
+    // would (an integer division by zero in it must not raise first).
+    if (result->users.empty()) g_->erase_if([&](const ir::Node* n) { return n == result; });
     unsupported("in-place result of another dtype or shape");
   }
   // The node computes the update out of place; which node it updates is kept for backends that
