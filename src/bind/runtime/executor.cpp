@@ -13,6 +13,7 @@
 #include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <unordered_map>
 #include <functional>
@@ -288,11 +289,31 @@ std::vector<at::Tensor> kernel_vjp(const c10::OperatorHandle& op, const ops::OpD
   return gradients_of(out, wrt, view_of(tensors[g.buffer], g));
 }
 
-// A tensor in the strides its buffer was planned with (kernels index by them): itself, or a copy.
-// `what`: the extern, named in the "copies" log (KILN_LOGS=copies), which says where a step's
-// copies come from.
-at::Tensor laid_out(at::Tensor t, const std::vector<int64_t>& strides, const loop::Extern& what) {
-  if (same_layout(t, strides)) return t;
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// `t` at a fresh, aligned address: the bytes its strides span copied, so the copy has its sizes
+// and strides whatever they are (expanded dims included). For a buffer whose kernels assume a
+// 16-byte-aligned pointer (schedule/alignment.cpp) that `t` does not have.
+at::Tensor aligned_copy(const at::Tensor& t) {
+  int64_t span = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);
+  const int64_t bytes = span * static_cast<int64_t>(t.element_size());
+  const auto byte_options = t.options().dtype(at::kByte);
+  at::Tensor src = at::empty({0}, byte_options).set_(t.storage(), t.storage_offset() * t.element_size(), {bytes}, {1});
+  at::Tensor dst = at::empty({bytes}, byte_options);
+  dst.copy_(src);
+  return dst.view(t.scalar_type()).as_strided(t.sizes(), t.strides(), 0);
+}
+
+// A tensor in the strides its buffer was planned with (kernels index by them), and aligned where
+// the kernels assume it: itself, or a copy. `what`: the extern, named in the "copies" log
+// (KILN_LOGS=copies), which says where a step's copies come from.
+at::Tensor laid_out(at::Tensor t, const std::vector<int64_t>& strides, bool aligned, const loop::Extern& what) {
+  if (same_layout(t, strides)) {
+    if (!aligned || t.numel() == 0 || aligned16(t.data_ptr())) return t;
+    if (log_enabled("copies")) log("copies", what.op + " " + what.aten + " " + what.attrs.get_str("target", "") + ": copied to an aligned address");
+    return aligned_copy(t);
+  }
   if (log_enabled("copies")) {
     std::string got, want;
     for (int64_t s : t.strides()) got += std::to_string(s) + ",";
@@ -322,6 +343,9 @@ struct PreparedProgram {
   // Inputs on another device than the program's that kernels read (a 0-d CPU tensor in a GPU
   // op, as eager allows): copied to the program's device per call, never read across devices.
   std::vector<size_t> moved_inputs;
+  // Inputs that kernels read assuming a 16-byte-aligned pointer (schedule/alignment.cpp): one that
+  // is not aligned is copied per call for the kernels (its own tensor still goes to torch's ops).
+  std::vector<size_t> aligned_inputs;
   std::vector<bool> extern_output;  // buffers that extern ops allocate themselves
   bool symbolic = false;
   const std::vector<loop::SymbolBinding>* symbols_desc = nullptr;
@@ -469,6 +493,15 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
     for (const loop::Kernel& k : p.kernels) read |= std::find(k.buffers.begin(), k.buffers.end(), id) != k.buffers.end();
     if (read) prep->moved_inputs.push_back(i);
   }
+  for (size_t i = 0; i < p.inputs.size(); ++i) {
+    const int id = p.inputs[i];
+    if (!p.buffers[id].aligned || p.buffers[id].device != p.device) continue;
+    for (const loop::Kernel& k : p.kernels)
+      if (std::find(k.buffers.begin(), k.buffers.end(), id) != k.buffers.end()) {
+        prep->aligned_inputs.push_back(i);
+        break;
+      }
+  }
   if (!prep->symbolic) resolve(cg, SymbolValues{&p.symbols, {}}, prep->fixed);
   for (const loop::Kernel& k : p.kernels) prep->kernel_scalar_args.push_back(loop::scalar_args_of(p, k));
   prep->group_of.assign(p.kernels.size(), -1);
@@ -549,6 +582,14 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       at::Tensor& t = tensors[p.inputs[i]];
       t = t.to(device_of(p.device));
       ptrs[p.inputs[i]] = t.data_ptr();
+    }
+    std::vector<at::Tensor> aligned_copies;  // empty unless an input is a view at an odd offset
+    for (size_t i : prep.aligned_inputs) {
+      const int id = p.inputs[i];
+      if (aligned16(ptrs[id]) || tensors[id].numel() == 0) continue;
+      if (log_enabled("copies")) log("copies", "input " + std::to_string(i) + ": copied to an aligned address");
+      aligned_copies.push_back(aligned_copy(tensors[id]));
+      ptrs[id] = aligned_copies.back().data_ptr();
     }
     // A shape-generic program reads its size symbols off the inputs (the guards checked that
     // they satisfy what the entry relies on) and resolves its sizes for this call.
@@ -637,10 +678,10 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         }
         const size_t at = static_cast<size_t>(std::find(plan.vjp_wanted.begin(), plan.vjp_wanted.end(), plan.vjp_input) -
                                               plan.vjp_wanted.begin());
-        r = laid_out(std::move(it->second[at]), views.out_strides, e);  // in the layout torch's backward chose: copied
+        r = laid_out(std::move(it->second[at]), views.out_strides, p.buffers[e.output].aligned, e);  // in the layout torch's backward chose: copied
       } else if (!plan.op) {
         if (!run_torch_call(e, *plan.call, views, tensors, rs.sizes[e.output], r)) return false;
-        r = laid_out(std::move(r), views.out_strides, e);
+        r = laid_out(std::move(r), views.out_strides, p.buffers[e.output].aligned, e);
       } else {
         torch::jit::Stack stack;
         push_arguments(stack, *plan.def, e.attrs, [&](size_t i) -> c10::IValue {
@@ -654,7 +695,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
           GilRelease unlocked;
           plan.op->callBoxed(&stack);
         }
-        r = laid_out(stack[plan.result].toTensor(), views.out_strides, e);  // laid out as planned
+        r = laid_out(stack[plan.result].toTensor(), views.out_strides, p.buffers[e.output].aligned, e);  // laid out as planned
       }
       ptrs[e.output] = r.data_ptr();
       tensors[e.output] = std::move(r);

@@ -381,11 +381,10 @@ class CudaKernelWriter {
       unravel(out_, indent, "kiln_row", k_.vars, k_.ranges);
       for (const Stage& st : k_.stages) write_row_stage(st, em, indent);
       out_ += "  }\n";
+    } else if (vec_.width && !write_vectorized(em, indent)) {
+      // Every vector access is to a buffer known aligned, and the groups cover every point.
     } else {
-      if (vec_.width) {
-        write_vectorized(em, indent);
-        out_ += indent + "else\n";
-      }
+      if (vec_.width) out_ += indent + "else\n";
       const std::string first = "(kiln_idx)blockIdx.x * " + std::to_string(l.block) + " + threadIdx.x";
       if (!symbolic_outer && int64_t(l.grid) * l.block >= outer) {
         // One point per thread: no loop, so NVRTC compiles the body once (an unrolled loop
@@ -474,20 +473,22 @@ class CudaKernelWriter {
 
   // The loop over groups of V points, taken when every vector access is aligned at run time
   // (a view's offset may not be): the vector loads, V bodies reading their elements, then the
-  // vector stores. The scalar loop after it handles the unaligned case.
-  void write_vectorized(ScalarEmitter& em, const std::string& indent) {
+  // vector stores. The scalar loop after it handles the unaligned case. Returns whether that
+  // case can happen: false when every buffer accessed by vectors is known aligned.
+  bool write_vectorized(ScalarEmitter& em, const std::string& indent) {
     const int V = vec_.width;
     const std::string Vs = std::to_string(V);
     auto vtype = [&](int buffer) { return vec_type(buffer, V); };
     std::string aligned;
     auto check = [&](int buffer) {
       const loop::Buffer& b = p_.buffers[buffer];
+      if (b.aligned) return;
       aligned += std::string(aligned.empty() ? "" : " && ") + "(reinterpret_cast<unsigned long long>(" + b.name +
                  ") % sizeof(" + vtype(buffer) + ") == 0)";
     };
     for (const auto& [buffer, index] : vec_.loads) check(buffer);
     for (const loop::Store* st : vec_.stores) check(st->buffer);
-    out_ += indent + "if (" + aligned + ")\n";
+    if (!aligned.empty()) out_ += indent + "if (" + aligned + ")\n";
     out_ += indent + "for (kiln_idx kiln_g = (kiln_idx)blockIdx.x * " + std::to_string(block_) +
             " + threadIdx.x; kiln_g < " + outer_ + " / " + Vs + "; kiln_g += (kiln_idx)gridDim.x * " +
             std::to_string(block_) + ") {\n";
@@ -540,6 +541,7 @@ class CudaKernelWriter {
               std::to_string(slot) + "]) = " + out_names[i] + ";\n";
     }
     out_ += indent + "}\n";
+    return !aligned.empty();
   }
 
   // ---- reductions over the outer dims of a contiguous kept dim (ColumnPlan) ----
@@ -607,7 +609,7 @@ class CudaKernelWriter {
     if (rows_.width > 1) {
       std::set<int> checked;
       auto flag = [&](int buffer) {
-        if (!checked.insert(buffer).second) return;
+        if (p_.buffers[buffer].aligned || !checked.insert(buffer).second) return;
         const loop::Buffer& b = p_.buffers[buffer];
         out_ += indent + "const bool kiln_al_" + b.name + " = reinterpret_cast<unsigned long long>(" + b.name +
                 ") % sizeof(" + vec_type(buffer, rows_.width) + ") == 0;\n";
@@ -623,12 +625,18 @@ class CudaKernelWriter {
   std::string vector_load(int buffer, int width, const std::string& at) const {
     const loop::Buffer& b = p_.buffers[buffer];
     return "kiln_vload<" + ctype(b.dtype) + ", " + std::to_string(width) + ">(" + b.name + " + " + at + ", " +
-           (width > 1 ? "kiln_al_" + b.name : std::string("true")) + ")";
+           alignment_flag(b, width) + ")";
   }
   std::string vector_store(int buffer, int width, const std::string& at, const std::string& value) const {
     const loop::Buffer& b = p_.buffers[buffer];
     return "kiln_vstore<" + ctype(b.dtype) + ", " + std::to_string(width) + ">(" + b.name + " + " + at + ", " + value + ", " +
-           (width > 1 ? "kiln_al_" + b.name : std::string("true")) + ");";
+           alignment_flag(b, width) + ");";
+  }
+
+  // Whether `b` is aligned for a group of `width` elements: known (one element, or a buffer
+  // schedule::mark_aligned vouches for), or the flag the kernel tested on entry.
+  static std::string alignment_flag(const loop::Buffer& b, int width) {
+    return width == 1 || b.aligned ? std::string("true") : "kiln_al_" + b.name;
   }
 
   std::string vec_type(int buffer, int width) const {

@@ -35,6 +35,9 @@ struct Buffer {
   // Stored though nothing reads it: computing it may raise (an integer division by zero on the
   // CPU), as eager's unused result would. Fusion keeps its stores.
   bool keep = false;
+  // (GPU) Its pointer is a multiple of 16 bytes at every run: kiln allocates it, or the executor
+  // copies it (an input) or lays it out (a torch result) when it is not (schedule::mark_aligned).
+  bool aligned = false;
   Expr bytes() const;        // bytes spanned by the layout
 };
 

@@ -257,6 +257,7 @@ void schedule(loop::Program& p) {
   write_updates_in_place(p);
   plan_buffers(p);
   name_kernels(p);
+  mark_aligned(p);
   if (p.device.type == DeviceType::CUDA) group_foreach(p);
 }
 

@@ -16,6 +16,9 @@
 //   write_updates_in_place  lets the kernel that computes an update of a graph input store it
 //                     into the input itself where that is what eager's in-place op would do.
 //   plan_buffers      assigns temporaries to shared allocation slots by liveness.
+//   mark_aligned      (GPU) marks the buffers whose pointers are 16-byte aligned at every run
+//                     (kiln allocates them, or the executor copies those that are not), so
+//                     vector accesses to them need no test and no element-by-element path.
 //   group_foreach     (GPU) groups consecutive flat pointwise kernels that compute the same
 //                     thing over other buffers into one launch (Program::foreach_groups).
 #pragma once
@@ -30,6 +33,7 @@ void collapse_dims(loop::Program& p);
 void write_updates_in_place(loop::Program& p);
 void plan_buffers(loop::Program& p);
 void name_kernels(loop::Program& p);
+void mark_aligned(loop::Program& p);
 void group_foreach(loop::Program& p);
 
 // All of the above, in order.
