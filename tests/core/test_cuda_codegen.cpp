@@ -205,7 +205,14 @@ TEST(CudaCodegen, RowReductionsReadTheirRowOnce) {
     const std::string src = cuda_source_of(g);
     if (getenv("SHOW_SRC")) std::cout << src.substr(src.find("kiln_idx;"));
     EXPECT_NE(src.find("kiln_warp_reduce"), std::string::npos) << src;
-    EXPECT_NE(src.find("kiln_rc0["), std::string::npos) << src;
+    // x + r is computed once, held in registers for the variance and the output (and x - mean
+    // after it): each input row is loaded once.
+    EXPECT_NE(src.find("kiln_rv0["), std::string::npos) << src;
+    for (const char* load : {"(in0 + ", "(in1 + "}) {
+      const size_t first = src.find(load);
+      EXPECT_NE(first, std::string::npos) << src;
+      EXPECT_EQ(src.find(load, first + 1), std::string::npos) << load << " loaded twice\n" << src;
+    }
     EXPECT_NE(src.find("kiln_vec<kiln_bf16, 8>"), std::string::npos) << src;
   }
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{64, 4096}, {300, 999}, {2, 1 << 14}, {4096, 96}}) {
@@ -434,6 +441,7 @@ TEST(CudaCodegen, RepeatedLayersShareOneUnit) {
   const codegen::CudaSource cs = codegen::generate_cuda(p);
   ASSERT_EQ(p.kernels.size(), 3u) << p.str();
   EXPECT_NE(cs.kernels[1].find("kiln_vec<float, 4>"), std::string::npos) << cs.kernels[1];
+  if (getenv("SHOW_SRC")) std::cout << cs.kernels[1];
   EXPECT_EQ(pipeline::canonical_unit(cs.header, cs.kernels[1], p, p.kernels[1]),
             pipeline::canonical_unit(cs.header, cs.kernels[2], p, p.kernels[2]));
 }

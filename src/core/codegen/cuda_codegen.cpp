@@ -16,6 +16,7 @@ extern const char* const kCudaPrelude;
 
 namespace {
 
+using loop::SOp;
 using loop::Kernel;
 using loop::Stage;
 using loop::visit_loads;
@@ -155,6 +156,11 @@ struct RowPlan {
   bool warp_rows = false;     // a row per warp (else a row per block)
   int width = 1;              // V
   int64_t points = 0;         // elements of a row
+  // Values a stage computes per element and a later stage uses again (layer_norm's x + residual:
+  // its mean, its variance and the output all need it), held in registers from the first stage
+  // that computes them; a later stage reads the register instead of loading and computing again.
+  std::vector<loop::SRef> held_values;
+  std::vector<size_t> held_stage;             // the stage that computes each
   std::vector<std::pair<int, Expr>> cached;   // (buffer, index) loaded once per row, in registers
   std::vector<std::pair<int, Expr>> vector_loads;  // read a group at a time where they are used
   std::vector<const loop::Store*> vector_stores;
@@ -186,11 +192,72 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int w
   std::set<int> stored;
   for (const Stage& st : k.stages)
     for (const loop::Store& s : st.stores) stored.insert(s.buffer);
-  // Loads that walk the row, and how many stages read each.
-  std::vector<std::pair<const loop::SNode*, int>> row_loads;
-  for (const Stage& st : k.stages) {
+  // Values several stages compute (held in registers; see RowPlan::held_values). A value is
+  // worth a register when it walks the row and is more than a load (cached below) or a
+  // constant; a stage's reduction results are final by the time a later stage reads them.
+  std::map<loop::SRef, bool> walks_memo;
+  std::function<bool(loop::SRef)> walks_row = [&](loop::SRef r) -> bool {
+    if (r < 0) return false;
+    if (auto it = walks_memo.find(r); it != walks_memo.end()) return it->second;
+    const loop::SNode& nd = p.exprs[r];
+    bool w = false;
+    if (nd.op == SOp::Load || nd.op == SOp::Index)
+      for (const Expr& v : looping->vars) w |= sym::depends_on(nd.index, v);
+    w = w || walks_row(nd.a) || walks_row(nd.b) || walks_row(nd.c);
+    return walks_memo[r] = w;
+  };
+  auto roots = [](const Stage& st) {
+    std::vector<loop::SRef> r;
+    if (st.kind == Stage::Kind::Reduce) r.push_back(st.value);
+    for (const loop::Store& s : st.stores) r.push_back(s.value);
+    return r;
+  };
+  // Every value under `r`, not looking under those in `stop`.
+  std::function<void(loop::SRef, const std::set<loop::SRef>&, std::set<loop::SRef>&)> under =
+      [&](loop::SRef r, const std::set<loop::SRef>& stop, std::set<loop::SRef>& out) {
+        if (r < 0 || stop.count(r) || !out.insert(r).second) return;
+        const loop::SNode& nd = p.exprs[r];
+        under(nd.a, stop, out), under(nd.b, stop, out), under(nd.c, stop, out);
+      };
+  std::set<loop::SRef> computed, held;  // by the row-walking stages so far; held in registers
+  for (size_t i = 0; i < k.stages.size(); ++i) {
+    const Stage& st = k.stages[i];
     if (st.vars.empty()) continue;
     std::set<loop::SRef> seen;
+    std::function<void(loop::SRef)> visit = [&](loop::SRef r) {
+      if (r < 0 || !seen.insert(r).second || held.count(r)) return;
+      const loop::SNode& nd = p.exprs[r];
+      const bool value = nd.op != SOp::Const && nd.op != SOp::Load && nd.op != SOp::Acc && nd.op != SOp::Index &&
+                         nd.op != SOp::Arg;
+      if (value && computed.count(r) && walks_row(r)) {
+        held.insert(r);
+        plan.held_values.push_back(r);
+        return;
+      }
+      visit(nd.a), visit(nd.b), visit(nd.c);
+    };
+    for (loop::SRef r : roots(st)) visit(r);
+    for (loop::SRef r : roots(st)) under(r, held, computed);
+  }
+  for (loop::SRef h : plan.held_values)  // the first stage that computes it
+    for (size_t i = 0; i < k.stages.size(); ++i) {
+      if (k.stages[i].vars.empty()) continue;
+      std::set<loop::SRef> mine;
+      for (loop::SRef r : roots(k.stages[i])) under(r, {}, mine);
+      if (mine.count(h)) {
+        plan.held_stage.push_back(i);
+        break;
+      }
+    }
+  // Loads that walk the row, and how many stages read each (not counting the reads under a
+  // value a stage takes from a register).
+  std::vector<std::pair<const loop::SNode*, int>> row_loads;
+  for (size_t si = 0; si < k.stages.size(); ++si) {
+    const Stage& st = k.stages[si];
+    if (st.vars.empty()) continue;
+    std::set<loop::SRef> seen;
+    for (size_t h = 0; h < plan.held_values.size(); ++h)
+      if (plan.held_stage[h] < si) seen.insert(plan.held_values[h]);
     std::set<std::string> in_stage;
     auto visit = [&](const loop::SNode& ld) {
       bool walks = false;
@@ -215,7 +282,9 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int w
   // Groups a thread walks, unrolled: long rows keep the streaming loop.
   const int64_t trips = (*n / width + lanes - 1) / lanes, per_thread = trips * width;
   if (trips > 16 || (*n + lanes - 1) / lanes > 64) return plan;
-  int64_t registers = 0;
+  while (!plan.held_values.empty() && int64_t(plan.held_values.size()) * per_thread > kMaxRowRegisters)
+    plan.held_values.pop_back(), plan.held_stage.pop_back();  // recomputed where they are used
+  int64_t registers = int64_t(plan.held_values.size()) * per_thread;
   for (auto& [ld, count] : row_loads) {
     const bool vec = width > 1 && steps_by_one(ld->index, all, width);
     if (count > 1 && registers + per_thread <= kMaxRowRegisters) {
@@ -669,9 +738,13 @@ class CudaKernelWriter {
       cached[{buffer, index.str()}] = name + "[kiln_it * " + std::to_string(width) + " + kiln_j]";
       out_ += in2 + ctype(p_.buffers[buffer].dtype) + " " + name + "[" + std::to_string(trips * width) + "];\n";
     }
+    for (size_t h = 0; h < rows_.held_values.size(); ++h)
+      out_ += in2 + register_ctype(p_.exprs[rows_.held_values[h]].dtype) + " kiln_rv" + std::to_string(h) + "[" +
+              std::to_string(trips * width) + "];\n";
     plan_held_stores(trips * width);
     for (const auto& [store, held] : held_)
-      out_ += in2 + ctype(p_.buffers[store->buffer].dtype) + " " + held.reg + "[" + std::to_string(trips * width) + "];\n";
+      if (!held.value_register)
+        out_ += in2 + ctype(p_.buffers[store->buffer].dtype) + " " + held.reg + "[" + std::to_string(trips * width) + "];\n";
     if (!rows_.cached.empty()) {
       open_group(g, in2);
       const std::string in4 = in2 + "    ";
@@ -689,8 +762,9 @@ class CudaKernelWriter {
       }
       close_group(g, in2);
     }
-    for (const Stage& st : k_.stages) {
-      write_group_stage(st, em, in2, g, cached);
+    for (size_t si = 0; si < k_.stages.size(); ++si) {
+      const Stage& st = k_.stages[si];
+      write_group_stage(st, si, em, in2, g, cached);
       // Later stages read what this one holds from its registers.
       for (const loop::Store& s : st.stores)
         if (auto it = held_.find(&s); it != held_.end())
@@ -719,7 +793,7 @@ class CudaKernelWriter {
       if (st.kind == Stage::Kind::Reduce) visit_loads(p_.exprs, st.value, seen, note);
       for (const loop::Store& s : st.stores) visit_loads(p_.exprs, s.value, seen, note);
     }
-    int64_t registers = int64_t(rows_.cached.size()) * per_thread;
+    int64_t registers = int64_t(rows_.cached.size() + rows_.held_values.size()) * per_thread;
     for (size_t i = 0; i < k_.stages.size(); ++i) {
       if (k_.stages[i].vars.empty()) continue;
       for (const loop::Store& s : k_.stages[i].stores) {
@@ -734,7 +808,15 @@ class CudaKernelWriter {
         for (size_t j = i + 1; j < k_.stages.size(); ++j)
           for (const loop::Store& later : k_.stages[j].stores)
             overwritten |= !k_.stages[j].vars.empty() && later.buffer == s.buffer && later.index.str() == index;
-        if (!read_later || other_index || registers + per_thread > kMaxRowRegisters) continue;
+        if (!read_later || other_index) continue;
+        // A float32 store of a value already held: read back from the value's registers.
+        const loop::Buffer& b = p_.buffers[s.buffer];
+        auto h = std::find(rows_.held_values.begin(), rows_.held_values.end(), s.value);
+        if (h != rows_.held_values.end() && !is_16bit_float(b.dtype) && p_.exprs[s.value].dtype == b.dtype) {
+          held_[&s] = Held{"kiln_rv" + std::to_string(h - rows_.held_values.begin()), overwritten, true};
+          continue;
+        }
+        if (registers + per_thread > kMaxRowRegisters) continue;
         registers += per_thread;
         held_[&s] = Held{"kiln_rs" + std::to_string(held_.size()), overwritten};
       }
@@ -765,8 +847,9 @@ class CudaKernelWriter {
     out_ += indent + "}\n";
   }
 
-  void write_group_stage(const Stage& st, ScalarEmitter& em, const std::string& indent, const GroupLoop& g,
+  void write_group_stage(const Stage& st, size_t stage, ScalarEmitter& em, const std::string& indent, const GroupLoop& g,
                          const std::map<std::pair<int, std::string>, std::string>& cached) {
+    const std::string element_at = "[kiln_it * " + std::to_string(g.width) + " + kiln_j]";
     const std::string lane0 = "(" + g.lane + " == 0)";
     if (st.vars.empty()) {  // outer-point stores: every thread holds the values; one writes
       out_ += indent + "if " + lane0 + " {\n";
@@ -786,7 +869,9 @@ class CudaKernelWriter {
     std::vector<std::pair<int, Expr>> loads;
     std::vector<const loop::Store*> stores;
     if (g.width > 1) {
-      std::set<loop::SRef> seen;
+      std::set<loop::SRef> seen;  // not under the values an earlier stage holds
+      for (size_t h = 0; h < rows_.held_values.size(); ++h)
+        if (rows_.held_stage[h] < stage) seen.insert(rows_.held_values[h]);
       std::set<std::pair<int, std::string>> used;
       auto note = [&](const loop::SNode& n) { used.insert({n.buffer, n.index.str()}); };
       if (reduce) visit_loads(p_.exprs, st.value, seen, note);
@@ -822,18 +907,23 @@ class CudaKernelWriter {
       auto it = element.find({n.buffer, n.index.str()});
       return it == element.end() ? std::string() : it->second;
     };
+    for (size_t h = 0; h < rows_.held_values.size(); ++h)
+      if (rows_.held_stage[h] < stage) em.name(rows_.held_values[h], "kiln_rv" + std::to_string(h) + element_at);
     std::string v;
     if (reduce) v = em.emit(st.value, in5);
     for (const loop::Store& s : st.stores) {
       const std::string value = reduce ? v : em.emit(s.value, in5);
-      if (auto h = held_.find(&s); h != held_.end())
-        out_ += in5 + store_to(p_.buffers[s.buffer], h->second.reg + "[kiln_it * " + std::to_string(g.width) + " + kiln_j]", value) + "\n";
+      if (auto h = held_.find(&s); h != held_.end() && !h->second.value_register)
+        out_ += in5 + store_to(p_.buffers[s.buffer], h->second.reg + element_at, value) + "\n";
       if (is_dead(s)) continue;
       auto it = std::find(stores.begin(), stores.end(), &s);
       if (it == stores.end()) out_ += in5 + store_stmt(p_.buffers[s.buffer], s.index.c_str(), value) + "\n";
       else out_ += in5 + store_to(p_.buffers[s.buffer], "kiln_so" + std::to_string(it - stores.begin()) + ".v[kiln_j]", value) + "\n";
     }
     if (reduce) out_ += in5 + acc + " = " + functor(st.reduce) + "(" + acc + ", " + v + ");\n";
+    for (size_t h = 0; h < rows_.held_values.size(); ++h)
+      if (rows_.held_stage[h] == stage)
+        out_ += in5 + "kiln_rv" + std::to_string(h) + element_at + " = " + em.emit(rows_.held_values[h], in5) + ";\n";
     em.element_of = nullptr;
     em.pop_scope();
     out_ += in4 + "}\n";
@@ -857,6 +947,7 @@ class CudaKernelWriter {
   struct Held {
     std::string reg;   // the register array, an element per (trip, lane of the group)
     bool dead = false; // a later stage stores the same element: never written to memory
+    bool value_register = false;  // reg holds the stored value already (RowPlan::held_values)
   };
   std::map<const loop::Store*, Held> held_;  // persistent rows: stores kept in registers
   bool is_dead(const loop::Store& s) const {

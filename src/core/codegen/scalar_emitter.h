@@ -37,6 +37,10 @@ class ScalarEmitter {
   // `buffer[index]` ("" keeps the buffer). Set by the CUDA writer around vectorized bodies.
   std::function<std::string(const loop::SNode& load)> element_of;
 
+  // Names `r` `text` in the current scope: a value held elsewhere (a register array's element)
+  // that later emits read instead of computing it.
+  void name(loop::SRef r, std::string text) { names_[r] = std::move(text); }
+
   // Scopes: names made inside a loop body are not visible after it.
   void push_scope() { scopes_.push_back(names_); }
   void pop_scope() {
