@@ -273,3 +273,38 @@ def test_param_groups_with_their_own_settings(opt_name):
     torch.testing.assert_close(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
     stats = kiln.stats()
     assert stats["recompiles"] == 0 and stats["eager_fallbacks"] == 0, stats["recompile_reasons"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_accumulation_keeps_a_few_entries(device):
+    # `if (i + 1) % accum == 0: opt.step()`: the step counter becomes a size symbol after it
+    # changes, the branch a guard on (s0 + 1) % 4, so neither the step nor its resume function
+    # recompiles per value of i (it ran eagerly after 8 entries before).
+    accum = 4
+
+    def train(compiled):
+        model = _model(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        def step(x, y, i):
+            loss = F.cross_entropy(model(x), y) / accum
+            loss.backward()
+            if (i + 1) % accum == 0:
+                opt.step()
+                opt.zero_grad()
+            return loss.detach()
+
+        run = kiln.compile(step) if compiled else step
+        losses = [run(x, y, i).item() for i, (x, y) in enumerate(_batches(14, device))]
+        return losses, model
+
+    kiln.reset()
+    eager_losses, eager_model = train(False)
+    losses, model = train(True)
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    s = kiln.stats()
+    assert s["eager_fallbacks"] == 0, s["fallback_reasons"]
+    assert s["graphs_compiled"] <= 8, s["recompile_reasons"]

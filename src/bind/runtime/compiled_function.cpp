@@ -390,12 +390,12 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
   const Stats before = stats();
   const size_t explained = explain_log() ? explain_log()->size() : 0;
   std::unique_ptr<Entry> e = build_entry_interruptible(fn, args, cfg, name);
-  // A shape-generic entry must be a whole compiled graph: if capture or compilation with
-  // symbolic sizes stopped anywhere (a break, a shape rule that needs constant sizes, a graph
-  // that runs through torch), capture again with every size static.
-  if (e && !e->capture.guards.symbols().empty() && (e->eager || e->capture.graph_break)) {
-    log("recompiles", name + ": a shape-generic entry failed (" +
-                          (e->eager ? e->reason : e->capture.graph_break->reason) + "): captured with static sizes");
+  // A shape-generic entry must compile: if capture or compilation with symbolic sizes stopped
+  // (a shape rule that needs constant sizes, a graph that runs through torch), capture again
+  // with every size static. A graph break is no reason: what the break hands on (the resume
+  // function's locals, the instruction's operands) evaluates its symbolic ints per call.
+  if (e && !e->capture.guards.symbols().empty() && e->eager) {
+    log("recompiles", name + ": a shape-generic entry failed (" + e->reason + "): captured with static sizes");
     // The attempt counts as nothing but time: its breaks and fallbacks did not happen.
     Stats& s = stats();
     const double capture_s = s.capture_seconds, compile_s = s.compile_seconds;
