@@ -3,8 +3,10 @@
 //   matmul(softmax(matmul(q, k.transpose(-2, -1)) {/ c | * c} [+ mask], dim=-1), v)
 //
 // becomes one extern call that never stores the (L x S) score matrix: on the GPU torch runs it
-// as a flash or memory-efficient kernel. The rewrite keeps eager's semantics only where they are
-// the fused op's, so it takes just this shape: 4-D q, k, v of one floating dtype on a CUDA device
+// as a flash or memory-efficient kernel, on the CPU as its flash kernel (blocks of keys, an
+// online softmax, torch's threads over batch and heads), as inductor's attention patterns do on
+// both. The rewrite keeps eager's semantics only where they are the fused op's, so it takes just
+// this shape: 4-D q, k, v of one floating dtype (not float64) on one device
 // with equal batch and head dims (no broadcasting), a constant scale, an additive mask of q's
 // dtype that does not widen the scores, softmax over the last dim in the scores' dtype, and
 // intermediates nothing else reads. Anything else is left to the decompositions.
@@ -78,7 +80,7 @@ bool match(const Node* out, Attention& m) {
   const ir::TensorMeta &q = m.q->meta, &k = m.k->meta, &v = m.v->meta;
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || !is_floating(q.dtype) || q.dtype == DType::Float64) return false;
   if (k.dtype != q.dtype || v.dtype != q.dtype || p->meta.dtype != q.dtype) return false;
-  if (q.device.type != DeviceType::CUDA || k.device != q.device || v.device != q.device) return false;
+  if (k.device != q.device || v.device != q.device) return false;
   for (int d = 0; d < 2; ++d)
     if (!(q.sizes[d] == k.sizes[d]) || !(q.sizes[d] == v.sizes[d])) return false;
   return q.sizes[3] == k.sizes[3] && k.sizes[2] == v.sizes[2];
