@@ -24,10 +24,10 @@ def test_conv_bn_relu_sequential_is_one_graph(device):
         m[1].running_var.uniform_(0.5, 2)
         x = torch.randn(2, 3, 16, 16, device=device)
         e = _one_graph(m, x)
-        # batch norm and relu fuse into one kernel after the conv (on CUDA, a second one copies
-        # the row-major input channels-last for cuDNN: passes::channels_last_convolutions)
+        # batch norm and relu fuse into one kernel after the conv (a second one copies the
+        # row-major input channels-last for cuDNN or oneDNN: passes::channels_last_convolutions)
         assert len([k for k in e.kernels if "relu" in k.name]) == 1, [k.name for k in e.kernels]
-        assert len(e.kernels) == (2 if device == "cuda" else 1), [k.name for k in e.kernels]
+        assert len(e.kernels) == 2, [k.name for k in e.kernels]
         torch.testing.assert_close(kiln.compile(m)(x), m(x), rtol=1e-4, atol=1e-4)
 
 

@@ -1,10 +1,11 @@
-// Convolutions on the GPU in channels-last.
+// Convolutions in channels-last.
 //
 // cuDNN's fast convolution kernels on tensor-core GPUs read and write NHWC. Given row-major
 // (NCHW) activations, torch's cuDNN path converts the input, the weight and the output around
 // every convolution (three layout-conversion kernels: a third of a float32 ResNet's time on an
-// H100). This pass gives each such convolution a channels-last copy of its input and hands
-// its result on row-major again:
+// H100). oneDNN on the CPU prefers NHWC too, as inductor's CPU layout choice does (resnet18
+// batch 4 on 2 cores: 167 -> 136-147 ms). This pass gives each such convolution a channels-last
+// copy of its input and hands its result on row-major again:
 //
 //   conv2d(x, w, b)  ->  contiguous(conv2d(channels_last(x), w, b))
 //
@@ -25,7 +26,7 @@ void channels_last_convolutions(ir::Graph& g) {
   // The convolutions of the graph as it comes (never the ones this pass makes).
   std::vector<ir::Node*> convs;
   for (auto& n : g.nodes())
-    if (n->op_name() == "conv2d" && n->meta.device.type == DeviceType::CUDA) convs.push_back(n.get());
+    if (n->op_name() == "conv2d") convs.push_back(n.get());
   for (ir::Node* conv : convs) {
     ir::Node *x = conv->inputs[0], *w = conv->inputs[1];
     const DType t = x->meta.dtype;
@@ -67,7 +68,7 @@ void channels_last_activations(ir::Graph& g) {
   std::vector<ir::Node*> order;
   for (auto& n : g.nodes()) order.push_back(n.get());
   for (ir::Node* n : order) {
-    if (n->op == contiguous && n->inputs[0]->op == conv && n->meta.device.type == DeviceType::CUDA &&
+    if (n->op == contiguous && n->inputs[0]->op == conv &&
         ops::suggests_channels_last(n->inputs[0]->meta))
       twin[n] = n->inputs[0];
   }
