@@ -4,12 +4,10 @@ import pytest
 
 import _fuzz_grad
 
-# Eager raises in backward() where kiln's functionalized graph computes the gradient: an
-# in-place op on a value autograd saved (the version-counter error).
-KNOWN = {
-    130029: "BUG: an in-place op on log_softmax's saved result: eager's backward raises, kiln's does not",
-    130050: "BUG: an in-place op on exp's saved result: eager's backward raises, kiln's does not",
-}
+# Seeds whose gradients kiln still gets wrong (strict xfails, "BUG: ..."); 130029 and 130050
+# (an in-place op on log_softmax's and exp's saved results: eager's backward raises) now raise
+# as eager does.
+KNOWN: dict[int, str] = {}
 
 
 @pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN[s])) if s in KNOWN

@@ -79,7 +79,12 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
   // The node computes the update out of place; which node it updates is kept for backends that
   // run torch's ops (the eager backend writes the result into the old tensor, as torch's
   // in-place op leaves the tensor's layout).
-  if (result != a->node()) result->attrs.set("inplace_of", static_cast<int64_t>(a->node()->id));
+  if (result != a->node()) {
+    result->attrs.set("inplace_of", static_cast<int64_t>(a->node()->id));
+    // Autograd may have saved the old value (exp's result): eager's backward would then raise.
+    // The joint graph decides whether a derivative reads it (autodiff::JointGraph::stale).
+    if (a->node()->op->kind != ops::OpKind::Source) a->node()->attrs.set("result_modified", true);
+  }
   a->node() = result;
   return a;
 }

@@ -54,12 +54,17 @@ void release_with_gil(std::shared_ptr<BackwardProgram>& p) {
 struct CompiledFunctionBackward final : Node {
   std::shared_ptr<BackwardProgram> program;
   std::vector<SavedVariable> saved;
+  // Outputs that are results eager's autograd saves (BackwardProgram::result_witnesses): kept
+  // as saved outputs so that unpacking them raises autograd's own error if one was changed in
+  // place after the call.
+  std::vector<SavedVariable> witnesses;
   std::vector<int64_t> scalars;  // the Python-int symbols' values of the forward call
 
   ~CompiledFunctionBackward() override { release_with_gil(program); }
   std::string name() const override { return "CompiledFunctionBackward"; }
   void release_variables() override {
     for (SavedVariable& s : saved) s.reset_data();
+    for (SavedVariable& s : witnesses) s.reset_data();
   }
 
   variable_list apply(variable_list&& grads) override {
@@ -67,6 +72,10 @@ struct CompiledFunctionBackward final : Node {
     std::vector<at::Tensor> ins;
     ins.reserve(p.saved + p.tangents);
     NodePtr self = pointer_to(this);
+    for (const SavedVariable& w : witnesses) w.unpack(self);  // raises if changed in place since the call
+    if (!p.backward_error.empty())
+      for (int t : p.error_tangents)
+        if (static_cast<size_t>(t) < grads.size() && grads[t].defined()) throw std::runtime_error(p.backward_error);
     for (const SavedVariable& s : saved) ins.push_back(s.unpack(self));  // raises after the graph was freed
     ins.resize(p.saved + p.tangents);
     for (size_t i = 0; i < grads.size(); ++i) {
@@ -152,6 +161,7 @@ bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedP
       }
       torch::autograd::set_history(t, node_ptr);
     }
+    for (int i : bp.result_witnesses) node->witnesses.emplace_back(THPVariable_Unpack(outputs[static_cast<size_t>(i)]), true);
     for (size_t j = 0; j < bp.saved; ++j) {
       PyObject* o = outputs[bp.outputs + j];
       const int as_output = bp.saved_as_output[j];

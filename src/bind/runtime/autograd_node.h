@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/pipeline/compile_graph.h"
@@ -22,6 +23,10 @@ struct BackwardProgram {
   std::vector<int> tangent_of, saved_as_output, grad_of;
   std::vector<std::vector<int>> grad_tangents;  // per gradient: the tangents it is computed from
   std::vector<int> wrt;  // per gradient edge: the graph input it flows to
+  // Eager's version-counter error (autodiff::TrainingGraphs): raised when a gradient reaches
+  // one of `error_tangents`; outputs whose in-place change after the call backward() reports.
+  std::string backward_error;
+  std::vector<int> error_tangents, result_witnesses;
   ~BackwardProgram();
 };
 

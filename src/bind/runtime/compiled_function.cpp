@@ -300,6 +300,9 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     bp->saved_as_output = training.saved_as_output;
     bp->grad_of = training.grad_of;
     bp->grad_tangents = training.grad_tangents;
+    bp->backward_error = training.backward_error;
+    bp->error_tangents = training.error_tangents;
+    bp->result_witnesses = training.result_witnesses;
     for (int t : bp->tangent_of) bp->tangents += t >= 0;
     bp->compiled = std::make_unique<pipeline::CompiledGraph>();
     e->backward = std::move(bp);

@@ -25,6 +25,13 @@ struct TrainingGraphs {
   // Per `wrt` input: the tangents its gradient is computed from. Where autograd reaches none
   // of them (the outputs they belong to are unused), the gradient is None, as eager's is.
   std::vector<std::vector<int>> grad_tangents;
+  // Eager's version-counter error, kept: where capture saw a result that autograd saves changed
+  // in place (JointGraph::stale), backward() raises `backward_error` when a gradient reaches any
+  // of `error_tangents`; and the outputs in `result_witnesses` are such results, whose in-place
+  // change after the call (at a graph break) the runtime checks as autograd checks a saved one.
+  std::string backward_error;
+  std::vector<int> error_tangents;
+  std::vector<int> result_witnesses;
   int64_t saved_bytes = 0;         // the partition's cut (symbolic sizes at their hints)
   size_t recomputed = 0;           // forward nodes the backward computes again
 };

@@ -206,9 +206,11 @@ std::vector<OpDef> composite_ops() {
   ops.push_back(composite_op("softmax", "softmax(Tensor self, int dim, *, ScalarType? dtype=None)",
                           [](Graph& g, Node* n) { return decompose_softmax(g, n, false); },
                           {"torch.softmax", "torch.nn.functional.softmax", "Tensor.softmax", "torch.special.softmax"}));
+  ops.back().saves_result = true;
   ops.push_back(composite_op("log_softmax", "log_softmax(Tensor self, int dim, *, ScalarType? dtype=None)",
                           [](Graph& g, Node* n) { return decompose_softmax(g, n, true); },
                           {"torch.log_softmax", "torch.nn.functional.log_softmax", "Tensor.log_softmax"}));
+  ops.back().saves_result = true;
   ops.push_back(composite_op("mean", "mean(Tensor self, int[]? dim=None, bool keepdim=False, *, ScalarType? dtype=None)",
                           decompose_mean, {"torch.mean", "Tensor.mean"}));
   ops.push_back(composite_op(

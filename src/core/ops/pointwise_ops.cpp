@@ -196,12 +196,17 @@ std::vector<OpDef> pointwise_ops() {
     return [local](Graph& g, Node* n, Node* grad) { return std::vector<Node*>{mul(g, grad, local(g, n->inputs[0], n))}; };
   };
   auto zero = [](Graph& g, Node*, Node* grad) { return std::vector<Node*>{scaled(g, grad, 0.0)}; };
+  // The op just added saves its result for backward in torch (derivatives.yaml's `result`).
+  auto saves_result = [&] { ops.back().saves_result = true; };
 
   U("exp", SOp::Exp, F, {"torch.exp", "Tensor.exp"}, chain([](Graph&, Node*, Node* y) { return y; }));
+  saves_result();
   U("exp2", SOp::Exp2, F, {"torch.exp2", "Tensor.exp2"},
     chain([](Graph& g, Node*, Node* y) { return scaled(g, y, 0.6931471805599453); }));
+  saves_result();
   U("expm1", SOp::Expm1, F, {"torch.expm1", "Tensor.expm1"},
     chain([](Graph& g, Node*, Node* y) { return add(g, y, num(g, 1.0)); }));
+  saves_result();
   U("log", SOp::Log, F, {"torch.log", "Tensor.log"},
     chain([](Graph& g, Node* x, Node*) { return unary(g, "reciprocal", x); }));
   U("log2", SOp::Log2, F, {"torch.log2", "Tensor.log2"},
@@ -213,18 +218,24 @@ std::vector<OpDef> pointwise_ops() {
     chain([](Graph& g, Node* x, Node*) { return neg(g, unary(g, "sin", x)); }));
   U("tan", SOp::Tan, F, {"torch.tan", "Tensor.tan"},
     chain([](Graph& g, Node*, Node* y) { return add(g, mul(g, y, y), num(g, 1.0)); }));
+  saves_result();
   U("tanh", SOp::Tanh, F, {"torch.tanh", "Tensor.tanh", "torch.nn.functional.tanh"},
     chain([](Graph& g, Node*, Node* y) { return sub(g, num(g, 1.0), mul(g, y, y)); }));
+  saves_result();
   U("sigmoid", SOp::Sigmoid, F, {"torch.sigmoid", "Tensor.sigmoid", "torch.nn.functional.sigmoid"},
     chain([](Graph& g, Node*, Node* y) { return mul(g, y, sub(g, num(g, 1.0), y)); }));
+  saves_result();
   U("sqrt", SOp::Sqrt, F, {"torch.sqrt", "Tensor.sqrt"},
     chain([](Graph& g, Node*, Node* y) { return unary(g, "reciprocal", scaled(g, y, 2.0)); }));
+  saves_result();
   U("rsqrt", SOp::Rsqrt, F, {"torch.rsqrt", "Tensor.rsqrt"},
     chain([](Graph& g, Node*, Node* y) { return scaled(g, mul(g, y, mul(g, y, y)), -0.5); }));
+  saves_result();
   U("erf", SOp::Erf, F, {"torch.erf", "Tensor.erf", "torch.special.erf"},
     chain([](Graph& g, Node* x, Node*) { return scaled(g, unary(g, "exp", neg(g, mul(g, x, x))), 1.1283791670955126); }));
   U("reciprocal", SOp::Reciprocal, F, {"torch.reciprocal", "Tensor.reciprocal"},
     chain([](Graph& g, Node*, Node* y) { return neg(g, mul(g, y, y)); }));
+  saves_result();
   // torch's sgn: 0 at 0.
   U("abs", SOp::Abs, D, {"torch.abs", "Tensor.abs", "Tensor.__abs__"}, [](Graph& g, Node* n, Node* grad) {
     Node* x = n->inputs[0];
@@ -255,6 +266,7 @@ std::vector<OpDef> pointwise_ops() {
       return std::vector<Node*>{grad_ops::only_where(g, g.must_add("gt", {n, grad_ops::num(g, 0.0)}), grad)};
     };
     ops.push_back(relu);
+    saves_result();
   }
   {
     OpDef g;

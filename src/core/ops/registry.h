@@ -122,6 +122,10 @@ struct OpDef {
   GatherFn gather;
   std::string aten;
   DerivativeFn derivative;  // empty: the op has none (a graph that needs it is not differentiated)
+  // torch's backward of the op reads its result (derivatives.yaml's `result`: exp, tanh,
+  // sigmoid, softmax, ...): an in-place change of that result before backward() makes eager's
+  // backward raise, and kiln's too (autodiff::TrainingGraphs::backward_error).
+  bool saves_result = false;
   std::vector<std::string> python;
   std::string doc;
   // The result may share memory with the first input in eager (views, and composites such as
