@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "bind/capture/polyfills.h"
 #include "bind/capture/capture.h"
 #include "bind/runtime/compiled_function.h"
 #include "bind/runtime/eager_backend.h"
@@ -183,4 +184,7 @@ NB_MODULE(_C, m) {
   m.def("is_compiled", [](nb::handle o) { return is_compiled_function(o.ptr()); });
   m.def("target", [](nb::handle o) { return nb::borrow(compiled_function_target(o.ptr())); });
   m.def("cache_dir", [] { return kiln::compile::cache_dir(); });
+  m.def("_register_polyfill", [](nb::handle original, nb::handle model) {
+    kiln::bind::register_polyfill(original.ptr(), model.ptr());
+  });
 }

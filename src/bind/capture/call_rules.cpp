@@ -205,6 +205,7 @@ struct CallRules {
       if (!it) I.real(nullptr);
       Py_DECREF(it);
     }
+    if (args[0]->kind() == Var::Kind::Iterator) return args[0];  // iter(it) is it
     return Var::iterator(I.items_of(args[0]));
   }
 

@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/capture/polyfills.h"
 #include "core/support/log.h"
 #include "core/sym/fit.h"
 #include "bind/interrupts.h"
@@ -724,7 +725,12 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
   // torch's own Python helpers on Python values (F._none_or_dtype, ...): inlined like user code
   if (!any_tensor && PyFunction_Check(f)) return inline_call(f, fn->source, std::move(args), kwargs);
-  if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
+  if (any_tensor) {
+    // itertools, functools.reduce, operator, sum(start=), sorted(key=) over tensors: their
+    // Python model, traced like user code (kiln/_polyfills.py)
+    if (PyObject* model = polyfill_of(f)) return inline_call(model, nullptr, std::move(args), kwargs);
+    unsupported("call to " + name + " with tensor arguments is not captured");
+  }
   if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);
   // An iterator object (a generator the caller made: model.parameters()) would be used up by
   // the call (list, sum, sorted, ...) here, and then be empty when the code runs for real after
@@ -881,7 +887,8 @@ bool Interpreter::pure_callable(PyObject* f) {
   if (f == builtin("type")) return true;  // type(obj) of a Python value
   static PyObject* finfo = resolve_torch("finfo");
   static PyObject* iinfo = resolve_torch("iinfo");
-  if (f == finfo || f == iinfo) return true;  // limits of a dtype
+  static PyObject* promote_types = resolve_torch("promote_types");
+  if (f == finfo || f == iinfo || f == promote_types) return true;  // limits of a dtype, dtypes combined
   // Methods of strings, numbers and tuples (immutable receivers): "{}".format, "-".join, ...
   if (PyCFunction_Check(f)) {
     PyObject* self = PyCFunction_GET_SELF(f);

@@ -717,7 +717,9 @@ int Interpreter::op_pop_jump_if_not_none(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_get_iter(const Instr& in, const CodeInfo& ci) {
   // Loops over values known at capture time unroll: the iterator is a list of trackers.
   VarPtr seq = pop();
-  push(Var::iterator(items_of(seq)));
+  // iter() of an iterator is the iterator itself: a loop that breaks leaves it where it stopped,
+  // for the next loop over it (`for v in it: break`, then `for w in it`).
+  push(seq->kind() == Var::Kind::Iterator ? seq : Var::iterator(items_of(seq)));
   return -1;
 }
 

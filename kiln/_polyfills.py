@@ -1,0 +1,173 @@
+"""Python models of C library functions that take tensors inside containers and iterators
+(itertools, functools.reduce, operator, builtins.sum/sorted with keywords, dict(a=x)), as TorchDynamo's
+polyfills are: where capture meets one of these with tensor arguments, it inlines the model
+instead, so the loop over tensors is traced into the graph rather than breaking it. Each model
+does what the C function does, in the same order (a sum adds from `start` left to right, a sort
+is stable); nothing here runs outside capture. The C++ interpreter finds a model by the original
+function's identity (`_C._register_polyfill`), never by name.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import itertools
+import operator
+
+_MISSING = object()
+
+
+def chain(*iterables):
+    for it in iterables:
+        for x in it:
+            yield x
+
+
+def product(*iterables, repeat=1):
+    pools = [tuple(p) for p in iterables] * repeat
+    result = [()]
+    for pool in pools:
+        result = [r + (x,) for r in result for x in pool]
+    for r in result:
+        yield r
+
+
+def combinations(iterable, r):
+    pool = tuple(iterable)
+    n = len(pool)
+    if r > n:
+        return
+    indices = list(range(r))
+    yield tuple(pool[i] for i in indices)
+    while True:
+        i = r - 1
+        while i >= 0 and indices[i] == i + n - r:
+            i -= 1
+        if i < 0:
+            return
+        indices[i] += 1
+        for j in range(i + 1, r):
+            indices[j] = indices[j - 1] + 1
+        yield tuple(pool[i] for i in indices)
+
+
+def permutations(iterable, r=None):
+    pool = tuple(iterable)
+    n = len(pool)
+    r = n if r is None else r
+    for idx in product(range(n), repeat=r):
+        if len(set(idx)) == r:
+            yield tuple(pool[i] for i in idx)
+
+
+def zip_longest(*iterables, fillvalue=None):
+    seqs = [list(it) for it in iterables]
+    longest = 0
+    for s in seqs:
+        longest = len(s) if len(s) > longest else longest
+    for i in range(longest):
+        yield tuple(s[i] if i < len(s) else fillvalue for s in seqs)
+
+
+def islice(iterable, *args):
+    s = slice(*args)
+    start, stop, step = s.start or 0, s.stop, s.step or 1
+    for i, x in enumerate(iterable):
+        if stop is not None and i >= stop:
+            return
+        if i >= start and (i - start) % step == 0:
+            yield x
+
+
+def accumulate(iterable, func=None, *, initial=None):
+    it = iter(iterable)
+    total = initial
+    if initial is None:
+        for first in it:
+            total = first
+            break
+        else:
+            return
+    yield total
+    for x in it:
+        total = total + x if func is None else func(total, x)
+        yield total
+
+
+def repeat(obj, times=None):
+    if times is None:
+        raise TypeError("kiln: itertools.repeat without `times` is endless")
+    for _ in range(times):
+        yield obj
+
+
+def reduce(function, iterable, initial=_MISSING):
+    it = iter(iterable)
+    if initial is _MISSING:
+        for value in it:
+            break
+        else:
+            raise TypeError("reduce() of empty iterable with no initial value")
+    else:
+        value = initial
+    for x in it:
+        value = function(value, x)
+    return value
+
+
+def sum_(iterable, /, start=0):
+    total = start
+    for x in iterable:
+        total = total + x
+    return total
+
+
+def sorted_(iterable, /, *, key=None, reverse=False):
+    items = list(iterable)
+    keys = [key(v) for v in items] if key is not None else list(items)
+    order = list(range(len(items)))
+    for i in range(1, len(order)):  # insertion sort: stable, as sorted is
+        j = i
+        while j > 0 and (keys[order[j]] > keys[order[j - 1]] if reverse else keys[order[j]] < keys[order[j - 1]]):
+            order[j], order[j - 1] = order[j - 1], order[j]
+            j -= 1
+    return [items[k] for k in order]
+
+
+def dict_(*args, **kwargs):
+    d = {}
+    if args:
+        source = args[0]
+        if isinstance(source, dict):
+            for k in source.keys():
+                d[k] = source[k]
+        else:
+            for k, v in source:
+                d[k] = v
+    for k in kwargs:
+        d[k] = kwargs[k]
+    return d
+
+
+def _binary(op):
+    return {
+        operator.add: lambda a, b: a + b, operator.sub: lambda a, b: a - b, operator.mul: lambda a, b: a * b,
+        operator.truediv: lambda a, b: a / b, operator.floordiv: lambda a, b: a // b, operator.mod: lambda a, b: a % b,
+        operator.pow: lambda a, b: a ** b, operator.matmul: lambda a, b: a @ b, operator.and_: lambda a, b: a & b,
+        operator.or_: lambda a, b: a | b, operator.xor: lambda a, b: a ^ b, operator.lt: lambda a, b: a < b,
+        operator.le: lambda a, b: a <= b, operator.eq: lambda a, b: a == b, operator.ne: lambda a, b: a != b,
+        operator.ge: lambda a, b: a >= b, operator.gt: lambda a, b: a > b, operator.getitem: lambda a, b: a[b],
+        operator.neg: lambda a: -a, operator.pos: lambda a: +a, operator.abs: lambda a: abs(a),
+        operator.invert: lambda a: ~a,
+    }
+
+
+def register(register_polyfill) -> None:
+    models = {
+        itertools.chain: chain, itertools.product: product, itertools.combinations: combinations,
+        itertools.permutations: permutations, itertools.zip_longest: zip_longest, itertools.islice: islice,
+        itertools.accumulate: accumulate, itertools.repeat: repeat, functools.reduce: reduce,
+        builtins.sum: sum_, builtins.sorted: sorted_, builtins.dict: dict_,
+    }
+    models.update(_binary(None))
+    for original, model in models.items():
+        register_polyfill(original, model)

@@ -1,0 +1,73 @@
+"""Standard-library helpers over tensors (issue 15, part 1): itertools, functools.reduce, the
+operator module, sum(start=), sorted(key=), dict(a=x) are traced through their Python models
+(kiln/_polyfills.py) into one graph, as TorchDynamo's polyfills are; results equal eager's."""
+import functools
+import itertools
+import operator
+
+import pytest
+import torch
+
+import kiln
+
+CASES = {
+    "chain": lambda x, y: sum(itertools.chain([x], [y, x * 2])),
+    "product": lambda x, y: sum(a * b for a, b in itertools.product([x, y], [1.0, 2.0])),
+    "product_repeat": lambda x, y: sum(a - b for a, b in itertools.product([x, y], repeat=2)),
+    "combinations": lambda x, y: sum(a * b for a, b in itertools.combinations([x, y, x + 1], 2)),
+    "permutations": lambda x, y: sum(a - 2 * b for a, b in itertools.permutations([x, y, x * 3], 2)),
+    "zip_longest": lambda x, y: [a if b is None else a * b for a, b in itertools.zip_longest([x, y], [2.0])][1] + 1,
+    "islice": lambda x, y: sum(itertools.islice([x, y, x * 2, y * 3, x * 4], 1, 5, 2)),
+    "accumulate": lambda x, y: list(itertools.accumulate([x, y, x]))[-1] * list(itertools.accumulate([x, y], operator.mul))[-1],
+    "accumulate_initial": lambda x, y: list(itertools.accumulate([x, y], initial=torch.ones(4, 5)))[2],
+    "repeat": lambda x, y: sum(itertools.repeat(x, 3)) + y,
+    "reduce": lambda x, y: functools.reduce(operator.add, [x, y, x * 2]),
+    "reduce_initial": lambda x, y: functools.reduce(lambda a, b: a * b + 1, [x, y], torch.zeros(4, 5)),
+    "operator_functions": lambda x, y: operator.sub(operator.mul(x, y), operator.truediv(x, 2.0)) + operator.neg(y),
+    "operator_matmul_getitem": lambda x, y: operator.getitem(operator.matmul(x, y.t()), 0),
+    "sum_start": lambda x, y: sum([x, y], start=torch.ones(4, 5)),
+    "sum_start_positional": lambda x, y: sum((x, y, x), torch.zeros(4, 5)),
+    "sorted_key": lambda x, y: sorted([x[:3], y, x[:2]], key=lambda t: t.shape[0])[0] * 2,
+    "sorted_reverse_stable": lambda x, y: sorted([x, y, x * 2], key=lambda t: t.dim(), reverse=True)[1] + 1,
+    "dict_kwargs": lambda x, y: dict(a=x, b=y)["b"] - dict(a=x)["a"],
+    "dict_mapping_and_kwargs": lambda x, y: dict({"a": x}, b=y)["a"] * 3,
+    "dict_pairs": lambda x, y: dict([("a", x), ("b", y)])["b"] + 1,
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_traced_into_one_graph_like_eager(name):
+    fn = CASES[name]
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    want = fn(x, y)
+    e = kiln.explain(fn)(x, y)
+    assert e.graph_count == 1 and not e.break_reasons, e.break_reasons
+    torch.testing.assert_close(kiln.compile(fn)(x, y), want)
+    x2, y2 = torch.randn(4, 5), torch.randn(4, 5)
+    torch.testing.assert_close(kiln.compile(fn)(x2, y2), fn(x2, y2))
+
+
+def test_an_iterator_a_loop_broke_out_of_goes_on_where_it_stopped():
+    # iter(it) is it: the second loop starts at the element after the one the first stopped on
+    def fn(x, y):
+        it = iter([x, y, x * 3])
+        for v in it:
+            break
+        out = v
+        for w in it:
+            out = out + w * 10
+        return out
+
+    x, y = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(kiln.compile(fn)(x, y), fn(x, y))
+    assert kiln.explain(fn)(x, y).graph_count == 1
+
+
+def test_reduce_of_nothing_raises_like_eager():
+    def fn(x):
+        return functools.reduce(operator.add, [t for t in [x] if t.dim() > 5])
+
+    with pytest.raises(TypeError, match="empty"):
+        fn(torch.randn(2))
+    with pytest.raises(TypeError, match="empty"):
+        kiln.compile(fn)(torch.randn(2))
