@@ -1,9 +1,11 @@
 """Standard-library helpers over tensors (issue 15, part 1): itertools, functools.reduce, the
 operator module, sum(start=), sorted(key=), dict(a=x) are traced through their Python models
 (kiln/_polyfills.py) into one graph, as TorchDynamo's polyfills are; results equal eager's."""
+import collections
 import functools
 import itertools
 import operator
+import typing
 
 import pytest
 import torch
@@ -71,3 +73,42 @@ def test_reduce_of_nothing_raises_like_eager():
         fn(torch.randn(2))
     with pytest.raises(TypeError, match="empty"):
         kiln.compile(fn)(torch.randn(2))
+
+
+Pair = collections.namedtuple("Pair", ["left", "right"])
+
+
+class Scaled(typing.NamedTuple):
+    value: torch.Tensor
+    scale: float = 2.0
+
+
+def test_namedtuples_made_inside_are_one_graph_and_returned_as_their_class():
+    def fn(x, y):
+        p = Pair(x * 2, right=y)
+        q = p._replace(left=p.left + 1)
+        s = Scaled(q.right)
+        return Pair(q.left * s.scale, s.value - p.left), s
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    e = kiln.explain(fn)(x, y)
+    assert e.graph_count == 1 and not e.break_reasons, e.break_reasons
+    got, want = kiln.compile(fn)(x, y), fn(x, y)
+    assert type(got[0]) is Pair and type(got[1]) is Scaled
+    torch.testing.assert_close(got[0].left, want[0].left)
+    torch.testing.assert_close(got[0].right, want[0].right)
+    torch.testing.assert_close(got[1].value, want[1].value)
+    assert got[1].scale == 2.0
+
+
+def test_a_namedtuple_across_a_graph_break_keeps_its_class():
+    def fn(x):
+        p = Pair(x + 1, x * 2)
+        print("", end="")  # a break: the tuple is handed to the resume function
+        return p.left * p.right, p
+
+    x = torch.randn(5)
+    got, want = kiln.compile(fn)(x), fn(x)
+    assert type(got[1]) is Pair
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1].right, want[1].right)

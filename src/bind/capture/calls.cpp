@@ -725,6 +725,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
   // torch's own Python helpers on Python values (F._none_or_dtype, ...): inlined like user code
   if (!any_tensor && PyFunction_Check(f)) return inline_call(f, fn->source, std::move(args), kwargs);
+  if (is_namedtuple_class(f)) return make_namedtuple(f, args, kwargs);
   if (any_tensor) {
     // itertools, functools.reduce, operator, sum(start=), sorted(key=) over tensors: their
     // Python model, traced like user code (kiln/_polyfills.py)
@@ -875,6 +876,59 @@ bool Interpreter::private_container_method(PyObject* f) {
   if (!PyCFunction_Check(f)) return false;
   PyObject* self = PyCFunction_GET_SELF(f);
   return self && (PyList_CheckExact(self) || PyDict_CheckExact(self) || PySet_CheckExact(self));
+}
+
+// A class made by collections.namedtuple or typing.NamedTuple: a tuple subclass with `_fields`
+// and `_make` (what TorchDynamo tests too).
+bool Interpreter::is_namedtuple_class(PyObject* f) {
+  if (!PyType_Check(f) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(f), &PyTuple_Type) || f == reinterpret_cast<PyObject*>(&PyTuple_Type))
+    return false;
+  PyObject* fields = PyObject_GetAttrString(f, "_fields");
+  PyObject* make = fields ? PyObject_GetAttrString(f, "_make") : nullptr;
+  if (!make) clear_error();
+  const bool yes = fields && make && PyTuple_Check(fields);
+  Py_XDECREF(fields);
+  Py_XDECREF(make);
+  return yes;
+}
+
+// What makes a tuple of `type` from a plain tuple at the boundary: a structseq's type itself
+// (torch.return_types.max((values, indices))), a namedtuple class's `_make`. New reference.
+PyObject* Interpreter::tuple_maker(PyObject* type) {
+  if (!is_namedtuple_class(type)) return Py_NewRef(type);
+  PyObject* make = PyObject_GetAttrString(type, "_make");
+  if (!make) unsupported("a namedtuple class without _make");
+  return make;
+}
+
+// NT(a, b=x): a tuple tracker of the class, its items the arguments bound to the fields (with
+// the class's defaults), as the generated __new__ binds them.
+VarPtr Interpreter::make_namedtuple(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  PyObject* fields = PyObject_GetAttrString(cls, "_fields");
+  PyObject* defaults = PyObject_GetAttrString(cls, "_field_defaults");
+  if (!defaults) clear_error();
+  keep_.push_back(fields);
+  if (defaults) keep_.push_back(defaults);
+  const Py_ssize_t n = PyTuple_GET_SIZE(fields);
+  if (static_cast<Py_ssize_t>(args.size()) > n) unsupported("too many arguments to a namedtuple");
+  std::vector<VarPtr> items(static_cast<size_t>(n));
+  for (size_t i = 0; i < args.size(); ++i) items[i] = args[i];
+  for (const auto& [k, v] : kwargs) {
+    Py_ssize_t at = -1;
+    for (Py_ssize_t i = 0; i < n && at < 0; ++i)
+      if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(fields, i), k.c_str()) == 0) at = i;
+    if (at < 0 || items[static_cast<size_t>(at)]) unsupported("namedtuple argument " + k + " (unknown or given twice)");
+    items[static_cast<size_t>(at)] = v;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (items[static_cast<size_t>(i)]) continue;
+    PyObject* d = defaults && PyDict_Check(defaults) ? PyDict_GetItem(defaults, PyTuple_GET_ITEM(fields, i)) : nullptr;
+    if (!d) unsupported("a namedtuple field without a value or default");
+    items[static_cast<size_t>(i)] = Var::constant(d);
+  }
+  VarPtr t = Var::tuple(std::move(items));
+  t->as<TupleV>().structseq = Py_NewRef(cls);
+  return t;
 }
 
 bool Interpreter::pure_callable(PyObject* f) {

@@ -181,6 +181,23 @@ void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, co
 
 VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const bool list = seq->kind() == Var::Kind::List;
+  if (auto* t = seq->get_if<TupleV>(); t && t->structseq && name == "_replace" && args.empty() &&
+                                        is_namedtuple_class(t->structseq)) {
+    // nt._replace(b=x): a new tuple of the class with those fields changed
+    PyObject* fields = PyObject_GetAttrString(t->structseq, "_fields");
+    keep_.push_back(fields);
+    std::vector<VarPtr> items = t->items;
+    for (const auto& [k, v] : kwargs) {
+      Py_ssize_t at = -1;
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fields) && at < 0; ++i)
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(fields, i), k.c_str()) == 0) at = i;
+      if (at < 0 || static_cast<size_t>(at) >= items.size()) unsupported("_replace() of an unknown field " + k);
+      items[static_cast<size_t>(at)] = v;
+    }
+    VarPtr r = Var::tuple(std::move(items));
+    r->as<TupleV>().structseq = Py_NewRef(t->structseq);
+    return r;
+  }
   if (!kwargs.empty()) unsupported(name + "() with keyword arguments");
   static const char* mutating[] = {"append", "extend", "insert", "pop", "clear", "reverse", "remove", "sort"};
   bool mutates = std::any_of(std::begin(mutating), std::end(mutating), [&](const char* m) { return name == m; });

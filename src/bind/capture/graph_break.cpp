@@ -118,7 +118,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       if (v->source) return OutSpec::from_source(v->source);
       if (v->dict_view()) unsupported("a dict view (dict.keys(), values(), items()) at a graph break");
       s.kind = v->kind() == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
-      if (auto* t = v->get_if<TupleV>()) s.value = Py_XNewRef(t->structseq);  // a structseq's type
+      if (auto* t = v->get_if<TupleV>(); t && t->structseq) s.value = tuple_maker(t->structseq);  // its type's maker
       for (auto& item : v->seq()) s.items.push_back(break_spec(item));
       return s;
     case Var::Kind::Const:

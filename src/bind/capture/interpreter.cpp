@@ -533,7 +533,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       if (v->source) return OutSpec::from_source(v->source);  // the caller's own list or tuple, unchanged
       if (v->dict_view()) unsupported("returns a dict view (dict.keys(), values(), items())");
       s.kind = v->kind() == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
-      if (auto* t = v->get_if<TupleV>()) s.value = Py_XNewRef(t->structseq);  // a structseq's type
+      if (auto* t = v->get_if<TupleV>(); t && t->structseq) s.value = tuple_maker(t->structseq);  // its type's maker
       for (auto& item : v->seq()) s.items.push_back(output_spec(item));
       return s;
     case Var::Kind::Const:

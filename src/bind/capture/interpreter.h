@@ -212,6 +212,9 @@ class Interpreter {
 
   // Builtins and math functions whose result depends only on their arguments.
   bool pure_callable(PyObject* f);
+  static bool is_namedtuple_class(PyObject* f);
+  PyObject* tuple_maker(PyObject* type);
+  VarPtr make_namedtuple(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   PyObject* builtin(const char* name);
 
