@@ -148,17 +148,17 @@ def dict_(*args, **kwargs):
     return d
 
 
-def _binary(op):
-    return {
-        operator.add: lambda a, b: a + b, operator.sub: lambda a, b: a - b, operator.mul: lambda a, b: a * b,
-        operator.truediv: lambda a, b: a / b, operator.floordiv: lambda a, b: a // b, operator.mod: lambda a, b: a % b,
-        operator.pow: lambda a, b: a ** b, operator.matmul: lambda a, b: a @ b, operator.and_: lambda a, b: a & b,
-        operator.or_: lambda a, b: a | b, operator.xor: lambda a, b: a ^ b, operator.lt: lambda a, b: a < b,
-        operator.le: lambda a, b: a <= b, operator.eq: lambda a, b: a == b, operator.ne: lambda a, b: a != b,
-        operator.ge: lambda a, b: a >= b, operator.gt: lambda a, b: a > b, operator.getitem: lambda a, b: a[b],
-        operator.neg: lambda a: -a, operator.pos: lambda a: +a, operator.abs: lambda a: abs(a),
-        operator.invert: lambda a: ~a,
-    }
+# The operator module's functions, as the operators they name.
+_OPERATORS = {
+    operator.add: lambda a, b: a + b, operator.sub: lambda a, b: a - b, operator.mul: lambda a, b: a * b,
+    operator.truediv: lambda a, b: a / b, operator.floordiv: lambda a, b: a // b, operator.mod: lambda a, b: a % b,
+    operator.pow: lambda a, b: a ** b, operator.matmul: lambda a, b: a @ b, operator.and_: lambda a, b: a & b,
+    operator.or_: lambda a, b: a | b, operator.xor: lambda a, b: a ^ b, operator.lt: lambda a, b: a < b,
+    operator.le: lambda a, b: a <= b, operator.eq: lambda a, b: a == b, operator.ne: lambda a, b: a != b,
+    operator.ge: lambda a, b: a >= b, operator.gt: lambda a, b: a > b, operator.getitem: lambda a, b: a[b],
+    operator.neg: lambda a: -a, operator.pos: lambda a: +a, operator.abs: lambda a: abs(a),
+    operator.invert: lambda a: ~a,
+}
 
 
 def register(register_polyfill) -> None:
@@ -168,6 +168,6 @@ def register(register_polyfill) -> None:
         itertools.accumulate: accumulate, itertools.repeat: repeat, functools.reduce: reduce,
         builtins.sum: sum_, builtins.sorted: sorted_, builtins.dict: dict_,
     }
-    models.update(_binary(None))
+    models.update(_OPERATORS)
     for original, model in models.items():
         register_polyfill(original, model)

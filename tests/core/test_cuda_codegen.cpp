@@ -137,14 +137,17 @@ TEST(CudaCodegen, FusedCastsToSixteenBitFloatsRoundAndCompile) {
 }
 
 namespace {
-std::string cuda_source_of(ir::Graph& g) {
+// `g` through the graph passes, lowering and scheduling.
+loop::Program scheduled(ir::Graph& g) {
   pipeline::run_graph_passes(g);
   loop::Program p;
   std::string err;
   EXPECT_TRUE(lower::lower_graph(g, p, err)) << err;
   schedule::schedule(p);
-  return codegen::generate_cuda(p).source;
+  return p;
 }
+
+std::string cuda_source_of(ir::Graph& g) { return codegen::generate_cuda(scheduled(g)).source; }
 }  // namespace
 
 // Pointwise kernels move 16 bytes a thread where their accesses step by one along the innermost
@@ -433,11 +436,7 @@ TEST(CudaCodegen, RepeatedLayersShareOneUnit) {
     h = g.must_add("layer_norm", {g.must_add("add", {g.must_add("mm", {h, m}), h}), w, b},
                    attrs({{"normalized_shape", std::vector<int64_t>{768}}}));
   g.outputs().push_back(h);
-  pipeline::run_graph_passes(g);
-  loop::Program p;
-  std::string err;
-  ASSERT_TRUE(lower::lower_graph(g, p, err)) << err;
-  schedule::schedule(p);
+  const loop::Program p = scheduled(g);
   const codegen::CudaSource cs = codegen::generate_cuda(p);
   ASSERT_EQ(p.kernels.size(), 3u) << p.str();
   EXPECT_NE(cs.kernels[1].find("kiln_vec<float, 4>"), std::string::npos) << cs.kernels[1];

@@ -901,6 +901,13 @@ PyObject* Interpreter::tuple_maker(PyObject* type) {
   return make;
 }
 
+// The index of field `name` in a namedtuple class's `_fields`, or -1.
+Py_ssize_t Interpreter::namedtuple_field(PyObject* fields, const std::string& name) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fields); ++i)
+    if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(fields, i), name.c_str()) == 0) return i;
+  return -1;
+}
+
 // NT(a, b=x): a tuple tracker of the class, its items the arguments bound to the fields (with
 // the class's defaults), as the generated __new__ binds them.
 VarPtr Interpreter::make_namedtuple(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
@@ -914,9 +921,7 @@ VarPtr Interpreter::make_namedtuple(PyObject* cls, const std::vector<VarPtr>& ar
   std::vector<VarPtr> items(static_cast<size_t>(n));
   for (size_t i = 0; i < args.size(); ++i) items[i] = args[i];
   for (const auto& [k, v] : kwargs) {
-    Py_ssize_t at = -1;
-    for (Py_ssize_t i = 0; i < n && at < 0; ++i)
-      if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(fields, i), k.c_str()) == 0) at = i;
+    const Py_ssize_t at = namedtuple_field(fields, k);
     if (at < 0 || items[static_cast<size_t>(at)]) unsupported("namedtuple argument " + k + " (unknown or given twice)");
     items[static_cast<size_t>(at)] = v;
   }

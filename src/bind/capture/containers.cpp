@@ -188,9 +188,7 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
     keep_.push_back(fields);
     std::vector<VarPtr> items = t->items;
     for (const auto& [k, v] : kwargs) {
-      Py_ssize_t at = -1;
-      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fields) && at < 0; ++i)
-        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(fields, i), k.c_str()) == 0) at = i;
+      const Py_ssize_t at = namedtuple_field(fields, k);
       if (at < 0 || static_cast<size_t>(at) >= items.size()) unsupported("_replace() of an unknown field " + k);
       items[static_cast<size_t>(at)] = v;
     }

@@ -214,6 +214,7 @@ class Interpreter {
   bool pure_callable(PyObject* f);
   static bool is_namedtuple_class(PyObject* f);
   PyObject* tuple_maker(PyObject* type);
+  static Py_ssize_t namedtuple_field(PyObject* fields, const std::string& name);
   VarPtr make_namedtuple(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   PyObject* builtin(const char* name);

@@ -488,19 +488,11 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
   prep->symbolic = !p.symbols.empty();
   for (size_t i = 0; i < p.inputs.size(); ++i) {
     const int id = p.inputs[i];
-    if (p.buffers[id].device == p.device) continue;
-    bool read = false;
+    bool read = false;  // by a kernel
     for (const loop::Kernel& k : p.kernels) read |= std::find(k.buffers.begin(), k.buffers.end(), id) != k.buffers.end();
-    if (read) prep->moved_inputs.push_back(i);
-  }
-  for (size_t i = 0; i < p.inputs.size(); ++i) {
-    const int id = p.inputs[i];
-    if (!p.buffers[id].aligned || p.buffers[id].device != p.device) continue;
-    for (const loop::Kernel& k : p.kernels)
-      if (std::find(k.buffers.begin(), k.buffers.end(), id) != k.buffers.end()) {
-        prep->aligned_inputs.push_back(i);
-        break;
-      }
+    if (!read) continue;
+    if (p.buffers[id].device != p.device) prep->moved_inputs.push_back(i);
+    else if (p.buffers[id].aligned) prep->aligned_inputs.push_back(i);
   }
   if (!prep->symbolic) resolve(cg, SymbolValues{&p.symbols, {}}, prep->fixed);
   for (const loop::Kernel& k : p.kernels) prep->kernel_scalar_args.push_back(loop::scalar_args_of(p, k));

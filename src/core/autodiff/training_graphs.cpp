@@ -37,10 +37,13 @@ void detach_untracked_reads(ir::Graph& g, const std::set<const Node*>& tracked) 
   g.recompute_users();
 }
 
-struct StaleResults {
-  const Node* node = nullptr;  // the first, named in the error
-  std::string message;
-  std::set<size_t> outputs;    // graph outputs that depend on one
+// What eager's version counters would say of the captured graph, found before composites
+// decompose away (output indices outlive that): the outputs that are (views of) a result torch's
+// backward reads (OpDef::saves_result), and such a result changed in place in the graph.
+struct VersionFacts {
+  std::set<size_t> witnesses;
+  std::string stale_error;         // empty: no such result changed in place
+  std::set<size_t> stale_outputs;  // graph outputs that depend on one
 };
 
 std::string modified_message(const Node& n) {
@@ -51,15 +54,36 @@ std::string modified_message(const Node& n) {
          " was changed in place after autograd saved it";
 }
 
-// TrainingGraphs::backward_error, error_tangents and result_witnesses, from what was found
-// before decomposition (output indices outlive it).
-void version_checks(const std::set<size_t>& witnesses, const StaleResults& stale, size_t outputs, TrainingGraphs& out) {
-  if (stale.node) {
-    out.backward_error = stale.message;
-    for (size_t i : stale.outputs)
-      if (i < outputs && out.tangent_of[i] >= 0) out.error_tangents.push_back(out.tangent_of[i]);
+VersionFacts version_facts(const ir::Graph& g, const std::vector<Node*>& wrt) {
+  VersionFacts f;
+  for (size_t i = 0; i < g.outputs().size(); ++i) {
+    const Node* o = g.outputs()[i];
+    while (o && o->op->kind == ops::OpKind::View && !o->inputs.empty()) o = o->inputs[0];
+    if (o && o->op->saves_result) f.witnesses.insert(i);
   }
-  for (size_t i : witnesses)
+  // eager's backward raises once a gradient reaches a stale result
+  std::set<const Node*> active(wrt.begin(), wrt.end()), reach;
+  for (const auto& n : g.nodes()) {
+    bool on_path = false, reached = false;
+    for (const Node* in : n->inputs) on_path = on_path || (in && active.count(in)), reached = reached || (in && reach.count(in));
+    if (on_path) active.insert(n.get());
+    if (on_path && n->op->saves_result && n->attrs.get_bool("result_modified")) {
+      if (f.stale_error.empty()) f.stale_error = modified_message(*n);
+      reached = true;
+    }
+    if (reached) reach.insert(n.get());
+  }
+  for (size_t i = 0; i < g.outputs().size(); ++i)
+    if (reach.count(g.outputs()[i])) f.stale_outputs.insert(i);
+  return f;
+}
+
+// TrainingGraphs::backward_error, error_tangents and result_witnesses.
+void version_checks(const VersionFacts& f, size_t outputs, TrainingGraphs& out) {
+  out.backward_error = f.stale_error;
+  for (size_t i : f.stale_outputs)
+    if (i < outputs && out.tangent_of[i] >= 0) out.error_tangents.push_back(out.tangent_of[i]);
+  for (size_t i : f.witnesses)
     if (i < outputs && out.tangent_of[i] >= 0) out.result_witnesses.push_back(static_cast<int>(i));
 }
 
@@ -69,32 +93,7 @@ bool make_training_graphs(ir::Graph& g, const std::vector<Node*>& wrt, const std
                           TrainingGraphs& out, std::string& why) {
   out = TrainingGraphs{};
   detach_untracked_reads(g, tracked);
-  // Outputs that are (views of) a result torch's backward reads (OpDef::saves_result), found
-  // before composites decompose away (TrainingGraphs::result_witnesses).
-  std::set<size_t> witnesses;
-  for (size_t i = 0; i < g.outputs().size(); ++i) {
-    const Node* o = g.outputs()[i];
-    while (o && o->op->kind == ops::OpKind::View && !o->inputs.empty()) o = o->inputs[0];
-    if (o && o->op->saves_result) witnesses.insert(i);
-  }
-  // Such a result changed in place in the graph: eager's backward raises once a gradient
-  // reaches it. The outputs that depend on it, by index.
-  StaleResults stale;
-  {
-    std::set<const Node*> active(wrt.begin(), wrt.end()), reach;
-    for (const auto& n : g.nodes()) {
-      bool on_path = false, reached = false;
-      for (const Node* in : n->inputs) on_path = on_path || (in && active.count(in)), reached = reached || (in && reach.count(in));
-      if (on_path) active.insert(n.get());
-      if (on_path && n->op->saves_result && n->attrs.get_bool("result_modified")) {
-        if (!stale.node) stale.node = n.get(), stale.message = modified_message(*n);
-        reached = true;
-      }
-      if (reached) reach.insert(n.get());
-    }
-    for (size_t i = 0; i < g.outputs().size(); ++i)
-      if (reach.count(g.outputs()[i])) stale.outputs.insert(i);
-  }
+  const VersionFacts versions = version_facts(g, wrt);
   // Composite ops are differentiated through what they decompose into, unless their entry has
   // a derivative of its own (clamp: torch's mask at the bounds, where max/min would halve).
   passes::decompose(g, [](const Node& n) { return static_cast<bool>(n.op->derivative); });
@@ -121,7 +120,7 @@ bool make_training_graphs(ir::Graph& g, const std::vector<Node*>& wrt, const std
       if (g.outputs()[i] == s && out.tangent_of[i] >= 0) as_output = static_cast<int>(i);
     out.saved_as_output.push_back(as_output);
   }
-  version_checks(witnesses, stale, jg.forward_outputs, out);
+  version_checks(versions, jg.forward_outputs, out);
   int grads = 0;
   for (const Node* gr : jg.grads) out.grad_of.push_back(gr ? grads++ : -1);
   std::map<const Node*, int> tangent_index;

@@ -26,7 +26,7 @@ struct TrainingGraphs {
   // of them (the outputs they belong to are unused), the gradient is None, as eager's is.
   std::vector<std::vector<int>> grad_tangents;
   // Eager's version-counter error, kept: where capture saw a result that autograd saves changed
-  // in place (JointGraph::stale), backward() raises `backward_error` when a gradient reaches any
+  // in place (`result_modified`), backward() raises `backward_error` when a gradient reaches any
   // of `error_tangents`; and the outputs in `result_witnesses` are such results, whose in-place
   // change after the call (at a graph break) the runtime checks as autograd checks a saved one.
   std::string backward_error;

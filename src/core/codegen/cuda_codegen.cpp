@@ -212,14 +212,15 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int w
     for (const loop::Store& s : st.stores) r.push_back(s.value);
     return r;
   };
-  // Every value under `r`, not looking under those in `stop`.
+  // Every value under `r` (into `out`), not looking under those in `stop`.
   std::function<void(loop::SRef, const std::set<loop::SRef>&, std::set<loop::SRef>&)> under =
       [&](loop::SRef r, const std::set<loop::SRef>& stop, std::set<loop::SRef>& out) {
         if (r < 0 || stop.count(r) || !out.insert(r).second) return;
         const loop::SNode& nd = p.exprs[r];
         under(nd.a, stop, out), under(nd.b, stop, out), under(nd.c, stop, out);
       };
-  std::set<loop::SRef> computed, held;  // by the row-walking stages so far; held in registers
+  std::map<loop::SRef, size_t> computed_in;  // by the row-walking stages so far: the first one
+  std::set<loop::SRef> held;                 // held in registers
   for (size_t i = 0; i < k.stages.size(); ++i) {
     const Stage& st = k.stages[i];
     if (st.vars.empty()) continue;
@@ -229,26 +230,19 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int w
       const loop::SNode& nd = p.exprs[r];
       const bool value = nd.op != SOp::Const && nd.op != SOp::Load && nd.op != SOp::Acc && nd.op != SOp::Index &&
                          nd.op != SOp::Arg;
-      if (value && computed.count(r) && walks_row(r)) {
+      if (auto it = computed_in.find(r); value && it != computed_in.end() && walks_row(r)) {
         held.insert(r);
         plan.held_values.push_back(r);
+        plan.held_stage.push_back(it->second);
         return;
       }
       visit(nd.a), visit(nd.b), visit(nd.c);
     };
     for (loop::SRef r : roots(st)) visit(r);
-    for (loop::SRef r : roots(st)) under(r, held, computed);
+    std::set<loop::SRef> mine;
+    for (loop::SRef r : roots(st)) under(r, held, mine);
+    for (loop::SRef r : mine) computed_in.emplace(r, i);
   }
-  for (loop::SRef h : plan.held_values)  // the first stage that computes it
-    for (size_t i = 0; i < k.stages.size(); ++i) {
-      if (k.stages[i].vars.empty()) continue;
-      std::set<loop::SRef> mine;
-      for (loop::SRef r : roots(k.stages[i])) under(r, {}, mine);
-      if (mine.count(h)) {
-        plan.held_stage.push_back(i);
-        break;
-      }
-    }
   // Loads that walk the row, and how many stages read each (not counting the reads under a
   // value a stage takes from a register).
   std::vector<std::pair<const loop::SNode*, int>> row_loads;
