@@ -517,3 +517,23 @@ def test_a_bound_method_kept_across_a_graph_break_is_this_calls_objects():
     for v in (1.0, 7.0):
         d = _Mapping(k=torch.full((3,), v))
         torch.testing.assert_close(compiled(d, x), f(d, x))
+
+
+def test_two_equal_results_are_two_tensors():
+    # b.int() and b.to(torch.int32) compute the same values, but eager makes two tensors: an
+    # in-place change of one (here after a graph break, or by the caller) must not show in the
+    # other (fuzzer seed 320145: common subexpression elimination had merged them)
+    def fn(b):
+        t0 = b.int()
+        t1 = b.to(t0.dtype)
+        t2 = t0.view(-1)
+        t2.zero_()
+        return t2, t1.contiguous()
+
+    b = torch.randn(3) * 30
+    got, want = kiln.compile(fn)(b), fn(b)
+    torch.testing.assert_close(got, want)
+    x = torch.randn(4)
+    u, v = kiln.compile(lambda x: (x * 2, x * 2))(x)
+    u.add_(1)
+    torch.testing.assert_close(v, x * 2)

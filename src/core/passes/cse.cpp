@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <unordered_map>
 
 #include "core/ops/registry.h"
@@ -16,6 +17,10 @@ void common_subexpression_elimination(ir::Graph& g) {
     key += ")" + n->attrs.str();
     auto [it, inserted] = seen.emplace(key, n);
     if (inserted) continue;
+    // An output is a tensor of its own in eager: merged into another node it could alias
+    // another output (that node, or a view of it), and an in-place change of one (after a
+    // break, or by the caller) would show in the other (fuzzer seed 320145).
+    if (std::find(g.outputs().begin(), g.outputs().end(), n) != g.outputs().end()) continue;
     // Rewire users now so later keys see the survivor's id.
     for (auto& m : g.nodes())
       for (ir::Node*& in : m->inputs)
