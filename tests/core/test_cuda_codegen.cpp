@@ -217,6 +217,13 @@ TEST(CudaCodegen, RowReductionsReadTheirRowOnce) {
       EXPECT_EQ(src.find(load, first + 1), std::string::npos) << load << " loaded twice\n" << src;
     }
     EXPECT_NE(src.find("kiln_vec<kiln_bf16, 8>"), std::string::npos) << src;
+    // The weight and bias, read only once mean and variance are known, are loaded with the
+    // row, before the first reduction: their latency hides behind the row's.
+    for (const char* load : {"(in2 + ", "(in3 + "}) {
+      const size_t first = src.find(load);
+      EXPECT_LT(first, src.find("= kiln_warp_reduce(")) << load << " loaded after a reduction\n" << src;
+      EXPECT_EQ(src.find(load, first + 1), std::string::npos) << load << " loaded twice\n" << src;
+    }
   }
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{64, 4096}, {300, 999}, {2, 1 << 14}, {4096, 96}}) {
     for (DType t : {DType::Float32, DType::BFloat16, DType::Float16}) {

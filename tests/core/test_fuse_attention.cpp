@@ -7,6 +7,7 @@
 
 #include "core/ir/graph.h"
 #include "core/ops/registry.h"
+#include "core/lower/lower.h"
 #include "core/passes/passes.h"
 #include "graph_helpers.h"
 
@@ -149,4 +150,37 @@ TEST(FuseAttention, ResultLayoutFollowsTorchsKernels) {
   build(g, Spec{});
   passes::fuse_attention(g);
   EXPECT_EQ(g.outputs()[0]->meta.strides, row_major);
+}
+
+// torch's fused GPU attention takes an attn_mask only with a unit innermost stride (else its math
+// path, several times slower): a mask kiln would pass as a broadcast view striding its last dim
+// by 0 is given as a row-major copy; one that strides by 1 is passed as the view it is.
+TEST(FuseAttention, AttentionMaskReachesTorchWithAUnitInnermostStride) {
+  for (bool by_query : {true, false}) {
+    Graph g;
+    const auto f32 = [](std::vector<int64_t> s) { return meta(s, DType::Float32, DeviceType::CUDA); };
+    Node* q = g.placeholder("q", f32({2, 4, 16, 8}));
+    Node* k = g.placeholder("k", f32({2, 4, 16, 8}));
+    Node* v = g.placeholder("v", f32({2, 4, 16, 8}));
+    Node* row = g.placeholder("row", meta({16}, DType::Bool, DeviceType::CUDA));
+    using Ints = std::vector<int64_t>;
+    // by query: mask[b, 0, i, j] = row[i] (strides 0, 0, 1, 0); by key: row[j] (0, 0, 0, 1)
+    Node* shaped = g.must_add("reshape", {row}, A({{"shape", by_query ? Ints{1, 1, 16, 1} : Ints{1, 1, 1, 16}}}));
+    Node* mask = g.must_add("expand", {shaped}, A({{"size", Ints{2, 1, 16, 16}}}));
+    Node* out = g.must_add("scaled_dot_product_attention", {q, k, v, mask});
+    g.outputs().push_back(out);
+    // Its gradient calls torch's kernel again (aten_vjp nodes): the same rule holds there.
+    for (Node* d : out->op->derivative(g, out, g.placeholder("grad", f32({2, 4, 16, 8}))))
+      if (d) g.outputs().push_back(d);
+    loop::Program p;
+    std::string err;
+    ASSERT_TRUE(lower::lower_graph(g, p, err)) << err;
+    ASSERT_EQ(p.externs.size(), 1u + 3u) << p.str();  // the attention, and q's, k's and v's gradients
+    EXPECT_EQ(p.kernels.size(), by_query ? 1u : 0u) << p.str();  // one copy, for all four
+    for (const loop::Extern& e : p.externs) {
+      const loop::BufferView& m = e.inputs[3];
+      EXPECT_TRUE(m.strides.back().is_const(1)) << p.str();
+      EXPECT_EQ(m.buffer == p.inputs[3], !by_query) << p.str();  // a copy only where needed
+    }
+  }
 }

@@ -220,7 +220,7 @@ bool record(CudaGraphState& s, const pipeline::CompiledGraph& cg, PreparedProgra
 
 bool replay(CudaGraphState& s, PreparedProgram& prep, int device) {
   if (s.exec) {
-    void* stream = current_stream(prep, device);
+    void* stream = current_stream(device);
     if (!stream && PyErr_Occurred()) return false;
     std::string err;
     if (compile::cuda_graph_launch(s.exec, stream, err)) return true;

@@ -2,6 +2,7 @@
 #include "bind/runtime/executor.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <ATen/core/stack.h>
 #include <torch/csrc/Exceptions.h>
@@ -278,6 +279,20 @@ std::vector<at::Tensor> kernel_vjp(const c10::OperatorHandle& op, const ops::OpD
   });
   // Parameters of kiln's schema past the kernel's (max_pool2d's return_indices) are not passed.
   if (stack.size() > op.schema().arguments().size()) stack.resize(op.schema().arguments().size());
+  if (log_enabled("vjp")) {  // what torch's kernel is given: its layouts pick its backward
+    std::string text = op.schema().name() + "(";
+    for (const c10::IValue& v : stack) {
+      if (!v.isTensor()) {
+        text += (v.isNone() ? std::string("None") : v.tagKind()) + ", ";
+        continue;
+      }
+      const at::Tensor& t = v.toTensor();
+      text += std::string(c10::toString(t.scalar_type())) + t.device().str() + "[";
+      for (int64_t d = 0; d < t.dim(); ++d) text += std::to_string(t.size(d)) + ":" + std::to_string(t.stride(d)) + ",";
+      text += t.requires_grad() ? "] grad, " : "], ";
+    }
+    log("vjp", text + ")");
+  }
   at::Tensor out;
   {
     GilRelease unlocked;
@@ -358,7 +373,6 @@ struct PreparedProgram {
   std::vector<std::vector<int>> make_slot_before, drop_slot_after;  // reuse slots
   std::vector<int> slot_of;  // per buffer: the reuse slot it lives in, or -1
   bool has_cuda = false;
-  PyObject* raw_stream_fn = nullptr;  // torch._C._cuda_getCurrentRawStream
   std::vector<std::vector<int>> kernel_scalar_args;  // per kernel: the scalar arguments a CUDA launch passes
   // Foreach groups (Program::foreach_groups): per kernel its group or -1, and per group its
   // table's layout with the extents and block starts filled in (addresses and arguments per call).
@@ -531,29 +545,22 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
       if (a.vjp_input >= 0 && b.vjp_input >= 0 && a.vjp_group == b.vjp_group) a.vjp_wanted.push_back(b.vjp_input);
   plan_lifetimes(p, *prep);
   prep->has_cuda = p.device.type == DeviceType::CUDA;
-  if (prep->has_cuda) {
-    PyObject* c = PyImport_ImportModule("torch._C");
-    prep->raw_stream_fn = c ? PyObject_GetAttrString(c, "_cuda_getCurrentRawStream") : nullptr;
-    Py_XDECREF(c);
-    if (!prep->raw_stream_fn) {
-      PyErr_Clear();
-      error = "torch._C._cuda_getCurrentRawStream is unavailable";
-      return nullptr;
-    }
-  }
   return prep;
 }
 
 bool moves_inputs(const PreparedProgram& prep) { return !prep.moved_inputs.empty(); }
 
-void* current_stream(PreparedProgram& prep, int device) {
-  PyObject* idx = PyLong_FromLong(device);
-  PyObject* r = PyObject_CallOneArg(prep.raw_stream_fn, idx);
-  Py_DECREF(idx);
-  if (!r) return nullptr;
-  void* stream = PyLong_AsVoidPtr(r);
-  Py_DECREF(r);
-  return stream;
+void* current_stream(int device) {
+  // c10's device-generic stream API (in libc10, no CUDA headers): the current stream of the
+  // device, then its cudaStream_t. A CUDA replay asks on every call; a Python call here was
+  // most of a replay's host time.
+  try {
+    const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    return impl->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device))).native_handle();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, (std::string("kiln: no current CUDA stream: ") + e.what()).c_str());
+    return nullptr;
+  }
 }
 
 bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
@@ -622,11 +629,11 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         PyErr_SetString(PyExc_RuntimeError, ("kiln: " + err).c_str());
         return false;
       }
-      stream = current_stream(prep, device);
+      stream = current_stream(device);
       if (!stream && PyErr_Occurred()) return false;
     }
 
-    std::vector<void*> args;
+    std::vector<void*> args, argp;  // a kernel's arguments, and pointers to them for a CUDA launch
     auto run_step = [&](const loop::Step& st) -> bool {
       if (st.kind == loop::Step::Kind::Kernel) {
         const loop::Kernel& k = p.kernels[st.index];
@@ -642,7 +649,7 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
           ck.cpu_fn(args.data());
           return true;
         }
-        std::vector<void*> argp;
+        argp.clear();
         for (void*& a : args) argp.push_back(&a);
         for (const int64_t& v : rs.symbols.values) argp.push_back(const_cast<int64_t*>(&v));
         for (int i : prep.kernel_scalar_args[st.index]) argp.push_back(const_cast<int64_t*>(scalar_args + i));

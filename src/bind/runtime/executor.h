@@ -58,6 +58,6 @@ passes::ExternTiming torch_extern_timing(int device);
 
 // The current CUDA stream of `device` (a CUstream), as torch's kernels would use it; nullptr
 // with a Python error set on failure (nullptr without one is the legacy default stream).
-void* current_stream(PreparedProgram& prep, int device);
+void* current_stream(int device);
 
 }  // namespace kiln::bind

@@ -162,12 +162,14 @@ struct RowPlan {
   std::vector<loop::SRef> held_values;
   std::vector<size_t> held_stage;             // the stage that computes each
   std::vector<std::pair<int, Expr>> cached;   // (buffer, index) loaded once per row, in registers
+  size_t prefetched = 0;  // the last `prefetched` of `cached`: read by one stage, loaded early
   std::vector<std::pair<int, Expr>> vector_loads;  // read a group at a time where they are used
   std::vector<const loop::Store*> vector_stores;
 };
 
 constexpr int kRowsPerWarpBlock = 4;   // warp rows: a block of 4 warps
 constexpr int64_t kMaxRowRegisters = 64;  // cached elements a thread may hold
+constexpr int64_t kMaxPrefetchRegisters = 96;  // with the loads prefetched (RowPlan::prefetched)
 
 RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int warp_rows_choice) {
   RowPlan plan;
@@ -246,9 +248,12 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int w
   // Loads that walk the row, and how many stages read each (not counting the reads under a
   // value a stage takes from a register).
   std::vector<std::pair<const loop::SNode*, int>> row_loads;
+  std::vector<size_t> first_reader;  // per row load: the first stage that reads it
+  size_t first_walk = k.stages.size();
   for (size_t si = 0; si < k.stages.size(); ++si) {
     const Stage& st = k.stages[si];
     if (st.vars.empty()) continue;
+    first_walk = std::min(first_walk, si);
     std::set<loop::SRef> seen;
     for (size_t h = 0; h < plan.held_values.size(); ++h)
       if (plan.held_stage[h] < si) seen.insert(plan.held_values[h]);
@@ -262,6 +267,7 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int w
       for (auto& [other, count] : row_loads)
         if (other->buffer == ld.buffer && other->index == ld.index) return void(++count);
       row_loads.push_back({&ld, 1});
+      first_reader.push_back(si);
     };
     if (st.kind == Stage::Kind::Reduce) visit_loads(p.exprs, st.value, seen, visit);
     for (const loop::Store& s : st.stores) visit_loads(p.exprs, s.value, seen, visit);
@@ -279,15 +285,26 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int w
   while (!plan.held_values.empty() && int64_t(plan.held_values.size()) * per_thread > kMaxRowRegisters)
     plan.held_values.pop_back(), plan.held_stage.pop_back();  // recomputed where they are used
   int64_t registers = int64_t(plan.held_values.size()) * per_thread;
-  for (auto& [ld, count] : row_loads) {
-    const bool vec = width > 1 && steps_by_one(ld->index, all, width);
-    if (count > 1 && registers + per_thread <= kMaxRowRegisters) {
-      registers += per_thread;
-      plan.cached.push_back({ld->buffer, ld->index});
-    } else if (vec) {
-      plan.vector_loads.push_back({ld->buffer, ld->index});
-    }
+  std::vector<bool> cache(row_loads.size(), false);
+  for (size_t i = 0; i < row_loads.size(); ++i)
+    if (row_loads[i].second > 1 && registers + per_thread <= kMaxRowRegisters) registers += per_thread, cache[i] = true;
+  // A load only a stage after a reduction reads (layer_norm's weight and bias, read once the
+  // mean and variance are known) is issued with the row's first loads: its latency then hides
+  // behind theirs and the reductions', where it would otherwise stand after both.
+  std::vector<bool> prefetch(row_loads.size(), false);
+  for (size_t i = 0; i < row_loads.size(); ++i) {
+    const loop::SNode* ld = row_loads[i].first;
+    if (cache[i] || first_reader[i] == first_walk || (width > 1 && !steps_by_one(ld->index, all, width))) continue;
+    if (registers + per_thread > kMaxPrefetchRegisters) break;
+    registers += per_thread, prefetch[i] = true;
   }
+  for (size_t i = 0; i < row_loads.size(); ++i) {
+    const loop::SNode* ld = row_loads[i].first;
+    if (cache[i]) plan.cached.push_back({ld->buffer, ld->index});
+    else if (!prefetch[i] && width > 1 && steps_by_one(ld->index, all, width)) plan.vector_loads.push_back({ld->buffer, ld->index});
+  }
+  for (size_t i = 0; i < row_loads.size(); ++i)
+    if (prefetch[i]) plan.cached.push_back({row_loads[i].first->buffer, row_loads[i].first->index}), ++plan.prefetched;
   if (width > 1)
     for (const Stage& st : k.stages)
       for (const loop::Store& s : st.stores)
@@ -787,7 +804,8 @@ class CudaKernelWriter {
       if (st.kind == Stage::Kind::Reduce) visit_loads(p_.exprs, st.value, seen, note);
       for (const loop::Store& s : st.stores) visit_loads(p_.exprs, s.value, seen, note);
     }
-    int64_t registers = int64_t(rows_.cached.size() + rows_.held_values.size()) * per_thread;
+    int64_t registers = int64_t(rows_.cached.size() - rows_.prefetched + rows_.held_values.size()) * per_thread;
+    const int64_t prefetch_registers = int64_t(rows_.prefetched) * per_thread;
     for (size_t i = 0; i < k_.stages.size(); ++i) {
       if (k_.stages[i].vars.empty()) continue;
       for (const loop::Store& s : k_.stages[i].stores) {
@@ -810,7 +828,9 @@ class CudaKernelWriter {
           held_[&s] = Held{"kiln_rv" + std::to_string(h - rows_.held_values.begin()), overwritten, true};
           continue;
         }
-        if (registers + per_thread > kMaxRowRegisters) continue;
+        if (registers + per_thread > kMaxRowRegisters ||
+            registers + prefetch_registers + per_thread > kMaxPrefetchRegisters)
+          continue;
         registers += per_thread;
         held_[&s] = Held{"kiln_rs" + std::to_string(held_.size()), overwritten};
       }

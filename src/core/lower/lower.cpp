@@ -318,9 +318,11 @@ class Lowering {
     return p_.add_buffer(b);
   }
 
-  // Computes `v` into a new contiguous buffer with a kernel of its own.
-  void realize(Value& v, BufferKind kind, const ir::Node* n) {
+  // Computes `v` into a new buffer with a kernel of its own: row-major, or in `n`'s own layout
+  // where new_buffer keeps it (unless `row_major`).
+  void realize(Value& v, BufferKind kind, const ir::Node* n, bool row_major = false) {
     int id = new_buffer(n, kind, v.sizes, v.dtype);
+    if (row_major) p_.buffers[id].strides = ir::contiguous_strides(v.sizes);
     p_.buffers[id].keep = n->users.empty() && n->op->keep_unused && n->op->keep_unused(*n);
     Kernel k;
     k.vars = fresh_vars("n" + std::to_string(n->id) + "_", v.sizes);
@@ -485,6 +487,16 @@ class Lowering {
     return whole(v.buffer);
   }
 
+  // `n`'s value in a row-major buffer of its own, whatever layout its value has (one copy for
+  // all the externs that want it: an attention and the gradients that call it again).
+  loop::BufferView row_major_copy(const ir::Node* n) {
+    if (auto it = row_major_copies_.find(n); it != row_major_copies_.end()) return it->second;
+    Value v = values_.at(n);
+    realize(v, BufferKind::Temp, n, /*row_major=*/true);
+    return row_major_copies_[n] = whole(v.buffer);
+  }
+  std::map<const ir::Node*, loop::BufferView> row_major_copies_;
+
   bool lower_extern(const ir::Node* n) {
     loop::Extern e;
     e.op = n->op_name();
@@ -496,6 +508,13 @@ class Lowering {
         continue;
       }
       loop::BufferView view = strided_view(in);
+      // An aten_vjp node calls its forward op's kernel (`of`) with the forward's inputs.
+      const ops::OpDef* kernel = n->attrs.has("of") ? ops::find_op(n->attrs.get_str("of")) : n->op;
+      static const std::vector<size_t> none;
+      const auto& unit = kernel ? kernel->unit_stride_inputs : none;
+      if (!view.sizes.empty() && !view.sizes.back().is_const(1) && !view.strides.back().is_const(1) &&
+          std::find(unit.begin(), unit.end(), e.inputs.size()) != unit.end())
+        view = row_major_copy(in);
       e.inputs.push_back(view);
     }
     e.output = new_buffer(n, BufferKind::Temp, n->meta.sizes, n->meta.dtype);

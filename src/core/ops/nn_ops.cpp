@@ -462,6 +462,7 @@ std::vector<OpDef> nn_ops() {
         return true;
       },
       {"torch.nn.functional.scaled_dot_product_attention"}));
+  ops.back().unit_stride_inputs = {3};  // attn_mask
   // Random dropout, grouped query heads, broadcast or mismatched sizes, mixed dtypes: torch's
   // operator (and its errors) as a torch_call.
   ops.back().covers = [](const std::vector<Node*>& in, const Attrs& a) {

@@ -139,6 +139,11 @@ struct OpDef {
   enum class Operands { Any, NoBool, FloatOnly } operands = Operands::Any;
   // Tensor parameters that take no Python number (torch.maximum(x, 2) is a TypeError).
   bool tensors_only = false;
+  // Extern inputs torch's kernel wants with a unit innermost stride: a view of kiln's that
+  // strides otherwise (a broadcast mask whose last dim strides by 0) is given as a row-major
+  // copy. torch's fused attention on the GPU refuses such an attn_mask and takes its math
+  // path, several times slower and, in a backward, through autograd's graph of it.
+  std::vector<size_t> unit_stride_inputs;
   // Runs even when nothing uses its result: its kernel may raise what its shape rule cannot
   // know (torch_call: torch's kernel rejects a dtype its meta kernel accepted), and eager
   // raises that whether or not the result is used.
