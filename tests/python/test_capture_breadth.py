@@ -1,0 +1,1592 @@
+"""Capture breadth against TorchDynamo (issue 15, parts 1-4, and a first few of part 5).
+
+Each case is a small program written the way library and model code is written: helpers,
+small classes, loops over containers. For each one the test
+  1. runs it eagerly on clones of fresh random inputs (inputs it mutates are compared too),
+  2. runs kiln.compile(fn) on other clones and requires eager's result and eager's effect on
+     the inputs, then again on new inputs,
+  3. requires kiln's graph count and break count to be no larger than torch._dynamo.explain's
+     on the same function and inputs, and kiln to capture something wherever Dynamo does.
+Where Dynamo itself captures nothing (a graph break inside a for loop makes Dynamo run the
+whole frame eagerly in this torch), only the results are compared.
+
+Cases kiln does not yet capture as Dynamo does are marked xfail(strict=True) with the cause.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import enum
+import functools
+import math
+import operator
+import typing
+from collections import OrderedDict, defaultdict, deque
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kiln
+
+# The xfail cases run eagerly on purpose, and Dynamo warns that it traces through lru_cache.
+pytestmark = [pytest.mark.filterwarnings("ignore:kiln.*runs eagerly:UserWarning"),
+              pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`:UserWarning")]
+
+# ---------------------------------------------------------------------------------------------
+# the comparison
+
+
+@dataclasses.dataclass
+class Case:
+    fn: typing.Callable
+    inputs: typing.Callable
+    xfail: typing.Optional[str]
+
+
+CASES: dict[str, Case] = {}
+
+
+def _xy():
+    return torch.randn(4, 5), torch.randn(4, 5)
+
+
+def case(inputs=_xy, xfail=None):
+    def register(fn):
+        assert fn.__name__ not in CASES, fn.__name__
+        CASES[fn.__name__] = Case(fn, inputs, xfail)
+        return fn
+
+    return register
+
+
+def _clone(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone().requires_grad_(v.requires_grad)
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_clone(a) for a in v)
+    return v
+
+
+def _assert_same(got, want, where="out"):
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{where}: {type(got).__name__}, eager gives a Tensor"
+        torch.testing.assert_close(got, want, msg=lambda m: f"{where}: {m}")
+        assert got.requires_grad == want.requires_grad, f"{where}: requires_grad {got.requires_grad}"
+    elif isinstance(want, np.ndarray):
+        assert type(got) is np.ndarray, f"{where}: {type(got).__name__}, eager gives an ndarray"
+        assert got.dtype == want.dtype and got.shape == want.shape, (where, got.dtype, got.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), f"{where}: {type(got)} vs {type(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_same(g, w, f"{where}[{i}]")
+    elif isinstance(want, dict):
+        assert type(got) is type(want) and list(got) == list(want), f"{where}: {type(got)} {list(got)}"
+        for k in want:
+            _assert_same(got[k], want[k], f"{where}[{k!r}]")
+    elif isinstance(want, float):
+        assert isinstance(got, float) and math.isclose(got, want, rel_tol=1e-6), (where, got, want)
+    elif isinstance(want, (nn.Module,)) or (hasattr(want, "__dict__") and not isinstance(want, type)):
+        assert type(got) is type(want), f"{where}: {type(got).__name__} vs {type(want).__name__}"
+        _assert_same(dict(vars(got)), dict(vars(want)), f"{where}.__dict__")
+    else:
+        assert type(got) is type(want) and got == want, f"{where}: {got!r} vs eager {want!r}"
+
+
+def _run(fn, args, seed=1234):
+    torch.manual_seed(seed)  # cases that draw numbers (a module's init) draw the same ones
+    return fn(*args)
+
+
+def compare_with_eager_and_dynamo(fn, make_inputs):
+    torch.manual_seed(0)
+    args = make_inputs()
+
+    # counts: kiln's against Dynamo's on the same function and inputs
+    torch._dynamo.reset()
+    dyn = torch._dynamo.explain(fn)(*_clone(args))
+    torch._dynamo.reset()
+    exp = kiln.explain(fn)(*_clone(args))
+    reasons = [r["reason"] for r in exp.break_reasons]
+    if dyn.graph_count > 0:
+        assert exp.graph_count >= 1, f"kiln runs it eagerly, Dynamo captures {dyn.graph_count} graph(s): {reasons}"
+        assert exp.graph_count <= dyn.graph_count, (
+            f"kiln {exp.graph_count} graphs, Dynamo {dyn.graph_count}: {reasons}")
+        assert exp.graph_break_count <= max(dyn.graph_break_count, len(dyn.break_reasons)), (
+            f"kiln {exp.graph_break_count} breaks, Dynamo {dyn.graph_break_count}: {reasons}")
+
+    # values: eager's result and eager's effect on the inputs, twice
+    compiled = kiln.compile(fn)
+    for call in range(2):
+        if call:
+            torch.manual_seed(1)
+            args = make_inputs()
+        eager_args, kiln_args = _clone(args), _clone(args)
+        want = _run(fn, eager_args)
+        got = _run(compiled, kiln_args)
+        _assert_same(got, want, f"call {call} result")
+        _assert_same(kiln_args, eager_args, f"call {call} inputs after the call")
+
+
+def _params():
+    out = []
+    for name, c in CASES.items():
+        marks = [pytest.mark.xfail(strict=True, reason=c.xfail)] if c.xfail else []
+        out.append(pytest.param(name, marks=marks, id=name))
+    return out
+
+
+# Why kiln fails the cases marked xfail (kiln's break reason in quotes).
+ORDERED_DICT = "OrderedDict not modelled: 'call to collections.OrderedDict'"
+DEFAULTDICT = "defaultdict not modelled: 'call to collections.defaultdict'"
+DEQUE = "deque not modelled: 'call to collections.deque'"
+FROMKEYS = "dict.fromkeys not modelled: 'call to dict.fromkeys'"
+DICT_MERGE = "dict with tensor values: 'expected a Python value for dict/operand, got a tensor' (update, |, |=)"
+TENSOR_KEY = "tensor as dict key / set item: 'expected a Python value for dict key/set item, got a tensor'"
+MIN_MAX = "builtin min/max over tensors: 'call to builtins.max/min with tensor arguments is not captured'"
+PARTIAL = "functools.partial of a partial/module/method: 'call to functools.partial with tensor arguments is not captured'"
+LRU_CACHE = "lru_cache/cache wrapper not traced through: 'call to <cached helper>'"
+LIST_STORE = "list mutation methods / slice stores on a local list: 'item assignment into an object the caller can see'"
+MODULE_BUILT = "nn.Module built in the function: 'call to torch.nn.modules...'"
+VIEW_INPLACE = "in-place on a view of an input: 'in-place ... on a view: not captured yet'"
+BREAK_IN_WITH = "break in a with block: whole call eager ('call to builtins.print')"
+NUMPY = "NumPy not mapped (part 5): 'call to numpy.*'"
+TORCH_DEVICE = "'call to torch.device'"
+
+
+# =============================================================================================
+# Part 1: containers and standard-library helpers with tensors inside
+
+
+@case(xfail=ORDERED_DICT)
+def ordered_dict_built_by_assignment(x, y):
+    feats = OrderedDict()
+    feats["stem"] = x.relu()
+    feats["body"] = y * 2
+    feats["head"] = feats["stem"] + feats["body"]
+    return sum(v * (i + 1) for i, v in enumerate(feats.values()))
+
+
+@case(xfail=ORDERED_DICT)
+def ordered_dict_move_to_end(x, y):
+    layers = OrderedDict([("a", x), ("b", y), ("c", x * y)])
+    layers.move_to_end("a")
+    return list(layers.values())[0] - list(layers.values())[-1], list(layers.keys())
+
+
+@case(xfail=ORDERED_DICT)
+def ordered_dict_popitem_first(x, y):
+    queue = OrderedDict(first=x, second=y)
+    key, val = queue.popitem(last=False)
+    return val * len(key) + queue["second"]
+
+
+@case(xfail=ORDERED_DICT)
+def ordered_dict_returned(x, y):
+    return OrderedDict((name, t.sum(0)) for name, t in [("x", x), ("y", y)])
+
+
+@case(xfail=DEFAULTDICT)
+def defaultdict_list_groups(x, y):
+    groups = defaultdict(list)
+    for i, t in enumerate([x, y, x * 2, y * 3]):
+        groups["even" if i % 2 == 0 else "odd"].append(t)
+    return torch.cat(groups["even"]) - torch.cat(groups["odd"])
+
+
+@case(xfail=DEFAULTDICT)
+def defaultdict_int_counter(x, y):
+    counts = defaultdict(int)
+    for name in ["conv", "relu", "conv", "pool"]:
+        counts[name] += 1
+    return x * counts["conv"] + y * counts["missing"]
+
+
+@case(xfail=DEFAULTDICT)
+def defaultdict_tensor_factory(x, y):
+    acc = defaultdict(lambda: torch.zeros(4, 5))
+    for i, t in enumerate((x, y, x)):
+        acc[i % 2] = acc[i % 2] + t
+    return acc[0], acc[1], acc[2]
+
+
+@case(xfail=DEQUE)
+def deque_append_pop_both_ends(x, y):
+    q = deque([x])
+    q.append(y)
+    q.appendleft(x * 2)
+    return q.popleft() + q.pop() * 3 + q[0]
+
+
+@case(xfail=DEQUE)
+def deque_maxlen_window(x, y):
+    window = deque(maxlen=2)
+    outs = []
+    for t in (x, y, x + y, x * y):
+        window.append(t)
+        outs.append(sum(window) / len(window))
+    return torch.stack(outs)
+
+
+@case(xfail=DEQUE)
+def deque_rotate_and_extend(x, y):
+    q = deque()
+    q.extend([x, y, x - y])
+    q.rotate(1)
+    q.extendleft([y * 5])
+    return torch.stack(list(q))
+
+
+@case(xfail=DEQUE)
+def deque_as_bfs_queue(x, y):
+    todo = deque([(x, 0)])
+    out = []
+    while todo:
+        t, depth = todo.popleft()
+        out.append(t)
+        if depth < 2:
+            todo.append((t * 0.5, depth + 1))
+            todo.append((t + y, depth + 1))
+    return sum(out)
+
+
+@case(xfail=FROMKEYS)
+def dict_fromkeys_filled_later(x, y):
+    stats = dict.fromkeys(["mean", "std", "max"], None)
+    stats["mean"] = x.mean(0)
+    stats["std"] = x.std(0)
+    return {k: v for k, v in stats.items() if v is not None}
+
+
+@case(xfail=FROMKEYS)
+def dict_fromkeys_shared_tensor(x, y):
+    d = dict.fromkeys(("q", "k", "v"), x)
+    return d["q"] * d["k"] + d["v"], d["q"] is d["v"]
+
+
+@case(xfail=DICT_MERGE)
+def dict_update_forms(x, y):
+    d = {"a": x}
+    d.update({"b": y})
+    d.update([("c", x * y)])
+    d.update(d2=y - x)
+    return sum(d.values()), list(d)
+
+
+@case()
+def dict_setdefault_accumulate(x, y):
+    cache = {}
+    for name, t in [("a", x), ("b", y), ("a", y * 2)]:
+        cache.setdefault(name, []).append(t)
+    return {k: torch.stack(v).sum(0) for k, v in cache.items()}
+
+
+@case()
+def dict_setdefault_returns_existing(x, y):
+    d = {"w": x}
+    got = d.setdefault("w", y)
+    new = d.setdefault("b", y * 2)
+    return got + new
+
+
+@case(xfail=DICT_MERGE)
+def dict_or_merge(x, y):
+    defaults = {"scale": x, "shift": y}
+    overrides = {"shift": y * 10}
+    merged = defaults | overrides
+    return merged["scale"] * 2 + merged["shift"]
+
+
+@case(xfail=DICT_MERGE)
+def dict_ior_merge(x, y):
+    state = {"h": x}
+    state |= {"c": y, "h": x + 1}
+    return state["h"] * state["c"]
+
+
+@case()
+def dict_zip_names_chunks(x, y):
+    q, k, v = x.chunk(3, dim=0)[0], y[:1], x[1:2]
+    heads = dict(zip(("q", "k", "v"), (q, k, v)))
+    return heads["q"] @ heads["k"].t() + heads["v"].sum()
+
+
+@case()
+def dict_zip_comprehension_loop(x, y):
+    names = ["w%d" % i for i in range(3)]
+    params = dict(zip(names, [x, y, x + y]))
+    out = torch.zeros(4, 5)
+    for name in sorted(params):
+        out = out * 0.5 + params[name]
+    return out
+
+
+@case()
+def dict_pop_and_get_defaults(x, y):
+    kwargs = {"bias": y, "scale": 2.0}
+    bias = kwargs.pop("bias", None)
+    mask = kwargs.pop("mask", None)
+    scale = kwargs.get("scale", 1.0)
+    out = x * scale + bias
+    if mask is not None:
+        out = out * mask
+    return out, len(kwargs)
+
+
+@case()
+def dict_copy_is_independent(x, y):
+    base = {"a": x, "b": y}
+    tweaked = base.copy()
+    tweaked["a"] = x * 3
+    del tweaked["b"]
+    return base["a"] - tweaked["a"], len(base), len(tweaked)
+
+
+@case()
+def dict_reversed_and_items(x, y):
+    d = {"a": x, "b": y, "c": x - y}
+    order = list(reversed(d))
+    return torch.stack([d[k] for k in order]), [k for k, _ in d.items()]
+
+
+@case(xfail=TENSOR_KEY)
+def tensor_as_dict_key(x, y):
+    weights = {x: 2.0, y: 3.0}
+    return sum(t * w for t, w in weights.items()) + x * weights[y]
+
+
+@case(xfail=TENSOR_KEY)
+def set_of_tensors_dedups_by_identity(x, y):
+    seen = {x, y, x}
+    return x * len(seen) + (y if y in seen else x)
+
+
+@case(xfail="Counter not modelled: 'call to collections.Counter'")
+def counter_of_names(x, y):
+    counts = collections.Counter(["relu", "gelu", "relu"])
+    return x * counts["relu"] + y * counts["tanh"] + counts.most_common(1)[0][1]
+
+
+@case()
+def chainmap_config_lookup(x, y):
+    cfg = collections.ChainMap({"scale": 3.0}, {"scale": 1.0, "shift": 0.5})
+    return x * cfg["scale"] + cfg["shift"] + y
+
+
+# --- namedtuple and typing.NamedTuple (construction, _replace and defaults are covered in
+# test_capture_stdlib.py) --------------------------------------------------------------------
+
+Pair = collections.namedtuple("Pair", ["left", "right"])
+Affine = collections.namedtuple("Affine", "scale shift", defaults=(1.0, 0.0))
+
+
+class Span(typing.NamedTuple):
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+    def width(self):
+        return self.hi - self.lo
+
+    @property
+    def mid(self):
+        return (self.lo + self.hi) / 2
+
+
+@case()
+def namedtuple_field_defaults(x, y):
+    a = Affine(scale=2.0)
+    b = Affine(shift=y)
+    return x * a.scale + a.shift + b.shift * b.scale
+
+
+@case(xfail="namedtuple methods: 'tuple._asdict() is not captured yet'")
+def namedtuple_asdict_and_fields(x, y):
+    p = Pair(x, y * 2)
+    d = p._asdict()
+    total = sum(getattr(p, name) for name in Pair._fields)
+    return d["left"] - d["right"] + total
+
+
+@case()
+def namedtuple_unpack_index_slice(x, y):
+    p = Pair(x + 1, y)
+    left, right = p
+    return left * p[-1] + p[:1][0], len(p), isinstance(p, tuple)
+
+
+@case(xfail="namedtuple methods: 'call to builtins.hasattr with tensor arguments is not captured'")
+def namedtuple_hasattr(x, y):
+    p = Pair(x, y)
+    a = 1.0 if hasattr(p, "left") else 0.0
+    b = 1.0 if hasattr(p, "middle") else 0.0
+    return p.left * a + p.right * b + 1.0
+
+
+@case(xfail="namedtuple _make: 'call to tuple.__new__ with tensor arguments is not captured'")
+def namedtuple_make_from_list(x, y):
+    p = Pair._make([x, y])
+    return p.left @ p.right.t()
+
+
+@case(xfail="namedtuple methods: 'tuple.width() is not captured yet' (user methods)")
+def namedtuple_user_method_and_property(x, y):
+    s = Span(torch.minimum(x, y), torch.maximum(x, y))
+    return s.width() * s.mid, s._replace(hi=s.hi + 1)
+
+
+@case(xfail=MIN_MAX)
+def namedtuple_list_of_records(x, y):
+    recs = [Pair(x[i], y[i]) for i in range(3)]
+    return torch.stack([r.left * r.right for r in recs]) + max(recs, key=lambda r: r.left.numel()).left
+
+
+# --- functools ------------------------------------------------------------------------------
+
+
+def _scale_shift(t, scale=1.0, shift=0.0):
+    return t * scale + shift
+
+
+class _Gate(nn.Module):
+    def forward(self, x, bias=0.0):
+        return torch.sigmoid(x + bias) * x
+
+
+GATE = _Gate()
+ACTS = {"gelu": functools.partial(F.gelu, approximate="tanh"), "leaky": functools.partial(F.leaky_relu, negative_slope=0.2)}
+
+
+@case()
+def partial_of_torch_op_kwargs(x, y):
+    reduce = functools.partial(torch.sum, dim=-1, keepdim=True)
+    return reduce(x) + reduce(y)
+
+
+@case()
+def partial_of_torch_op_clamp(x, y):
+    squash = functools.partial(torch.clamp, min=-0.5, max=0.5)
+    return squash(x) * squash(y, max=0.1)
+
+
+@case()
+def partial_of_user_function(x, y):
+    f = functools.partial(_scale_shift, scale=2.0)
+    return f(x, shift=y) + f(y)
+
+
+@case(xfail=PARTIAL)
+def partial_of_partial(x, y):
+    f = functools.partial(functools.partial(_scale_shift, x), 3.0)
+    return f(shift=y)
+
+
+@case(xfail=PARTIAL + " (module call: multiple values for 'bias')")
+def partial_of_module(x, y):
+    gate = functools.partial(GATE, bias=0.5)
+    return gate(x) + gate(y, bias=-1.0)
+
+
+@case(xfail=PARTIAL)
+def partial_of_bound_method(x, y):
+    add = functools.partial(x.add, alpha=2)
+    return add(y)
+
+
+@case(xfail=PARTIAL)
+def partial_of_unbound_tensor_method(x, y):
+    mm = functools.partial(torch.Tensor.matmul, x)
+    return mm(y.t())
+
+
+@case()
+def partial_list_of_activations(x, y):
+    acts = [functools.partial(F.leaky_relu, negative_slope=s) for s in (0.01, 0.1, 0.3)]
+    return sum(act(x) for act in acts) + y
+
+
+@case()
+def partial_registry_lookup(x, y):
+    return ACTS["gelu"](x) + ACTS["leaky"](y)
+
+
+@case()
+def partial_attributes_read(x, y):
+    p = functools.partial(_scale_shift, scale=4.0)
+    return p.func(x, **p.keywords) + len(p.args)
+
+
+@functools.lru_cache(maxsize=None)
+def _band_offsets(n):
+    return tuple(range(-n // 2, n // 2 + 1))
+
+
+@functools.cache
+def _inv_sqrt(d):
+    return 1.0 / math.sqrt(d)
+
+
+@functools.lru_cache(maxsize=8)
+def _decay_weights(n, gamma):
+    return [gamma ** i for i in range(n)]
+
+
+def _traced(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs) * 1.0
+
+    return wrapper
+
+
+@_traced
+def _wrapped_helper(t):
+    return t.tanh()
+
+
+@case(xfail=LRU_CACHE)
+def lru_cache_helper_on_shape(x, y):
+    offs = _band_offsets(x.shape[0])
+    return sum(torch.roll(x, o, 0) for o in offs) + y
+
+
+@case(xfail=LRU_CACHE)
+def cache_helper_scale(x, y):
+    return (x @ y.t()) * _inv_sqrt(x.shape[-1])
+
+
+@case(xfail=LRU_CACHE)
+def lru_cache_helper_list_of_floats(x, y):
+    w = _decay_weights(3, 0.9)
+    return sum(wi * t for wi, t in zip(w, (x, y, x * y)))
+
+
+@case()
+def functools_wraps_decorated_helper(x, y):
+    return _wrapped_helper(x) + _wrapped_helper.__wrapped__(y)
+
+
+# --- builtins min / max / sorted, tuple/list + and *, slices, index and in ------------------
+
+
+@case()
+def max_of_python_numbers(x, y):
+    n = max(x.shape[0], 2, y.shape[1] // 2)
+    m = min(0.5, 2.0, float(n))
+    return x[:n] * m
+
+
+@case()
+def min_max_of_float_list(x, y):
+    scales = [0.5, 1.5, 0.25]
+    return x * max(scales) + y * min(scales)
+
+
+@case(xfail=MIN_MAX)
+def max_by_key_numel(x, y):
+    parts = [x, y[:2], x[:3]]
+    return max(parts, key=lambda t: t.numel()) + min(parts, key=lambda t: t.shape[0]).sum()
+
+
+@case(xfail=MIN_MAX)
+def min_by_key_len(x, y):
+    return min([x[:3], y, x[:1]], key=len) * 2
+
+
+@case(xfail=MIN_MAX)
+def max_of_two_scalar_tensors(x, y):
+    return max(x.sum(), y.sum()) + min(x.mean(), y.mean())
+
+
+@case(xfail="'indexing a tensor with a list is not captured yet'")
+def sorted_python_numbers_to_index(x, y):
+    order = sorted([3, 0, 2, 1])
+    return x[order] + y[sorted(order, reverse=True)]
+
+
+@case(xfail="sorted() of (key, tensor) items: 'expected a Python value for item, got a tensor'")
+def sorted_dict_items(x, y):
+    d = {"b": y, "a": x, "c": x - y}
+    return torch.stack([v for _, v in sorted(d.items())])
+
+
+@case(xfail="operator.itemgetter: 'call to operator.itemgetter'")
+def sorted_pairs_by_itemgetter(x, y):
+    pairs = [(2, x), (0, y), (1, x * 3)]
+    return torch.cat([t for _, t in sorted(pairs, key=operator.itemgetter(0))])
+
+
+@case()
+def tuple_concat_shape(x, y):
+    return x.reshape((1,) + x.shape) + y.reshape(x.shape + (1,)).squeeze(-1)
+
+
+@case()
+def tuple_repeat_expand(x, y):
+    return x.expand((2,) * 1 + x.shape) * y
+
+
+@case()
+def list_concat_and_repeat(x, y):
+    return torch.cat([x] + [y] * 2 + [x * 2], dim=0)
+
+
+@case()
+def list_of_none_filled(x, y):
+    outs = [None] * 3
+    for i in range(3):
+        outs[i] = x * i + y
+    return torch.stack(outs)
+
+
+@case(xfail="list +=, extend, insert, reverse: 'list.extend() on a list the caller can see'")
+def list_iadd_extend_insert(x, y):
+    out = []
+    out += [x]
+    out += (y,)
+    out.extend([x + y])
+    out.insert(1, x * y)
+    out.reverse()
+    return torch.stack(out)
+
+
+@case(xfail=LIST_STORE)
+def list_slice_assignment(x, y):
+    items = [x, y, x, y]
+    items[1:3] = [y * 2, x * 3, x - y]
+    return torch.stack(items), len(items)
+
+
+@case(xfail=LIST_STORE)
+def list_slice_delete_and_step_assign(x, y):
+    items = [x, y, x * 2, y * 2, x * 3]
+    del items[::2]
+    items[::1] = [t + 1 for t in items]
+    return sum(items)
+
+
+@case(xfail=LIST_STORE)
+def list_slice_insert_empty_range(x, y):
+    layers = [x, y]
+    layers[1:1] = [x * y, x + y]
+    return torch.stack(layers)
+
+
+@case()
+def list_index_of_tensor(x, y):
+    ts = [x, y, x + y]
+    i = ts.index(x)  # found by identity at the first element
+    return ts[i + 1] * (i + 1)
+
+
+@case()
+def list_remove_first_tensor(x, y):
+    ts = [x, y, x * y]
+    ts.remove(x)
+    return torch.stack(ts)
+
+
+@case(xfail="'`in` comparing tensors by value' (no identity shortcut)")
+def in_list_by_identity(x, y):
+    ts = [x, y]
+    return (x * 2 if x in ts else x) + (1.0 if y in (y,) else 0.0)
+
+
+@case()
+def in_dict_values_by_identity(x, y):
+    d = {"a": x}
+    return x + 1 if x in d.values() else x - 1
+
+
+# --- enum -----------------------------------------------------------------------------------
+
+
+class Reduction(enum.Enum):
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 3
+
+
+class Opt(enum.Flag):
+    SCALE = enum.auto()
+    SHIFT = enum.auto()
+
+
+def _reduce(t, how=Reduction.MEAN):
+    if how is Reduction.SUM:
+        return t.sum()
+    if how == Reduction.MEAN:
+        return t.mean()
+    raise ValueError(how)
+
+
+@case()
+def enum_branch_in_helper(x, y):
+    return _reduce(x, Reduction.SUM) + _reduce(y)
+
+
+@case(xfail="Enum lookup by value: 'call to test_capture_breadth.Reduction'")
+def enum_from_value(x, y):
+    how = Reduction("sum")
+    return _reduce(x * y, how), how.name, how.value
+
+
+@case()
+def int_enum_arithmetic(x, y):
+    return x * Level.HIGH + y * int(Level.LOW) + Level.HIGH - Level.LOW
+
+
+@case(xfail="iteration over an Enum class: 'iteration over a EnumType'")
+def enum_iteration(x, y):
+    return torch.stack([_reduce(x + y, r) for r in Reduction]), [r.value for r in Reduction]
+
+
+@case()
+def enum_flag_membership(x, y):
+    opts = Opt.SCALE | Opt.SHIFT
+    out = x
+    if Opt.SCALE in opts:
+        out = out * 2
+    if opts & Opt.SHIFT:
+        out = out + y
+    return out
+
+
+@case()
+def enum_keyed_dict(x, y):
+    table = {Reduction.SUM: torch.sum, Reduction.MEAN: torch.mean}
+    return table[Reduction.MEAN](x, dim=0) + table[Reduction.SUM](y, dim=0)
+
+
+@case()
+def enum_in_fstring(x, y):
+    return x * 2, f"{Reduction.SUM.value}-{Level.HIGH.name}"
+
+
+# --- math on Python numbers -----------------------------------------------------------------
+
+
+@case()
+def math_sqrt_attention_scale(x, y):
+    return torch.softmax(x @ y.t() / math.sqrt(x.shape[-1]), dim=-1)
+
+
+@case()
+def math_log_exp_constants(x, y):
+    return x * math.log(2.0) + y * math.exp(-1.0) + math.log1p(0.5)
+
+
+@case()
+def math_ceil_floor_pad(x, y):
+    n = x.shape[-1]
+    pad = math.ceil(n / 4) * 4 - n
+    return F.pad(x, (0, pad)), math.floor(n / 2)
+
+
+@case()
+def math_trig_pi(x, y):
+    angle = math.pi / 3
+    return x * math.cos(angle) - y * math.sin(angle) + math.atan2(1.0, 2.0)
+
+
+@case()
+def math_prod_of_shape(x, y):
+    return x.reshape(math.prod(x.shape)) + y.flatten() * math.prod([2, 3])
+
+
+@case()
+def math_isfinite_inf_clamp(x, y):
+    lim = math.inf if math.isfinite(1.0) else 1.0
+    return x.clamp(max=lim) + y.clamp(min=-math.inf), math.isnan(math.nan)
+
+
+@case()
+def math_erf_gelu_constant(x, y):
+    c = 0.5 * (1.0 + math.erf(1.0 / math.sqrt(2.0)))
+    return x * c + y * math.tanh(0.5)
+
+
+@case()
+def math_gcd_log2_fsum(x, y):
+    g = math.gcd(x.shape[0], 6)
+    return x[:g] * math.log2(8) + math.fsum([0.1] * 10) + y[:g]
+
+
+# =============================================================================================
+# Part 2: objects created inside the function
+
+
+class Scaler:
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __call__(self, t):
+        return t * self.scale
+
+    @classmethod
+    def from_config(cls, cfg):
+        return cls(cfg["scale"])
+
+    @staticmethod
+    def clip(t):
+        return t.clamp(-1, 1)
+
+
+class Base:
+    kind = "base"
+
+    def __init__(self, weight):
+        self.weight = weight
+
+    def apply(self, t):
+        return t * self.weight
+
+
+class Shifted(Base):
+    kind = "shifted"
+
+    def __init__(self, weight, shift):
+        super().__init__(weight)
+        self.shift = shift
+
+    def apply(self, t):
+        return super().apply(t) + self.shift
+
+
+class Window:
+    eps = 1e-5
+
+    def __init__(self, lo, hi):
+        self.lo, self.hi = lo, hi
+
+    @property
+    def size(self):
+        return self.hi - self.lo
+
+    def norm(self, t):
+        return t[self.lo:self.hi] / (t[self.lo:self.hi].abs().sum() + self.eps)
+
+
+class Key:
+    def __init__(self, name):
+        self.name = name
+
+    def __eq__(self, other):
+        return isinstance(other, Key) and other.name == self.name
+
+    def __hash__(self):
+        return hash(self.name)
+
+
+class Accumulator:
+    def __init__(self):
+        self.total = None
+        self.count = 0
+
+    def add(self, t):
+        self.total = t if self.total is None else self.total + t
+        self.count += 1
+        return self
+
+    def mean(self):
+        return self.total / self.count
+
+
+class Bag:
+    def __init__(self, *items):
+        self._items = list(items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __getitem__(self, i):
+        return self._items[i]
+
+    def __iter__(self):
+        yield from self._items
+
+
+class Vec:
+    def __init__(self, data):
+        self.data = data
+
+    def __add__(self, other):
+        return Vec(self.data + other.data)
+
+    def __mul__(self, k):
+        return Vec(self.data * k)
+
+
+class Lazy:
+    def __init__(self, t):
+        self.t = t
+
+    @functools.cached_property
+    def squared(self):
+        return self.t * self.t
+
+
+@case()
+def object_call_dunder(x, y):
+    return Scaler(2.0)(x) + Scaler(0.5)(y)
+
+
+@case()
+def object_classmethod_and_staticmethod(x, y):
+    s = Scaler.from_config({"scale": 3.0})
+    return Scaler.clip(s(x)) + s.clip(y)
+
+
+@case()
+def object_super_init_and_override(x, y):
+    objs = [Base(2.0), Shifted(0.5, y)]
+    return sum(o.apply(x) for o in objs), [o.kind for o in objs]
+
+
+@case()
+def object_property_and_class_attribute(x, y):
+    w = Window(1, 3)
+    w2 = Window(0, 2)
+    w2.eps = 1.0
+    return w.norm(x) * w.size + w2.norm(y), Window.eps
+
+
+@case()
+def object_identity_is(x, y):
+    a = Scaler(1.0)
+    b = a
+    c = Scaler(1.0)
+    return x * (2.0 if a is b else 0.0) + y * (3.0 if a is not c else 0.0)
+
+
+@case(xfail="user objects as dict keys: 'expected a Python value for dict key', 'call to builtins.hash'")
+def object_user_eq_and_hash(x, y):
+    table = {Key("x"): x, Key("y"): y}
+    same = Key("x") == Key("x")
+    return table[Key("y")] * (2.0 if same else 1.0)
+
+
+@case()
+def object_state_updated_in_loop(x, y):
+    acc = Accumulator()
+    for t in (x, y, x * y):
+        acc.add(t)
+    return acc.mean(), acc.count
+
+
+@case()
+def object_method_chaining(x, y):
+    return Accumulator().add(x).add(y).mean()
+
+
+@case(xfail="'bytecode GET_YIELD_FROM_ITER is not supported yet'")
+def object_user_container_protocols(x, y):
+    bag = Bag(x, y, x + y)
+    return sum(bag) * len(bag) + bag[-1]
+
+
+@case(xfail="user __add__ with tensor fields: 'expected a Python value for operand, got a tensor'")
+def object_operator_overloads(x, y):
+    v = (Vec(x) + Vec(y)) * 2
+    return v.data
+
+
+@case()
+def object_cached_property(x, y):
+    lz = Lazy(x)
+    return lz.squared + lz.squared + y
+
+
+@case(xfail="'call to builtins.setattr'")
+def object_setattr_getattr(x, y):
+    s = Scaler(1.0)
+    setattr(s, "scale", 4.0)
+    s.bias = y
+    return s(x) + getattr(s, "bias") + getattr(s, "missing", 0.0)
+
+
+@case()
+def object_isinstance_and_type_name(x, y):
+    objs = [Base(1.0), Shifted(2.0, 0.0)]
+    n = sum(1 for o in objs if isinstance(o, Base))
+    names = [type(o).__name__ for o in objs]
+    return x * n + y, names
+
+
+@case()
+def object_returned_to_caller(x, y):
+    return Shifted(x * 2, y + 1)
+
+
+@case(xfail="'bytecode LOAD_BUILD_CLASS is not supported yet'")
+def object_class_defined_in_function(x, y):
+    class Local:
+        def __init__(self, t):
+            self.t = t
+
+        def double(self):
+            return self.t * 2
+
+    return Local(x).double() + y
+
+
+@case()
+def object_closure_factory(x, y):
+    def make_scaler(k):
+        def apply(t):
+            return t * k
+
+        return apply
+
+    fs = [make_scaler(k) for k in (1.0, 2.0)]
+    return sum(f(x) for f in fs) + y
+
+
+# --- nn.Modules built inside the function ---------------------------------------------------
+
+
+class MulAdd(nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x, y):
+        return x * self.k + y
+
+
+@case(xfail=MODULE_BUILT)
+def module_softmax_dim(x, y):
+    return nn.Softmax(dim=-1)(x) + nn.LogSoftmax(dim=0)(y)
+
+
+@case(xfail=MODULE_BUILT)
+def module_activations(x, y):
+    return nn.ReLU()(x) + nn.GELU(approximate="tanh")(y) + nn.LeakyReLU(0.2)(x - y)
+
+
+@case(xfail=MODULE_BUILT)
+def module_attribute_read(x, y):
+    act = nn.LeakyReLU(negative_slope=0.3)
+    return act(x) * act.negative_slope + y
+
+
+@case(xfail=MODULE_BUILT)
+def module_sequential_no_params(x, y):
+    block = nn.Sequential(nn.Tanh(), nn.Hardtanh(-0.5, 0.5), nn.Identity())
+    return block(x) + block[0](y)
+
+
+@case(xfail=MODULE_BUILT)
+def module_layer_norm_no_affine(x, y):
+    return nn.LayerNorm(5, elementwise_affine=False)(x) + y
+
+
+@case(xfail=MODULE_BUILT)
+def module_flatten_unflatten(x, y):
+    return nn.Unflatten(1, (5, 1))(nn.Flatten(0)(x).view(4, 5)) + y[..., None]
+
+
+@case(xfail=MODULE_BUILT)
+def module_list_iterated(x, y):
+    acts = nn.ModuleList([nn.ReLU(), nn.Sigmoid(), nn.Tanh()])
+    out = x
+    for act in acts:
+        out = act(out) + y
+    return out
+
+
+@case(xfail=MODULE_BUILT + " (user module: 'call to object.__setattr__')")
+def module_user_no_params(x, y):
+    return MulAdd(3.0)(x, y) + MulAdd(k=0.5)(y, x)
+
+
+@case(xfail=MODULE_BUILT)
+def module_dropout_p_zero(x, y):
+    return nn.Dropout(p=0.0)(x) + nn.Dropout(0.5).eval()(y)
+
+
+@case(xfail=MODULE_BUILT)
+def module_linear_built_and_called(x, y):
+    lin = nn.Linear(5, 3)  # random init: compared with eager under the same seed
+    return lin(x) + lin(y)
+
+
+@case(xfail=MODULE_BUILT + ", 'returns a value kiln cannot rebuild'")
+def module_returned_to_caller(x, y):
+    act = nn.Softmax(dim=1)
+    return act(x) + y, act
+
+
+# =============================================================================================
+# Part 3: torch's Python-level helpers
+
+
+@case()
+def dtype_query_branches(x, y):
+    if x.dtype == torch.float32 and x.is_floating_point() and x.dtype.is_floating_point:
+        out = x * 2
+    else:
+        out = x
+    return out + y.to(torch.promote_types(x.dtype, torch.float16))
+
+
+@case(xfail=TORCH_DEVICE)
+def device_queries(x, y):
+    on_cpu = x.device.type == "cpu" and not x.is_cuda and x.device == torch.device("cpu")
+    return (x + y) if on_cpu else x
+
+
+@case(xfail=TORCH_DEVICE)
+def torch_device_constructed(x, y):
+    dev = torch.device("cpu")
+    return x + torch.ones(4, 5, device=dev) * y.new_tensor(2.0, device=dev)
+
+
+@case()
+def finfo_constants(x, y):
+    fi = torch.finfo(x.dtype)
+    return x.clamp(min=fi.min, max=fi.max) + fi.eps * y + fi.tiny, fi.bits
+
+
+@case()
+def finfo_of_default_dtype(x, y):
+    return x.masked_fill(y > 0, torch.finfo(torch.get_default_dtype()).min).softmax(-1)
+
+
+def _ints():
+    return torch.randint(-100, 100, (4, 5), dtype=torch.int32), torch.randint(1, 5, (4, 5))
+
+
+@case(inputs=_ints)
+def iinfo_clamp(x, y):
+    info = torch.iinfo(x.dtype)
+    return x.clamp(info.min + 1, info.max - 1) + y.clamp(max=torch.iinfo(torch.int8).max), info.bits
+
+
+@case(xfail="Tensor.type(str): 'dtype must be a supported torch.dtype'")
+def tensor_type_with_dtype_string(x, y):
+    return x.type("torch.DoubleTensor") + y.type(torch.float64)
+
+
+@case(xfail="Tensor.type(tensor class): 'dtype must be a supported torch.dtype'")
+def tensor_type_with_tensor_class(x, y):
+    return x.type(torch.DoubleTensor) * 2 + y.double()
+
+
+@case(xfail='Tensor.type() query: "convert() missing argument \'dtype\'"')
+def tensor_type_string_query(x, y):
+    return x + y, x.type()
+
+
+@case(xfail="'attribute __name__ of a value' (x.__class__.__name__)")
+def class_name_in_fstring(x, y):
+    key = f"{x.__class__.__name__}:{str(x.dtype)}:{tuple(x.shape)}"
+    return x * len(key) + y, key
+
+
+@case()
+def type_introspection_branch(x, y):
+    ok = type(x).__name__ == "Tensor" and isinstance(y, torch.Tensor) and torch.is_tensor(x)
+    return x + y if ok else x - y
+
+
+@case()
+def grad_mode_query(x, y):
+    return x * (2.0 if torch.is_grad_enabled() else 3.0) + y
+
+
+@case()
+def autocast_query(x, y):
+    return x * (2.0 if torch.is_autocast_enabled("cpu") else 1.0) + y
+
+
+@case()
+def tracing_state_queries(x, y):
+    if torch.jit.is_scripting() or torch.jit.is_tracing() or torch._C._get_tracing_state():
+        return x
+    return x + y
+
+
+@case(xfail="'torch...result_type returns something other than tensors', 'call to ...can_cast'")
+def result_type_and_can_cast(x, y):
+    dt = torch.result_type(x, 2)
+    return (x + y).to(dt) * (1.0 if torch.can_cast(torch.int32, dt) else 0.0)
+
+
+@case()
+def element_size_and_itemsize(x, y):
+    return x * x.element_size() + y * x.dtype.itemsize
+
+
+# --- in-place ops on inputs and on views of inputs -------------------------------------------
+
+
+@case()
+def iadd_scalar_on_input(x, y):
+    x += 1.5
+    return x * y
+
+
+@case(xfail=VIEW_INPLACE)
+def view_column_iadd(x, y):
+    x[:, 0] += 1
+    return x.sum(0) + y[0]
+
+
+@case()
+def addcdiv_on_input(x, y):
+    x.addcdiv_(y, y.abs() + 1, value=0.5)
+    return x
+
+
+@case(xfail=VIEW_INPLACE)
+def inplace_through_transpose_view(x, y):
+    x.t().mul_(2)
+    return x + y
+
+
+@case()
+def slice_store_into_input(x, y):
+    x[1:] = y[1:] * 3
+    return x.sum()
+
+
+@case()
+def masked_fill_on_input(x, y):
+    x.masked_fill_(y > 0, 0.0)
+    return x.mean()
+
+
+def _normalize_(t):
+    t.sub_(t.mean()).div_(t.std() + 1e-5)
+    return t
+
+
+@case()
+def inplace_helper_on_input(x, y):
+    _normalize_(x)
+    return x + y
+
+
+@case()
+def inplace_loop_over_inputs(x, y):
+    for t in (x, y):
+        t.mul_(0.5).add_(1.0)
+    return x * y
+
+
+@case()
+def copy_into_input(x, y):
+    x.copy_(y * 2)
+    return x + 1
+
+
+@case(xfail=VIEW_INPLACE)
+def inplace_on_flat_view_of_input(x, y):
+    v = x.view(-1)
+    v[::2] = 0.0
+    return x + y
+
+
+@case(xfail=VIEW_INPLACE)
+def zero_and_fill_on_views(x, y):
+    x[0].zero_()
+    x[-1].fill_(3.0)
+    y.diagonal().clamp_(min=0.0)
+    return x - y
+
+
+# =============================================================================================
+# Part 4: breaks where Dynamo keeps going
+
+
+def _requires_grad_x():
+    return torch.randn(4, 5, requires_grad=True), torch.randn(4, 5)
+
+
+@case()
+def break_in_for_loop(x, y):
+    out = x
+    for i in range(3):
+        out = out * 2 + y
+        print("", end="")
+    return out + 1
+
+
+@case()
+def break_in_loop_over_dict(x, y):
+    d = {"a": x, "b": y}
+    out = torch.zeros(4, 5)
+    for k, v in d.items():
+        out = out + v * len(k)
+        print("", end="")
+    return out
+
+
+@case()
+def break_in_while_loop(x, y):
+    i, out = 0, x
+    while i < 3:
+        out = out.sin() + y
+        print("", end="")
+        i += 1
+    return out
+
+
+@case(xfail=BREAK_IN_WITH)
+def break_in_no_grad_block(x, y):
+    with torch.no_grad():
+        a = x * 2
+        print("", end="")
+        b = a + y
+    return b + x
+
+
+@case(inputs=_requires_grad_x, xfail=BREAK_IN_WITH)
+def break_in_no_grad_block_grad_mode_restored(x, y):
+    with torch.no_grad():
+        a = x * 2
+        print("", end="")
+        b = a * y
+    return b + x * 3
+
+
+@case(inputs=_requires_grad_x, xfail=BREAK_IN_WITH)
+def break_in_enable_grad_inside_no_grad(x, y):
+    with torch.no_grad():
+        c = x * 2
+        with torch.enable_grad():
+            d = x * y
+            print("", end="")
+            e = d + 1
+    return c, e
+
+
+@case(xfail=BREAK_IN_WITH)
+def break_in_autocast_block(x, y):
+    with torch.autocast("cpu", enabled=False):
+        a = x @ y.t()
+        print("", end="")
+        b = a.relu()
+    return b * 2
+
+
+@contextlib.contextmanager
+def _scope(log):
+    log.append("enter")
+    try:
+        yield
+    finally:
+        log.append("exit")
+
+
+@case()
+def break_in_user_context_manager(x, y):
+    log = []
+    with _scope(log):
+        a = x + y
+        print("", end="")
+        b = a * 2
+    return b, log
+
+
+@case()
+def break_in_try_finally(x, y):
+    try:
+        a = x * y
+        print("", end="")
+        b = a + 1
+    finally:
+        c = x - 1
+    return b + c
+
+
+@case()
+def break_in_try_except(x, y):
+    try:
+        a = x.exp()
+        print("", end="")
+    except RuntimeError:
+        a = x
+    return a + y
+
+
+@case(xfail="Dynamo's 2 graphs, but 2 breaks counted (caller's fallback and helper's) vs Dynamo's 1")
+def break_in_helper_called_in_loop(x, y):
+    def step(t):
+        t = t * 0.5
+        print("", end="")
+        return t + y
+
+    out = x
+    for _ in range(2):
+        out = step(out)
+    return out
+
+
+@case()
+def dynamo_graph_break_call(x, y):
+    a = x * 2
+    torch._dynamo.graph_break()
+    return a + y
+
+
+@case()
+def dynamo_graph_break_in_loop(x, y):
+    out = x
+    for t in (y, y * 2):
+        out = out + t
+        torch._dynamo.graph_break()
+    return out
+
+
+# --- try/except around code that raises during capture --------------------------------------
+
+
+def _fetch(d, k):
+    return d[k]
+
+
+@case()
+def try_except_keyerror_default(x, y):
+    d = {"a": x}
+    try:
+        v = d["b"]
+    except KeyError:
+        v = y
+    return v * 2
+
+
+@case()
+def try_except_keyerror_in_loop(x, y):
+    d = {"a": x, "c": y}
+    out = []
+    for k in ("a", "b", "c"):
+        try:
+            out.append(_fetch(d, k))
+        except KeyError:
+            out.append(torch.zeros(4, 5))
+    return torch.stack(out)
+
+
+@case()
+def try_except_else_clause(x, y):
+    d = {"a": x}
+    try:
+        v = d["a"]
+    except KeyError:
+        v = y
+    else:
+        v = v + 10
+    return v
+
+
+@case()
+def try_except_keyerror_message(x, y):
+    try:
+        {"a": x}["missing"]
+    except KeyError as e:
+        msg = str(e)
+    return x * len(msg) + y
+
+
+@case()
+def try_except_tuple_of_errors(x, y):
+    parts = [x]
+    try:
+        v = parts[3]
+    except (KeyError, IndexError):
+        v = y
+    return v + x
+
+
+@case(xfail="AttributeError not given to the handler: 'AttributeError: ... has no attribute 'bias''")
+def try_except_attribute_fallback(x, y):
+    s = Scaler(2.0)
+    try:
+        b = s.bias
+    except AttributeError:
+        b = y
+    return s(x) + b
+
+
+@case()
+def try_except_user_raise(x, y):
+    def check(t):
+        if t.dim() != 2:
+            raise ValueError("need 2-d")
+        return t
+
+    try:
+        a = check(x[0])
+    except ValueError:
+        a = x.sum(0)
+    return a + y[0]
+
+
+# =============================================================================================
+# Part 5 (a first few): NumPy
+
+
+def _arrays():
+    return np.random.default_rng(0).standard_normal((4, 5)), torch.randn(4, 5)
+
+
+@case(xfail=NUMPY)
+def numpy_constants_on_python_numbers(x, y):
+    return x * np.pi + y * float(np.sqrt(2.0))
+
+
+@case(inputs=_arrays, xfail=NUMPY)
+def numpy_ndarray_arithmetic(a, y):
+    return np.exp(a) * 2 + a.sum(axis=0)
+
+
+@case(inputs=_arrays, xfail=NUMPY)
+def numpy_clip_reduce_axis_tuple(a, y):
+    return np.clip(a, -0.5, 0.5).sum(axis=(0, 1)) + a.mean(axis=1)[:, None]
+
+
+@case(inputs=_arrays, xfail="'call to torch._VariableFunctionsClass.from_numpy'")
+def numpy_from_numpy_boundary(a, y):
+    return torch.from_numpy(a).float() + y
+
+
+@case(xfail="'Tensor.numpy() depends on tensor data'")
+def numpy_tensor_numpy_roundtrip(x, y):
+    return torch.from_numpy(np.tanh(x.numpy())) + y
+
+
+@case(inputs=_arrays, xfail=NUMPY)
+def numpy_masked_assign(a, y):
+    b = a.copy()
+    b[b > 0] = 0.0
+    return b + a[None, 0]
+
+
+@case(inputs=_arrays)
+def numpy_float64_default(a, y):
+    return np.ones((4, 5)) + a, np.zeros(3).dtype == np.float64
+
+
+@case(inputs=_arrays, xfail=NUMPY)
+def numpy_linalg_norm(a, y):
+    return np.linalg.norm(a, axis=-1) + np.abs(a).max()
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", _params())
+def test_capture_matches_eager_and_dynamo(name):
+    c = CASES[name]
+    compare_with_eager_and_dynamo(c.fn, c.inputs)
