@@ -1,5 +1,5 @@
 """Python models of C library functions that take tensors inside containers and iterators
-(itertools, functools.reduce, operator, builtins.sum/sorted with keywords, dict(a=x)), as TorchDynamo's
+(itertools, functools.reduce, operator, builtins.sum/sorted/min/max with keywords, dict(a=x)), as TorchDynamo's
 polyfills are: where capture meets one of these with tensor arguments, it inlines the model
 instead, so the loop over tensors is traced into the graph rather than breaking it. Each model
 does what the C function does, in the same order (a sum adds from `start` left to right, a sort
@@ -133,6 +133,43 @@ def sorted_(iterable, /, *, key=None, reverse=False):
     return [items[k] for k in order]
 
 
+def _extreme(name, better, args, key, default):
+    if len(args) == 1:
+        items = list(args[0])
+        if not items:
+            if default is not _MISSING:
+                return default
+            raise ValueError(f"{name}() iterable argument is empty")
+    elif not args:
+        raise TypeError(f"{name} expected at least 1 argument, got 0")
+    else:
+        if default is not _MISSING:
+            raise TypeError(f"Cannot specify a default for {name}() with multiple positional arguments")
+        items = list(args)
+    best = items[0]
+    best_key = best if key is None else key(best)
+    for item in items[1:]:  # the first of equal items wins, as in CPython
+        k = item if key is None else key(item)
+        if better(k, best_key):
+            best, best_key = item, k
+    return best
+
+
+def max_(*args, key=None, default=_MISSING):
+    return _extreme("max", lambda a, b: a > b, args, key, default)
+
+
+def min_(*args, key=None, default=_MISSING):
+    return _extreme("min", lambda a, b: a < b, args, key, default)
+
+
+def fromkeys(iterable, value=None):
+    d = {}
+    for k in iterable:
+        d[k] = value
+    return d
+
+
 def dict_(*args, **kwargs):
     d = {}
     if args:
@@ -166,8 +203,10 @@ def register(register_polyfill) -> None:
         itertools.chain: chain, itertools.product: product, itertools.combinations: combinations,
         itertools.permutations: permutations, itertools.zip_longest: zip_longest, itertools.islice: islice,
         itertools.accumulate: accumulate, itertools.repeat: repeat, functools.reduce: reduce,
-        builtins.sum: sum_, builtins.sorted: sorted_, builtins.dict: dict_,
+        builtins.sum: sum_, builtins.sorted: sorted_, builtins.dict: dict_, builtins.max: max_, builtins.min: min_,
     }
     models.update(_OPERATORS)
     for original, model in models.items():
         register_polyfill(original, model)
+    # a dict whose values are assigned tensors later: a dict capture tracks, at every call
+    register_polyfill(dict.fromkeys, fromkeys, always=True)

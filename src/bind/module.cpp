@@ -184,7 +184,7 @@ NB_MODULE(_C, m) {
   m.def("is_compiled", [](nb::handle o) { return is_compiled_function(o.ptr()); });
   m.def("target", [](nb::handle o) { return nb::borrow(compiled_function_target(o.ptr())); });
   m.def("cache_dir", [] { return kiln::compile::cache_dir(); });
-  m.def("_register_polyfill", [](nb::handle original, nb::handle model) {
-    kiln::bind::register_polyfill(original.ptr(), model.ptr());
-  });
+  m.def("_register_polyfill", [](nb::handle original, nb::handle model, bool always) {
+    kiln::bind::register_polyfill(original.ptr(), model.ptr(), always);
+  }, nb::arg("original"), nb::arg("model"), nb::arg("always") = false);
 }

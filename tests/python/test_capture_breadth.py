@@ -146,13 +146,10 @@ def _params():
 ORDERED_DICT = "OrderedDict not modelled: 'call to collections.OrderedDict'"
 DEFAULTDICT = "defaultdict not modelled: 'call to collections.defaultdict'"
 DEQUE = "deque not modelled: 'call to collections.deque'"
-FROMKEYS = "dict.fromkeys not modelled: 'call to dict.fromkeys'"
-DICT_MERGE = "dict with tensor values: 'expected a Python value for dict/operand, got a tensor' (update, |, |=)"
 TENSOR_KEY = "tensor as dict key / set item: 'expected a Python value for dict key/set item, got a tensor'"
 MIN_MAX = "builtin min/max over tensors: 'call to builtins.max/min with tensor arguments is not captured'"
 PARTIAL = "functools.partial of a partial/module/method: 'call to functools.partial with tensor arguments is not captured'"
 LRU_CACHE = "lru_cache/cache wrapper not traced through: 'call to <cached helper>'"
-LIST_STORE = "list mutation methods / slice stores on a local list: 'item assignment into an object the caller can see'"
 MODULE_BUILT = "nn.Module built in the function: 'call to torch.nn.modules...'"
 VIEW_INPLACE = "in-place on a view of an input: 'in-place ... on a view: not captured yet'"
 BREAK_IN_WITH = "break in a with block: whole call eager ('call to builtins.print')"
@@ -256,7 +253,7 @@ def deque_as_bfs_queue(x, y):
     return sum(out)
 
 
-@case(xfail=FROMKEYS)
+@case()
 def dict_fromkeys_filled_later(x, y):
     stats = dict.fromkeys(["mean", "std", "max"], None)
     stats["mean"] = x.mean(0)
@@ -264,13 +261,13 @@ def dict_fromkeys_filled_later(x, y):
     return {k: v for k, v in stats.items() if v is not None}
 
 
-@case(xfail=FROMKEYS)
+@case()
 def dict_fromkeys_shared_tensor(x, y):
     d = dict.fromkeys(("q", "k", "v"), x)
     return d["q"] * d["k"] + d["v"], d["q"] is d["v"]
 
 
-@case(xfail=DICT_MERGE)
+@case()
 def dict_update_forms(x, y):
     d = {"a": x}
     d.update({"b": y})
@@ -295,7 +292,7 @@ def dict_setdefault_returns_existing(x, y):
     return got + new
 
 
-@case(xfail=DICT_MERGE)
+@case()
 def dict_or_merge(x, y):
     defaults = {"scale": x, "shift": y}
     overrides = {"shift": y * 10}
@@ -303,7 +300,7 @@ def dict_or_merge(x, y):
     return merged["scale"] * 2 + merged["shift"]
 
 
-@case(xfail=DICT_MERGE)
+@case()
 def dict_ior_merge(x, y):
     state = {"h": x}
     state |= {"c": y, "h": x + 1}
@@ -440,7 +437,7 @@ def namedtuple_user_method_and_property(x, y):
     return s.width() * s.mid, s._replace(hi=s.hi + 1)
 
 
-@case(xfail=MIN_MAX)
+@case()
 def namedtuple_list_of_records(x, y):
     recs = [Pair(x[i], y[i]) for i in range(3)]
     return torch.stack([r.left * r.right for r in recs]) + max(recs, key=lambda r: r.left.numel()).left
@@ -587,13 +584,13 @@ def min_max_of_float_list(x, y):
     return x * max(scales) + y * min(scales)
 
 
-@case(xfail=MIN_MAX)
+@case()
 def max_by_key_numel(x, y):
     parts = [x, y[:2], x[:3]]
     return max(parts, key=lambda t: t.numel()) + min(parts, key=lambda t: t.shape[0]).sum()
 
 
-@case(xfail=MIN_MAX)
+@case()
 def min_by_key_len(x, y):
     return min([x[:3], y, x[:1]], key=len) * 2
 
@@ -644,7 +641,7 @@ def list_of_none_filled(x, y):
     return torch.stack(outs)
 
 
-@case(xfail="list +=, extend, insert, reverse: 'list.extend() on a list the caller can see'")
+@case()
 def list_iadd_extend_insert(x, y):
     out = []
     out += [x]
@@ -655,14 +652,14 @@ def list_iadd_extend_insert(x, y):
     return torch.stack(out)
 
 
-@case(xfail=LIST_STORE)
+@case()
 def list_slice_assignment(x, y):
     items = [x, y, x, y]
     items[1:3] = [y * 2, x * 3, x - y]
     return torch.stack(items), len(items)
 
 
-@case(xfail=LIST_STORE)
+@case()
 def list_slice_delete_and_step_assign(x, y):
     items = [x, y, x * 2, y * 2, x * 3]
     del items[::2]
@@ -670,7 +667,7 @@ def list_slice_delete_and_step_assign(x, y):
     return sum(items)
 
 
-@case(xfail=LIST_STORE)
+@case()
 def list_slice_insert_empty_range(x, y):
     layers = [x, y]
     layers[1:1] = [x * y, x + y]

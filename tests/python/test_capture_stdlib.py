@@ -75,6 +75,76 @@ def test_reduce_of_nothing_raises_like_eager():
         kiln.compile(fn)(torch.randn(2))
 
 
+@pytest.mark.parametrize("fn, error, match", [
+    (lambda x: max([t for t in [x] if t.dim() > 5], key=lambda t: t.numel()), ValueError, "empty"),
+    (lambda x: min([], default=x) * 2, None, None),
+    (lambda x: max(x, x + 1, key=lambda t: t.numel(), default=x), TypeError, "default"),
+])
+def test_min_max_edge_cases_behave_like_eager(fn, error, match):
+    x = torch.randn(3)
+    if error is None:
+        torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
+        return
+    with pytest.raises(error, match=match):
+        fn(x)
+    with pytest.raises(error, match=match):
+        kiln.compile(fn)(x)
+
+
+def test_min_max_keep_the_first_of_equal_keys():
+    def fn(x, y, z):
+        ts = [x, y, z]  # equal numel: the first wins, for max as for min
+        return max(ts, key=lambda t: t.numel()) * 2 + min(ts, key=lambda t: t.shape[0]) * 3
+
+    x, y, z = torch.randn(4), torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(kiln.compile(fn)(x, y, z), fn(x, y, z))
+    assert kiln.explain(fn)(x, y, z).graph_count == 1
+
+
+def test_list_slice_stores_and_deletes_like_eager():
+    def fn(x, y):
+        a = [x, y, x * 2, y * 2, x * 3, y * 3]
+        a[1:3] = (t + 1 for t in (x, y, x))  # a generator of another length
+        a[5:2] = [y * 7]                     # an empty range inserts at its start
+        del a[-1:0:-3]                       # an extended slice walked backwards
+        a[::2] = [t * 0.5 for t in a[::2]]
+        return torch.stack(a), len(a)
+
+    x, y = torch.randn(3), torch.randn(3)
+    want = fn(x, y)
+    got = kiln.compile(fn)(x, y)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1]
+    assert kiln.explain(fn)(x, y).graph_count == 1
+
+
+def test_extended_slice_of_another_length_raises_like_eager():
+    def fn(x):
+        a = [x, x + 1, x + 2]
+        a[::2] = [x]
+        return a[0]
+
+    with pytest.raises(ValueError, match="extended slice"):
+        fn(torch.randn(2))
+    with pytest.raises(ValueError, match="extended slice"):
+        kiln.compile(fn)(torch.randn(2))
+
+
+def test_dict_merges_keep_pythons_order_and_precedence():
+    def fn(x, y):
+        d = dict.fromkeys("abc", x)
+        d |= [("b", y), ("d", x + y)]
+        e = {"a": y * 3, "z": x} | d
+        e.update(((k, v * 2) for k, v in d.items() if k != "a"), c=y - 1)
+        return list(e), torch.stack(list(e.values()))
+
+    x, y = torch.randn(3), torch.randn(3)
+    want, got = fn(x, y), kiln.compile(fn)(x, y)
+    assert got[0] == want[0]
+    torch.testing.assert_close(got[1], want[1])
+    assert kiln.explain(fn)(x, y).graph_count == 1
+
+
 Pair = collections.namedtuple("Pair", ["left", "right"])
 
 

@@ -726,12 +726,10 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   // torch's own Python helpers on Python values (F._none_or_dtype, ...): inlined like user code
   if (!any_tensor && PyFunction_Check(f)) return inline_call(f, fn->source, std::move(args), kwargs);
   if (is_namedtuple_class(f)) return make_namedtuple(f, args, kwargs);
-  if (any_tensor) {
-    // itertools, functools.reduce, operator, sum(start=), sorted(key=) over tensors: their
-    // Python model, traced like user code (kiln/_polyfills.py)
-    if (PyObject* model = polyfill_of(f)) return inline_call(model, nullptr, std::move(args), kwargs);
-    unsupported("call to " + name + " with tensor arguments is not captured");
-  }
+  // itertools, functools.reduce, operator, sum(start=), sorted(key=), min/max over tensors, and
+  // dict.fromkeys: their Python model, traced like user code (kiln/_polyfills.py)
+  if (PyObject* model = polyfill_of(f, any_tensor)) return inline_call(model, nullptr, std::move(args), kwargs);
+  if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
   if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);
   // An iterator object (a generator the caller made: model.parameters()) would be used up by
   // the call (list, sum, sorted, ...) here, and then be empty when the code runs for real after

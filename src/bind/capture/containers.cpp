@@ -44,6 +44,18 @@ std::vector<std::pair<PyObject*, VarPtr>> Interpreter::dict_entries(const VarPtr
   return out;
 }
 
+void Interpreter::dict_merge(const VarPtr& d, const VarPtr& other) {
+  if (is_dict(other)) {
+    for (auto& [k, v] : dict_entries(other)) dict_set(d, k, v);
+    return;
+  }
+  for (const VarPtr& pair : items_of(other)) {  // an iterable of (key, value) pairs
+    std::vector<VarPtr> kv = items_of(pair);
+    if (kv.size() != 2) unsupported("dict update sequence element of length " + std::to_string(kv.size()) + ": ValueError");
+    dict_set(d, const_obj(kv[0], "dict key"), kv[1]);
+  }
+}
+
 bool Interpreter::is_dict(const VarPtr& v) { return v->kind() == Var::Kind::Dict || (v->is_const() && PyDict_Check(v->obj())); }
 
 void Interpreter::refresh_dict_view(const VarPtr& view) {
@@ -60,8 +72,7 @@ void Interpreter::refresh_dict_view(const VarPtr& view) {
 VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const bool tracker = d->kind() == Var::Kind::Dict;
   if (name == "update" && tracker && !d->source && args.size() <= 1) {
-    if (!args.empty())
-      for (auto& [k, v] : dict_entries(args[0])) dict_set(d, k, v);
+    if (!args.empty()) dict_merge(d, args[0]);
     for (auto& [k, v] : kwargs) {
       PyObject* key = PyUnicode_FromString(k.c_str());
       dict_set(d, key, v);
@@ -144,6 +155,31 @@ VarPtr Interpreter::real(PyObject* r) {
   return Var::steal_constant(r);
 }
 
+bool Interpreter::replace_slice(std::vector<VarPtr>& items, PyObject* slice, const std::vector<VarPtr>* values) {
+  Py_ssize_t start = 0, stop = 0, step = 1;
+  if (PySlice_Unpack(slice, &start, &stop, &step) < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  const Py_ssize_t len = PySlice_AdjustIndices(static_cast<Py_ssize_t>(items.size()), &start, &stop, step);
+  if (step == 1) {  // a range, replaced by any number of values (items[1:1] = [...] inserts)
+    stop = std::max(stop, start);
+    items.erase(items.begin() + start, items.begin() + stop);
+    if (values) items.insert(items.begin() + start, values->begin(), values->end());
+    return true;
+  }
+  std::vector<Py_ssize_t> at;
+  for (Py_ssize_t i = 0; i < len; ++i) at.push_back(start + i * step);
+  if (!values) {
+    std::sort(at.rbegin(), at.rend());
+    for (Py_ssize_t i : at) items.erase(items.begin() + i);
+    return true;
+  }
+  if (static_cast<Py_ssize_t>(values->size()) != len) return false;
+  for (Py_ssize_t i = 0; i < len; ++i) items[at[i]] = (*values)[i];
+  return true;
+}
+
 void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, const VarPtr& value) {
   if (auto* r = container->get_if<RecordV>(); r && r->plain) {
     if (!object_dunder(container, "__setitem__", {key, value})) unsupported("item assignment into an object without __setitem__: TypeError");
@@ -152,6 +188,11 @@ void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, co
   if (container->kind() == Var::Kind::Record) return record_store(container, const_obj(key, "key"), value, true);
   if (container->kind() == Var::Kind::Dict && !container->source) {
     dict_set(container, const_obj(key, "dict key"), value);
+    return;
+  }
+  if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PySlice_Check(key->obj())) {
+    const std::vector<VarPtr> values = items_of(value);
+    if (!replace_slice(container->seq(), key->obj(), &values)) unsupported("assignment of another number of values to an extended slice: ValueError");
     return;
   }
   if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj())) {

@@ -173,6 +173,11 @@ class Interpreter {
 
   // The items of a value that a loop could walk at capture time.
   std::vector<VarPtr> items_of(const VarPtr& v);
+  // dict.update(other) into the dict tracker `d`: a mapping, or an iterable of key-value pairs.
+  void dict_merge(const VarPtr& d, const VarPtr& other);
+  // items[slice] = values, or del items[slice] (values null), as list does; false where list
+  // raises ValueError (an extended slice given another number of values).
+  static bool replace_slice(std::vector<VarPtr>& items, PyObject* slice, const std::vector<VarPtr>* values);
 
   // zip / enumerate / reversed over values known at capture time: tuples of trackers.
   VarPtr iteration_builtin(PyObject* f, const std::vector<VarPtr>& args);

@@ -317,6 +317,10 @@ int Interpreter::op_delete_subscr(const Instr& in, const CodeInfo& ci) {
     e.values.erase(e.values.begin() + i);
     return -1;
   }
+  if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PySlice_Check(key->obj())) {
+    replace_slice(container->seq(), key->obj(), nullptr);
+    return -1;
+  }
   if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj())) {
     auto& items = container->seq();
     Py_ssize_t n = static_cast<Py_ssize_t>(items.size()), i = PyLong_AsSsize_t(key->obj());

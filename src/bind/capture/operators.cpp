@@ -192,6 +192,21 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
     if (inplace && a->is_tensor()) return mutate(a, r);
     return Var::tensor(r);
   }
+  // a | b on dicts with tensor values: a new dict, b's entries after (and over) a's; d |= other
+  // updates a dict tracker only this frame holds.
+  if (base == "OR" && (a->kind() == Var::Kind::Dict || b->kind() == Var::Kind::Dict) && is_dict(a) && (inplace || is_dict(b))) {
+    if (inplace && a->kind() == Var::Kind::Dict) {
+      if (a->source) unsupported("|= on a dict the caller can see");
+      dict_merge(a, b);
+      return a;
+    }
+    for (const VarPtr& v : {a, b})
+      if (v->is_const() && Py_TYPE(v->obj()) != &PyDict_Type) unsupported("| on a dict subclass");
+    VarPtr r = Var::dict();
+    dict_merge(r, a);
+    dict_merge(r, b);
+    return r;
+  }
   // (-1,) + shape[1:]: a constant tuple joins a tuple of trackers item by item (materializing
   // the trackers would read symbolic sizes as Python values)
   auto as_items = [](VarPtr& v, const VarPtr& other) {
@@ -207,12 +222,12 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
   const bool seq_a = a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List;
   const bool seq_b = b->kind() == Var::Kind::Tuple || b->kind() == Var::Kind::List;
   if ((seq_a || seq_b) && !(a->is_const() && b->is_const())) {
+    if (base == "ADD" && inplace && a->kind() == Var::Kind::List) {  // list += any iterable: extend
+      if (a->source) unsupported("+= on a list the caller can see");
+      for (const VarPtr& x : items_of(b)) a->seq().push_back(x);
+      return a;
+    }
     if (base == "ADD" && a->kind() == b->kind()) {  // (x,) + rest, [a] + [b]
-      if (inplace && a->kind() == Var::Kind::List) {
-        if (a->source) unsupported("+= on a list the caller can see");
-        for (const VarPtr& x : b->seq()) a->seq().push_back(x);
-        return a;
-      }
       std::vector<VarPtr> items = a->seq();
       items.insert(items.end(), b->seq().begin(), b->seq().end());
       return Var::tuple(std::move(items), a->kind() == Var::Kind::List);
