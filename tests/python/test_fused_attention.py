@@ -63,3 +63,40 @@ def test_scores_used_elsewhere_are_not_fused(device):
     q, k, v = _qkv(torch.float32, device)
     assert "scaled_dot_product_attention" not in "".join(kiln.explain(fn)(q, k, v).graphs)
     check(fn, q, k, v, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask_kind", ["additive", "by_query"])
+def test_attention_gradients_over_a_packed_projection_need_no_copies(device, mask_kind, monkeypatch, capfd):
+    # q, k and v as views of one projection (BERT, GPT-2): torch's attention backward gives
+    # their gradients in empty_like's layout, which kiln plans for; a mask broadcast along the
+    # keys (last stride 0) reaches torch row-major, so its GPU backward is the fused one
+    B, L, H, E = 2, 16, 4, 8
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(H * E, 3 * H * E).to(device)
+
+    def fn(x, mask):
+        q, k, v = proj(x).split(H * E, dim=-1)
+        q, k, v = [t.view(B, L, H, E).transpose(1, 2) for t in (q, k, v)]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    x = torch.randn(B, L, H * E, device=device, requires_grad=True)
+    if mask_kind == "additive":
+        mask = torch.randn(B, 1, L, L, device=device)
+    else:
+        mask = torch.randn(L, 1, device=device).expand(B, 1, L, L)
+    monkeypatch.setenv("KILN_LOGS", "copies")
+    kiln.reset()
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        out = compiled(x, mask)
+        gx, gw = torch.autograd.grad(out.square().sum(), (x, proj.weight))
+    monkeypatch.delenv("KILN_LOGS")
+    assert kiln.stats()["backward_graphs_compiled"] == 1
+    want = fn(x, mask)
+    wx, ww = torch.autograd.grad(want.square().sum(), (x, proj.weight))
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gx, wx, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gw, ww, rtol=1e-4, atol=1e-5)
+    copies = [line for line in capfd.readouterr().err.splitlines() if "aten_vjp" in line]
+    assert not copies, copies

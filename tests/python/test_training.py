@@ -778,3 +778,23 @@ def test_a_quotient_changed_in_place_does_not_raise():
     f(a2, b2).sum().backward()
     torch.testing.assert_close(a.grad, a2.grad)
     torch.testing.assert_close(b.grad, b2.grad)
+
+
+def test_linear_weight_gradients_arrive_in_the_weights_layout():
+    # eager's autograd hands a linear layer's weight a row-major gradient, which AccumulateGrad
+    # keeps as it is; a transposed one it copies into the parameter's layout, every step
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4, bias=False))
+    ref = copy.deepcopy(model)
+    x = torch.randn(5, 8)
+    arrived = {}
+    for name, p in model.named_parameters():
+        p.register_hook(lambda g, name=name: arrived.__setitem__(name, (g.data_ptr(), g.stride())))
+    kiln.reset()
+    kiln.compile(model)(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    assert kiln.stats()["backward_graphs_compiled"] == 1
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+        assert arrived[name][1] == p.stride(), (name, arrived[name][1])
+        assert p.grad.data_ptr() == arrived[name][0], f"{name}: AccumulateGrad copied the gradient"

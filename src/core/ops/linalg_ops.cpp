@@ -6,6 +6,28 @@
 namespace kiln::ops {
 namespace {
 
+// A matrix laid out column-major: a transposed view of a row-major one (linear's weight, as
+// mm sees it).
+bool column_major(const Node* x) {
+  const TensorMeta& m = x->meta;
+  return m.dim() == 2 && m.strides.size() == 2 && m.strides[0].is_const(1) && !m.strides[1].is_const(1) &&
+         !m.sizes[0].is_const(1);
+}
+
+// The gradient of operand `which` of a @ b: grad @ b^T for a, a^T @ grad for b, computed in the
+// operand's layout. For a column-major operand that is (b grad^T)^T or (grad^T a)^T: the same
+// values, with a GEMM that writes them transposed, so that the weight of a linear layer gets its
+// gradient row-major, as eager's autograd gives it (a transposed gradient is copied by
+// AccumulateGrad to the parameter's layout, a copy per weight per step).
+Node* mm_operand_gradient(Graph& g, Node* a, Node* b, Node* grad, int which) {
+  using grad_ops::transpose;
+  if (which == 0)
+    return column_major(a) ? transpose(g, g.must_add("mm", {b, transpose(g, grad, 0, 1)}), 0, 1)
+                           : g.must_add("mm", {grad, transpose(g, b, 0, 1)});
+  return column_major(b) ? transpose(g, g.must_add("mm", {transpose(g, grad, 0, 1), a}), 0, 1)
+                         : g.must_add("mm", {transpose(g, a, 0, 1), grad});
+}
+
 }  // namespace
 
 // torch's matrix products take no bool, and on CUDA floating point only.
@@ -65,9 +87,8 @@ std::vector<OpDef> linalg_ops() {
       {"torch.mm", "Tensor.mm"}));
   // d(a @ b): grad @ b^T and a^T @ grad (bmm: the same per batch).
   ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
-    using grad_ops::transpose;
-    Node *a = n->inputs[0], *b = n->inputs[1];
-    return std::vector<Node*>{g.must_add("mm", {grad, transpose(g, b, 0, 1)}), g.must_add("mm", {transpose(g, a, 0, 1), grad})};
+    return std::vector<Node*>{mm_operand_gradient(g, n->inputs[0], n->inputs[1], grad, 0),
+                              mm_operand_gradient(g, n->inputs[0], n->inputs[1], grad, 1)};
   };
   ops.push_back(extern_op(
       "bmm", "bmm(Tensor self, Tensor mat2)", "aten::bmm",
@@ -115,8 +136,8 @@ std::vector<OpDef> linalg_ops() {
     Node *a = n->inputs[1], *b = n->inputs[2];
     const double beta = n->attrs.get_float("beta", 1), alpha = n->attrs.get_float("alpha", 1);
     auto times = [&](Node* x, double f) { return f == 1 ? x : grad_ops::scaled(g, x, f); };
-    return std::vector<Node*>{times(grad, beta), times(g.must_add("mm", {grad, transpose(g, b, 0, 1)}), alpha),
-                              times(g.must_add("mm", {transpose(g, a, 0, 1), grad}), alpha)};
+    return std::vector<Node*>{times(grad, beta), times(mm_operand_gradient(g, a, b, grad, 0), alpha),
+                              times(mm_operand_gradient(g, a, b, grad, 1), alpha)};
   };
   // addmm followed by relu, or by gelu(approximate="tanh") when use_gelu: on CUDA, cuBLASLt
   // applies the bias and the activation in the GEMM's epilogue (passes::gemm_epilogues makes

@@ -23,7 +23,10 @@ Attrs without_layout(const Attrs& attrs) {
 
 void set_layout_of(Attrs& a, const Node* like) {
   a.set("out_sizes", ir::sizes_attr(like->meta.sizes));
-  a.set("out_strides", ir::sizes_attr(ir::contiguous_strides(like->meta.sizes)));
+  // torch's kernels give an input's gradient the layout empty_like(input) has (its strides
+  // where dense, else dense in its dim order: attention's q, k and v as views of one packed
+  // projection): planned so, the executor need not copy it into another.
+  a.set("out_strides", ir::sizes_attr(preserved_strides(like->meta)));
   a.set("out_dtype", like->meta.dtype);
 }
 
