@@ -1060,39 +1060,39 @@ class MulAdd(nn.Module):
         return x * self.k + y
 
 
-@case(xfail=MODULE_BUILT)
+@case()
 def module_softmax_dim(x, y):
     return nn.Softmax(dim=-1)(x) + nn.LogSoftmax(dim=0)(y)
 
 
-@case(xfail=MODULE_BUILT)
+@case()
 def module_activations(x, y):
     return nn.ReLU()(x) + nn.GELU(approximate="tanh")(y) + nn.LeakyReLU(0.2)(x - y)
 
 
-@case(xfail=MODULE_BUILT)
+@case()
 def module_attribute_read(x, y):
     act = nn.LeakyReLU(negative_slope=0.3)
     return act(x) * act.negative_slope + y
 
 
-@case(xfail=MODULE_BUILT)
+@case()
 def module_sequential_no_params(x, y):
     block = nn.Sequential(nn.Tanh(), nn.Hardtanh(-0.5, 0.5), nn.Identity())
     return block(x) + block[0](y)
 
 
-@case(xfail=MODULE_BUILT)
+@case()
 def module_layer_norm_no_affine(x, y):
     return nn.LayerNorm(5, elementwise_affine=False)(x) + y
 
 
-@case(xfail=MODULE_BUILT)
+@case()
 def module_flatten_unflatten(x, y):
     return nn.Unflatten(1, (5, 1))(nn.Flatten(0)(x).view(4, 5)) + y[..., None]
 
 
-@case(xfail=MODULE_BUILT)
+@case()
 def module_list_iterated(x, y):
     acts = nn.ModuleList([nn.ReLU(), nn.Sigmoid(), nn.Tanh()])
     out = x
@@ -1106,7 +1106,7 @@ def module_user_no_params(x, y):
     return MulAdd(3.0)(x, y) + MulAdd(k=0.5)(y, x)
 
 
-@case(xfail=MODULE_BUILT)
+@case()
 def module_dropout_p_zero(x, y):
     return nn.Dropout(p=0.0)(x) + nn.Dropout(0.5).eval()(y)
 

@@ -350,3 +350,44 @@ def test_model_output_from_a_single_non_tensor_value():
     out, ref = kiln.compile(f)(x), f(x)
     assert out[0] == ref[0] and out[2] == ref[2]
     torch.testing.assert_close(out[1], ref[1])
+
+
+def test_torch_modules_built_in_the_function_follow_their_arguments():
+    # nn.Softmax(dim=d) built at every call: one graph per dim, each equal to eager
+    def fn(x, d):
+        return torch.nn.Softmax(dim=d)(x) * 2
+
+    compiled = kiln.compile(fn)
+    x = torch.randn(3, 4)
+    for d in (0, 1, 0, -1):
+        torch.testing.assert_close(compiled(x, d), fn(x, d))
+    e = kiln.explain(fn)(x, 1)
+    assert e.graph_count == 1 and not e.break_reasons
+
+
+def test_a_module_switched_to_eval_in_the_frame_is_read_in_eval_mode():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = torch.nn.Dropout(0.5)
+
+        def forward(self, x):
+            self.drop.eval()  # its forward reads training=False, set just now
+            return self.drop(x) + torch.nn.Dropout(0.9).eval()(x)
+
+    block = Block()
+    x = torch.randn(8, 8)
+    torch.testing.assert_close(kiln.compile(block)(x), 2 * x)
+    assert block.drop.training is False  # the store happened for the caller too
+
+
+def test_a_module_with_parameters_built_in_the_function_runs_eagerly_with_its_reason():
+    def fn(x):
+        return torch.nn.Linear(4, 2)(x)  # new random weights at every call
+
+    e = kiln.explain(fn)(torch.randn(3, 4))
+    assert any("owns parameters" in r["reason"] for r in e.break_reasons), e.break_reasons
+    torch.manual_seed(0)
+    want = fn(torch.ones(3, 4))
+    torch.manual_seed(0)
+    torch.testing.assert_close(kiln.compile(fn)(torch.ones(3, 4)), want)

@@ -79,6 +79,7 @@ std::vector<StoreReplay> Interpreter::store_replays(size_t upto, bool at_break) 
     for (size_t j = i + 1; j < upto && j < log.size(); ++j)
       if (log[j].obj == log[i].obj && log[j].name == log[i].name) last = false;
     if (!last || holds(log[i].obj, log[i].name, log[i].value)) continue;
+    if (log[i].source && log[i].source->made_in_frame()) continue;  // the frame's own object: gone after the call
     if (!log[i].source)
       unsupported("attribute assignment on an object the caller can see (" + std::string(Py_TYPE(log[i].obj)->tp_name) + "." +
                   log[i].name + " would stay changed, and kiln has no source to redo the store on)");

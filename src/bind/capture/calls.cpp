@@ -594,6 +594,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (kwargs.empty()) return real(r);
   }
   if (PyType_Check(f)) {
+    if (VarPtr r = make_torch_module(f, args, kwargs)) return r;
     if (VarPtr r = make_record(f, args, kwargs)) return r;
     if (VarPtr r = make_object(f, args, kwargs)) return r;  // a plain user class: __init__ inlined
   }

@@ -115,7 +115,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
     case Var::Kind::Tuple:
     case Var::Kind::List:
       // A container read from the frame must stay the caller's object.
-      if (v->source) return OutSpec::from_source(v->source);
+      if (v->source) return source_spec(v->source);
       if (v->dict_view()) unsupported("a dict view (dict.keys(), values(), items()) at a graph break");
       s.kind = v->kind() == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
       if (auto* t = v->get_if<TupleV>(); t && t->structseq) s.value = tuple_maker(t->structseq);  // its type's maker
@@ -126,7 +126,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       if (v->is_const() && v->as<ConstV>().super_self) unsupported("a super() object at a graph break");
       if (sym::Expr e = v->symint(); e.valid()) return output_spec(v);  // evaluated per call
       if (v->is_const() && is_private(v->known())) unsupported("an object kiln copied during capture at a graph break");
-      if (structural(v) || bound_to_structure(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
+      if (structural(v) || bound_to_structure(v)) return source_spec(v->source);  // this call's object, not capture's
       s.kind = !v->source && (PyDict_CheckExact(v->obj()) || PyList_CheckExact(v->obj()) || PySet_CheckExact(v->obj()))
                    ? OutSpec::Kind::Copy
                    : OutSpec::Kind::Const;
@@ -149,7 +149,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
     }
     case Var::Kind::Iterator: unsupported("graph break inside a loop kiln unrolls");
     case Var::Kind::Dict:
-      if (v->source) return OutSpec::from_source(v->source);
+      if (v->source) return source_spec(v->source);
       return dict_spec(v->as<DictV>(), true);
     case Var::Kind::Cell:
       // A cell of the frame: the resume function makes a new one (MAKE_CELL) around this.

@@ -505,7 +505,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
   switch (v->kind()) {
     case Var::Kind::Tensor: {
       if (auto w = root()->written_back_.find(v->node()); w != root()->written_back_.end())
-        return OutSpec::from_source(root()->out_.input_sources[w->second]);  // the caller's tensor, updated
+        return source_spec(root()->out_.input_sources[w->second]);  // the caller's tensor, updated
       // A view of an input updated in place would be a view of the graph's copy, not of the
       // caller's tensor: later writes through it (at a break) would miss the input.
       // (A view taken before the update is refused by check_inplace_target.)
@@ -530,7 +530,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
     }
     case Var::Kind::Tuple:
     case Var::Kind::List:
-      if (v->source) return OutSpec::from_source(v->source);  // the caller's own list or tuple, unchanged
+      if (v->source) return source_spec(v->source);  // the caller's own list or tuple, unchanged
       if (v->dict_view()) unsupported("returns a dict view (dict.keys(), values(), items())");
       s.kind = v->kind() == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
       if (auto* t = v->get_if<TupleV>(); t && t->structseq) s.value = tuple_maker(t->structseq);  // its type's maker
@@ -544,13 +544,13 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
         return s;
       }
       if (is_private(v->known())) unsupported("hands out an object kiln copied during capture");
-      if (structural(v) || bound_to_structure(v)) return OutSpec::from_source(v->source);  // this call's object, not capture's
+      if (structural(v) || bound_to_structure(v)) return source_spec(v->source);  // this call's object, not capture's
       s.kind = OutSpec::Kind::Const;
       Py_INCREF(v->obj());
       s.value = v->obj();
       return s;
     case Var::Kind::Dict:
-      if (v->source) return OutSpec::from_source(v->source);
+      if (v->source) return source_spec(v->source);
       return dict_spec(v->as<DictV>(), false);
     case Var::Kind::Record: {
       if (!v->as<RecordV>().plain) return record_spec(v, false);

@@ -173,6 +173,12 @@ class Interpreter {
 
   // The items of a value that a loop could walk at capture time.
   std::vector<VarPtr> items_of(const VarPtr& v);
+  // A value re-read from the frame at `src` (OutSpec::from_source); an object the frame built
+  // (Source::Made) is not there to read: not captured.
+  static OutSpec source_spec(const SourcePtr& src) {
+    if (src && src->made_in_frame()) unsupported("an object built in the function is handed out of it: " + src->str());
+    return OutSpec::from_source(src);
+  }
   // dict.update(other) into the dict tracker `d`: a mapping, or an iterable of key-value pairs.
   void dict_merge(const VarPtr& d, const VarPtr& other);
   // items[slice] = values, or del items[slice] (values null), as list does; false where list
@@ -338,6 +344,12 @@ class Interpreter {
   // the graph; handing the copy itself out ends the capture.
   VarPtr private_copy(PyObject* copier, const VarPtr& of);
   bool is_private(PyObject* o) { return root()->private_.count(o) > 0; }
+
+  // torch.nn's own module classes built in the frame from constants (nn.Softmax(dim=-1), an
+  // nn.Sequential of activations): built for real at capture, as every call would build them,
+  // and tracked as a module with a Made source (modules.cpp). nullptr: not such a call. A
+  // module that would own parameters or buffers (nn.Linear: a random draw per call) is not.
+  VarPtr make_torch_module(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   // ---- instances of plain user classes made in the frame (user_objects.cpp) ----
   // Why cls's instances are not plain Python objects kiln can model (nullptr: they are).

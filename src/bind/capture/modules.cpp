@@ -10,6 +10,7 @@
 #include <functional>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "bind/capture/interpreter.h"
 #include "bind/interrupts.h"
@@ -383,7 +384,96 @@ VarPtr Interpreter::module_members(const VarPtr& mod, PyObject* f, const std::ve
   return Var::iterator(std::move(out));
 }
 
+VarPtr Interpreter::make_torch_module(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  // The module classes torch.nn exports, by identity: their constructors only set attributes
+  // and create parameters, and none is made here.
+  static const std::unordered_set<PyObject*> classes = [] {
+    std::unordered_set<PyObject*> out;
+    PyObject* nn = PyImport_ImportModule("torch.nn");
+    PyObject* module_type = nn ? PyObject_GetAttrString(nn, "Module") : nullptr;
+    PyObject* d = nn ? PyModule_GetDict(nn) : nullptr;
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (d && module_type && PyDict_Next(d, &pos, &k, &v))
+      if (PyType_Check(v) && v != module_type && PyObject_IsSubclass(v, module_type) == 1) out.insert(Py_NewRef(v));
+    Py_XDECREF(module_type);
+    Py_XDECREF(nn);
+    clear_error();
+    return out;
+  }();
+  if (!classes.count(cls)) return nullptr;
+  const std::string name = reinterpret_cast<PyTypeObject*>(cls)->tp_name;
+  // The arguments as Python objects (new references): constants, modules (the caller's, or
+  // others made here) and lists or tuples of them (nn.ModuleList([...])).
+  std::function<PyObject*(const VarPtr&)> value = [&](const VarPtr& a) -> PyObject* {
+    if (a->kind() == Var::Kind::Module) return Py_NewRef(a->obj());
+    if (a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List) {
+      const auto& items = a->seq();
+      PyObject* out = a->kind() == Var::Kind::List ? PyList_New(static_cast<Py_ssize_t>(items.size()))
+                                                   : PyTuple_New(static_cast<Py_ssize_t>(items.size()));
+      for (size_t i = 0; i < items.size(); ++i) {
+        PyObject* item = value(items[i]);
+        if (a->kind() == Var::Kind::List) PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), item);
+        else PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), item);
+      }
+      keep_.push_back(out);
+      return Py_NewRef(out);
+    }
+    if (!a->is_const() || a->symint().valid()) unsupported("nn." + name + " built in the function from a tensor or a traced value");
+    return Py_NewRef(a->obj());
+  };
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+  for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), value(args[i]));
+  PyObject* kw = PyDict_New();
+  for (const auto& [k, v] : kwargs) {
+    PyObject* o = value(v);
+    PyDict_SetItemString(kw, k.c_str(), o);
+    Py_DECREF(o);
+  }
+  // Built with torch's CPU generator put back as it was: a module that draws its parameters
+  // (and is refused below) must leave the numbers eager draws after it unchanged. (A `device`
+  // argument could draw on a GPU's generator: such calls are not built here.)
+  for (const auto& [k, v] : kwargs)
+    if (k == "device") unsupported("nn." + name + " built in the function on a device");
+  static PyObject* torch_mod = PyImport_ImportModule("torch");
+  PyObject* rng = torch_mod ? PyObject_CallMethod(torch_mod, "get_rng_state", nullptr) : nullptr;
+  if (!rng) real(nullptr);
+  PyObject* m = PyObject_Call(cls, t, kw);
+  if (!m) clear_error();  // reported below; eager raises it again
+  PyObject* restored = PyObject_CallMethod(torch_mod, "set_rng_state", "O", rng);
+  Py_DECREF(rng);
+  Py_XDECREF(restored);
+  Py_DECREF(t);
+  Py_DECREF(kw);
+  if (!restored) {
+    Py_XDECREF(m);
+    real(nullptr);
+  }
+  if (!m) {
+    clear_error();
+    unsupported("nn." + name + " raised when built");  // eager raises it again
+  }
+  keep_.push_back(m);
+  // Its parameters and buffers (a child's too) would be drawn or filled at every call.
+  for (const char* owned : {"parameters", "buffers"}) {
+    PyObject* it = PyObject_CallMethod(m, owned, nullptr);
+    PyObject* first = it ? PyIter_Next(it) : nullptr;
+    Py_XDECREF(it);
+    if (first || PyErr_Occurred()) {
+      Py_XDECREF(first);
+      clear_error();
+      unsupported("nn." + name + " built in the function owns " + owned + " (made afresh at every call)");
+    }
+  }
+  return Var::module(m, Source::made(m));
+}
+
 VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {
+  // What the frame stored there earlier in this capture (module.eval() sets `training`).
+  if (const AttrStore* st = logged_attr(mod->obj(), name)) {
+    if (!st->value) unsupported(std::string("read of attribute ") + name + " deleted during capture: AttributeError");
+    return st->value;
+  }
   PyObject* v = PyObject_GetAttrString(mod->obj(), name);
   if (!v) {
     clear_error();

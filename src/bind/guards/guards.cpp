@@ -54,6 +54,7 @@ void GuardSet::finalize(const std::vector<SourcePtr>& fetch) { tree_ = std::make
 
 bool GuardSet::needed(const Guard& g) {
   tree_.reset();  // it points into guards_, which may grow
+  if (g.source && g.source->made_in_frame()) return false;  // the same at every call (Source::Made)
   if (g.source)
     for (const Source* a = g.source->base.get(); a; a = a->base.get())
       if (fixed_roots_.count(a->str())) return false;

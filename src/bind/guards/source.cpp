@@ -73,6 +73,19 @@ SourcePtr Source::key_of(SourcePtr base, PyObject* key) {
 
 SourcePtr Source::seed() { return std::make_shared<Source>(Source{Kind::Seed}); }
 
+SourcePtr Source::made(PyObject* obj) {
+  static int count = 0;  // distinct objects, distinct sources
+  auto s = std::make_shared<Source>(Source{Kind::Made});
+  s->name = std::string(Py_TYPE(obj)->tp_name) + " #" + std::to_string(++count);
+  return s;
+}
+
+bool Source::made_in_frame() const {
+  for (const Source* s = this; s; s = s->base.get())
+    if (s->kind == Kind::Made) return true;
+  return false;
+}
+
 SourcePtr Source::closure(Py_ssize_t index, const std::string& name) {
   auto s = std::make_shared<Source>(Source{Kind::Closure});
   s->index = index;
@@ -94,6 +107,7 @@ std::string Source::str() const {
     case Kind::Closure: return "C['" + name + "']";
     case Kind::Key: return base->str() + "[" + name + "]";
     case Kind::Seed: return "<a fresh seed from torch's default generator>";
+    case Kind::Made: return "<a " + name + " made in the frame>";
   }
   return "?";
 }

@@ -15,8 +15,11 @@ using SourcePtr = std::shared_ptr<const Source>;
 
 struct Source {
   // Seed: not a place but a fresh int64 seed from torch's default generator each time it is
-  // read (the input of a graph that draws random numbers).
-  enum class Kind { Local, Global, Attr, Item, Closure, Key, Seed } kind;
+  // read (the input of a graph that draws random numbers). Made: an object the frame builds
+  // from constants at every call (a module without parameters, nn.Softmax(dim=-1)): what is
+  // read from it is the same at every call, so nothing under it is guarded, and it cannot be
+  // read back from a frame (a graph break or a result that hands it out is not captured).
+  enum class Kind { Local, Global, Attr, Item, Closure, Key, Seed, Made } kind;
   int local = -1;            // Local: the slot in the bound arguments
   std::string name;          // Local/Global/Attr: the name
   PyObject* key = nullptr;   // Global/Attr: interned name string; Key: the key; Item: str(index) (owned)
@@ -32,7 +35,10 @@ struct Source {
   static SourcePtr closure(Py_ssize_t index, const std::string& name);
   static SourcePtr key_of(SourcePtr base, PyObject* key);  // base[key] for any hashable key (dicts)
   static SourcePtr seed();
+  static SourcePtr made(PyObject* obj);  // names the object's type
   ~Source();
+
+  bool made_in_frame() const;  // this source, or one it is read from, is Made
 
   std::string module_name() const;
   std::string str() const;  // "L['x']", "G['torch']", "L['self'].fc1.weight", "L['xs'][0]"
