@@ -483,7 +483,7 @@ def partial_of_partial(x, y):
     return f(shift=y)
 
 
-@case(xfail=PARTIAL + " (module call: multiple values for 'bias')")
+@case(xfail=PARTIAL + " (a partial of a module: the module is called as a constant)")
 def partial_of_module(x, y):
     gate = functools.partial(GATE, bias=0.5)
     return gate(x) + gate(y, bias=-1.0)

@@ -182,3 +182,17 @@ def test_a_namedtuple_across_a_graph_break_keeps_its_class():
     assert type(got[1]) is Pair
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[1].right, want[1].right)
+
+
+def test_a_partials_keywords_are_overridden_by_the_calls():
+    def gate(x, bias=0.0, scale=1.0):
+        return torch.sigmoid(x * scale + bias)
+
+    def fn(x, y):
+        g = functools.partial(gate, bias=0.5, scale=2.0)
+        return g(x) + g(y, bias=-1.0) + g(x, scale=0.5, bias=0.0)
+
+    x, y = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(kiln.compile(fn)(x, y), fn(x, y))
+    e = kiln.explain(fn)(x, y)
+    assert e.graph_count == 1 and not e.break_reasons, e.break_reasons

@@ -636,7 +636,11 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     PyObject *k, *v;
     Py_ssize_t pos = 0;
     while (pkw && PyDict_Check(pkw) && PyDict_Next(pkw, &pos, &k, &v)) kw.emplace_back(PyUnicode_AsUTF8(k), Var::constant(v));
-    for (auto& x : kwargs) kw.push_back(x);
+    for (auto& x : kwargs) {  // the call's keywords override the partial's, as partial does
+      auto same = std::find_if(kw.begin(), kw.end(), [&](const auto& k) { return k.first == x.first; });
+      if (same != kw.end()) same->second = x.second;
+      else kw.push_back(x);
+    }
     PyObject* inner = PyObject_GetAttrString(f, "func");
     keep_.push_back(inner);
     VarPtr g = fn->source ? wrap(inner, Source::attr(fn->source, "func")) : Var::constant(inner);
