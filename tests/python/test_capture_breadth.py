@@ -1233,7 +1233,7 @@ def iadd_scalar_on_input(x, y):
     return x * y
 
 
-@case(xfail=VIEW_INPLACE)
+@case()
 def view_column_iadd(x, y):
     x[:, 0] += 1
     return x.sum(0) + y[0]
@@ -1245,7 +1245,7 @@ def addcdiv_on_input(x, y):
     return x
 
 
-@case(xfail=VIEW_INPLACE)
+@case()
 def inplace_through_transpose_view(x, y):
     x.t().mul_(2)
     return x + y
@@ -1287,7 +1287,7 @@ def copy_into_input(x, y):
     return x + 1
 
 
-@case(xfail=VIEW_INPLACE)
+@case()
 def inplace_on_flat_view_of_input(x, y):
     v = x.view(-1)
     v[::2] = 0.0

@@ -264,3 +264,59 @@ def test_an_in_place_op_whose_result_changes_shape_raises_eagers_error_first():
     with pytest.raises(RuntimeError) as got:
         kiln.compile(fn)(a, b)
     assert str(got.value) == str(want.value)
+
+
+# In-place updates through views of inputs (issue 15, part 3), functionalized: the view's new
+# values scattered into a copy of the input, written back after the graph; every live view of
+# the updated tensor is taken again from the copy.
+def _zero_and_fill_rows(x, y):
+    x[0].zero_()
+    x[-1].fill_(3.0)
+    x[1].fill_(y[0, 0])
+    return x - y
+
+
+def _strided_block_updates(x, y):
+    x[1:3, ::2] *= y[1:3, ::2]
+    x[2] -= 1
+    x.view(2, 8)[:, 3:5] += 1
+    x.T[0] -= y[0]
+    return x.sum()
+
+
+def _live_views_see_later_updates(x, y):
+    w = x[1]
+    v = x[0]
+    v.add_(1)      # w, another view of x, sees nothing change; v and x see the update
+    x.mul_(2)      # both views see this one
+    t = y * 2
+    r = t[:, 1]
+    t.add_(1)      # r, a view of an intermediate, sees it too
+    return w + v, r, x
+
+
+@pytest.mark.parametrize("fn", [_zero_and_fill_rows, _strided_block_updates, _live_views_see_later_updates])
+def test_in_place_updates_through_views_are_one_graph_and_equal_eager(fn):
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    e = kiln.explain(fn)(x.clone(), y.clone())
+    assert e.graph_count == 1 and not e.break_reasons, e.break_reasons
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        x, y = torch.randn(4, 4), torch.randn(4, 4)
+        x1, y1, x2, y2 = x.clone(), y.clone(), x.clone(), y.clone()
+        want, got = fn(x1, y1), compiled(x2, y2)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x2, x1)  # the caller's tensors changed as in eager
+        torch.testing.assert_close(y2, y1)
+
+
+def test_an_update_through_a_view_of_a_leaf_that_requires_grad_raises_eagers_error():
+    def fn(x):
+        x[0] += 1
+        return x
+
+    x = torch.randn(3, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        fn(x)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        kiln.compile(fn)(x)

@@ -1289,6 +1289,39 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       }
       return mutate(self, add_node("clone", {src}));  // a copy, not `src + 0`: -0.0 stays -0.0
     }
+    if (base == "zero" && args.empty() && kwargs.empty())  // x.zero_() is x.fill_(0) (NaNs too)
+      return call_tensor_method(self, "fill_", {Var::steal_constant(PyLong_FromLong(0))}, {});
+    if (base == "fill" && args.size() == 1 && kwargs.empty()) {
+      // x.fill_(v): every element v, in x's dtype; v a Python number or a 0-d tensor
+      if (args[0]->is_tensor()) {
+        ir::Node* v = args[0]->node();
+        if (v->meta.dim() != 0) unsupported("fill_ with a tensor of dims: RuntimeError");
+        check_inplace_target(self, name);
+        if (v->meta.dtype != m.dtype) {
+          ir::Attrs c;
+          c.set("dtype", m.dtype);
+          v = add_node("convert", {v}, c);
+        }
+        ir::Attrs e;
+        e.set("size", m.sizes);
+        return mutate(self, add_node("clone", {add_node("expand", {v}, e)}));
+      }
+      PyObject* v = const_obj(args[0], "fill value");
+      if (PyBool_Check(v) || !(PyFloat_Check(v) || PyLong_Check(v))) unsupported("fill_ with a value that is not a real number");
+      const double d = PyFloat_AsDouble(v);
+      if (PyLong_Check(v)) {
+        int overflow = 0;
+        const long long i = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || static_cast<long long>(d) != i) unsupported("fill_ with an integer a double cannot hold");
+      }
+      check_inplace_target(self, name);
+      ir::Attrs a;
+      a.set("size", m.sizes);
+      a.set("value", d);
+      a.set("dtype", m.dtype);
+      a.set("device", m.device.str());
+      return mutate(self, add_node("full", {}, a));
+    }
     const OpBinding* ob = method_binding(base);
     if (ob && (ob->op->kind == ops::OpKind::View || ob->op->aliases())) unsupported("Tensor." + name + "() is not captured yet");
     check_inplace_target(self, name);

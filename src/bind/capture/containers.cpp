@@ -203,6 +203,31 @@ void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, co
     return;
   }
   if (container->is_tensor()) {
+    // x[k] += 1 updates the view x[k] in place, then stores it back into x[k]: storing a view
+    // of x into the very elements it views changes nothing.
+    if (value->is_tensor() && value->node() != container->node()) {
+      const ir::Node* root = value->node();
+      while ((root->op->aliases() || root->attrs.get_bool("view")) && root != container->node()) root = root->inputs[0];
+      if (root == container->node()) {
+        const size_t before = g_->nodes().size();
+        VarPtr there = subscript(container, key);
+        const bool same = there->is_tensor() && there->node()->meta.dtype == value->node()->meta.dtype &&
+                          there->node()->meta.sizes == value->node()->meta.sizes &&
+                          there->node()->meta.strides == value->node()->meta.strides &&
+                          there->node()->meta.offset == value->node()->meta.offset;
+        there.reset();
+        // The views this probe took are not used: they must not count as live views of x.
+        for (bool erased = true; erased && g_->nodes().size() > before;) {
+          erased = false;
+          ir::Node* last = g_->nodes().back().get();
+          if (last->users.empty() && std::find(g_->outputs().begin(), g_->outputs().end(), last) == g_->outputs().end()) {
+            g_->erase_if([&](const ir::Node* n) { return n == last; });
+            erased = true;
+          }
+        }
+        if (same) return;
+      }
+    }
     // x[idx] = v on a tensor only the graph sees: a copy with the assignment, which every
     // name of x then holds (like any in-place op)
     check_inplace_target(container, "indexed assignment");

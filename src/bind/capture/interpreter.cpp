@@ -598,6 +598,13 @@ CaptureResult capture(PyObject* fn, const BoundArgs& args) {
   };
   auto* saved_hook = Var::specialize_hook();
   Var::specialize_hook() = &specialize;
+  std::function<void(const VarPtr&)> note_view = [&it](const VarPtr& v) { it.note_tensor(v); };
+  auto* saved_tensor_hook = Var::tensor_hook();
+  Var::tensor_hook() = &note_view;
+  struct RestoreTensorHook {
+    std::function<void(const VarPtr&)>* saved;
+    ~RestoreTensorHook() { Var::tensor_hook() = saved; }
+  } restore_tensor{saved_tensor_hook};
   struct RestoreHook {
     std::function<void(const sym::Expr&)>* saved;
     ~RestoreHook() { Var::specialize_hook() = saved; }

@@ -50,6 +50,10 @@ class Interpreter {
   friend struct CallRules;    // call_rules.cpp: calls dispatched on the callee object
 
  public:
+  // Capture's tensor hook (Var::tensor_hook): keeps the trackers that hold views (retake_views).
+  void note_tensor(const VarPtr& v) {
+    if (v->node()->op->aliases() || v->node()->attrs.get_bool("view")) view_vars_.push_back(v);
+  }
   // The root interpreter of a capture, or (with `parent`) one that inlines a call: it shares
   // the graph, the guards and the graph inputs of the root.
   Interpreter(PyObject* fn, CaptureResult& out, Interpreter* parent = nullptr, SourcePtr fn_source = nullptr)
@@ -369,6 +373,10 @@ class Interpreter {
   // containers), so rebinding it updates them all. Memory others can observe (inputs,
   // parameters, views and tensors with views) is not captured yet.
   void check_inplace_target(const VarPtr& a, const std::string& what);
+  // An input's own checks before an update of it (grad, expanded memory, memory shared with
+  // another input); and for a view, which input it views, or why it is refused (operators.cpp).
+  void check_input_update(const ir::Node* placeholder, const std::string& what);
+  size_t view_target(const VarPtr& a, const std::string& what);
 
   VarPtr mutate(const VarPtr& a, ir::Node* result);
 
@@ -587,6 +595,11 @@ class Interpreter {
 
  private:
   std::vector<VarPtr> input_vars_;      // root: per graph input, the one tracker all reads of its source share
+  std::vector<std::weak_ptr<Var>> view_vars_;  // root: trackers made holding a view (retake_views)
+  // After an in-place op replaced `old` by the node `a` now holds: every live tracker of a
+  // view of `old` takes its view again from the new node, as eager's views see the update.
+  void retake_views(const ir::Node* old, const VarPtr& a);
+  void retake(const VarPtr& v, const ir::Node* old_base, ir::Node* new_base);  // v's view, from new_base
   VarPtr rng_seed_;                     // root: the seed input, once a draw needs it
   int64_t rng_draws_ = 0;               // root: random draws so far (each gets its own counters)
   std::vector<PyObject*> input_objects_;  // root: per graph input, the tensor at capture (kept alive by keep_)

@@ -7,12 +7,85 @@
 
 namespace kiln::bind::detail {
 
+namespace {
+
+bool is_view(const ir::Node* n) { return n->op->aliases() || n->attrs.get_bool("view"); }
+
+// The views from the tensor `n` views to `n`: that tensor first, `n` last (just `n` when it is
+// not a view).
+std::vector<ir::Node*> view_chain(ir::Node* n) {
+  std::vector<ir::Node*> chain{n};
+  while (is_view(chain.back())) chain.push_back(chain.back()->inputs[0]);
+  std::reverse(chain.begin(), chain.end());
+  return chain;
+}
+
+// A copy of `base` with src written where base.as_strided(size, stride, offset) reads (offset
+// counted from base's first element): an in-place update through a view of base, functional.
+// base is dense, so its clone has its strides.
+PyObject* view_scatter_impl(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "view_scatter(base, src, size, stride, offset)");
+    return nullptr;
+  }
+  PyObject* copy = PyObject_CallMethod(args[0], "clone", nullptr);
+  if (!copy) return nullptr;
+  PyObject* start = PyObject_CallMethod(copy, "storage_offset", nullptr);
+  PyObject* at = start ? PyNumber_Add(start, args[4]) : nullptr;
+  PyObject* view = at ? PyObject_CallMethod(copy, "as_strided", "OOO", args[2], args[3], at) : nullptr;
+  PyObject* done = view ? PyObject_CallMethod(view, "copy_", "O", args[1]) : nullptr;
+  Py_XDECREF(start);
+  Py_XDECREF(at);
+  Py_XDECREF(view);
+  if (!done) {
+    Py_DECREF(copy);
+    return nullptr;
+  }
+  Py_DECREF(done);
+  return copy;
+}
+
+PyMethodDef view_scatter_def = {"view_scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(view_scatter_impl)),
+                                METH_FASTCALL, "A copy of base with src written through base.as_strided(size, stride, offset)."};
+
+}  // namespace
+
+// An in-place update of a view (x[:, 0] += 1, x.t().mul_(2), x.view(-1)[::2] = 0) is captured
+// functionally, as AOTAutograd's functionalization does: the view's new values are scattered
+// into a copy of the tensor it views, which the tensor's tracker then holds (an input's is
+// written back after the graph), and the view, like every other live view of that tensor, is
+// taken again from that copy (retake_views). Taken where the viewed tensor is an input (or such
+// a copy), dense, with fixed sizes: `view_target` says which input's tracker, or refuses.
+size_t Interpreter::view_target(const VarPtr& a, const std::string& what) {
+  const std::vector<ir::Node*> chain = view_chain(a->node());
+  ir::Node* base = chain.front();
+  for (size_t i = 1; i < chain.size(); ++i)  // registry views (taken again below), not torch_calls
+    if (!chain[i]->op->aliases()) unsupported("in-place " + what + " on a view torch made: not captured yet");
+  Interpreter* r = root();
+  size_t input = r->input_vars_.size();
+  for (size_t i = 0; i < r->input_vars_.size(); ++i)
+    if (r->input_vars_[i]->is_tensor() && r->input_vars_[i]->node() == base) input = i;
+  if (input == r->input_vars_.size() || (base->op_name() != "placeholder" && !base->attrs.get_bool("view_scatter")))
+    unsupported("in-place " + what + " on a view of a tensor that is not an input: not captured yet");
+  const ir::TensorMeta& bm = base->meta;
+  if (bm.strides != ops::preserved_strides(bm)) unsupported("in-place " + what + " on a view of a tensor that is not dense");
+  const ir::TensorMeta& vm = a->node()->meta;
+  for (const auto* list : {&vm.sizes, &vm.strides})
+    for (const sym::Expr& e : *list)
+      if (!e.as_const()) unsupported("in-place " + what + " on a view of symbolic size");
+  if (!(vm.offset - bm.offset).as_const()) unsupported("in-place " + what + " on a view at a symbolic offset");
+  if (base->op_name() == "placeholder") check_input_update(base, what);
+  return input;
+}
+
 void Interpreter::check_inplace_target(const VarPtr& a, const std::string& what) {
   const ir::Node* n = a->node();
-  if (n->op->aliases() || n->attrs.get_bool("view")) unsupported("in-place " + what + " on a view: not captured yet");
-  for (const ir::Node* u : n->users)
-    if (u->op->aliases() || u->attrs.get_bool("view")) unsupported("in-place " + what + " on a tensor that has views: not captured yet");
+  if (is_view(n)) return void(view_target(a, what));
   if (n->op_name() != "placeholder") return;
+  check_input_update(n, what);
+}
+
+void Interpreter::check_input_update(const ir::Node* n, const std::string& what) {
   // An input: updated out of place in the graph, the result copied into the caller's tensor
   // after it (write_back). Every read of the input shares this tracker, so later reads see the
   // update; another input sharing its memory would not, so capture and guards refuse that.
@@ -76,6 +149,27 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
     if (result->users.empty()) g_->erase_if([&](const ir::Node* n) { return n == result; });
     unsupported("in-place result of another dtype or shape");
   }
+  if (is_view(a->node())) {
+    // Through a view: the new values scattered into a copy of the viewed input (view_target).
+    const std::vector<ir::Node*> chain = view_chain(a->node());
+    VarPtr base = root()->input_vars_[view_target(a, "update")];
+    const ir::TensorMeta& vm = a->node()->meta;
+    auto ints = [](const std::vector<sym::Expr>& xs) {
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(xs.size()));
+      for (size_t i = 0; i < xs.size(); ++i) PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(*xs[i].as_const()));
+      return Var::steal_constant(t);
+    };
+    static PyObject* scatter = PyCFunction_New(&view_scatter_def, nullptr);
+    VarPtr copy = torch_extern(scatter, "view_scatter",
+                               {base, Var::tensor(result), ints(vm.sizes), ints(vm.strides),
+                                Var::steal_constant(PyLong_FromLongLong(*(vm.offset - chain.front()->meta.offset).as_const()))},
+                               {});
+    copy->node()->attrs.set("view_scatter", true);
+    mutate(base, copy->node());  // and every live view of the input, `a` among them, taken again
+    if (a->node() == chain.back()) retake(a, chain.front(), base->node());  // a tracker made otherwise
+    return a;
+  }
+  const ir::Node* old = a->node();
   // The node computes the update out of place; which node it updates is kept for backends that
   // run torch's ops (the eager backend writes the result into the old tensor, as torch's
   // in-place op leaves the tensor's layout).
@@ -86,7 +180,30 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
     if (a->node()->op->kind != ops::OpKind::Source) a->node()->attrs.set("result_modified", true);
   }
   a->node() = result;
+  retake_views(old, a);
   return a;
+}
+
+void Interpreter::retake(const VarPtr& v, const ir::Node* old_base, ir::Node* new_base) {
+  std::vector<ir::Node*> chain = view_chain(v->node());
+  if (chain.front() != old_base) return;
+  ir::Node* prev = new_base;
+  for (size_t i = 1; i < chain.size(); ++i) {
+    if (!chain[i]->op->aliases()) unsupported("an in-place update of a tensor with a live view torch made: not captured yet");
+    std::vector<ir::Node*> ins = chain[i]->inputs;
+    ins[0] = prev;
+    prev = add_node(chain[i]->op_name(), ins, chain[i]->attrs);
+  }
+  v->node() = prev;
+}
+
+void Interpreter::retake_views(const ir::Node* old, const VarPtr& a) {
+  auto& views = root()->view_vars_;
+  std::vector<VarPtr> live;
+  for (auto& w : views)
+    if (VarPtr v = w.lock(); v && v->is_tensor() && v != a) live.push_back(v);
+  views.erase(std::remove_if(views.begin(), views.end(), [](const std::weak_ptr<Var>& w) { return w.expired(); }), views.end());
+  for (const VarPtr& v : live) retake(v, old, a->node());
 }
 
 namespace {

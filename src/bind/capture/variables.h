@@ -228,7 +228,17 @@ struct Var {
     return std::make_shared<Var>(ConstV{o}, std::move(src));
   }
   static VarPtr steal_constant(PyObject* o) { return std::make_shared<Var>(ConstV{o}); }
-  static VarPtr tensor(ir::Node* n, SourcePtr src = nullptr) { return std::make_shared<Var>(TensorV{n}, std::move(src)); }
+  static VarPtr tensor(ir::Node* n, SourcePtr src = nullptr) {
+    VarPtr v = std::make_shared<Var>(TensorV{n}, std::move(src));
+    if (auto* f = tensor_hook()) (*f)(v);
+    return v;
+  }
+  // Called with every tensor tracker made while capture runs (the interpreter keeps the views
+  // among them, to take them again from a tensor an in-place op replaced).
+  static std::function<void(const VarPtr&)>*& tensor_hook() {
+    thread_local std::function<void(const VarPtr&)>* hook = nullptr;
+    return hook;
+  }
   static VarPtr tuple(std::vector<VarPtr> items, bool list = false) {
     if (list) return std::make_shared<Var>(ListV{std::move(items)});
     return std::make_shared<Var>(TupleV{std::move(items)});
