@@ -143,8 +143,6 @@ def _params():
 
 
 # Why kiln fails the cases marked xfail (kiln's break reason in quotes).
-ORDERED_DICT = "OrderedDict not modelled: 'call to collections.OrderedDict'"
-DEFAULTDICT = "defaultdict not modelled: 'call to collections.defaultdict'"
 DEQUE = "deque not modelled: 'call to collections.deque'"
 TENSOR_KEY = "tensor as dict key / set item: 'expected a Python value for dict key/set item, got a tensor'"
 MIN_MAX = "builtin min/max over tensors: 'call to builtins.max/min with tensor arguments is not captured'"
@@ -154,14 +152,13 @@ MODULE_BUILT = "nn.Module built in the function: 'call to torch.nn.modules...'"
 VIEW_INPLACE = "in-place on a view of an input: 'in-place ... on a view: not captured yet'"
 BREAK_IN_WITH = "break in a with block: whole call eager ('call to builtins.print')"
 NUMPY = "NumPy not mapped (part 5): 'call to numpy.*'"
-TORCH_DEVICE = "'call to torch.device'"
 
 
 # =============================================================================================
 # Part 1: containers and standard-library helpers with tensors inside
 
 
-@case(xfail=ORDERED_DICT)
+@case()
 def ordered_dict_built_by_assignment(x, y):
     feats = OrderedDict()
     feats["stem"] = x.relu()
@@ -170,26 +167,26 @@ def ordered_dict_built_by_assignment(x, y):
     return sum(v * (i + 1) for i, v in enumerate(feats.values()))
 
 
-@case(xfail=ORDERED_DICT)
+@case()
 def ordered_dict_move_to_end(x, y):
     layers = OrderedDict([("a", x), ("b", y), ("c", x * y)])
     layers.move_to_end("a")
     return list(layers.values())[0] - list(layers.values())[-1], list(layers.keys())
 
 
-@case(xfail=ORDERED_DICT)
+@case()
 def ordered_dict_popitem_first(x, y):
     queue = OrderedDict(first=x, second=y)
     key, val = queue.popitem(last=False)
     return val * len(key) + queue["second"]
 
 
-@case(xfail=ORDERED_DICT)
+@case()
 def ordered_dict_returned(x, y):
     return OrderedDict((name, t.sum(0)) for name, t in [("x", x), ("y", y)])
 
 
-@case(xfail=DEFAULTDICT)
+@case()
 def defaultdict_list_groups(x, y):
     groups = defaultdict(list)
     for i, t in enumerate([x, y, x * 2, y * 3]):
@@ -197,7 +194,7 @@ def defaultdict_list_groups(x, y):
     return torch.cat(groups["even"]) - torch.cat(groups["odd"])
 
 
-@case(xfail=DEFAULTDICT)
+@case()
 def defaultdict_int_counter(x, y):
     counts = defaultdict(int)
     for name in ["conv", "relu", "conv", "pool"]:
@@ -205,7 +202,7 @@ def defaultdict_int_counter(x, y):
     return x * counts["conv"] + y * counts["missing"]
 
 
-@case(xfail=DEFAULTDICT)
+@case()
 def defaultdict_tensor_factory(x, y):
     acc = defaultdict(lambda: torch.zeros(4, 5))
     for i, t in enumerate((x, y, x)):
@@ -1136,13 +1133,13 @@ def dtype_query_branches(x, y):
     return out + y.to(torch.promote_types(x.dtype, torch.float16))
 
 
-@case(xfail=TORCH_DEVICE)
+@case()
 def device_queries(x, y):
     on_cpu = x.device.type == "cpu" and not x.is_cuda and x.device == torch.device("cpu")
     return (x + y) if on_cpu else x
 
 
-@case(xfail=TORCH_DEVICE)
+@case()
 def torch_device_constructed(x, y):
     dev = torch.device("cpu")
     return x + torch.ones(4, 5, device=dev) * y.new_tensor(2.0, device=dev)

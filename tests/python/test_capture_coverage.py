@@ -2340,16 +2340,11 @@ def tanh_inplace_chain(x):
 
 
 @pytest.mark.parametrize("fn", [div_and_sub_alpha, clamp_inplace, masked_fill_inplace, copy_inplace,
-                                functional_relu_inplace, torch_relu_, tanh_inplace_chain], ids=lambda f: f.__name__)
+                                functional_relu_inplace, torch_relu_, tanh_inplace_chain, zero_and_fill],
+                         ids=lambda f: f.__name__)
 def test_inplace_methods_on_intermediates(fn):
     n = fn.__code__.co_argcount
     check(fn, *[x48() for _ in range(n)])
-
-
-@pytest.mark.parametrize("fn", [zero_and_fill], ids=lambda f: f.__name__)
-def test_inplace_methods_on_intermediates_runs_in_python(fn):
-    n = fn.__code__.co_argcount
-    runs_in_python(fn, lambda: tuple(x48() for _ in range(n)), "zero_")
 
 
 def inplace_on_list_item(x):

@@ -196,3 +196,29 @@ def test_a_partials_keywords_are_overridden_by_the_calls():
     torch.testing.assert_close(kiln.compile(fn)(x, y), fn(x, y))
     e = kiln.explain(fn)(x, y)
     assert e.graph_count == 1 and not e.break_reasons, e.break_reasons
+
+
+def test_typed_dicts_keep_their_class_order_and_factory():
+    def fn(x, y):
+        d = collections.OrderedDict([("q", x), ("k", y)])
+        d["v"] = x + y
+        d.move_to_end("q")
+        first = d.popitem(last=False)
+        groups = collections.defaultdict(list)
+        for i, t in enumerate([x, y, x * 2]):
+            groups[i % 2].append(t)
+        missing = groups.get(5)  # get() calls no factory
+        return d, first, groups, missing, isinstance(groups, collections.defaultdict), d.copy()
+
+    x, y = torch.randn(3), torch.randn(3)
+    want, got = fn(x, y), kiln.compile(fn)(x, y)
+    assert type(got[0]) is collections.OrderedDict and list(got[0]) == list(want[0])
+    assert type(got[2]) is collections.defaultdict and got[2].default_factory is list
+    assert type(got[5]) is collections.OrderedDict
+    assert got[1][0] == want[1][0] and got[3] is None and got[4] is True
+    for k in want[0]:
+        torch.testing.assert_close(got[0][k], want[0][k])
+    for k in want[2]:
+        torch.testing.assert_close(torch.stack(got[2][k]), torch.stack(want[2][k]))
+    e = kiln.explain(fn)(x, y)
+    assert e.graph_count == 1 and not e.break_reasons, e.break_reasons

@@ -594,6 +594,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (kwargs.empty()) return real(r);
   }
   if (PyType_Check(f)) {
+    if (VarPtr r = make_typed_dict(f, args, kwargs)) return r;
     if (VarPtr r = make_torch_module(f, args, kwargs)) return r;
     if (VarPtr r = make_record(f, args, kwargs)) return r;
     if (VarPtr r = make_object(f, args, kwargs)) return r;  // a plain user class: __init__ inlined
@@ -868,7 +869,9 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
   }
   if (f == builtin("isinstance") && args.size() == 2) {
     PyTypeObject* t = a->kind() == Var::Kind::Tuple ? &PyTuple_Type : a->kind() == Var::Kind::List ? &PyList_Type : &PyDict_Type;
-    int r = PyObject_IsSubclass(reinterpret_cast<PyObject*>(t), const_obj(args[1], "class"));
+    PyObject* cls = reinterpret_cast<PyObject*>(t);
+    if (auto* dv = a->get_if<DictV>(); dv && dv->cls) cls = dv->cls;  // an OrderedDict, a defaultdict
+    int r = PyObject_IsSubclass(cls, const_obj(args[1], "class"));
     if (r < 0) real(nullptr);
     return Var::constant(r ? Py_True : Py_False);
   }
@@ -950,7 +953,9 @@ bool Interpreter::pure_callable(PyObject* f) {
   static PyObject* finfo = resolve_torch("finfo");
   static PyObject* iinfo = resolve_torch("iinfo");
   static PyObject* promote_types = resolve_torch("promote_types");
+  static PyObject* device = resolve_torch("device");
   if (f == finfo || f == iinfo || f == promote_types) return true;  // limits of a dtype, dtypes combined
+  if (f == device) return true;  // torch.device("cuda", 0): a value, made from its arguments
   // Methods of strings, numbers and tuples (immutable receivers): "{}".format, "-".join, ...
   if (PyCFunction_Check(f)) {
     PyObject* self = PyCFunction_GET_SELF(f);

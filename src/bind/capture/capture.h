@@ -39,6 +39,8 @@ struct OutSpec {
     Int,        // the symbolic int `expr`, evaluated with this call's sizes (a counter stored back)
     Object,     // object.__new__(value), its __dict__ updated from items[0] (a Dict spec): an
                 // instance of a plain class made during capture, without running __init__ again
+    MakeDict,   // value[0](*value[1:], items[0]): an OrderedDict or defaultdict (value holds the
+                // class, and a defaultdict's factory) of the dict items[0] (a Dict spec)
   } kind = Kind::Const;
   int index = 0;                 // Graph: which graph output
   int memo = -1;                 // at a break: values one tracker stands for are one object

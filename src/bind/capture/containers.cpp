@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/python_objects.h"
 #include "bind/interrupts.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
@@ -56,6 +57,40 @@ void Interpreter::dict_merge(const VarPtr& d, const VarPtr& other) {
   }
 }
 
+VarPtr Interpreter::make_typed_dict(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  static PyObject* ordered = object_at("collections.OrderedDict");
+  static PyObject* defaultdict = object_at("collections.defaultdict");
+  if (!cls || (cls != ordered && cls != defaultdict)) return nullptr;
+  size_t first = 0;
+  PyObject* factory = nullptr;
+  if (cls == defaultdict) {
+    factory = Py_None;
+    if (!args.empty()) {
+      if (args[0]->kind() == Var::Kind::Function) {
+        factory = nullptr;  // a lambda made here: called as a tracker (made_factory below)
+      } else {
+        if (!args[0]->is_const()) unsupported("defaultdict with a default factory kiln does not track");
+        factory = args[0]->obj();
+        if (factory != Py_None && !PyCallable_Check(factory)) unsupported("first argument must be callable or None: TypeError");
+      }
+      first = 1;
+    }
+  }
+  if (args.size() > first + 1) unsupported("OrderedDict/defaultdict with more arguments: TypeError");
+  VarPtr d = Var::dict();
+  DictV& dv = d->as<DictV>();
+  dv.cls = Py_NewRef(cls);
+  dv.factory = Py_XNewRef(factory);
+  if (cls == defaultdict && !args.empty() && args[0]->kind() == Var::Kind::Function) dv.made_factory = args[0];
+  if (args.size() == first + 1) dict_merge(d, args[first]);
+  for (const auto& [k, v] : kwargs) {
+    PyObject* key = PyUnicode_FromString(k.c_str());
+    dict_set(d, key, v);
+    Py_DECREF(key);
+  }
+  return d;
+}
+
 bool Interpreter::is_dict(const VarPtr& v) { return v->kind() == Var::Kind::Dict || (v->is_const() && PyDict_Check(v->obj())); }
 
 void Interpreter::refresh_dict_view(const VarPtr& view) {
@@ -80,6 +115,11 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     }
     return Var::constant(Py_None);
   }
+  if ((name == "popitem" || name == "move_to_end") && kwargs.size() == 1 && kwargs[0].first == "last" &&
+      args.size() == (name == "popitem" ? 0u : 1u)) {  // OrderedDict's last=, as a positional
+    args.push_back(kwargs[0].second);
+    return call_dict_method(d, name, std::move(args), {});
+  }
   if (!kwargs.empty()) unsupported("dict." + name + "() with keyword arguments");
   auto key_var = [&](PyObject* k) { return Var::constant(k); };
   if (name == "items" || name == "keys" || name == "values") {
@@ -100,6 +140,11 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
   }
   if (name == "copy" && args.empty()) {
     VarPtr c = Var::dict();
+    if (auto* dv = d->get_if<DictV>(); dv && dv->cls) {  // an OrderedDict's copy is one, a defaultdict's too
+      c->as<DictV>().cls = Py_NewRef(dv->cls);
+      c->as<DictV>().factory = Py_XNewRef(dv->factory);
+      c->as<DictV>().made_factory = dv->made_factory;
+    }
     for (auto& [k, v] : dict_entries(d)) dict_set(c, k, v);
     return c;
   }
@@ -121,6 +166,30 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     d->entries().keys.erase(d->entries().keys.begin() + i);
     d->entries().values.erase(d->entries().values.begin() + i);
     return v;
+  }
+  if (name == "popitem" && args.size() <= 1) {
+    // the last entry (LIFO), or with OrderedDict's last=False the first
+    const bool last = args.empty() || truth(args[0]);
+    Entries& e = d->entries();
+    if (e.keys.empty()) unsupported("popitem(): dictionary is empty: KeyError");
+    const size_t i = last ? e.keys.size() - 1 : 0;
+    VarPtr item = Var::tuple({Var::steal_constant(e.keys[i]), e.values[i]});
+    e.keys.erase(e.keys.begin() + static_cast<std::ptrdiff_t>(i));
+    e.values.erase(e.values.begin() + static_cast<std::ptrdiff_t>(i));
+    return item;
+  }
+  if (name == "move_to_end" && (args.size() == 1 || args.size() == 2) && d->as<DictV>().cls) {
+    const bool last = args.size() == 1 || truth(args[1]);
+    Py_ssize_t i = dict_find(d, const_obj(args[0], "dict key"));
+    if (i < 0) unsupported("move_to_end of a missing key: KeyError");
+    Entries& e = d->entries();
+    PyObject* k = e.keys[i];
+    VarPtr v = e.values[i];
+    e.keys.erase(e.keys.begin() + i);
+    e.values.erase(e.values.begin() + i);
+    e.keys.insert(last ? e.keys.end() : e.keys.begin(), k);
+    e.values.insert(last ? e.values.end() : e.values.begin(), v);
+    return Var::constant(Py_None);
   }
   if (name == "setdefault" && (args.size() == 1 || args.size() == 2)) {
     PyObject* key = const_obj(args[0], "dict key");

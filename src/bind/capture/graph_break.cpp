@@ -77,6 +77,7 @@ VarPtr Interpreter::clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr
         if constexpr (std::is_same_v<T, MethodV>) Py_XINCREF(n.fn), cl(n.self);
         if constexpr (std::is_same_v<T, CellV>) cl(n.content);
         if constexpr (std::is_same_v<T, RecordV>) Py_XINCREF(n.cls);
+        if constexpr (std::is_same_v<T, DictV>) Py_XINCREF(n.cls), Py_XINCREF(n.factory), cl(n.made_factory);
         if constexpr (std::is_base_of_v<Entries, T>) {
           for (PyObject* k : n.keys) Py_INCREF(k);
           for (VarPtr& x : n.values) cl(x);
@@ -101,7 +102,7 @@ Interpreter::Snapshot Interpreter::snapshot() const {
 OutSpec Interpreter::break_spec(const VarPtr& v) {
   OutSpec s = break_spec_of(v);
   if (s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy ||
-      s.kind == OutSpec::Kind::Construct || s.kind == OutSpec::Kind::Object) {
+      s.kind == OutSpec::Kind::Construct || s.kind == OutSpec::Kind::Object || s.kind == OutSpec::Kind::MakeDict) {
     auto [it, fresh] = break_memo_.emplace(v.get(), static_cast<int>(break_memo_.size()));
     s.memo = it->second;
   }
@@ -150,7 +151,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
     case Var::Kind::Iterator: unsupported("graph break inside a loop kiln unrolls");
     case Var::Kind::Dict:
       if (v->source) return source_spec(v->source);
-      return dict_spec(v->as<DictV>(), true);
+      return typed_dict_spec(v->as<DictV>(), true);
     case Var::Kind::Cell:
       // A cell of the frame: the resume function makes a new one (MAKE_CELL) around this.
       if (!v->as<CellV>().content) unsupported("an empty closure cell at a graph break");
@@ -281,6 +282,17 @@ OutSpec Interpreter::function_spec(const VarPtr& v, bool at_break) {
     else item = at_break ? break_spec(content) : output_spec(content);
     s.items.push_back(std::move(item));
   }
+  return s;
+}
+
+OutSpec Interpreter::typed_dict_spec(const DictV& d, bool at_break) {
+  OutSpec plain = dict_spec(d, at_break);
+  if (!d.cls) return plain;
+  if (d.made_factory) unsupported("a defaultdict whose factory the function made, handed out of it");
+  OutSpec s;  // cls(d) or defaultdict(factory, d): the class, in order, with its entries
+  s.kind = OutSpec::Kind::MakeDict;
+  s.value = d.factory ? PyTuple_Pack(2, d.cls, d.factory) : PyTuple_Pack(1, d.cls);
+  s.items.push_back(std::move(plain));
   return s;
 }
 

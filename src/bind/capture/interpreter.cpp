@@ -551,7 +551,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       return s;
     case Var::Kind::Dict:
       if (v->source) return source_spec(v->source);
-      return dict_spec(v->as<DictV>(), false);
+      return typed_dict_spec(v->as<DictV>(), false);
     case Var::Kind::Record: {
       if (!v->as<RecordV>().plain) return record_spec(v, false);
       // one object however often the program hands it out

@@ -177,6 +177,11 @@ class Interpreter {
 
   // The items of a value that a loop could walk at capture time.
   std::vector<VarPtr> items_of(const VarPtr& v);
+  // collections.OrderedDict(...) and defaultdict(factory, ...) called in the frame: dict trackers
+  // that remember their class (and factory), rebuilt as such (containers.cpp). nullptr: cls is
+  // neither.
+  VarPtr make_typed_dict(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  OutSpec typed_dict_spec(const DictV& d, bool at_break);
   // A value re-read from the frame at `src` (OutSpec::from_source); an object the frame built
   // (Source::Made) is not there to read: not captured.
   static OutSpec source_spec(const SourcePtr& src) {

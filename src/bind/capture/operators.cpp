@@ -436,6 +436,17 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
   if (base->kind() == Var::Kind::Dict) {
     PyObject* key = const_obj(index, "dict key");
     Py_ssize_t i = dict_find(base, key);
+    if (auto* dv = base->get_if<DictV>();
+        i < 0 && dv && ((dv->factory && dv->factory != Py_None) || dv->made_factory) && !base->source) {
+      // a defaultdict's missing key: its factory's value, stored under the key
+      PyObject* f = dv->factory;
+      VarPtr v = dv->made_factory                                  ? call(dv->made_factory, {}, {})
+                 : f == reinterpret_cast<PyObject*>(&PyList_Type) ? Var::list({})  // trackers: tensors go in
+                 : f == reinterpret_cast<PyObject*>(&PyDict_Type) ? Var::dict()
+                                                                   : call(Var::constant(f), {}, {});
+      dict_set(base, key, v);
+      return v;
+    }
     if (i < 0) {  // eager's KeyError (code catches it): the dict's keys are guarded
       PyObject* e = PyObject_CallOneArg(PyExc_KeyError, key);
       if (!e) real(nullptr);

@@ -84,7 +84,11 @@ struct Entries {  // keys (constants, owned) and one value tracker each
   std::vector<PyObject*> keys;
   std::vector<VarPtr> values;
 };
-struct DictV : Entries {};  // a dict made in the frame
+struct DictV : Entries {  // a dict made in the frame
+  PyObject* cls = nullptr;      // collections.OrderedDict or defaultdict; nullptr: a dict (owned)
+  PyObject* factory = nullptr;  // a defaultdict's default_factory (owned; None: it has none)
+  std::shared_ptr<Var> made_factory;  // instead, a function made in the frame (a lambda)
+};
 struct CellV {              // a closure cell of the frame
   VarPtr content;           // nullptr while empty
 };
@@ -131,6 +135,7 @@ struct Var {
           if constexpr (std::is_same_v<T, ModuleV>) Py_XDECREF(d.module);
           if constexpr (std::is_same_v<T, FunctionV>) Py_XDECREF(d.fn);
           if constexpr (std::is_same_v<T, RecordV>) Py_XDECREF(d.cls);
+          if constexpr (std::is_same_v<T, DictV>) Py_XDECREF(d.cls), Py_XDECREF(d.factory);
           if constexpr (std::is_base_of_v<Entries, T>)
             for (PyObject* k : d.keys) Py_DECREF(k);
         },

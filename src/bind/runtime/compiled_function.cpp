@@ -217,7 +217,8 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     std::vector<bool> fresh;
     auto is_fresh = [](const OutSpec& s) {
       return s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy ||
-             s.kind == OutSpec::Kind::Tuple || s.kind == OutSpec::Kind::Construct || s.kind == OutSpec::Kind::Object;
+             s.kind == OutSpec::Kind::Tuple || s.kind == OutSpec::Kind::Construct || s.kind == OutSpec::Kind::Object ||
+             s.kind == OutSpec::Kind::MakeDict;
     };
     for (const OutSpec& s : b->locals) fresh.push_back(is_fresh(s));
     for (const OutSpec& s : b->stack)
@@ -492,6 +493,17 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
         Py_DECREF(item);
       }
       return d;
+    }
+    case OutSpec::Kind::MakeDict: {
+      PyObject* d = build_output(spec.items[0], outs, frame, memo);
+      if (!d) return nullptr;
+      const Py_ssize_t n = PyTuple_GET_SIZE(spec.value);
+      PyObject* args = PyTuple_New(n);  // the factory (defaultdict), then the entries
+      for (Py_ssize_t i = 1; i < n; ++i) PyTuple_SET_ITEM(args, i - 1, Py_NewRef(PyTuple_GET_ITEM(spec.value, i)));
+      PyTuple_SET_ITEM(args, n - 1, d);
+      PyObject* r = PyObject_Call(PyTuple_GET_ITEM(spec.value, 0), args, nullptr);
+      Py_DECREF(args);
+      return r;
     }
     case OutSpec::Kind::Construct: {
       PyObject* kw = build_output(spec.items[0], outs, frame, memo);
