@@ -44,8 +44,12 @@ bool have_libmvec() {
 
 const std::vector<std::string>& compile_flags() {
   static const std::vector<std::string> flags = [] {
-    std::vector<std::string> f = {"-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno",
-                                  "-fno-trapping-math", "-ffp-contract=off",
+    // -mtune=generic: the machine's instructions (-march=native), but GCC's generic tuning, which
+    // does not turn strided reads into AVX2 gathers. GCC 12 with -fwrapv and a native (znver3,
+    // icelake) tuning miscompiled such gathers under `omp simd`: a cat of transposed inputs read
+    // one element from the wrong place (tests/python/test_join_ops.py).
+    std::vector<std::string> f = {"-O3", "-march=native", "-mtune=generic", "-fopenmp", "-shared", "-fPIC",
+                                  "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
                                   "-fwrapv"};  // signed overflow wraps, as torch's integer kernels do
     if (have_libmvec()) f.push_back("-DKILN_HAVE_MVEC");
     return f;

@@ -50,7 +50,7 @@ bool infer_cat(const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, st
   out.offset = Expr(0);
   out.dtype = pointwise_common_dtype(in);
   Expr joined(0);
-  bool channels_last = true;
+  bool channels_last = true, channels_last_3d = true;
   for (size_t i = 0; i < in.size(); ++i) {
     const TensorMeta& m = in[i]->meta;
     if (m.dim() == 0)
@@ -60,10 +60,13 @@ bool infer_cat(const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, st
                    " and " + std::to_string(m.dim()), false;
     joined = joined + m.sizes[static_cast<size_t>(dim)];
     channels_last = channels_last && suggests_channels_last(m);
+    channels_last_3d = channels_last_3d && suggests_channels_last_3d(m);
   }
   out.sizes[static_cast<size_t>(dim)] = joined;
   // torch lays the result out in the inputs' memory format when they all suggest the same one.
-  out.strides = channels_last ? channels_last_strides(out.sizes) : ir::contiguous_strides(out.sizes);
+  out.strides = channels_last      ? channels_last_strides(out.sizes)
+                : channels_last_3d ? channels_last_3d_strides(out.sizes)
+                                   : ir::contiguous_strides(out.sizes);
   return true;
 }
 
@@ -113,11 +116,21 @@ Node* decompose_stack(Graph& g, Node* n) {
   if (!wrap_dim(dim, static_cast<int64_t>(first.dim()) + 1, err)) throw std::runtime_error(err);
   Attrs at;
   at.set("dim", dim);
+  if (dim < first.dim()) {
+    // As torch does: the inputs joined along `dim` (cat's layout, channels-last where they all
+    // are), then that dim split in two by a view.
+    std::vector<Expr> sizes = first.sizes;
+    sizes.insert(sizes.begin() + dim, Expr(static_cast<int64_t>(n->inputs.size())));
+    Node* joined = g.must_add("cat", n->inputs, at);
+    Attrs shape;
+    shape.set("shape", ir::sizes_attr(sizes));
+    return g.must_add("view", {joined}, shape);
+  }
+  // A new last dim: torch joins the inputs unsqueezed, into a row-major result (cat would follow
+  // inputs that all look channels-last, as a transposed 3-d tensor unsqueezed does).
   std::vector<Node*> parts;
   for (Node* x : n->inputs) parts.push_back(g.must_add("unsqueeze", {x}, at));
   Node* joined = g.must_add("cat", parts, at);
-  // torch.stack writes into a row-major result whatever its inputs' layouts; cat would follow
-  // inputs that all look channels-last (a transposed 3-d tensor unsqueezed does).
   if (ir::is_contiguous(joined->meta.sizes, joined->meta.strides)) return joined;
   return g.must_add("contiguous", {joined});
 }

@@ -338,6 +338,27 @@ std::vector<Expr> channels_last_strides(const std::vector<Expr>& sizes) {
   return {C * H * W, Expr(1), W * C, C};
 }
 
+bool suggests_channels_last_3d(const TensorMeta& x) {
+  if (x.sizes.size() != 5 || x.strides.size() != 5) return false;
+  // torch's is_channels_last_strides_3d_s5: as the 2-d rule, walking C, W, H, D, N.
+  int64_t min = 0;
+  for (size_t d : {size_t{1}, size_t{4}, size_t{3}, size_t{2}, size_t{0}}) {
+    auto size = d == 0 && !x.sizes[0].as_const() ? std::optional<int64_t>(2) : x.sizes[d].as_const();
+    auto stride = x.strides[d].as_const();
+    if (!size || !stride || *size == 0) return false;
+    if (d == 1 && *stride == 0) return false;
+    if (*stride < min) return false;
+    if (d == 0 && min == *x.strides[1].as_const()) return false;
+    min = *stride * (*size > 1 ? *size : 1);
+  }
+  return true;
+}
+
+std::vector<Expr> channels_last_3d_strides(const std::vector<Expr>& sizes) {
+  const Expr &C = sizes[1], &D = sizes[2], &H = sizes[3], &W = sizes[4];
+  return {C * D * H * W, Expr(1), H * W * C, W * C, C};
+}
+
 bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error) {
   std::vector<std::vector<Expr>> shapes;
   const Node* first_tensor = nullptr;

@@ -170,6 +170,9 @@ std::vector<Expr> preserved_strides(const TensorMeta& x);
 bool suggests_channels_last(const TensorMeta& x);
 // Dense channels-last strides of a 4-d shape [N, C, H, W]: C fastest, then W, H, N.
 std::vector<Expr> channels_last_strides(const std::vector<Expr>& sizes);
+// The same for 5-d tensors (torch.channels_last_3d: N, D, H, W, C in memory).
+bool suggests_channels_last_3d(const TensorMeta& x);
+std::vector<Expr> channels_last_3d_strides(const std::vector<Expr>& sizes);
 bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error);
 bool infer_reduction(const OpDef& op, const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& error);
 // Normalises a possibly negative dim against rank; false (with torch's message) if out of range.
