@@ -391,3 +391,20 @@ def test_a_module_with_parameters_built_in_the_function_runs_eagerly_with_its_re
     want = fn(torch.ones(3, 4))
     torch.manual_seed(0)
     torch.testing.assert_close(kiln.compile(fn)(torch.ones(3, 4)), want)
+
+
+def test_a_module_built_around_a_callers_module_sees_its_changes():
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = torch.nn.LeakyReLU(0.1)
+
+        def forward(self, x):
+            return torch.nn.Sequential(self.act, torch.nn.Tanh())(x)
+
+    holder = Holder()
+    compiled = kiln.compile(holder)
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(compiled(x), holder(x))
+    holder.act.negative_slope = 0.7  # read through the Sequential at the next call
+    torch.testing.assert_close(compiled(x), holder(x))

@@ -403,10 +403,15 @@ VarPtr Interpreter::make_torch_module(PyObject* cls, const std::vector<VarPtr>& 
   }();
   if (!classes.count(cls)) return nullptr;
   const std::string name = reinterpret_cast<PyTypeObject*>(cls)->tp_name;
-  // The arguments as Python objects (new references): constants, modules (the caller's, or
-  // others made here) and lists or tuples of them (nn.ModuleList([...])).
+  // The arguments as Python objects (new references): constants, modules made here, and lists
+  // or tuples of them (nn.ModuleList([...])).
   std::function<PyObject*(const VarPtr&)> value = [&](const VarPtr& a) -> PyObject* {
-    if (a->kind() == Var::Kind::Module) return Py_NewRef(a->obj());
+    if (a->kind() == Var::Kind::Module) {
+      // Only modules made here too: a caller's module read through the new one's Made source
+      // would have its attributes unguarded.
+      if (!a->source || !a->source->made_in_frame()) unsupported("nn." + name + " built in the function around a module of the caller's");
+      return Py_NewRef(a->obj());
+    }
     if (a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List) {
       const auto& items = a->seq();
       PyObject* out = a->kind() == Var::Kind::List ? PyList_New(static_cast<Py_ssize_t>(items.size()))
