@@ -276,7 +276,7 @@ void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, co
     // of x into the very elements it views changes nothing.
     if (value->is_tensor() && value->node() != container->node()) {
       const ir::Node* root = value->node();
-      while ((root->op->aliases() || root->attrs.get_bool("view")) && root != container->node()) root = root->inputs[0];
+      while (is_view(root) && root != container->node()) root = root->inputs[0];
       if (root == container->node()) {
         const size_t before = g_->nodes().size();
         VarPtr there = subscript(container, key);

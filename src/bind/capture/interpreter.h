@@ -52,8 +52,11 @@ class Interpreter {
  public:
   // Capture's tensor hook (Var::tensor_hook): keeps the trackers that hold views (retake_views).
   void note_tensor(const VarPtr& v) {
-    if (v->node()->op->aliases() || v->node()->attrs.get_bool("view")) view_vars_.push_back(v);
+    if (is_view(v->node())) view_vars_.push_back(v);
   }
+  // A node whose result shares its first input's memory in eager (a registry view, or a torch
+  // call marked as returning a view).
+  static bool is_view(const ir::Node* n) { return n->op->aliases() || n->attrs.get_bool("view"); }
   // The root interpreter of a capture, or (with `parent`) one that inlines a call: it shares
   // the graph, the guards and the graph inputs of the root.
   Interpreter(PyObject* fn, CaptureResult& out, Interpreter* parent = nullptr, SourcePtr fn_source = nullptr)

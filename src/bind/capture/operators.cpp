@@ -9,44 +9,14 @@ namespace kiln::bind::detail {
 
 namespace {
 
-bool is_view(const ir::Node* n) { return n->op->aliases() || n->attrs.get_bool("view"); }
-
 // The views from the tensor `n` views to `n`: that tensor first, `n` last (just `n` when it is
 // not a view).
 std::vector<ir::Node*> view_chain(ir::Node* n) {
   std::vector<ir::Node*> chain{n};
-  while (is_view(chain.back())) chain.push_back(chain.back()->inputs[0]);
+  while (Interpreter::is_view(chain.back())) chain.push_back(chain.back()->inputs[0]);
   std::reverse(chain.begin(), chain.end());
   return chain;
 }
-
-// A copy of `base` with src written where base.as_strided(size, stride, offset) reads (offset
-// counted from base's first element): an in-place update through a view of base, functional.
-// base is dense, so its clone has its strides.
-PyObject* view_scatter_impl(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 5) {
-    PyErr_SetString(PyExc_TypeError, "view_scatter(base, src, size, stride, offset)");
-    return nullptr;
-  }
-  PyObject* copy = PyObject_CallMethod(args[0], "clone", nullptr);
-  if (!copy) return nullptr;
-  PyObject* start = PyObject_CallMethod(copy, "storage_offset", nullptr);
-  PyObject* at = start ? PyNumber_Add(start, args[4]) : nullptr;
-  PyObject* view = at ? PyObject_CallMethod(copy, "as_strided", "OOO", args[2], args[3], at) : nullptr;
-  PyObject* done = view ? PyObject_CallMethod(view, "copy_", "O", args[1]) : nullptr;
-  Py_XDECREF(start);
-  Py_XDECREF(at);
-  Py_XDECREF(view);
-  if (!done) {
-    Py_DECREF(copy);
-    return nullptr;
-  }
-  Py_DECREF(done);
-  return copy;
-}
-
-PyMethodDef view_scatter_def = {"view_scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(view_scatter_impl)),
-                                METH_FASTCALL, "A copy of base with src written through base.as_strided(size, stride, offset)."};
 
 }  // namespace
 
@@ -159,8 +129,7 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
       for (size_t i = 0; i < xs.size(); ++i) PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(*xs[i].as_const()));
       return Var::steal_constant(t);
     };
-    static PyObject* scatter = PyCFunction_New(&view_scatter_def, nullptr);
-    VarPtr copy = torch_extern(scatter, "view_scatter",
+    VarPtr copy = torch_extern(view_scatter(), "view_scatter",
                                {base, Var::tensor(result), ints(vm.sizes), ints(vm.strides),
                                 Var::steal_constant(PyLong_FromLongLong(*(vm.offset - chain.front()->meta.offset).as_const()))},
                                {});
@@ -198,11 +167,18 @@ void Interpreter::retake(const VarPtr& v, const ir::Node* old_base, ir::Node* ne
 }
 
 void Interpreter::retake_views(const ir::Node* old, const VarPtr& a) {
+  // Only a tensor something took a view of has trackers to retake (most updates: none, and the
+  // list is not walked).
+  if (std::none_of(old->users.begin(), old->users.end(), [](const ir::Node* u) { return is_view(u); })) return;
   auto& views = root()->view_vars_;
   std::vector<VarPtr> live;
-  for (auto& w : views)
-    if (VarPtr v = w.lock(); v && v->is_tensor() && v != a) live.push_back(v);
-  views.erase(std::remove_if(views.begin(), views.end(), [](const std::weak_ptr<Var>& w) { return w.expired(); }), views.end());
+  views.erase(std::remove_if(views.begin(), views.end(),
+                             [&](const std::weak_ptr<Var>& w) {
+                               VarPtr v = w.lock();
+                               if (v && v->is_tensor() && v != a) live.push_back(v);
+                               return !v;
+                             }),
+              views.end());
   for (const VarPtr& v : live) retake(v, old, a->node());
 }
 

@@ -61,10 +61,43 @@ PyMethodDef setitem_inplace_def = {"setitem_",
 PyMethodDef setitem_def = {"setitem", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(setitem_impl)),
                            METH_FASTCALL, "A copy of base with base[index] = value."};
 
+// A copy of `base` with src written where base.as_strided(size, stride, offset) reads (offset
+// counted from base's first element): an in-place update through a view of base, functional.
+// base is dense, so its clone has its strides.
+PyObject* view_scatter_impl(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "view_scatter(base, src, size, stride, offset)");
+    return nullptr;
+  }
+  PyObject* copy = PyObject_CallMethod(args[0], "clone", nullptr);
+  if (!copy) return nullptr;
+  PyObject* start = PyObject_CallMethod(copy, "storage_offset", nullptr);
+  PyObject* at = start ? PyNumber_Add(start, args[4]) : nullptr;
+  PyObject* view = at ? PyObject_CallMethod(copy, "as_strided", "OOO", args[2], args[3], at) : nullptr;
+  PyObject* done = view ? PyObject_CallMethod(view, "copy_", "O", args[1]) : nullptr;
+  Py_XDECREF(start);
+  Py_XDECREF(at);
+  Py_XDECREF(view);
+  if (!done) {
+    Py_DECREF(copy);
+    return nullptr;
+  }
+  Py_DECREF(done);
+  return copy;
+}
+
+PyMethodDef view_scatter_def = {"view_scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(view_scatter_impl)),
+                                METH_FASTCALL, "A copy of base with src written through base.as_strided(size, stride, offset)."};
+
 }  // namespace
 
 PyObject* functional_setitem() {
   static PyObject* f = PyCFunction_New(&setitem_def, nullptr);
+  return f;
+}
+
+PyObject* view_scatter() {
+  static PyObject* f = PyCFunction_New(&view_scatter_def, nullptr);
   return f;
 }
 

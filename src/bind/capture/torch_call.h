@@ -28,6 +28,10 @@ PyObject* functional_setitem();
 // setitem_(base, index, value) -> base, after base[index] = value: functional_setitem's
 // in-place form (borrowed; lives for the process).
 PyObject* inplace_setitem();
+// view_scatter(base, src, size, stride, offset) -> a copy of base with src written through
+// base.as_strided(size, stride, offset from base's first element): an in-place update through a
+// view of a dense tensor, as a function the graph can call (borrowed; lives for the process).
+PyObject* view_scatter();
 
 // The marker standing for the i-th tensor input in a template (new reference).
 PyObject* tensor_slot(int i);

@@ -315,12 +315,14 @@ std::vector<Expr> preserved_strides(const TensorMeta& x) {
   return dense ? x.strides : iterator_strides(x.sizes, {&x});
 }
 
-bool suggests_channels_last(const TensorMeta& x) {
-  if (x.sizes.size() != 4 || x.strides.size() != 4) return false;
-  // torch's is_channels_last_strides_2d_s4: walking C, W, H, N, each stride is at least the
-  // extent of the dims before it. An N111 tensor (all strides tied with C's) stays row-major.
+namespace {
+// torch's is_channels_last_strides_{2d_s4,3d_s5}: walking the dims in `order` (C, the spatial
+// dims innermost first, N), each stride is at least the extent of the dims before it. An N11..
+// tensor (all strides tied with C's) stays row-major.
+bool channels_last_walk(const TensorMeta& x, std::initializer_list<size_t> order) {
+  if (x.sizes.size() != order.size() || x.strides.size() != order.size()) return false;
   int64_t min = 0;
-  for (size_t d : {size_t{1}, size_t{3}, size_t{2}, size_t{0}}) {
+  for (size_t d : order) {
     // The batch may be a symbol (a dynamic batch): only its stride takes part.
     auto size = d == 0 && !x.sizes[0].as_const() ? std::optional<int64_t>(2) : x.sizes[d].as_const();
     auto stride = x.strides[d].as_const();
@@ -332,27 +334,16 @@ bool suggests_channels_last(const TensorMeta& x) {
   }
   return true;
 }
+}  // namespace
+
+bool suggests_channels_last(const TensorMeta& x) { return channels_last_walk(x, {1, 3, 2, 0}); }
 
 std::vector<Expr> channels_last_strides(const std::vector<Expr>& sizes) {
   const Expr &C = sizes[1], &H = sizes[2], &W = sizes[3];
   return {C * H * W, Expr(1), W * C, C};
 }
 
-bool suggests_channels_last_3d(const TensorMeta& x) {
-  if (x.sizes.size() != 5 || x.strides.size() != 5) return false;
-  // torch's is_channels_last_strides_3d_s5: as the 2-d rule, walking C, W, H, D, N.
-  int64_t min = 0;
-  for (size_t d : {size_t{1}, size_t{4}, size_t{3}, size_t{2}, size_t{0}}) {
-    auto size = d == 0 && !x.sizes[0].as_const() ? std::optional<int64_t>(2) : x.sizes[d].as_const();
-    auto stride = x.strides[d].as_const();
-    if (!size || !stride || *size == 0) return false;
-    if (d == 1 && *stride == 0) return false;
-    if (*stride < min) return false;
-    if (d == 0 && min == *x.strides[1].as_const()) return false;
-    min = *stride * (*size > 1 ? *size : 1);
-  }
-  return true;
-}
+bool suggests_channels_last_3d(const TensorMeta& x) { return channels_last_walk(x, {1, 4, 3, 2, 0}); }
 
 std::vector<Expr> channels_last_3d_strides(const std::vector<Expr>& sizes) {
   const Expr &C = sizes[1], &D = sizes[2], &H = sizes[3], &W = sizes[4];
