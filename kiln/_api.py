@@ -210,6 +210,10 @@ class ExplainOutput:
     # "source"; and the backward's kernel names.
     backward_graphs: list = field(default_factory=list)
     backward_kernels: list = field(default_factory=list)
+    # Per graph that has one, what it computes from parameters and buffers alone (folded
+    # batch norms, weight layouts), run once and again only when one of them changes: a dict
+    # with "graph" and "kernels".
+    prologues: list = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"Graph Count: {self.graph_count}", f"Graph Break Count: {self.graph_break_count}",
@@ -221,6 +225,9 @@ class ExplainOutput:
         for i, g in enumerate(self.graphs):
             lines.append(f"Graph {i}:")
             lines.append(g.rstrip())
+        for i, p in enumerate(self.prologues):
+            lines.append(f"Prologue {i} (from parameters and buffers, kept until one changes):")
+            lines.append(p["graph"].rstrip())
         for i, b in enumerate(self.backward_graphs):
             lines.append(f"Backward graph {i} (reads {b['saved']} saved values):")
             lines.append(b["graph"].rstrip())
@@ -264,7 +271,8 @@ def explain(fn: Callable, *extra_args, **extra_kwargs):
             kernels=[_Kernel(k["name"], k["source"], k.get("launch", "")) for k in d["kernels"]], loop_ir=d.get("loop_ir", ""),
             source_path=d.get("source_path", ""), compile_seconds=d.get("compile_seconds", 0.0),
             captured=d.get("captured", ""), cudagraphs=list(d.get("cudagraphs", [])),
-            backward_graphs=list(d.get("backward_graphs", [])), backward_kernels=list(d.get("backward_kernels", [])))
+            backward_graphs=list(d.get("backward_graphs", [])), backward_kernels=list(d.get("backward_kernels", [])),
+            prologues=list(d.get("prologues", [])))
 
     if extra_args or extra_kwargs:
         return run(*extra_args, **extra_kwargs)

@@ -60,7 +60,7 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
   Py_DECREF(result);
 
   nb::dict d;
-  nb::list graphs, kernels, reasons, guards, cudagraphs, backward_graphs, backward_kernels;
+  nb::list graphs, kernels, reasons, guards, cudagraphs, backward_graphs, backward_kernels, prologues;
   size_t op_count = 0, graph_count = 0, breaks = 0;
   std::string loop_ir, source, captured, source_path, device;
   double compile_seconds = 0;
@@ -94,6 +94,14 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
       backward_graphs.append(bd);
       for (const std::string& k : r.backward_kernels) backward_kernels.append(k);
     }
+    if (!r.prologue_graph.empty()) {
+      nb::dict pd;
+      pd["graph"] = r.prologue_graph;
+      nb::list pk;
+      for (const std::string& k : r.prologue_kernels) pk.append(k);
+      pd["kernels"] = pk;
+      prologues.append(pd);
+    }
     loop_ir += r.loop_ir;
     source += r.source;
     if (source_path.empty()) source_path = r.source_path;
@@ -116,6 +124,7 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
   d["cudagraphs"] = cudagraphs;
   d["backward_graphs"] = backward_graphs;
   d["backward_kernels"] = backward_kernels;
+  d["prologues"] = prologues;
   return d;
 }
 
@@ -155,6 +164,7 @@ nb::dict stats_dict() {
   d["kernels_generated"] = s.kernels_generated;
   d["cudagraph_recordings"] = s.cudagraph_recordings;
   d["cudagraph_replays"] = s.cudagraph_replays;
+  d["prologue_runs"] = s.prologue_runs;
   d["kernels_autotuned"] = s.kernels_autotuned;
   d["autotune_cache_hits"] = s.autotune_cache_hits;
   d["capture_seconds"] = s.capture_seconds;

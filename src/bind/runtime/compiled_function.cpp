@@ -14,6 +14,7 @@
 #include "bind/runtime/autograd_node.h"
 #include "bind/runtime/eager_backend.h"
 #include "bind/runtime/executor.h"
+#include "bind/runtime/prologue.h"
 #include "bind/runtime/stats.h"
 #include "core/autodiff/training_graphs.h"
 #include "core/support/log.h"
@@ -94,6 +95,10 @@ void record_explain(const Entry& e, const std::string& name) {
       r.kernels.push_back({k.name, k.source, launch});
     }
     r.cudagraphs = e.cudagraphs_note;
+  }
+  if (e.compiled && e.compiled->prologue) {
+    r.prologue_graph = e.compiled->prologue->graph_text;
+    for (const auto& k : e.compiled->prologue->kernels) r.prologue_kernels.push_back(k.name);
   }
   if (e.backward && e.backward->compiled) {
     const pipeline::CompiledGraph& b = *e.backward->compiled;
@@ -177,6 +182,49 @@ void plan_cuda_graphs(Entry& e) {
     e.cudagraphs_note = "not recorded: " + why;
     ++stats().fallback_reasons["cudagraphs: " + why];
   }
+}
+
+// Which inputs of an inference graph are stable (ir::Graph::stable_inputs): parameters, and
+// tensors a module holds (buffers, reached through a module on their source), that the graph
+// does not update. Anything else (the call's tensors, what the frame builds) is read afresh.
+std::vector<bool> stable_inputs(const CaptureResult& c, PyObject* fn, const BoundArgs& args) {
+  static PyObject* parameter = nullptr;
+  static PyObject* module = nullptr;
+  if (!parameter) {
+    PyObject* nn = PyImport_ImportModule("torch.nn");
+    parameter = nn ? PyObject_GetAttrString(nn, "Parameter") : nullptr;
+    module = nn ? PyObject_GetAttrString(nn, "Module") : nullptr;
+    Py_XDECREF(nn);
+    if (!parameter || !module) {
+      PyErr_Clear();
+      Py_CLEAR(parameter);
+      Py_CLEAR(module);
+      return {};
+    }
+  }
+  std::set<int> updated;
+  for (const auto& [input, output] : c.writebacks) updated.insert(input);
+  for (const auto& [input, output] : c.graph->input_updates) updated.insert(input);
+  FrameView fv{args.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn), nullptr};
+  std::vector<bool> stable(c.input_sources.size(), false);
+  bool any = false;
+  for (size_t i = 0; i < c.input_sources.size(); ++i) {
+    const SourcePtr& src = c.input_sources[i];
+    if (!src || updated.count(static_cast<int>(i)) || src->made_in_frame() || src->kind == Source::Kind::Seed) continue;
+    PyObject* v = eval_source(*src, fv);
+    bool is = v && PyObject_IsInstance(v, parameter) == 1;
+    Py_XDECREF(v);
+    for (SourcePtr b = src->base; !is && b; b = b->base) {
+      PyObject* owner = eval_source(*b, fv);
+      is = owner && PyObject_IsInstance(owner, module) == 1;
+      Py_XDECREF(owner);
+    }
+    if (PyErr_Occurred()) PyErr_Clear();
+    stable[i] = is;
+    any = any || is;
+  }
+  if (!any) stable.clear();
+  return stable;
 }
 
 // nullptr: interrupted (with the exception set), or (with none set) a cancelled compile whose
@@ -311,6 +359,8 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
                      std::to_string(training.saved_bytes) + " bytes), the backward recomputes " +
                      std::to_string(training.recomputed) + " nodes");
   }
+  // An inference graph: what parameters alone make is computed once, in a prologue.
+  if (!e->capture.needs_backward) forward->stable_inputs = stable_inputs(e->capture, fn, args);
   e->compiled = std::make_unique<pipeline::CompiledGraph>();
   pipeline::CompileOptions opts;
   opts.mode = cfg.mode;
@@ -342,6 +392,8 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   if (ok) {
     const auto preparing = std::chrono::steady_clock::now();
     e->prepared = prepare_program(*e->compiled, error);
+    if (e->prepared && e->compiled->prologue && !(e->prologue = PrologueCache::make(*e->compiled, error)))
+      e->prepared.reset();
     if (e->prepared && e->backward) {
       e->backward->prepared = prepare_program(*e->backward->compiled, error);
       if (!e->backward->prepared) e->prepared.reset();
@@ -356,6 +408,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     e->location = e->capture.location;
     log("fallback", name + ": runs eagerly: " + e->reason);
     e->compiled.reset();
+    e->prologue.reset();
     e->backward.reset();
     record_explain(*e, name);
     return e;
@@ -803,6 +856,12 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
       ran = true;
     } else if (e.torch_program) {
       ran = run_torch_program(*e.torch_program, inputs, outs);
+    } else if (e.prologue) {
+      // The program's inputs: the captured ones, then what the prologue made of them.
+      std::vector<PyObject*> program_inputs(inputs, inputs + sources.size());
+      ran = e.prologue->append_results(inputs, program_inputs) &&
+            (e.cudagraphs ? e.cudagraphs->run(*e.compiled, *e.prepared, program_inputs.data(), outs, scalars.data())
+                          : run_program(*e.compiled, *e.prepared, program_inputs.data(), outs, scalars.data()));
     } else {
       ran = e.backward    ? run_forward_with_backward(*e.compiled, *e.prepared, e.backward, inputs, outs, scalars.data(), scalars.size())
             : e.cudagraphs ? e.cudagraphs->run(*e.compiled, *e.prepared, inputs, outs, scalars.data())

@@ -16,6 +16,7 @@ namespace kiln::bind {
 struct PreparedProgram;
 struct TorchProgram;
 struct BackwardProgram;
+class PrologueCache;
 
 // Who runs a captured graph: kiln's compiler (kernels), or torch's own ops one node at a time
 // (kiln.compile(backend="eager"), as torch.compile(backend="eager") runs its FX graph).
@@ -44,6 +45,8 @@ struct Entry {
   CompileConfig cfg;
   std::unique_ptr<pipeline::CompiledGraph> compiled;
   std::shared_ptr<PreparedProgram> prepared;
+  // The program's prologue and its kept results (compiled->prologue; prologue.h).
+  std::unique_ptr<PrologueCache> prologue;
   // A graph with results autograd tracks: `compiled` is the forward program (the outputs, then
   // the values saved for backward) and this the backward (autograd_node.h).
   std::shared_ptr<BackwardProgram> backward;

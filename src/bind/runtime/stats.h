@@ -19,6 +19,7 @@ struct Stats {
   long kernels_generated = 0;
   long cudagraph_recordings = 0;  // mode="reduce-overhead": CUDA graphs recorded
   long cudagraph_replays = 0;
+  long prologue_runs = 0;          // prologues run (first calls, and after a parameter changed)
   long kernels_autotuned = 0;      // mode="max-autotune": kernels whose launch candidates were timed
   long autotune_cache_hits = 0;    // ... and those whose winner the disk cache held
   double capture_seconds = 0;
@@ -48,6 +49,9 @@ struct ExplainRecord {
   std::string backward_graph, backward_source;
   std::vector<std::string> backward_kernels;
   size_t saved = 0;
+  // What the graph computes from parameters alone, run once and kept (prologue.h).
+  std::string prologue_graph;
+  std::vector<std::string> prologue_kernels;
   std::vector<std::string> guards;
 };
 

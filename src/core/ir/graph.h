@@ -136,6 +136,10 @@ class Graph {
   // In-place updates of inputs (graph input, graph output holding its final value): the runtime
   // makes the input hold that value after the graph; the program may store it there directly.
   std::vector<std::pair<int, int>> input_updates;
+  // Inputs whose values rarely change between calls (parameters and buffers of an inference
+  // graph), by input index; empty: none. What the graph computes from these alone moves into
+  // a prologue the runtime runs again only when one of them changed (passes::split_prologue).
+  std::vector<bool> stable_inputs;
 
  private:
   std::string unique_name(const std::string& base);

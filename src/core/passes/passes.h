@@ -2,7 +2,9 @@
 // dump the graph after each (KILN_DEBUG).
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/ir/graph.h"
 
@@ -43,6 +45,16 @@ void gemm_epilogues(ir::Graph& g, ExternTiming* timing = nullptr);
 // recorded) `in_place` where nothing else reads the input's old value: the executor then updates
 // the input where it lies instead of copying it twice (reinplace.cpp).
 void reinplace_input_updates(ir::Graph& g);
+// A placeholder the graph marks stable (ir::Graph::stable_inputs): a parameter or buffer.
+bool is_stable_input(const ir::Graph& g, const ir::Node* n);
+// Eval-mode batch norm after a convolution, over stable inputs, becomes the convolution with
+// folded weights and bias (fold_batch_norm.cpp).
+void fold_batch_norm(ir::Graph& g);
+// Moves what `g` computes from its stable inputs alone into a graph of its own, the prologue,
+// whose outputs `g` then reads as new placeholders after its captured inputs; nullptr when
+// nothing is worth moving. `prologue_inputs`: the captured input each prologue placeholder is
+// (prologue.cpp).
+std::unique_ptr<ir::Graph> split_prologue(ir::Graph& g, std::vector<int>& prologue_inputs);
 // Removes nodes whose values are never used.
 void dead_code_elimination(ir::Graph& g);
 // Merges nodes that compute the same op on the same inputs with the same attributes.

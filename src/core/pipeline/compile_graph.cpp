@@ -29,6 +29,7 @@ void run_graph_passes(ir::Graph& g, const std::string& dump_name, passes::Extern
   if (!dump_name.empty()) debug_dump(dump_name + ".captured.txt", g.str());
   step("fuse_attention", passes::fuse_attention);
   step("additive_attention_masks", passes::additive_attention_masks);
+  step("fold_batch_norm", passes::fold_batch_norm);
   step("channels_last_convolutions", passes::channels_last_convolutions);
   step("decompose", [](ir::Graph& gr) { passes::decompose(gr); });
   step("channels_last_activations", passes::channels_last_activations);
@@ -162,6 +163,17 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
   } catch (const std::exception& e) {
     error = std::string("graph passes failed: ") + e.what();
     return false;
+  }
+  if (std::unique_ptr<ir::Graph> pg = passes::split_prologue(g, out.prologue_inputs)) {
+    debug_dump(options.name + ".prologue.txt", pg->str());
+    CompileOptions po = options;
+    po.name = options.name + "_prologue";
+    out.prologue = std::make_unique<CompiledGraph>();
+    if (!compile_graph(*pg, po, *out.prologue, error)) {
+      error = "the prologue (what parameters alone make): " + error;
+      return false;
+    }
+    out.cancelled = out.prologue->cancelled;
   }
   out.graph_text = g.str();
   out.op_count = g.op_count();

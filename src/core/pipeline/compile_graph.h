@@ -58,6 +58,11 @@ struct CompiledGraph {
   bool cancelled = false;        // CompileOptions::cancel stopped the compile
   double compile_seconds = 0;
   size_t op_count = 0;
+  // What the graph computes from its stable inputs alone (ir::Graph::stable_inputs), split off
+  // and compiled on its own (passes::split_prologue): `program` reads its outputs as inputs
+  // after the captured ones. `prologue_inputs`: the captured input each of its inputs is.
+  std::unique_ptr<CompiledGraph> prologue;
+  std::vector<int> prologue_inputs;
 };
 
 // Compiles `g` (which it rewrites in place). On failure returns false with a reason; the
