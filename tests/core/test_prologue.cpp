@@ -28,18 +28,17 @@ int count(const Graph& g, const std::string& op) {
 
 // x -> conv2d(W) -> batch_norm(mean, var, w, b) -> relu; W and the norm's tensors are inputs
 // 1..5, stable where `stable` says.
-Graph* conv_bn(Graph& g, bool stable, DType t = DType::Float32) {
-  Node* x = g.placeholder("x", meta({2, 4, 8, 8}, t, DeviceType::CPU));
-  Node* W = g.placeholder("W", meta({6, 4, 3, 3}, t, DeviceType::CPU));
-  std::vector<Node*> bn = {g.placeholder("mean", meta({6}, t, DeviceType::CPU)),
-                           g.placeholder("var", meta({6}, t, DeviceType::CPU)),
-                           g.placeholder("w", meta({6}, t, DeviceType::CPU)),
-                           g.placeholder("b", meta({6}, t, DeviceType::CPU))};
+void conv_bn(Graph& g, bool stable, DType t = DType::Float32, DeviceType dev = DeviceType::CPU) {
+  Node* x = g.placeholder("x", meta({2, 4, 8, 8}, t, dev));
+  Node* W = g.placeholder("W", meta({6, 4, 3, 3}, t, dev));
+  std::vector<Node*> bn = {g.placeholder("mean", meta({6}, t, dev)),
+                           g.placeholder("var", meta({6}, t, dev)),
+                           g.placeholder("w", meta({6}, t, dev)),
+                           g.placeholder("b", meta({6}, t, dev))};
   Node* conv = g.must_add("conv2d", {x, W, nullptr}, A({{"padding", std::vector<int64_t>{1, 1}}}));
   Node* y = g.must_add("batch_norm", {conv, bn[0], bn[1], bn[2], bn[3]}, A({{"training", false}, {"eps", 1e-5}}));
   g.outputs().push_back(g.must_add("relu", {y}));
   g.stable_inputs = {false, stable, stable, stable, stable, stable};
-  return &g;
 }
 
 }  // namespace
@@ -71,7 +70,7 @@ TEST(FoldBatchNorm, NothingFoldsOverTheCallsTensorsOrIn16Bits) {
 
 TEST(SplitPrologue, TheFoldedWeightAndBiasComeFromThePrologue) {
   Graph g;
-  conv_bn(g, true);
+  conv_bn(g, true, DType::Float32, DeviceType::CUDA);
   pipeline::run_graph_passes(g);
   std::vector<int> inputs;
   auto pg = passes::split_prologue(g, inputs);
@@ -84,6 +83,7 @@ TEST(SplitPrologue, TheFoldedWeightAndBiasComeFromThePrologue) {
   ASSERT_EQ(g.inputs().size(), 8u) << g.str();
   EXPECT_EQ(count(g, "rsqrt"), 0) << g.str();
   EXPECT_EQ(count(*pg, "rsqrt"), 1) << pg->str();
+  ASSERT_EQ(count(g, "conv2d"), 1) << g.str();
   for (auto& n : g.nodes())
     if (n->op_name() == "conv2d") {
       EXPECT_TRUE(n->inputs[1] == g.inputs()[6] || n->inputs[1] == g.inputs()[7]) << g.str();
@@ -122,4 +122,16 @@ TEST(SplitPrologue, NoStableInputsNoPrologue) {
   std::vector<int> inputs;
   EXPECT_FALSE(passes::split_prologue(g, inputs));
   EXPECT_EQ(g.inputs().size(), 6u);
+}
+
+TEST(PrepackConvolutions, CpuFloat32ConvolutionsOverStableWeightsArePrepacked) {
+  Graph g;
+  conv_bn(g, true);
+  pipeline::run_graph_passes(g);
+  EXPECT_EQ(count(g, "conv2d_prepacked"), 1) << g.str();
+  EXPECT_EQ(count(g, "conv2d"), 0) << g.str();
+  Graph h;  // the call's own weight: aten::conv2d
+  conv_bn(h, false);
+  pipeline::run_graph_passes(h);
+  EXPECT_EQ(count(h, "conv2d_prepacked"), 0) << h.str();
 }

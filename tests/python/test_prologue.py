@@ -186,3 +186,26 @@ def test_autocast_weight_casts_are_kept():
         x = torch.randn(8, 32)
         torch.testing.assert_close(f(x), fn(x), rtol=1.6e-2, atol=1e-2)
         assert _runs() == runs + 2
+
+
+def test_cpu_convolutions_read_weights_prepacked_once_and_see_them_change():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        e = kiln.explain(net)(x)
+    assert e.graph_count == 1
+    assert e.graphs[0].count("conv2d_prepacked(") == 3, e.graphs[0]
+    f = kiln.compile(net)
+    with torch.no_grad():
+        for i in range(4):
+            x = torch.randn(2, 3, 10, 10)
+            _close(f(x), net(x))
+            if i == 1:
+                net[0].weight.mul_(-2)         # in place: a new version
+            if i == 2:
+                net[2].weight = torch.nn.Parameter(torch.randn_like(net[2].weight))  # another tensor
+        x = torch.randn(3, 3, 10, 10)           # another batch: packed for its input sizes
+        _close(f(x), net(x))

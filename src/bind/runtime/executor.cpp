@@ -120,7 +120,56 @@ struct ExternPlan {
   int64_t vjp_group = -1, vjp_input = -1;
   std::vector<int64_t> vjp_wanted;
   size_t result = 0;  // which of the kernel's results the node is (convolution_backward's)
+  // conv2d_prepacked where torch has oneDNN: its convolution and weight reorder, and the packed
+  // weight kept with what it was made from (the weight buffer's tensor, memory and version, and
+  // the input's sizes, which oneDNN's choice of format depends on).
+  struct PackedConv {
+    c10::OperatorHandle conv, reorder;
+    at::Tensor weight, packed;
+    const void* memory = nullptr;
+    int64_t version = -1;
+    std::vector<int64_t> input_sizes;
+  };
+  std::shared_ptr<PackedConv> packed;
 };
+
+// A conv2d attribute as two ints (an int[2] given as one int is repeated, as torch does).
+std::vector<int64_t> spatial_pair(const ir::Attrs& a, const char* key, int64_t dflt) {
+  std::vector<int64_t> v = a.has(key) ? a.get_ints(key) : std::vector<int64_t>{dflt};
+  if (v.size() == 1) v.push_back(v[0]);
+  return v;
+}
+
+// conv2d_prepacked: the weight reordered for oneDNN when it is not the one packed last, then
+// oneDNN's convolution with the packed weight (no fused operation: attr "none").
+at::Tensor run_packed_conv(ExternPlan::PackedConv& pc, const ir::Attrs& attrs, const at::Tensor& x,
+                           const at::Tensor& weight_buffer, const at::Tensor& w, const c10::IValue& bias) {
+  const std::vector<int64_t> padding = spatial_pair(attrs, "padding", 0), stride = spatial_pair(attrs, "stride", 1),
+                             dilation = spatial_pair(attrs, "dilation", 1);
+  const int64_t groups = attrs.get_int("groups", 1);
+  if (!pc.packed.defined() || !weight_buffer.is_same(pc.weight) || weight_buffer.data_ptr() != pc.memory ||
+      weight_buffer._version() != pc.version || !x.sizes().equals(pc.input_sizes)) {
+    torch::jit::Stack st{c10::IValue(w), c10::IValue(padding), c10::IValue(stride), c10::IValue(dilation),
+                         c10::IValue(groups), c10::IValue(x.sizes().vec())};
+    {
+      GilRelease unlocked;
+      pc.reorder.callBoxed(&st);
+    }
+    pc.packed = st[0].toTensor();
+    pc.weight = weight_buffer;
+    pc.memory = weight_buffer.data_ptr();
+    pc.version = weight_buffer._version();
+    pc.input_sizes = x.sizes().vec();
+  }
+  torch::jit::Stack st{c10::IValue(x), c10::IValue(pc.packed), bias, c10::IValue(padding), c10::IValue(stride),
+                       c10::IValue(dilation), c10::IValue(groups), c10::IValue(std::string("none")),
+                       c10::IValue(c10::List<std::optional<c10::Scalar>>()), c10::IValue()};
+  {
+    GilRelease unlocked;
+    pc.conv.callBoxed(&st);
+  }
+  return st[0].toTensor();
+}
 
 // An extern's tensors, with sizes resolved.
 struct ExternViews {
@@ -534,6 +583,12 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
       }
     }
     ExternPlan plan{handle, ops::find_op(vjp ? e.attrs.get_str("of") : e.op)};
+    static const ops::OpDef* conv_prepacked = ops::find_op("conv2d_prepacked");
+    if (plan.def == conv_prepacked) {
+      auto conv = c10::Dispatcher::singleton().findSchema({"mkldnn::_convolution_pointwise", ""});
+      auto reorder = c10::Dispatcher::singleton().findSchema({"mkldnn::_reorder_convolution_weight", ""});
+      if (conv && reorder) plan.packed = std::make_shared<ExternPlan::PackedConv>(ExternPlan::PackedConv{*conv, *reorder});
+    }
     if (!handle) plan.call = &torch_call(static_cast<int>(e.attrs.get_int(e.attrs.get_bool("in_place") ? "inplace_fn" : "fn")));
     else plan.result = static_cast<size_t>(e.attrs.get_int("result", 0));
     plan.vjp_input = e.attrs.get_int("vjp_input", -1);
@@ -678,6 +733,13 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         const size_t at = static_cast<size_t>(std::find(plan.vjp_wanted.begin(), plan.vjp_wanted.end(), plan.vjp_input) -
                                               plan.vjp_wanted.begin());
         r = laid_out(std::move(it->second[at]), views.out_strides, p.buffers[e.output].aligned, e);  // in the layout torch's backward chose: copied
+      } else if (plan.packed) {
+        const ViewPlan &vx = views.inputs[0], &vw = views.inputs[1];
+        const ViewPlan* vb = views.inputs.size() > 2 && views.inputs[2].buffer >= 0 ? &views.inputs[2] : nullptr;
+        at::Tensor out = run_packed_conv(*plan.packed, e.attrs, view_of(tensors[vx.buffer], vx), tensors[vw.buffer],
+                                         view_of(tensors[vw.buffer], vw),
+                                         vb ? c10::IValue(view_of(tensors[vb->buffer], *vb)) : c10::IValue());
+        r = laid_out(std::move(out), views.out_strides, p.buffers[e.output].aligned, e);
       } else if (!plan.op) {
         if (!run_torch_call(e, *plan.call, views, tensors, rs.sizes[e.output], r)) return false;
         r = laid_out(std::move(r), views.out_strides, p.buffers[e.output].aligned, e);

@@ -288,6 +288,19 @@ std::vector<OpDef> nn_ops() {
     return out;
   };
   {
+    // conv2d with its weight prepacked for oneDNN (made by passes::prepack_convolutions on the
+    // CPU, float32, where stable inputs alone make the weight): the same schema, shape rule and
+    // result as conv2d. The executor reorders the weight into oneDNN's blocked format once
+    // (mkldnn::_reorder_convolution_weight, kept while the weight is the same tensor at the same
+    // version) and calls mkldnn::_convolution_pointwise; where torch has no oneDNN, aten::conv2d.
+    // Inference only: no derivative.
+    OpDef packed = ops.back();
+    packed.name = "conv2d_prepacked";
+    packed.python = {};
+    packed.derivative = nullptr;
+    ops.push_back(packed);
+  }
+  {
     // max_pool2d: each output the largest element of its window (NaN if any is), positions in
     // the padding left out. A gather: fused with the op that makes its input (batch norm and
     // ReLU before a ResNet's pooling), the window read wherever it lands.

@@ -21,19 +21,6 @@
 
 namespace kiln::passes {
 
-namespace {
-// Whether `n` is a stable input or computed from stable inputs alone (what split_prologue
-// moves into the prologue).
-bool computed_from_stable(const ir::Graph& g, const ir::Node* n) {
-  if (n->op_name() == "placeholder") return is_stable_input(g, n);
-  if (n->op->kind == ops::OpKind::Source && n->op_name() != "scalar") return false;
-  if (n->op_name() == "torch_call") return false;
-  for (const ir::Node* in : n->inputs)
-    if (in && !computed_from_stable(g, in)) return false;
-  return true;
-}
-}  // namespace
-
 void channels_last_convolutions(ir::Graph& g) {
   bool changed = false;
   // The convolutions of the graph as it comes (never the ones this pass makes).
@@ -55,8 +42,10 @@ void channels_last_convolutions(ir::Graph& g) {
     inputs[0] = x_cl;
     // torch copies a row-major weight to channels-last in every call too; one that stable
     // inputs alone make (a parameter, a batch-norm-folded weight) is copied once, in the
-    // prologue. A 1x1 kernel's weight is both layouts already.
-    if (computed_from_stable(g, w) && !(w->meta.sizes[2].is_const(1) && w->meta.sizes[3].is_const(1)))
+    // prologue. A 1x1 kernel's weight is both layouts already, and a float32 one on the CPU is
+    // reordered into oneDNN's own format once instead (prepack_convolutions).
+    const bool prepacked = conv->meta.device.type == DeviceType::CPU && t == DType::Float32;
+    if (!prepacked && computed_from_stable(g, w) && !(w->meta.sizes[2].is_const(1) && w->meta.sizes[3].is_const(1)))
       if (ir::Node* w_cl = g.add("channels_last", {w}, {}, error)) inputs[1] = w_cl;
     ir::Node* conv_cl = g.add("conv2d", inputs, conv->attrs, error);
     if (!conv_cl || !ops::suggests_channels_last(conv_cl->meta)) continue;

@@ -47,6 +47,14 @@ void gemm_epilogues(ir::Graph& g, ExternTiming* timing = nullptr);
 void reinplace_input_updates(ir::Graph& g);
 // A placeholder the graph marks stable (ir::Graph::stable_inputs): a parameter or buffer.
 bool is_stable_input(const ir::Graph& g, const ir::Node* n);
+// `n` is a stable input or computed from stable inputs and constants alone (what
+// split_prologue moves into the prologue).
+bool computed_from_stable(const ir::Graph& g, const ir::Node* n);
+// On the CPU, a float32 convolution whose weight stable inputs alone make becomes
+// conv2d_prepacked: oneDNN's kernel with the weight reordered into its own blocked format once
+// (by the executor, kept while the weight is the same tensor at the same version), where
+// aten::conv2d reorders it in every call (prepack.cpp).
+void prepack_convolutions(ir::Graph& g);
 // Eval-mode batch norm after a convolution, over stable inputs, becomes the convolution with
 // folded weights and bias (fold_batch_norm.cpp).
 void fold_batch_norm(ir::Graph& g);

@@ -30,6 +30,15 @@ bool is_stable_input(const ir::Graph& g, const ir::Node* n) {
   return i >= 0 && static_cast<size_t>(i) < g.stable_inputs.size() && g.stable_inputs[static_cast<size_t>(i)];
 }
 
+bool computed_from_stable(const ir::Graph& g, const ir::Node* n) {
+  if (n->op_name() == "placeholder") return is_stable_input(g, n);
+  if (n->op->kind == ops::OpKind::Source && n->op_name() != "scalar") return false;
+  if (n->op_name() == "torch_call") return false;
+  for (const ir::Node* in : n->inputs)
+    if (in && !computed_from_stable(g, in)) return false;
+  return true;
+}
+
 namespace {
 
 bool all_sizes_constant(const ir::TensorMeta& m) {
