@@ -68,8 +68,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "@@kiln-bench "
-ROW_NAMES = ("sincos", "gelu", "softmax", "attention", "resnet18", "bert_1x8", "bert_8x128", "llama_prefill",
-             "llama_decode")
+ROW_NAMES = ("sincos", "gelu", "softmax", "attention", "resnet18", "mobilenet_v2", "vit_b_16", "bert_1x8", "bert_8x128",
+             "llama_prefill", "llama_decode")
 # The GPU table of issue 12 (--rows issue12).
 ISSUE12_ROWS = ("sincos", "gelu", "gelu_bf16", "softmax", "softmax_bf16", "attention", "attention_bf16",
                 "resnet18", "resnet18_bf16", "bert_1x8", "bert_1x8_fp16", "bert_1x8_bf16",
@@ -86,13 +86,15 @@ CHECK_TOL = {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 2e-2), "bf16": (5e-2, 1.5e-1)}
 # allow_tf32), and eager and compiled code pick different algorithms, so they are TF32 rounding
 # apart (torch.compile, resnet18 batch 16 on an H100: up to 8.5e-4 apart, values up to 6.1).
 TF32_CONV_TOL = (2e-3, 2e-3)
-CONV_ROWS = ("resnet18",)
+CONV_ROWS = ("resnet18", "mobilenet_v2", "vit_b_16")
 ROW_TITLES = {
     "sincos": "sin+cos, 1 element, {dtype}",
     "gelu": "GELU (tanh), 16M {dtype}",
     "softmax": "softmax, 4096x4096 {dtype}",
     "attention": "attention {shape} {dtype}",
     "resnet18": "torchvision resnet18, batch {batch} x 224x224, {dtype}",
+    "mobilenet_v2": "torchvision mobilenet_v2, batch {batch} x 224x224, {dtype}",
+    "vit_b_16": "torchvision vit_b_16, batch {batch} x 224x224, {dtype}",
     "bert_1x8": "BERT-base (transformers), batch 1 x 8 tokens, {dtype}",
     "bert_8x128": "BERT-base (transformers), batch 8 x 128 tokens, {dtype}",
     "llama_prefill": "Llama-style 8 layers, hidden 1024, prefill 1 x 128, {dtype}",
@@ -201,10 +203,10 @@ def build_fp32_row(base: str, device: str):
     if base == "attention":
         shape = attention_shape(device)
         return attention, (randn(*shape), randn(*shape), randn(*shape))
-    if base == "resnet18":
+    if base in ("resnet18", "mobilenet_v2", "vit_b_16"):  # issue 14 asks for the last two at batch 4 on the CPU
         import torchvision
         torch.manual_seed(0)
-        model = torchvision.models.resnet18().to(device).eval()
+        model = getattr(torchvision.models, base)().to(device).eval()
         return model, (randn(resnet_batch(device), 3, 224, 224),)
     if base.startswith("bert_"):
         import transformers

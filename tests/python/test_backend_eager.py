@@ -611,12 +611,12 @@ def test_mode_and_options_as_torch_takes_them_with_the_eager_backend():
 
 def test_every_registry_op_has_a_torch_callable():
     # arange, full: symbolic graphs only; channels_last: made by a pass (channels_last_convolutions);
-    # aten_vjp, conv2d_backward: made by autodiff for kiln's backward programs (the eager backend
+    # conv2d_prepacked: made by a pass (prepack_convolutions); aten_vjp, conv2d_backward: made by autodiff for kiln's backward programs (the eager backend
     # trains through torch's own autograd); philox_uniform: made by dropout's decomposition;
     # scalar_input: a Python float read per call (optimizer steps), which the eager backend leaves
     # to eager with a reason
     internal = {"placeholder", "scalar", "scalar_input", "size_value", "arange", "full", "torch_call", "channels_last",
-                "aten_vjp", "conv2d_backward", "philox_uniform"}
+                "aten_vjp", "conv2d_backward", "philox_uniform", "conv2d_prepacked"}
     for op in kiln._C.ops():
         if op["name"] in internal:
             assert op["eager"] == ""

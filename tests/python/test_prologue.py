@@ -49,7 +49,11 @@ def _runs():
 
 
 def _close(a, b):
-    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # cuDNN runs float32 convolutions in TF32 by default (torch.backends.cudnn.allow_tf32): eager
+    # rounds the weight to TF32, the folded convolution rounds the folded weight, 2^-11 apart
+    # each, as inductor's folded convolutions are.
+    tf32 = a.is_cuda and torch.backends.cudnn.allow_tf32
+    torch.testing.assert_close(a, b, rtol=2e-3 if tf32 else 1e-4, atol=5e-3 if tf32 else 1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -82,6 +82,7 @@ UNARY = {
     "tan": torch.tan, "tanh": torch.tanh, "trunc": torch.trunc, "elu": F.elu, "gelu": F.gelu,
     "hardsigmoid": F.hardsigmoid, "hardswish": F.hardswish, "leaky_relu": F.leaky_relu,
     "silu": F.silu, "softplus": F.softplus, "clone": torch.clone,
+    "hardtanh": lambda x: F.hardtanh(x, -0.5, 0.7), "relu6": lambda x: F.relu6(x * 8),
     "contiguous": lambda x: x.t().contiguous().t(),
 }
 POSITIVE = {"log": lambda x: torch.log(x), "log1p": lambda x: torch.log1p(x), "log2": lambda x: torch.log2(x),

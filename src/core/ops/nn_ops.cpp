@@ -288,19 +288,6 @@ std::vector<OpDef> nn_ops() {
     return out;
   };
   {
-    // conv2d with its weight prepacked for oneDNN (made by passes::prepack_convolutions on the
-    // CPU, float32, where stable inputs alone make the weight): the same schema, shape rule and
-    // result as conv2d. The executor reorders the weight into oneDNN's blocked format once
-    // (mkldnn::_reorder_convolution_weight, kept while the weight is the same tensor at the same
-    // version) and calls mkldnn::_convolution_pointwise; where torch has no oneDNN, aten::conv2d.
-    // Inference only: no derivative.
-    OpDef packed = ops.back();
-    packed.name = "conv2d_prepacked";
-    packed.python = {};
-    packed.derivative = nullptr;
-    ops.push_back(packed);
-  }
-  {
     // max_pool2d: each output the largest element of its window (NaN if any is), positions in
     // the padding left out. A gather: fused with the op that makes its input (batch norm and
     // ReLU before a ResNet's pooling), the window read wherever it lands.
@@ -492,6 +479,19 @@ std::vector<OpDef> nn_ops() {
   // Convolution, pooling, embedding and attention: their gradients from torch's kernels.
   for (OpDef& d : ops)
     if (d.kind == OpKind::Extern && !d.derivative && !d.aten.empty()) d.derivative = aten_vjp_derivative(d.aten);
+  {
+    // conv2d with its weight prepacked for oneDNN (made by passes::prepack_convolutions on the
+    // CPU, float32, where stable inputs alone make the weight): the same schema, shape rule and
+    // result as conv2d. The executor reorders the weight into oneDNN's blocked format once
+    // (mkldnn::_reorder_convolution_weight, kept while the weight is the same tensor at the same
+    // version) and calls mkldnn::_convolution_pointwise; where torch has no oneDNN, aten::conv2d.
+    // Inference only: no derivative.
+    OpDef packed = *std::find_if(ops.begin(), ops.end(), [](const OpDef& d) { return d.name == "conv2d"; });
+    packed.name = "conv2d_prepacked";
+    packed.python = {};
+    packed.derivative = nullptr;
+    ops.push_back(packed);
+  }
   // Made by conv2d's derivative only (no derivative of its own: no double backward).
   ops.push_back(extern_op(
       "conv2d_backward",

@@ -383,6 +383,34 @@ std::vector<OpDef> pointwise_ops() {
                Node* below = mul(g, grad, add(g, n, num(g, n->attrs.get_float("alpha", 1.0))));
                return std::vector<Node*>{g.must_add("where", {pos, grad, below})};
              });
+  // hardtanh clamps into [min_val, max_val] (NaN stays NaN, as torch's clamp); relu6 is
+  // hardtanh(x, 0, 6), what nn.ReLU6 (mobilenet_v2's activation) calls. Gradient: the incoming
+  // one strictly inside the bounds, as torch's hardtanh_backward.
+  auto clamp_between = [](double lo, double hi) {
+    return [lo, hi](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
+      DType t = s.dtype(a[0]);
+      const double l = n.attrs.get_float("min_val", lo), h = n.attrs.get_float("max_val", hi);
+      return s.binary(SOp::Min, s.binary(SOp::Max, a[0], s.constant(l, t)), s.constant(h, t));
+    };
+  };
+  auto clamp_between_grad = [](double lo, double hi) {
+    return [lo, hi](Graph& g, Node* n, Node* grad) {
+      using namespace grad_ops;
+      Node* x = n->inputs[0];
+      Node* inside = g.must_add("logical_and", {g.must_add("gt", {x, num(g, n->attrs.get_float("min_val", lo))}),
+                                                g.must_add("lt", {x, num(g, n->attrs.get_float("max_val", hi))})});
+      return std::vector<Node*>{only_where(g, inside, grad)};
+    };
+  };
+  activation("hardtanh", "hardtanh(Tensor self, float min_val=-1.0, float max_val=1.0, bool inplace=False)",
+             {"torch.nn.functional.hardtanh"}, clamp_between(-1, 1), clamp_between_grad(-1, 1));
+  activation("relu6", "relu6(Tensor self, bool inplace=False)", {"torch.nn.functional.relu6"}, clamp_between(0, 6),
+             clamp_between_grad(0, 6));
+  for (const char* name : {"hardtanh", "relu6"}) {
+    // Integer tensors keep their dtype in torch's kernel: they run through it.
+    auto it = std::find_if(ops.begin(), ops.end(), [&](const OpDef& d) { return d.name == name; });
+    it->covers = [](const std::vector<Node*>& in, const Attrs&) { return in[0] && is_floating(in[0]->meta.dtype); };
+  }
   activation("softplus", "softplus(Tensor self, float beta=1.0, float threshold=20.0)", {"torch.nn.functional.softplus"},
              [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
                DType t = s.dtype(a[0]);

@@ -31,7 +31,10 @@ void channels_last_convolutions(ir::Graph& g) {
     ir::Node *x = conv->inputs[0], *w = conv->inputs[1];
     const DType t = x->meta.dtype;
     if (!(t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16)) continue;
-    if (conv->attrs.get_int("groups", 1) != 1) continue;  // grouped and depthwise: left to cuDNN
+    // Grouped and depthwise convolutions on CUDA stay as they are: torch's depthwise kernel there
+    // is NCHW's alone. oneDNN computes them in channels-last as well (mobilenet_v2 alternates
+    // depthwise and 1x1 convolutions: a layout conversion around every other one otherwise).
+    if (conv->attrs.get_int("groups", 1) != 1 && conv->meta.device.type != DeviceType::CPU) continue;
     if (ops::suggests_channels_last(x->meta) || ops::suggests_channels_last(w->meta)) continue;
     const size_t tail = g.nodes().size();
     changed = true;  // what a failed attempt below adds, dead code elimination removes
