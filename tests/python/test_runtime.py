@@ -794,3 +794,38 @@ def test_returned_view_of_input_aliases_input(name):
     assert out.data_ptr() == x.data_ptr()
     out.select(0, 0).fill_(123.0)  # a write through the result is seen through x (and eager)
     assert torch.equal(eager.select(0, 0), torch.full_like(eager.select(0, 0), 123.0))
+
+
+def test_cpu_programs_keep_their_temporaries_and_never_hand_them_out():
+    """CPU programs reuse their temporaries' memory from call to call (executor.cpp,
+    PreparedProgram::keeps_memory): results of earlier calls stay as they were, and threads
+    calling one compiled function at once each get memory of their own."""
+    import threading
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU6(),
+                              torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.Hardtanh(-0.5, 0.5),
+                              torch.nn.Conv2d(8, 4, 1)).eval()
+    f = kiln.compile(net)
+    with torch.no_grad():
+        xs = [torch.randn(2, 3, 16, 16) for _ in range(3)]
+        outs = [f(x) for x in xs]
+        for x, out in zip(xs, outs):
+            torch.testing.assert_close(out, net(x), rtol=1e-4, atol=1e-4)
+        errors = []
+
+        def worker(seed):
+            g = torch.Generator().manual_seed(seed)
+            try:
+                with torch.no_grad():
+                    for _ in range(10):
+                        x = torch.randn(2, 3, 16, 16, generator=g)
+                        torch.testing.assert_close(f(x), net(x), rtol=1e-4, atol=1e-4)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
