@@ -1166,22 +1166,28 @@ def iinfo_clamp(x, y):
     return x.clamp(info.min + 1, info.max - 1) + y.clamp(max=torch.iinfo(torch.int8).max), info.bits
 
 
-@case(xfail="Tensor.type(str): 'dtype must be a supported torch.dtype'")
+@case()
 def tensor_type_with_dtype_string(x, y):
     return x.type("torch.DoubleTensor") + y.type(torch.float64)
 
 
-@case(xfail="Tensor.type(tensor class): 'dtype must be a supported torch.dtype'")
+@case()
 def tensor_type_with_tensor_class(x, y):
     return x.type(torch.DoubleTensor) * 2 + y.double()
 
 
-@case(xfail='Tensor.type() query: "convert() missing argument \'dtype\'"')
+@case()
 def tensor_type_string_query(x, y):
     return x + y, x.type()
 
 
-@case(xfail="'attribute __name__ of a value' (x.__class__.__name__)")
+@case()
+def tensor_type_names_of_intermediates(x, y):
+    z = (x * 3).type(torch.IntTensor)  # truncates toward zero, as the cast does
+    return z, z.type(), (x > 0).type(), y.half().type("torch.FloatTensor") + 1, (x + y).__class__.__name__
+
+
+@case()
 def class_name_in_fstring(x, y):
     key = f"{x.__class__.__name__}:{str(x.dtype)}:{tuple(x.shape)}"
     return x * len(key) + y, key

@@ -1,4 +1,7 @@
 #include "bind/capture/interpreter.h"
+
+#include <cstring>
+
 #include "bind/capture/polyfills.h"
 #include "core/support/log.h"
 #include "core/sym/fit.h"
@@ -1147,6 +1150,51 @@ VarPtr Interpreter::split_tensor(const VarPtr& x, bool chunk, const std::vector<
   return Var::tuple(std::move(pieces));
 }
 
+namespace {
+// The legacy tensor types' names (torch.FloatTensor, ...) by dtype; nullptr where none exists.
+const char* legacy_tensor_type_name(DType t) {
+  switch (t) {
+    case DType::Float32: return "FloatTensor";
+    case DType::Float64: return "DoubleTensor";
+    case DType::Float16: return "HalfTensor";
+    case DType::BFloat16: return "BFloat16Tensor";
+    case DType::Int64: return "LongTensor";
+    case DType::Int32: return "IntTensor";
+    case DType::Int16: return "ShortTensor";
+    case DType::Int8: return "CharTensor";
+    case DType::UInt8: return "ByteTensor";
+    case DType::Bool: return "BoolTensor";
+  }
+  return nullptr;
+}
+
+// A legacy tensor type, as Tensor.type takes it: its name ("torch.DoubleTensor",
+// "torch.cuda.HalfTensor") or the class itself (torch.DoubleTensor, which has dtype and is_cuda).
+bool legacy_tensor_type(PyObject* o, DType& t, bool& cuda) {
+  std::string name;
+  if (PyUnicode_Check(o)) {
+    name = PyUnicode_AsUTF8(o);
+  } else if (PyType_Check(o)) {
+    PyObject* mod = PyObject_GetAttrString(o, "__module__");
+    const char* qual = reinterpret_cast<PyTypeObject*>(o)->tp_name;
+    if (mod && PyUnicode_Check(mod)) name = std::string(PyUnicode_AsUTF8(mod)) + "." + (std::strrchr(qual, '.') ? std::strrchr(qual, '.') + 1 : qual);
+    Py_XDECREF(mod);
+    if (PyErr_Occurred()) PyErr_Clear();
+  }
+  std::string rest;
+  if (name.rfind("torch.cuda.", 0) == 0) cuda = true, rest = name.substr(11);
+  else if (name.rfind("torch.", 0) == 0) cuda = false, rest = name.substr(6);
+  else return false;
+  for (DType d : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int64, DType::Int32,
+                  DType::Int16, DType::Int8, DType::UInt8, DType::Bool})
+    if (rest == legacy_tensor_type_name(d)) {
+      t = d;
+      return true;
+    }
+  return false;
+}
+}  // namespace
+
 VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const ir::TensorMeta& m = self->node()->meta;
   if (name == "size") {
@@ -1262,9 +1310,25 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       }
     }
   }
-  if (name == "type" && args.size() == 1 && kwargs.empty() && args[0]->is_const()) {
+  if (name == "type" && kwargs.empty() && args.size() <= 1 && (args.empty() || args[0]->is_const())) {
+    // x.type(): the legacy type's name ("torch.FloatTensor", "torch.cuda.HalfTensor");
+    // x.type(torch.float64), x.type("torch.DoubleTensor"), x.type(torch.DoubleTensor): a
+    // conversion on the same device (another device's type stays torch's).
+    const bool cuda = m.device.type == DeviceType::CUDA;
+    if (args.empty()) {
+      const char* legacy = legacy_tensor_type_name(m.dtype);
+      if (!legacy) unsupported("Tensor.type() of a " + std::string(dtype_name(m.dtype)) + " tensor");
+      return Var::steal_constant(PyUnicode_FromFormat("torch.%s%s", cuda ? "cuda." : "", legacy));
+    }
     DType t;
-    if (dtype_from_object(args[0]->obj(), t) && t == m.dtype) return self;
+    bool on_cuda = cuda;
+    if (dtype_from_object(args[0]->obj(), t) || legacy_tensor_type(args[0]->obj(), t, on_cuda)) {
+      if (on_cuda != cuda) unsupported("Tensor.type() to another device");
+      if (t == m.dtype) return self;
+      ir::Attrs a;
+      a.set("dtype", t);
+      return Var::tensor(add_node("convert", {self->node()}, a));
+    }
   }
   // x.contiguous() is x itself when torch's is_contiguous() holds (size-1 dims not compared)
   if (name == "contiguous" && args.empty() && ir::is_contiguous(m.sizes, m.strides)) return self;

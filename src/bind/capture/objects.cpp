@@ -183,6 +183,12 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
         name == "is_mkldnn" || name == "is_complex_" )
       return Var::constant(Py_False);
     if (name == "layout") return Var::constant(resolve_torch("strided"));
+    // x.__class__ is type(x): an input's class (its tensor guard checks it), else torch.Tensor
+    if (name == "__class__") {
+      if (base->node()->op_name() == "placeholder")
+        if (PyObject* t = input_type(base->node())) return Var::constant(t);
+      return Var::constant(resolve_torch("Tensor"));
+    }
     return Var::method(base, name);
   }
   if (base->kind() == Var::Kind::Module) return module_attr(base, name.c_str());
