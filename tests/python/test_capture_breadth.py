@@ -145,7 +145,6 @@ def _params():
 # Why kiln fails the cases marked xfail (kiln's break reason in quotes).
 DEQUE = "deque not modelled: 'call to collections.deque'"
 TENSOR_KEY = "tensor as dict key / set item: 'expected a Python value for dict key/set item, got a tensor'"
-MIN_MAX = "builtin min/max over tensors: 'call to builtins.max/min with tensor arguments is not captured'"
 PARTIAL = "functools.partial of a partial/module/method: 'call to functools.partial with tensor arguments is not captured'"
 LRU_CACHE = "lru_cache/cache wrapper not traced through: 'call to <cached helper>'"
 MODULE_BUILT = "nn.Module built in the function: 'call to torch.nn.modules...'"
@@ -592,9 +591,17 @@ def min_by_key_len(x, y):
     return min([x[:3], y, x[:1]], key=len) * 2
 
 
-@case(xfail=MIN_MAX)
+@case()
 def max_of_two_scalar_tensors(x, y):
     return max(x.sum(), y.sum()) + min(x.mean(), y.mean())
+
+
+@case()
+def max_of_scalar_tensors_keeps_pythons_nan_order(x, y):
+    nan = x.sum() * float("nan")
+    # a NaN first is kept, a NaN later passed over (results compared without NaNs)
+    return (max(nan, y.sum(), x.max()).isnan(), max(y.sum(), nan), min(x.min(), nan, y.min()),
+            min(nan, x.min()).isnan())
 
 
 @case(xfail="'indexing a tensor with a list is not captured yet'")

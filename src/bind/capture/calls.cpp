@@ -792,6 +792,23 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
       for (size_t i = 1; i < xs.size(); ++i) r = f == builtin("max") ? sym::max(r, xs[i]) : sym::min(r, xs[i]);
       return Var::symint(r, root()->out_.guards.value_at_hints(r));
     }
+    // max(a.sum(), b.sum()) over 0-d tensors of one dtype and device: Python keeps the first
+    // unless a later one compares greater (less, for min), so a NaN first stays, a NaN later is
+    // passed over: where(b > a, b, a), folded left. Tensors of more elements make eager raise
+    // (a Tensor's truth value is ambiguous), and mixed dtypes would come back promoted: left.
+    bool scalars = true;
+    for (const VarPtr& v : args)
+      scalars = scalars && v->is_tensor() && v->node()->meta.dim() == 0 &&
+                v->node()->meta.dtype == args[0]->node()->meta.dtype && v->node()->meta.device == args[0]->node()->meta.device;
+    if (scalars) {
+      const char* cmp = f == builtin("max") ? "gt" : "lt";
+      ir::Node* r = args[0]->node();
+      for (size_t i = 1; i < args.size(); ++i) {
+        ir::Node* b = args[i]->node();
+        r = add_node("where", {add_node(cmp, {b, r}, {}), b, r}, {});
+      }
+      return Var::tensor(r);
+    }
   }
   if ((f == builtin("list") || f == builtin("tuple")) && args.empty()) return Var::tuple({}, f == builtin("list"));
   auto is_object = [](const VarPtr& v) { return v->kind() == Var::Kind::Record && v->as<RecordV>().plain; };
