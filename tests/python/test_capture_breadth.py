@@ -735,10 +735,17 @@ def enum_branch_in_helper(x, y):
     return _reduce(x, Reduction.SUM) + _reduce(y)
 
 
-@case(xfail="Enum lookup by value: 'call to test_capture_breadth.Reduction'")
+@case()
 def enum_from_value(x, y):
     how = Reduction("sum")
     return _reduce(x * y, how), how.name, how.value
+
+
+@case()
+def enum_lookups_by_value_and_name(x, y):
+    lvl = Level(3)
+    how = Reduction["MEAN"]
+    return _reduce(x * int(lvl), how) + _reduce(y, Reduction(how.value)), [m.name for m in Level], lvl is Level.HIGH
 
 
 @case()
@@ -746,7 +753,7 @@ def int_enum_arithmetic(x, y):
     return x * Level.HIGH + y * int(Level.LOW) + Level.HIGH - Level.LOW
 
 
-@case(xfail="iteration over an Enum class: 'iteration over a EnumType'")
+@case()
 def enum_iteration(x, y):
     return torch.stack([_reduce(x + y, r) for r in Reduction]), [r.value for r in Reduction]
 

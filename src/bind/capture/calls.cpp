@@ -459,6 +459,14 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
       out.push_back(keys ? real(PyUnicode_FromString(n.c_str())) : module_attr(v, n.c_str()));
     return out;
   }
+  if (v->is_const() && is_enum_class(v->obj())) {  // for r in Reduction: its members, in order
+    PyObject* members = PySequence_List(v->obj());
+    if (!members) real(nullptr);
+    std::vector<VarPtr> out;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(members); ++i) out.push_back(Var::constant(PyList_GET_ITEM(members, i)));
+    Py_DECREF(members);
+    return out;
+  }
   if (v->is_const()) {
     PyObject* o = v->obj();
     if (!(PyRange_Check(o) || PyTuple_Check(o) || PyList_Check(o))) unsupported("iteration over a " + std::string(Py_TYPE(o)->tp_name));
@@ -739,6 +747,16 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   // dict.fromkeys: their Python model, traced like user code (kiln/_polyfills.py)
   if (PyObject* model = polyfill_of(f, any_tensor)) return inline_call(model, nullptr, std::move(args), kwargs);
   if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
+  // Reduction("sum"): an Enum member looked up by value, a constant (an unknown value raises
+  // ValueError when the call runs eagerly)
+  if (is_enum_class(f) && args.size() == 1 && kwargs.empty() && args[0]->is_const()) {
+    PyObject* member = PyObject_CallOneArg(f, args[0]->obj());
+    if (!member) {
+      clear_error();
+      unsupported("call to " + name + " with a value it has no member for");
+    }
+    return Var::steal_constant(member);
+  }
   if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);
   // An iterator object (a generator the caller made: model.parameters()) would be used up by
   // the call (list, sum, sorted, ...) here, and then be empty when the code runs for real after
@@ -960,6 +978,17 @@ VarPtr Interpreter::make_namedtuple(PyObject* cls, const std::vector<VarPtr>& ar
   VarPtr t = Var::tuple(std::move(items));
   t->as<TupleV>().structseq = Py_NewRef(cls);
   return t;
+}
+
+bool Interpreter::is_enum_class(PyObject* o) {
+  static PyObject* meta = [] {
+    PyObject* m = PyImport_ImportModule("enum");
+    PyObject* t = m ? PyObject_GetAttrString(m, "EnumMeta") : nullptr;
+    Py_XDECREF(m);
+    if (!t) PyErr_Clear();
+    return t;
+  }();
+  return meta && PyType_Check(o) && PyObject_IsInstance(o, meta) == 1;
 }
 
 bool Interpreter::pure_callable(PyObject* f) {

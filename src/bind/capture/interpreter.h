@@ -235,6 +235,7 @@ class Interpreter {
 
   // Builtins and math functions whose result depends only on their arguments.
   bool pure_callable(PyObject* f);
+  static bool is_enum_class(PyObject* o);  // an enum.Enum subclass (its metaclass is EnumMeta)
   static bool is_namedtuple_class(PyObject* f);
   PyObject* tuple_maker(PyObject* type);
   static Py_ssize_t namedtuple_field(PyObject* fields, const std::string& name);
