@@ -1,5 +1,5 @@
 """Python models of C library functions that take tensors inside containers and iterators
-(itertools, functools.reduce, operator, builtins.sum/sorted/min/max with keywords, dict(a=x)), as TorchDynamo's
+(itertools, functools.reduce, operator and its getters, builtins.sum/sorted/min/max with keywords, dict(a=x)), as TorchDynamo's
 polyfills are: where capture meets one of these with tensor arguments, it inlines the model
 instead, so the loop over tensors is traced into the graph rather than breaking it. Each model
 does what the C function does, in the same order (a sum adds from `start` left to right, a sort
@@ -185,6 +185,25 @@ def dict_(*args, **kwargs):
     return d
 
 
+def itemgetter(*items):
+    # operator.itemgetter(0) as a key for sorted/min/max over items holding tensors
+    if len(items) == 1:
+        item = items[0]
+        return lambda obj: obj[item]
+    return lambda obj: tuple(obj[i] for i in items)
+
+
+def attrgetter(*names):
+    def get(obj, name):
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        return obj
+    if len(names) == 1:
+        name = names[0]
+        return lambda obj: get(obj, name)
+    return lambda obj: tuple(get(obj, n) for n in names)
+
+
 # The operator module's functions, as the operators they name.
 _OPERATORS = {
     operator.add: lambda a, b: a + b, operator.sub: lambda a, b: a - b, operator.mul: lambda a, b: a * b,
@@ -210,3 +229,6 @@ def register(register_polyfill) -> None:
         register_polyfill(original, model)
     # a dict whose values are assigned tensors later: a dict capture tracks, at every call
     register_polyfill(dict.fromkeys, fromkeys, always=True)
+    # getters made in the function (a sort key): closures capture can call
+    register_polyfill(operator.itemgetter, itemgetter, always=True)
+    register_polyfill(operator.attrgetter, attrgetter, always=True)

@@ -610,16 +610,25 @@ def sorted_python_numbers_to_index(x, y):
     return x[order] + y[sorted(order, reverse=True)]
 
 
-@case(xfail="sorted() of (key, tensor) items: 'expected a Python value for item, got a tensor'")
+@case()
 def sorted_dict_items(x, y):
     d = {"b": y, "a": x, "c": x - y}
     return torch.stack([v for _, v in sorted(d.items())])
 
 
-@case(xfail="operator.itemgetter: 'call to operator.itemgetter'")
+@case()
 def sorted_pairs_by_itemgetter(x, y):
     pairs = [(2, x), (0, y), (1, x * 3)]
     return torch.cat([t for _, t in sorted(pairs, key=operator.itemgetter(0))])
+
+
+@case()
+def getters_as_keys_over_pairs_with_tensors(x, y):
+    pairs = [(2, "b", x), (0, "c", y), (1, "a", x * 3)]
+    first = max(pairs, key=operator.itemgetter(0))[2]
+    by_name = sorted(pairs, key=operator.itemgetter(1, 0), reverse=True)
+    shapes = sorted([x, y.reshape(-1, 1)], key=operator.attrgetter("ndim"))
+    return first + by_name[0][2] + shapes[0].sum(), [p[1] for p in sorted(pairs)]
 
 
 @case()

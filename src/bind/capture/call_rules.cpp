@@ -96,6 +96,9 @@ struct CallRules {
       // the attributes of its class (as torch.compile, kiln does not guard attributes set on a tensor)
       return Var::constant(PyObject_HasAttr(I.resolve_torch("Tensor"), args[1]->obj()) ? Py_True : Py_False);
     }
+    if (!has_only && kwargs.empty() && args.size() == 2 && args[0]->is_tensor() && args[1]->is_const() &&
+        PyUnicode_Check(args[1]->obj()) && PyObject_HasAttr(I.resolve_torch("Tensor"), args[1]->obj()))
+      return I.getattr(args[0], PyUnicode_AsUTF8(args[1]->obj()));  // getattr(x, "ndim"): as x.ndim
     return nullptr;
   }
 

@@ -886,8 +886,15 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
   }
   if ((f == builtin("min") || f == builtin("max") || f == builtin("sorted") || f == builtin("set") ||
        f == builtin("frozenset")) && args.size() == 1) {
-    // over values known here: Python computes it
+    // over values known here: Python computes it; items holding tensors (sorted(d.items())) go
+    // to the Python models (kiln/_polyfills.py), which compare them as Python does
     std::vector<VarPtr> items = items_of(a);
+    std::function<bool(const VarPtr&)> holds_tensor = [&](const VarPtr& v) {
+      if (v->is_tensor()) return true;
+      return (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) &&
+             std::any_of(v->seq().begin(), v->seq().end(), holds_tensor);
+    };
+    if (std::any_of(items.begin(), items.end(), holds_tensor)) return nullptr;
     PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
     for (size_t i = 0; i < items.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(items[i], "item")));
     PyObject* r = PyObject_CallOneArg(f, t);

@@ -348,6 +348,25 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
 }
 
 VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
+  // Tuples (lists) holding tensors compare as Python compares them: item by item until two
+  // differ, identity first. (2, x) < (0, y) is decided by the ints; two different tensors in
+  // the deciding place would need their values.
+  if (a->kind() == b->kind() && (a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List)) {
+    const std::vector<VarPtr>&xs = a->seq(), &ys = b->seq();
+    auto item_eq = [&](const VarPtr& x, const VarPtr& y) {
+      if (x->is_tensor() && y->is_tensor() && x->node() == y->node()) return true;
+      if (x->is_tensor() || y->is_tensor()) unsupported("comparing sequences whose deciding items are tensors");
+      return truth(compare("==", x, y));
+    };
+    size_t i = 0;
+    while (i < xs.size() && i < ys.size() && item_eq(xs[i], ys[i])) ++i;
+    if (i < xs.size() && i < ys.size()) {
+      if (op == "==") return Var::constant(Py_False);
+      if (op == "!=") return Var::constant(Py_True);
+      return compare(op, xs[i], ys[i]);
+    }
+    return compare(op, Var::steal_constant(PyLong_FromSize_t(xs.size())), Var::steal_constant(PyLong_FromSize_t(ys.size())));
+  }
   if (a->is_tensor() || b->is_tensor()) {
     static const std::unordered_map<std::string, std::string> ops = {{"<", "lt"}, {"<=", "le"}, {"==", "eq"},
                                                                      {"!=", "ne"}, {">", "gt"}, {">=", "ge"}};
