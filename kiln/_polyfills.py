@@ -185,6 +185,15 @@ def dict_(*args, **kwargs):
     return d
 
 
+def partial(func, /, *args, **keywords):
+    # functools.partial over tensors, modules, bound methods or other closures made in the
+    # function (a partial of constants is built for real): a closure with the same calling rule,
+    # the call's keywords overriding the partial's
+    def call(*more, **more_keywords):
+        return func(*args, *more, **{**keywords, **more_keywords})
+    return call
+
+
 def itemgetter(*items):
     # operator.itemgetter(0) as a key for sorted/min/max over items holding tensors
     if len(items) == 1:
@@ -232,3 +241,4 @@ def register(register_polyfill) -> None:
     # getters made in the function (a sort key): closures capture can call
     register_polyfill(operator.itemgetter, itemgetter, always=True)
     register_polyfill(operator.attrgetter, attrgetter, always=True)
+    register_polyfill(functools.partial, partial, always=True)

@@ -145,8 +145,6 @@ def _params():
 # Why kiln fails the cases marked xfail (kiln's break reason in quotes).
 DEQUE = "deque not modelled: 'call to collections.deque'"
 TENSOR_KEY = "tensor as dict key / set item: 'expected a Python value for dict key/set item, got a tensor'"
-PARTIAL = "functools.partial of a partial/module/method: 'call to functools.partial with tensor arguments is not captured'"
-LRU_CACHE = "lru_cache/cache wrapper not traced through: 'call to <cached helper>'"
 MODULE_BUILT = "nn.Module built in the function: 'call to torch.nn.modules...'"
 VIEW_INPLACE = "in-place on a view of an input: 'in-place ... on a view: not captured yet'"
 BREAK_IN_WITH = "break in a with block: whole call eager ('call to builtins.print')"
@@ -473,28 +471,36 @@ def partial_of_user_function(x, y):
     return f(x, shift=y) + f(y)
 
 
-@case(xfail=PARTIAL)
+@case()
 def partial_of_partial(x, y):
     f = functools.partial(functools.partial(_scale_shift, x), 3.0)
     return f(shift=y)
 
 
-@case(xfail=PARTIAL + " (a partial of a module: the module is called as a constant)")
+@case()
 def partial_of_module(x, y):
     gate = functools.partial(GATE, bias=0.5)
     return gate(x) + gate(y, bias=-1.0)
 
 
-@case(xfail=PARTIAL)
+@case()
 def partial_of_bound_method(x, y):
     add = functools.partial(x.add, alpha=2)
     return add(y)
 
 
-@case(xfail=PARTIAL)
+@case()
 def partial_of_unbound_tensor_method(x, y):
     mm = functools.partial(torch.Tensor.matmul, x)
     return mm(y.t())
+
+
+@case()
+def partials_of_closures_and_tensor_methods(x, y):
+    shift = lambda t, s, scale=1.0: t * scale + s  # noqa: E731
+    f = functools.partial(functools.partial(shift, scale=3.0), s=y)
+    add = functools.partial(torch.Tensor.add, alpha=0.5)
+    return f(x) + f(y, scale=-1.0) + add(x, y) + torch.Tensor.mul(x, 2)
 
 
 @case()
@@ -542,18 +548,18 @@ def _wrapped_helper(t):
     return t.tanh()
 
 
-@case(xfail=LRU_CACHE)
+@case()
 def lru_cache_helper_on_shape(x, y):
     offs = _band_offsets(x.shape[0])
     return sum(torch.roll(x, o, 0) for o in offs) + y
 
 
-@case(xfail=LRU_CACHE)
+@case()
 def cache_helper_scale(x, y):
     return (x @ y.t()) * _inv_sqrt(x.shape[-1])
 
 
-@case(xfail=LRU_CACHE)
+@case()
 def lru_cache_helper_list_of_floats(x, y):
     w = _decay_weights(3, 0.9)
     return sum(wi * t for wi, t in zip(w, (x, y, x * y)))

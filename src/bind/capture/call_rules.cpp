@@ -212,10 +212,10 @@ struct CallRules {
     return Var::iterator(I.items_of(args[0]));
   }
 
-  // functools.partial(g, ...) of values known here: a real partial, built now.
+  // functools.partial(g, ...) of values known here: a real partial, built now. Others (over
+  // tensors, modules, bound methods, closures) are the closure kiln/_polyfills.py models.
   static VarPtr partial(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
-    if (args.empty() ||
-        !std::all_of(args.begin(), args.end(), [](auto& a) { return a->is_const() || a->kind() == Var::Kind::Module; }) ||
+    if (args.empty() || !std::all_of(args.begin(), args.end(), [](auto& a) { return a->is_const(); }) ||
         !std::all_of(kwargs.begin(), kwargs.end(), [](auto& kv) { return kv.second->is_const(); }))
       return nullptr;
     PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));

@@ -658,6 +658,15 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     VarPtr g = fn->source ? wrap(inner, Source::attr(fn->source, "func")) : Var::constant(inner);
     return call(g, std::move(all), std::move(kw));
   }
+  if (!args.empty() && args[0]->is_tensor() && Py_TYPE(f) == &PyMethodDescr_Type) {
+    // torch.Tensor.matmul(x, y), a method of the tensor class called through the class: x.matmul(y)
+    PyObject* owner = reinterpret_cast<PyObject*>(PyDescr_TYPE(f));
+    if (PyObject_IsSubclass(resolve_torch("Tensor"), owner) == 1) {
+      std::vector<VarPtr> rest(args.begin() + 1, args.end());
+      return call(getattr(args[0], PyUnicode_AsUTF8(PyDescr_NAME(f))), std::move(rest), std::move(kwargs));
+    }
+    if (PyErr_Occurred()) clear_error();
+  }
   if (is_compiled_function(f) && !compiled_function_disabled(f)) {
     // A compiled function called from compiled code: its body is inlined into this graph.
     PyObject* target = compiled_function_target(f);
@@ -683,6 +692,22 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     }
   }
   if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
+  {
+    // A functools.lru_cache / cache helper: its function inlined, the cache neither read nor
+    // filled, as TorchDynamo does (the function's result is what the cache would hold, for the
+    // pure helpers such caches wrap).
+    static PyObject* lru_wrapper = object_at("functools._lru_cache_wrapper");
+    if (lru_wrapper && PyObject_TypeCheck(f, reinterpret_cast<PyTypeObject*>(lru_wrapper)) && fn->source) {
+      PyObject* wrapped = PyObject_GetAttrString(f, "__wrapped__");
+      if (!wrapped) clear_error();
+      if (wrapped && PyFunction_Check(wrapped)) {
+        keep_.push_back(wrapped);
+        log("graph_breaks", "inlining " + callable_name(f) + " through its lru_cache wrapper (the cache is not used)");
+        return inline_call(wrapped, Source::attr(fn->source, "__wrapped__"), std::move(args), kwargs);
+      }
+      Py_XDECREF(wrapped);
+    }
+  }
   // A method of one of torch's Python objects that hold state (GradScaler.scale, which makes
   // its scale on first use) is inlined like a user's: as an extern its layout probe would run it
   // on meta tensors, for real, leaving meta tensors in the object.
