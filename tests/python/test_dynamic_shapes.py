@@ -439,3 +439,17 @@ def test_sizes_that_overflow_int64_raise_as_eager_does():
         f(x, huge)
     with pytest.raises(RuntimeError, match="overflow"):
         compiled(x, huge)
+
+
+def test_squeeze_of_a_symbolic_size_follows_the_call_where_it_is_one():
+    # a slice's length is symbolic in the shape-generic entry: squeeze() drops it only on calls
+    # where it is 1 (value fuzzer seed 460279), as eager does
+    def fn(b):
+        return b[0:-1:3].squeeze().clamp(min=0.25)
+
+    f = kiln.compile(fn)
+    for n in (8, 11, 5, 2, 3, 7):  # slice lengths 3, 4, 2, 1, 1, 2
+        b = torch.randn(n, 3, 2)
+        out, ref = f(b), fn(b)
+        assert out.shape == ref.shape, (n, out.shape, ref.shape)
+        torch.testing.assert_close(out, ref)

@@ -167,16 +167,30 @@ OpDef reshape_like(const std::string& name, bool must_view, std::vector<std::str
   return d;
 }
 
+// Whether a size is 1. A symbolic one is decided by the inputs at hand, and the decision is a
+// fact of the entry (== 1; else >= 2, or == 0), as torch.compile guards squeeze's sizes: an
+// entry captured where a slice's length was 3 must not squeeze it on a call where it is 1.
+bool size_is_one(const Expr& e) {
+  if (auto c = e.as_const()) return *c == 1;
+  sym::ShapeEnv* env = sym::current_shape_env();
+  std::optional<int64_t> h = env ? env->hint(e) : std::nullopt;
+  if (!h) return false;
+  if (*h == 1) return env->assume_equal(e, Expr(1));
+  if (*h == 0) env->assume_equal(e, Expr(0));
+  else env->assume_nonnegative(e - Expr(2));
+  return false;
+}
+
 // Which dims squeeze drops: the size-1 dims among those named (all dims when none are).
 std::vector<bool> squeeze_mask(const TensorMeta& x, const Attrs& a) {
   std::vector<bool> drop(x.dim(), false);
   if (!a.has("dim")) {
-    for (int64_t i = 0; i < x.dim(); ++i) drop[i] = x.sizes[i].is_const(1);
+    for (int64_t i = 0; i < x.dim(); ++i) drop[i] = size_is_one(x.sizes[i]);
     return drop;
   }
   for (int64_t d : a.get_ints("dim")) {
     if (d < 0) d += x.dim();
-    if (d >= 0 && d < x.dim()) drop[d] = x.sizes[d].is_const(1);
+    if (d >= 0 && d < x.dim()) drop[d] = size_is_one(x.sizes[d]);
   }
   return drop;
 }
