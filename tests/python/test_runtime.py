@@ -829,3 +829,15 @@ def test_cpu_programs_keep_their_temporaries_and_never_hand_them_out():
         for t in threads:
             t.join()
         assert not errors, errors[0]
+
+
+def test_kept_cpu_temporaries_under_inference_mode_and_no_grad_in_turn():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU6(), torch.nn.Conv2d(8, 4, 1)).eval()
+    f = kiln.compile(net)
+    for i in range(4):
+        x = torch.randn(1, 3, 9, 9)
+        with (torch.inference_mode() if i % 2 else torch.no_grad()):
+            out, ref = f(x), net(x)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        assert out.is_inference() == bool(i % 2)

@@ -3,6 +3,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <ATen/core/stack.h>
 #include <torch/csrc/Exceptions.h>
@@ -678,8 +679,12 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       }
     } unbusy{keep ? &prep : nullptr};
     // A kept tensor of these sizes that nothing outside this run holds, or a new one (kept).
-    auto reuse = [](at::Tensor& kept, at::IntArrayRef sizes, at::IntArrayRef strides) {
-      return kept.defined() && kept.storage().use_count() == 1 && kept.sizes().equals(sizes) && kept.strides().equals(strides);
+    // (An inference tensor, made under torch.inference_mode, is kept for calls in that mode only:
+    // outside it torch refuses in-place updates of one.)
+    const bool inference = c10::InferenceMode::is_enabled();
+    auto reuse = [inference](at::Tensor& kept, at::IntArrayRef sizes, at::IntArrayRef strides) {
+      return kept.defined() && kept.storage().use_count() == 1 && kept.is_inference() == inference &&
+             kept.sizes().equals(sizes) && kept.strides().equals(strides);
     };
     std::unordered_map<int64_t, std::vector<at::Tensor>> vjp_stash;  // per gradient group (ExternPlan)
     // Outputs, and temporaries that extern ops read (slot -1), are tensors of their own; the
