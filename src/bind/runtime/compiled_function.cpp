@@ -856,16 +856,20 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
       ran = true;
     } else if (e.torch_program) {
       ran = run_torch_program(*e.torch_program, inputs, outs);
-    } else if (e.prologue) {
-      // The program's inputs: the captured ones, then what the prologue made of them.
-      std::vector<PyObject*> program_inputs(inputs, inputs + sources.size());
-      ran = e.prologue->append_results(inputs, program_inputs) &&
-            (e.cudagraphs ? e.cudagraphs->run(*e.compiled, *e.prepared, program_inputs.data(), outs, scalars.data())
-                          : run_program(*e.compiled, *e.prepared, program_inputs.data(), outs, scalars.data()));
     } else {
-      ran = e.backward    ? run_forward_with_backward(*e.compiled, *e.prepared, e.backward, inputs, outs, scalars.data(), scalars.size())
-            : e.cudagraphs ? e.cudagraphs->run(*e.compiled, *e.prepared, inputs, outs, scalars.data())
-                           : run_program(*e.compiled, *e.prepared, inputs, outs, scalars.data());
+      // The program's inputs: the captured ones, then what the prologue made of them.
+      std::vector<PyObject*> with_prologue;
+      PyObject* const* program_inputs = inputs;
+      ran = true;
+      if (e.prologue) {
+        with_prologue.assign(inputs, inputs + sources.size());
+        ran = e.prologue->append_results(inputs, with_prologue);
+        program_inputs = with_prologue.data();
+      }
+      ran = ran && (e.backward    ? run_forward_with_backward(*e.compiled, *e.prepared, e.backward, program_inputs, outs,
+                                                              scalars.data(), scalars.size())
+                    : e.cudagraphs ? e.cudagraphs->run(*e.compiled, *e.prepared, program_inputs, outs, scalars.data())
+                                   : run_program(*e.compiled, *e.prepared, program_inputs, outs, scalars.data()));
     }
     for (size_t k = 0; ran && k < e.capture.detached_outputs.size(); ++k) {
       PyObject*& o = outs[static_cast<size_t>(e.capture.detached_outputs[k])];

@@ -57,12 +57,15 @@ std::unique_ptr<ir::Graph> split_prologue(ir::Graph& g, std::vector<int>& prolog
   g.recompute_users();
   static const ops::OpDef* torch_call = ops::find_op("torch_call");
   static const ops::OpDef* scalar = ops::find_op("scalar");
+  static const ops::OpDef* placeholder = ops::find_op("placeholder");
+  static const ops::OpDef* size_value = ops::find_op("size_value");
+  static const ops::OpDef* scalar_input = ops::find_op("scalar_input");
   // Which nodes the prologue could compute, and on which device.
   std::unordered_set<const ir::Node*> hoistable;
   std::optional<Device> device;
   for (auto& up : g.nodes()) {
     const ir::Node* n = up.get();
-    if (n->op_name() == "placeholder") {
+    if (n->op == placeholder) {
       if (is_stable_input(g, n)) hoistable.insert(n);
       continue;
     }
@@ -70,7 +73,7 @@ std::unique_ptr<ir::Graph> split_prologue(ir::Graph& g, std::vector<int>& prolog
       hoistable.insert(n);
       continue;
     }
-    if (n->op == torch_call || n->op->name == "size_value" || n->op->name == "scalar_input") continue;
+    if (n->op == torch_call || n->op == size_value || n->op == scalar_input) continue;
     if (!all_sizes_constant(n->meta)) continue;
     if (n->op->keep_unused && n->op->keep_unused(*n)) continue;  // a side effect of its own
     bool inputs_ok = true;
