@@ -15,6 +15,8 @@ float32 workload is built, then its floating-point inputs and its model are conv
              in fp16/bf16 the model and the input are also channels-last
   bert_1x8   Hugging Face BertModel, bert-base config (random weights, eval), batch 1 x 8 tokens
   bert_8x128 the same model, batch 8 x 128 tokens (attention mask of ones; token ids stay int64)
+  numpy_fn   the seeds' NumPy function (seed 001) on two 1024 x 640 float64 arrays; CPU only, and
+             "eager" is NumPy itself
 --rows issue12 is the set of issue 12 (meant for --device cuda): every row above in float32, gelu,
 softmax, attention and resnet18 also in bf16, the two BERT rows also in fp16 and bf16.
 
@@ -69,7 +71,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "@@kiln-bench "
 ROW_NAMES = ("sincos", "gelu", "softmax", "attention", "resnet18", "mobilenet_v2", "vit_b_16", "bert_1x8", "bert_8x128",
-             "llama_prefill", "llama_decode")
+             "llama_prefill", "llama_decode", "numpy_fn")
 # The GPU table of issue 12 (--rows issue12).
 ISSUE12_ROWS = ("sincos", "gelu", "gelu_bf16", "softmax", "softmax_bf16", "attention", "attention_bf16",
                 "resnet18", "resnet18_bf16", "bert_1x8", "bert_1x8_fp16", "bert_1x8_bf16",
@@ -99,6 +101,7 @@ ROW_TITLES = {
     "bert_8x128": "BERT-base (transformers), batch 8 x 128 tokens, {dtype}",
     "llama_prefill": "Llama-style 8 layers, hidden 1024, prefill 1 x 128, {dtype}",
     "llama_decode": "Llama-style 8 layers, hidden 1024, one decode step (static cache), {dtype}",
+    "numpy_fn": "the seeds' numpy_fn, 1024x640 float64 arrays (eager: NumPy)",
 }
 TC_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 KILN_MODES = ("default", "lite", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -120,6 +123,24 @@ def gelu(x):
 
 def softmax(x):
     return torch.softmax(x, dim=-1)
+
+
+def numpy_fn(X, Y):
+    # The seeds' NumPy program (seed 001), as written there.
+    import numpy as np
+
+    X_mean, X_std = X.mean(axis=0), X.std(axis=0)
+    Y_mean, Y_std = Y.mean(axis=0), Y.std(axis=0)
+    X_std[X_std == 0] = 1
+    Y_std[Y_std == 0] = 1
+    X_normalized = (X - X_mean) / X_std
+    Y_normalized = (Y - Y_mean) / Y_std
+    intermediate_result = np.sum(X_normalized[:, :, None] * Y_normalized[:, None, :], axis=(-2, -1))
+    intermediate_result = np.clip(intermediate_result, -1, 1)
+    result = np.exp(intermediate_result)
+    regularization_term = 0.001 * np.sum(X_normalized ** 2 + Y_normalized ** 2, axis=1)
+    result += regularization_term
+    return result
 
 
 def attention(q, k, v):
@@ -196,6 +217,11 @@ def build_fp32_row(base: str, device: str):
 
     if base == "sincos":
         return sin_cos, (randn(1),)
+    if base == "numpy_fn":
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        return numpy_fn, (rng.standard_normal((1024, 640)), rng.standard_normal((1024, 640)))
     if base == "gelu":
         return gelu, (randn(1 << 24),)
     if base == "softmax":

@@ -31,124 +31,28 @@ import torch.nn.functional as F
 from torch import nn
 
 import kiln
+from _capture_compare import compare_with_eager_and_dynamo, params, registry
 
 # The xfail cases run eagerly on purpose, and Dynamo warns that it traces through lru_cache.
 pytestmark = [pytest.mark.filterwarnings("ignore:kiln.*runs eagerly:UserWarning"),
               pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`:UserWarning")]
 
 # ---------------------------------------------------------------------------------------------
-# the comparison
-
-
-@dataclasses.dataclass
-class Case:
-    fn: typing.Callable
-    inputs: typing.Callable
-    xfail: typing.Optional[str]
-
-
-CASES: dict[str, Case] = {}
+# the comparison (_capture_compare.py)
 
 
 def _xy():
     return torch.randn(4, 5), torch.randn(4, 5)
 
 
-def case(inputs=_xy, xfail=None):
-    def register(fn):
-        assert fn.__name__ not in CASES, fn.__name__
-        CASES[fn.__name__] = Case(fn, inputs, xfail)
-        return fn
-
-    return register
-
-
-def _clone(v):
-    if isinstance(v, torch.Tensor):
-        return v.detach().clone().requires_grad_(v.requires_grad)
-    if isinstance(v, np.ndarray):
-        return v.copy()
-    if isinstance(v, (list, tuple)):
-        return type(v)(_clone(a) for a in v)
-    return v
-
-
-def _assert_same(got, want, where="out"):
-    if isinstance(want, torch.Tensor):
-        assert isinstance(got, torch.Tensor), f"{where}: {type(got).__name__}, eager gives a Tensor"
-        torch.testing.assert_close(got, want, msg=lambda m: f"{where}: {m}")
-        assert got.requires_grad == want.requires_grad, f"{where}: requires_grad {got.requires_grad}"
-    elif isinstance(want, np.ndarray):
-        assert type(got) is np.ndarray, f"{where}: {type(got).__name__}, eager gives an ndarray"
-        assert got.dtype == want.dtype and got.shape == want.shape, (where, got.dtype, got.shape)
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    elif isinstance(want, (list, tuple)):
-        assert type(got) is type(want) and len(got) == len(want), f"{where}: {type(got)} vs {type(want)}"
-        for i, (g, w) in enumerate(zip(got, want)):
-            _assert_same(g, w, f"{where}[{i}]")
-    elif isinstance(want, dict):
-        assert type(got) is type(want) and list(got) == list(want), f"{where}: {type(got)} {list(got)}"
-        for k in want:
-            _assert_same(got[k], want[k], f"{where}[{k!r}]")
-    elif isinstance(want, float):
-        assert isinstance(got, float) and math.isclose(got, want, rel_tol=1e-6), (where, got, want)
-    elif isinstance(want, (nn.Module,)) or (hasattr(want, "__dict__") and not isinstance(want, type)):
-        assert type(got) is type(want), f"{where}: {type(got).__name__} vs {type(want).__name__}"
-        _assert_same(dict(vars(got)), dict(vars(want)), f"{where}.__dict__")
-    else:
-        assert type(got) is type(want) and got == want, f"{where}: {got!r} vs eager {want!r}"
-
-
-def _run(fn, args, seed=1234):
-    torch.manual_seed(seed)  # cases that draw numbers (a module's init) draw the same ones
-    return fn(*args)
-
-
-def compare_with_eager_and_dynamo(fn, make_inputs):
-    torch.manual_seed(0)
-    args = make_inputs()
-
-    # counts: kiln's against Dynamo's on the same function and inputs
-    torch._dynamo.reset()
-    dyn = torch._dynamo.explain(fn)(*_clone(args))
-    torch._dynamo.reset()
-    exp = kiln.explain(fn)(*_clone(args))
-    reasons = [r["reason"] for r in exp.break_reasons]
-    if dyn.graph_count > 0:
-        assert exp.graph_count >= 1, f"kiln runs it eagerly, Dynamo captures {dyn.graph_count} graph(s): {reasons}"
-        assert exp.graph_count <= dyn.graph_count, (
-            f"kiln {exp.graph_count} graphs, Dynamo {dyn.graph_count}: {reasons}")
-        assert exp.graph_break_count <= max(dyn.graph_break_count, len(dyn.break_reasons)), (
-            f"kiln {exp.graph_break_count} breaks, Dynamo {dyn.graph_break_count}: {reasons}")
-
-    # values: eager's result and eager's effect on the inputs, twice
-    compiled = kiln.compile(fn)
-    for call in range(2):
-        if call:
-            torch.manual_seed(1)
-            args = make_inputs()
-        eager_args, kiln_args = _clone(args), _clone(args)
-        want = _run(fn, eager_args)
-        got = _run(compiled, kiln_args)
-        _assert_same(got, want, f"call {call} result")
-        _assert_same(kiln_args, eager_args, f"call {call} inputs after the call")
-
-
-def _params():
-    out = []
-    for name, c in CASES.items():
-        marks = [pytest.mark.xfail(strict=True, reason=c.xfail)] if c.xfail else []
-        out.append(pytest.param(name, marks=marks, id=name))
-    return out
+CASES, case = registry(_xy)
 
 
 # Why kiln fails the cases marked xfail (kiln's break reason in quotes).
-DEQUE = "deque not modelled: 'call to collections.deque'"
 TENSOR_KEY = "tensor as dict key / set item: 'expected a Python value for dict key/set item, got a tensor'"
 MODULE_BUILT = "nn.Module built in the function: 'call to torch.nn.modules...'"
 VIEW_INPLACE = "in-place on a view of an input: 'in-place ... on a view: not captured yet'"
 BREAK_IN_WITH = "break in a with block: whole call eager ('call to builtins.print')"
-NUMPY = "NumPy not mapped (part 5): 'call to numpy.*'"
 
 
 # =============================================================================================
@@ -207,7 +111,7 @@ def defaultdict_tensor_factory(x, y):
     return acc[0], acc[1], acc[2]
 
 
-@case(xfail=DEQUE)
+@case()
 def deque_append_pop_both_ends(x, y):
     q = deque([x])
     q.append(y)
@@ -215,7 +119,7 @@ def deque_append_pop_both_ends(x, y):
     return q.popleft() + q.pop() * 3 + q[0]
 
 
-@case(xfail=DEQUE)
+@case()
 def deque_maxlen_window(x, y):
     window = deque(maxlen=2)
     outs = []
@@ -225,7 +129,7 @@ def deque_maxlen_window(x, y):
     return torch.stack(outs)
 
 
-@case(xfail=DEQUE)
+@case()
 def deque_rotate_and_extend(x, y):
     q = deque()
     q.extend([x, y, x - y])
@@ -234,7 +138,7 @@ def deque_rotate_and_extend(x, y):
     return torch.stack(list(q))
 
 
-@case(xfail=DEQUE)
+@case()
 def deque_as_bfs_queue(x, y):
     todo = deque([(x, 0)])
     out = []
@@ -358,7 +262,7 @@ def set_of_tensors_dedups_by_identity(x, y):
     return x * len(seen) + (y if y in seen else x)
 
 
-@case(xfail="Counter not modelled: 'call to collections.Counter'")
+@case()
 def counter_of_names(x, y):
     counts = collections.Counter(["relu", "gelu", "relu"])
     return x * counts["relu"] + y * counts["tanh"] + counts.most_common(1)[0][1]
@@ -396,7 +300,7 @@ def namedtuple_field_defaults(x, y):
     return x * a.scale + a.shift + b.shift * b.scale
 
 
-@case(xfail="namedtuple methods: 'tuple._asdict() is not captured yet'")
+@case()
 def namedtuple_asdict_and_fields(x, y):
     p = Pair(x, y * 2)
     d = p._asdict()
@@ -411,7 +315,7 @@ def namedtuple_unpack_index_slice(x, y):
     return left * p[-1] + p[:1][0], len(p), isinstance(p, tuple)
 
 
-@case(xfail="namedtuple methods: 'call to builtins.hasattr with tensor arguments is not captured'")
+@case()
 def namedtuple_hasattr(x, y):
     p = Pair(x, y)
     a = 1.0 if hasattr(p, "left") else 0.0
@@ -419,13 +323,13 @@ def namedtuple_hasattr(x, y):
     return p.left * a + p.right * b + 1.0
 
 
-@case(xfail="namedtuple _make: 'call to tuple.__new__ with tensor arguments is not captured'")
+@case()
 def namedtuple_make_from_list(x, y):
     p = Pair._make([x, y])
     return p.left @ p.right.t()
 
 
-@case(xfail="namedtuple methods: 'tuple.width() is not captured yet' (user methods)")
+@case()
 def namedtuple_user_method_and_property(x, y):
     s = Span(torch.minimum(x, y), torch.maximum(x, y))
     return s.width() * s.mid, s._replace(hi=s.hi + 1)
@@ -1017,7 +921,7 @@ def object_user_container_protocols(x, y):
     return sum(bag) * len(bag) + bag[-1]
 
 
-@case(xfail="user __add__ with tensor fields: 'expected a Python value for operand, got a tensor'")
+@case()
 def object_operator_overloads(x, y):
     v = (Vec(x) + Vec(y)) * 2
     return v.data
@@ -1029,7 +933,7 @@ def object_cached_property(x, y):
     return lz.squared + lz.squared + y
 
 
-@case(xfail="'call to builtins.setattr'")
+@case()
 def object_setattr_getattr(x, y):
     s = Scaler(1.0)
     setattr(s, "scale", 4.0)
@@ -1245,7 +1149,7 @@ def tracing_state_queries(x, y):
     return x + y
 
 
-@case(xfail="'torch...result_type returns something other than tensors', 'call to ...can_cast'")
+@case()
 def result_type_and_can_cast(x, y):
     dt = torch.result_type(x, 2)
     return (x + y).to(dt) * (1.0 if torch.can_cast(torch.int32, dt) else 0.0)
@@ -1563,39 +1467,39 @@ def try_except_user_raise(x, y):
 
 
 # =============================================================================================
-# Part 5 (a first few): NumPy
+# Part 5 (a first few; tests/python/test_capture_numpy.py has the rest): NumPy
 
 
 def _arrays():
     return np.random.default_rng(0).standard_normal((4, 5)), torch.randn(4, 5)
 
 
-@case(xfail=NUMPY)
+@case()
 def numpy_constants_on_python_numbers(x, y):
     return x * np.pi + y * float(np.sqrt(2.0))
 
 
-@case(inputs=_arrays, xfail=NUMPY)
+@case(inputs=_arrays)
 def numpy_ndarray_arithmetic(a, y):
     return np.exp(a) * 2 + a.sum(axis=0)
 
 
-@case(inputs=_arrays, xfail=NUMPY)
+@case(inputs=_arrays)
 def numpy_clip_reduce_axis_tuple(a, y):
     return np.clip(a, -0.5, 0.5).sum(axis=(0, 1)) + a.mean(axis=1)[:, None]
 
 
-@case(inputs=_arrays, xfail="'call to torch._VariableFunctionsClass.from_numpy'")
+@case(inputs=_arrays)
 def numpy_from_numpy_boundary(a, y):
     return torch.from_numpy(a).float() + y
 
 
-@case(xfail="'Tensor.numpy() depends on tensor data'")
+@case()
 def numpy_tensor_numpy_roundtrip(x, y):
     return torch.from_numpy(np.tanh(x.numpy())) + y
 
 
-@case(inputs=_arrays, xfail=NUMPY)
+@case(inputs=_arrays)
 def numpy_masked_assign(a, y):
     b = a.copy()
     b[b > 0] = 0.0
@@ -1607,7 +1511,7 @@ def numpy_float64_default(a, y):
     return np.ones((4, 5)) + a, np.zeros(3).dtype == np.float64
 
 
-@case(inputs=_arrays, xfail=NUMPY)
+@case(inputs=_arrays)
 def numpy_linalg_norm(a, y):
     return np.linalg.norm(a, axis=-1) + np.abs(a).max()
 
@@ -1615,7 +1519,7 @@ def numpy_linalg_norm(a, y):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", params(CASES))
 def test_capture_matches_eager_and_dynamo(name):
     c = CASES[name]
     compare_with_eager_and_dynamo(c.fn, c.inputs)

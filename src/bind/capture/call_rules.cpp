@@ -27,6 +27,7 @@ struct CallRules {
       };
       add(I.builtin("super"), super_);
       add(I.builtin("getattr"), getattr_);
+      add(I.builtin("setattr"), setattr_);
       add(I.builtin("hasattr"), getattr_);
       add(I.builtin("isinstance"), isinstance_);
       add(I.builtin("type"), type_);
@@ -41,6 +42,12 @@ struct CallRules {
       add(object_at("copy.deepcopy"), copy_);
       add(object_at("copy.copy"), copy_);
       add(object_at("functools.partial"), partial);
+      add(object_at("collections.Counter"), counter);
+      add(object_at("collections.deque"), deque_);
+      add(PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyTuple_Type), "__new__"), tuple_new);
+      add(I.resolve_torch("result_type"), torch_result_type);
+      add(I.resolve_torch("can_cast"), on_python_values);
+      add(I.resolve_torch("promote_types"), on_python_values);
       add(object_at("inspect.signature"), signature);
       add(I.resolve_torch("max"), torch_max_min);
       add(I.resolve_torch("min"), torch_max_min);
@@ -92,6 +99,21 @@ struct CallRules {
       if (!has && args.size() == 3) return args[2];
       return I.getattr(args[0], attr);
     }
+    if (!has_only && kwargs.empty() && args.size() == 2 && args[0]->is_array() && args[1]->is_const() && PyUnicode_Check(args[1]->obj()))
+      return I.getattr(args[0], PyUnicode_AsUTF8(args[1]->obj()));  // getattr(a, "round") on an ndarray: as a.round
+    if (auto* t = args[0]->get_if<TupleV>();
+        t && t->structseq && kwargs.empty() && args[1]->is_const() && PyUnicode_Check(args[1]->obj())) {
+      // a namedtuple's field, method or class attribute; AttributeError answers hasattr
+      const char* attr = PyUnicode_AsUTF8(args[1]->obj());
+      VarPtr v;
+      try {
+        v = I.getattr(args[0], attr);
+      } catch (const Raised& e) {
+        if (!PyErr_GivenExceptionMatches(e.exc, PyExc_AttributeError) || (!has_only && args.size() != 3)) throw;
+      }
+      if (has_only) return Var::constant(v ? Py_True : Py_False);
+      return v ? v : args[2];
+    }
     if (has_only && args.size() == 2 && args[0]->is_tensor() && args[1]->is_const() && PyUnicode_Check(args[1]->obj())) {
       // the attributes of its class (as torch.compile, kiln does not guard attributes set on a tensor)
       return Var::constant(PyObject_HasAttr(I.resolve_torch("Tensor"), args[1]->obj()) ? Py_True : Py_False);
@@ -100,6 +122,93 @@ struct CallRules {
         PyUnicode_Check(args[1]->obj()) && PyObject_HasAttr(I.resolve_torch("Tensor"), args[1]->obj()))
       return I.getattr(args[0], PyUnicode_AsUTF8(args[1]->obj()));  // getattr(x, "ndim"): as x.ndim
     return nullptr;
+  }
+
+  // setattr(obj, name, value): as `obj.name = value` (an object made in the frame, a private
+  // copy, or a store logged on an object the caller holds).
+  static VarPtr setattr_(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 3 || !kwargs.empty() || !args[1]->is_const() || !PyUnicode_Check(args[1]->known())) return nullptr;
+    I.store_attr(args[0], PyUnicode_AsUTF8(args[1]->known()), args[2]);
+    return Var::constant(Py_None);
+  }
+
+  // collections.Counter(...) of Python values: made now, an object of the capture's own (its
+  // methods run for real; handing it out ends the capture), as every call would make it.
+  static VarPtr counter(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    // (const_obj takes lists and tuples of Python values made in the frame; one holding a tensor
+    // stops capture with the reason)
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(I.const_obj(args[i], "Counter argument")));
+    PyObject* kw = kwargs.empty() ? nullptr : PyDict_New();
+    for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), I.const_obj(v, "Counter argument"));
+    PyObject* c = PyObject_Call(fn->obj(), t, kw);
+    Py_DECREF(t);
+    Py_XDECREF(kw);
+    if (!c) I.real(nullptr);
+    I.keep_.push_back(c);
+    I.root()->private_.insert(c);
+    return Var::constant(c);
+  }
+
+  // collections.deque(iterable, maxlen) made in the frame: a list tracker that knows it is a
+  // deque (Interpreter::call_sequence_method has its methods).
+  static VarPtr deque_(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    VarPtr iterable = args.size() > 0 ? args[0] : nullptr, maxlen = args.size() > 1 ? args[1] : nullptr;
+    if (args.size() > 2) return nullptr;
+    for (auto& [k, v] : kwargs) {
+      if (k == "iterable" && !iterable) iterable = v;
+      else if (k == "maxlen" && !maxlen) maxlen = v;
+      else return nullptr;
+    }
+    Py_ssize_t m = -1;
+    if (maxlen && !(maxlen->is_const() && maxlen->known() == Py_None)) {
+      PyObject* o = I.const_obj(maxlen, "deque maxlen");
+      if (!PyLong_Check(o) || PyLong_AsSsize_t(o) < 0) unsupported("maxlen must be a non-negative integer: ValueError");
+      m = PyLong_AsSsize_t(o);
+    }
+    std::vector<VarPtr> items = iterable ? I.items_of(iterable) : std::vector<VarPtr>{};
+    if (m >= 0 && static_cast<Py_ssize_t>(items.size()) > m) items.erase(items.begin(), items.end() - m);
+    VarPtr r = Var::list(std::move(items));
+    r->as<ListV>().deque = true;
+    r->as<ListV>().maxlen = m;
+    return r;
+  }
+
+  // tuple.__new__(cls, items) of a namedtuple class (its _make): the namedtuple of the items.
+  static VarPtr tuple_new(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 2 || !kwargs.empty() || !args[0]->is_const() || !Interpreter::is_namedtuple_class(args[0]->known()))
+      return nullptr;
+    VarPtr r = Var::tuple(I.items_of(args[1]));
+    r->as<TupleV>().structseq = Py_NewRef(args[0]->known());
+    return r;
+  }
+
+  // torch.result_type(a, b): the dtype torch's promotion gives, from what capture knows of each
+  // operand (a tensor's dtype and rank; a Python number's category).
+  static VarPtr torch_result_type(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 2 || !kwargs.empty()) return nullptr;
+    std::vector<PromotionOperand> ops;
+    for (const VarPtr& a : args) {
+      if (a->is_tensor()) {
+        ops.push_back({a->node()->meta.dtype, a->node()->meta.dim(), false});
+      } else if (a->is_const() && is_python_scalar(a->known())) {
+        PyObject* o = a->known();
+        ops.push_back({PyBool_Check(o) ? DType::Bool : PyLong_Check(o) ? DType::Int64 : DType::Float64, 0, true});
+      } else {
+        return nullptr;
+      }
+    }
+    return Var::constant(torch_dtype_object(result_type(ops)));
+  }
+
+  // torch functions that answer from Python values alone (torch.can_cast(torch.int32, dt)).
+  static VarPtr on_python_values(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (!std::all_of(args.begin(), args.end(), [](const VarPtr& a) { return a->is_const(); }) || !kwargs.empty()) return nullptr;
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(I.const_obj(args[i], "argument")));
+    PyObject* r = PyObject_Call(fn->obj(), t, nullptr);
+    Py_DECREF(t);
+    return I.real(r);
   }
 
   static VarPtr isinstance_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
@@ -111,6 +220,8 @@ struct CallRules {
     PyObject* of = nullptr;  // the class that answers
     if (Interpreter::structural(a) && kwargs.empty()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->obj()));
     else if (a->is_tensor()) of = I.resolve_torch("Tensor");
+    else if (a->is_array()) of = I.array_type(a);
+    else if (auto* l = a->get_if<ListV>(); l && l->deque) of = object_at("collections.deque");
     else if (a->symint().valid() || a->symslice()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->known()));  // its type, not its value
     if (!of) return nullptr;
     int r = PyObject_IsSubclass(of, I.const_obj(args[1], "isinstance() class"));
@@ -122,6 +233,7 @@ struct CallRules {
     if (args.size() != 1) return nullptr;
     const VarPtr& a = args[0];
     if (auto* r = a->get_if<RecordV>()) return Var::constant(r->cls);
+    if (a->is_array() && kwargs.empty()) return Var::constant(I.array_type(a));
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (Interpreter::structural(a) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->obj())));
     if ((a->symint().valid() || a->symslice()) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->known())));
@@ -143,6 +255,10 @@ struct CallRules {
     }
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (a->kind() == Var::Kind::Module) return Var::steal_constant(PyLong_FromSsize_t(I.module_children(a)));
+    if (a->is_array()) {
+      if (a->node()->meta.dim() == 0) unsupported("len() of unsized object: TypeError");
+      return I.size_const(a->node()->meta.sizes[0]);
+    }
     if (a->is_tensor()) {
       const ir::TensorMeta& m = a->node()->meta;
       if (m.dim() == 0) unsupported("len() of a 0-d tensor");
@@ -164,6 +280,7 @@ struct CallRules {
   static VarPtr abs_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (args.size() == 1 && args[0]->is_tensor()) return Var::tensor(I.add_node("abs", {args[0]->node()}));
+    if (args.size() == 1 && args[0]->is_array() && kwargs.empty()) return I.array_unary("abs", args[0]);
     return nullptr;
   }
 

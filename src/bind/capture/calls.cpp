@@ -298,6 +298,8 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
         return call_sequence_method(m.self, m.name, std::move(args), kwargs);
       if (is_dict(m.self)) return call_dict_method(m.self, m.name, std::move(args), kwargs);
       if (m.self->kind() == Var::Kind::Module) return call_module_method(m.self, m.name, std::move(args), kwargs);
+      if (m.self->is_array()) return call_array_method(m.self, m.name, std::move(args), kwargs);
+      if (m.self->is_tensor() && m.name == "numpy" && args.empty()) return tensor_to_array(m.self, kwargs);
       return call_tensor_method(m.self, m.name, std::move(args), kwargs);
     }
     case Var::Kind::Module: return call_module(fn, std::move(args), kwargs);
@@ -591,6 +593,7 @@ VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<Var
 
 VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
   PyObject* f = fn->obj();
+  if (VarPtr r = numpy_call(fn, args, kwargs)) return r;  // numpy.cpp: NumPy functions, torch.from_numpy
   if (const OpBinding* b = function_binding(f))
     if (VarPtr r = call_op(*b, args, kwargs)) return r;  // else a call the entry leaves to torch
   if (VarPtr r = call_rule(fn, args, kwargs)) return r;  // call_rules.cpp: by the callee object
@@ -742,7 +745,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   }
   std::string name = callable_name(f);
   std::function<bool(const VarPtr&)> has_tensor = [&](const VarPtr& a) {
-    if (a->is_tensor()) return true;
+    if (a->in_graph()) return true;
     if (a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List) return std::any_of(a->seq().begin(), a->seq().end(), has_tensor);
     return false;
   };
@@ -915,7 +918,7 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
     // to the Python models (kiln/_polyfills.py), which compare them as Python does
     std::vector<VarPtr> items = items_of(a);
     std::function<bool(const VarPtr&)> holds_tensor = [&](const VarPtr& v) {
-      if (v->is_tensor()) return true;
+      if (v->in_graph()) return true;
       return (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) &&
              std::any_of(v->seq().begin(), v->seq().end(), holds_tensor);
     };
@@ -1658,6 +1661,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   std::function<PyObject*(const VarPtr&)> tmpl = [&](const VarPtr& v) -> PyObject* {
     switch (v->kind()) {
       case Var::Kind::Tensor:
+        if (v->is_array()) unsupported("call to " + name + " with an ndarray argument (torch takes tensors): not captured");
         inputs.push_back(v->node());
         input_vars.push_back(v);
         return tensor_slot(static_cast<int>(inputs.size()) - 1);

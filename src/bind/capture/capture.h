@@ -41,6 +41,8 @@ struct OutSpec {
                 // instance of a plain class made during capture, without running __init__ again
     MakeDict,   // value[0](*value[1:], items[0]): an OrderedDict or defaultdict (value holds the
                 // class, and a defaultdict's factory) of the dict items[0] (a Dict spec)
+    Array,        // graph output `index` as an ndarray over its memory (Tensor.numpy())
+    NumpyScalar,  // graph output `index` (0-d) as a NumPy scalar: Tensor.numpy()[()]
   } kind = Kind::Const;
   int index = 0;                 // Graph: which graph output
   int memo = -1;                 // at a break: values one tracker stands for are one object

@@ -250,6 +250,7 @@ bool Interpreter::replace_slice(std::vector<VarPtr>& items, PyObject* slice, con
 }
 
 void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, const VarPtr& value) {
+  if (container->is_array()) return array_store_subscript(container, key, value);
   if (auto* r = container->get_if<RecordV>(); r && r->plain) {
     if (!object_dunder(container, "__setitem__", {key, value})) unsupported("item assignment into an object without __setitem__: TypeError");
     return;
@@ -314,6 +315,57 @@ void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, co
   unsupported("item assignment into an object the caller can see");
 }
 
+VarPtr Interpreter::call_deque_method(const VarPtr& dq, const std::string& name, const std::vector<VarPtr>& args,
+                                      const KwArgs& kwargs) {
+  ListV& l = dq->as<ListV>();
+  auto& items = l.items;
+  auto none = [] { return Var::constant(Py_None); };
+  // a bounded deque drops items from the other end as new ones arrive
+  auto trim = [&](bool from_left) {
+    while (l.maxlen >= 0 && static_cast<Py_ssize_t>(items.size()) > l.maxlen)
+      items.erase(from_left ? items.begin() : items.end() - 1);
+  };
+  if (!kwargs.empty()) unsupported("deque." + name + "() with keyword arguments");
+  if (name == "append" && args.size() == 1) return items.push_back(args[0]), trim(true), none();
+  if (name == "appendleft" && args.size() == 1) return items.insert(items.begin(), args[0]), trim(false), none();
+  if (name == "extend" && args.size() == 1) {
+    for (const VarPtr& v : items_of(args[0])) items.push_back(v), trim(true);
+    return none();
+  }
+  if (name == "extendleft" && args.size() == 1) {
+    for (const VarPtr& v : items_of(args[0])) items.insert(items.begin(), v), trim(false);
+    return none();
+  }
+  if ((name == "pop" || name == "popleft") && args.empty()) {
+    if (items.empty()) unsupported(std::string("pop from an empty deque: IndexError"));
+    VarPtr v = name == "pop" ? items.back() : items.front();
+    items.erase(name == "pop" ? items.end() - 1 : items.begin());
+    return v;
+  }
+  if (name == "rotate" && args.size() <= 1) {
+    Py_ssize_t n = 1;
+    if (!args.empty()) {
+      PyObject* o = const_obj(args[0], "rotate count");
+      if (!PyLong_Check(o)) unsupported("deque.rotate() of a non-integer: TypeError");
+      n = PyLong_AsSsize_t(o);
+    }
+    if (!items.empty()) {
+      const Py_ssize_t size = static_cast<Py_ssize_t>(items.size());
+      const Py_ssize_t k = ((n % size) + size) % size;  // rotate(1) moves the last item to the front
+      std::rotate(items.begin(), items.end() - k, items.end());
+    }
+    return none();
+  }
+  if (name == "copy" && args.empty()) {
+    VarPtr r = Var::list(items);
+    r->as<ListV>().deque = true;
+    r->as<ListV>().maxlen = l.maxlen;
+    return r;
+  }
+  if (name == "insert" || name == "sort") unsupported("deque." + name + "() is not captured");
+  return nullptr;  // clear, remove, index, count, reverse: as a list's
+}
+
 VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const bool list = seq->kind() == Var::Kind::List;
   if (auto* t = seq->get_if<TupleV>(); t && t->structseq && name == "_replace" && args.empty() &&
@@ -330,6 +382,9 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
     VarPtr r = Var::tuple(std::move(items));
     r->as<TupleV>().structseq = Py_NewRef(t->structseq);
     return r;
+  }
+  if (auto* l = seq->get_if<ListV>(); l && l->deque) {
+    if (VarPtr r = call_deque_method(seq, name, args, kwargs)) return r;
   }
   if (!kwargs.empty()) unsupported(name + "() with keyword arguments");
   static const char* mutating[] = {"append", "extend", "insert", "pop", "clear", "reverse", "remove", "sort"};
@@ -370,7 +425,7 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
   }
   if (name == "copy" && args.empty() && list) return Var::tuple(items, true);
   auto equal_at = [&](size_t i, const VarPtr& x) {
-    if (items[i]->is_tensor() || x->is_tensor()) return items[i]->is_tensor() && x->is_tensor() && items[i]->node() == x->node();
+    if (items[i]->in_graph() || x->in_graph()) return items[i]->in_graph() && x->in_graph() && items[i]->node() == x->node();
     int eq = PyObject_RichCompareBool(const_obj(items[i], "item"), const_obj(x, "item"), Py_EQ);
     if (eq < 0) real(nullptr);
     return eq == 1;

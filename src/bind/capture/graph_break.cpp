@@ -118,6 +118,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       // A container read from the frame must stay the caller's object.
       if (v->source) return source_spec(v->source);
       if (v->dict_view()) unsupported("a dict view (dict.keys(), values(), items()) at a graph break");
+      if (auto* l = v->get_if<ListV>(); l && l->deque) unsupported("a deque made in the function at a graph break: not captured yet");
       s.kind = v->kind() == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
       if (auto* t = v->get_if<TupleV>(); t && t->structseq) s.value = tuple_maker(t->structseq);  // its type's maker
       for (auto& item : v->seq()) s.items.push_back(break_spec(item));
@@ -207,7 +208,7 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   } else {
     brk->kind = GraphBreak::Kind::Jump;
     operands = 1;
-    if (before.stack.empty() || !before.stack.back()->is_tensor()) return false;
+    if (before.stack.empty() || !before.stack.back()->in_graph()) return false;  // bool() of a tensor or NumPy value
     brk->jump_if_true = in.op == OP_POP_JUMP_IF_TRUE || in.op == OP_POP_JUMP_FORWARD_IF_TRUE;
   }
   if (before.stack.size() < operands) return false;

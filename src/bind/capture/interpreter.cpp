@@ -264,6 +264,7 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     return r->input_vars_.back();
   }
   if (VarPtr s = root()->symbolic_int(v, src)) return s;
+  if (VarPtr a = wrap_numpy(v, src)) return a;  // an ndarray or NumPy scalar (numpy.cpp)
   if (is_python_scalar(v) || v == Py_None || PyUnicode_CheckExact(v) || PyAnySet_CheckExact(v)) {
     out_.guards.add_equals(src, v);
     return Var::constant(v, src);
@@ -504,8 +505,22 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
   OutSpec s;
   switch (v->kind()) {
     case Var::Kind::Tensor: {
+      const PyForm form = v->as<TensorV>().form;
+      // An input ndarray is read as torch.from_numpy of the caller's array: handed back (as it
+      // is, or updated in place), it is the caller's array itself, as NumPy returns it.
+      auto caller_object = [&](const SourcePtr& src) {
+        if (src->kind != Source::Kind::Array) return source_spec(src);
+        if (form == PyForm::Tensor) unsupported("a tensor over an input ndarray updated in place is handed out: not captured");
+        return source_spec(src->base);
+      };
       if (auto w = root()->written_back_.find(v->node()); w != root()->written_back_.end())
-        return source_spec(root()->out_.input_sources[w->second]);  // the caller's tensor, updated
+        return caller_object(root()->out_.input_sources[w->second]);  // the caller's tensor, updated
+      if (form == PyForm::NdArray && v->node()->op_name() == "placeholder") {
+        Interpreter* r = root();
+        for (size_t i = 0; i < r->input_vars_.size(); ++i)
+          if (r->input_vars_[i]->get_if<TensorV>() && r->input_vars_[i]->node() == v->node())
+            return caller_object(r->out_.input_sources[i]);
+      }
       // A view of an input updated in place would be a view of the graph's copy, not of the
       // caller's tensor: later writes through it (at a break) would miss the input.
       // (A view taken before the update is refused by check_inplace_target.)
@@ -517,7 +532,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       if (root()->needs_grad_.count(v->node()) && v->node()->op_name() != "placeholder") root()->out_.needs_backward = true;
       auto& outs = g_->outputs();
       auto it = std::find(outs.begin(), outs.end(), v->node());
-      s.kind = OutSpec::Kind::Graph;
+      s.kind = form == PyForm::NdArray ? OutSpec::Kind::Array : form == PyForm::NumpyScalar ? OutSpec::Kind::NumpyScalar : OutSpec::Kind::Graph;
       s.index = static_cast<int>(it - outs.begin());
       if (it == outs.end()) {
         outs.push_back(v->node());
@@ -532,6 +547,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
     case Var::Kind::List:
       if (v->source) return source_spec(v->source);  // the caller's own list or tuple, unchanged
       if (v->dict_view()) unsupported("returns a dict view (dict.keys(), values(), items())");
+      if (auto* l = v->get_if<ListV>(); l && l->deque) unsupported("a deque made in the function is handed out: not captured yet");
       s.kind = v->kind() == Var::Kind::Tuple ? OutSpec::Kind::Tuple : OutSpec::Kind::List;
       if (auto* t = v->get_if<TupleV>(); t && t->structseq) s.value = tuple_maker(t->structseq);  // its type's maker
       for (auto& item : v->seq()) s.items.push_back(output_spec(item));

@@ -48,6 +48,7 @@ inline bool is_python_scalar(PyObject* o) { return PyBool_Check(o) || PyLong_Che
 class Interpreter {
   friend struct ModuleRules;  // modules.cpp: torch.nn layers as ops
   friend struct CallRules;    // call_rules.cpp: calls dispatched on the callee object
+  friend struct NumpyRules;   // numpy.cpp: NumPy functions, methods and operators
 
  public:
   // Capture's tensor hook (Var::tensor_hook): keeps the trackers that hold views (retake_views).
@@ -315,6 +316,9 @@ class Interpreter {
   // Methods of lists and tuples. A list only this frame can see changes in the trackers; one the
   // caller can see (a global, an argument) changes for real, so that call runs in Python.
   VarPtr call_sequence_method(const VarPtr& seq, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+  // A deque's own methods (appendleft, popleft, rotate, ...; maxlen respected); nullptr: the
+  // method is a list's too.
+  VarPtr call_deque_method(const VarPtr& dq, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   // ---- attribute stores on objects kiln does not track (attr_stores.cpp) ----
   // `obj.name = value` on a config, a module or a global object is logged, not done: later reads
@@ -389,8 +393,28 @@ class Interpreter {
 
   VarPtr mutate(const VarPtr& a, ir::Node* result);
 
+  // ---- NumPy (numpy.cpp): arrays are graph nodes with NumPy's semantics ----
+  // An np.ndarray or NumPy scalar read from the frame (nullptr: v is neither).
+  VarPtr wrap_numpy(PyObject* v, SourcePtr src);
+  VarPtr array_attr(const VarPtr& a, const std::string& name);
+  VarPtr call_array_method(const VarPtr& a, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+  // A call of a NumPy function (or of torch.from_numpy and friends on an array); nullptr: fn is
+  // none kiln maps.
+  VarPtr numpy_call(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs);
+  // Python operators where an operand is an array: NumPy's dtype rules. `base`: "ADD", ...
+  VarPtr array_binary(const std::string& base, bool inplace, const VarPtr& a, const VarPtr& b);
+  VarPtr array_compare(const std::string& op, const VarPtr& a, const VarPtr& b);
+  VarPtr array_unary(const std::string& op, const VarPtr& a);  // "neg", "pos", "invert", "abs"
+  VarPtr array_subscript(const VarPtr& a, const VarPtr& key);
+  void array_store_subscript(const VarPtr& a, const VarPtr& key, const VarPtr& value);
+  VarPtr tensor_to_array(const VarPtr& t, const KwArgs& kwargs);  // t.numpy()
+  PyObject* array_type(const VarPtr& a);  // type(a): np.ndarray, or the NumPy scalar type
+
   // ---- operators ----
   VarPtr binary(const std::string& nb, VarPtr a, VarPtr b);
+  // a + b where an operand is an object made in the frame: its class's __add__ / __radd__ /
+  // __iadd__, inlined (nullptr: neither operand is one).
+  VarPtr object_operator(const std::string& base, bool inplace, const VarPtr& a, const VarPtr& b);
 
   VarPtr compare(const std::string& op, VarPtr a, VarPtr b);
 

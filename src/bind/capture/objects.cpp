@@ -143,6 +143,7 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
       return st->value;
     }
   if (base->is_const() && base->as<ConstV>().super_self && PyObject_TypeCheck(base->obj(), &PySuper_Type)) return super_attr(base, name);
+  if (base->is_array()) return array_attr(base, name);
   if (base->is_tensor()) {
     const ir::TensorMeta& m = base->node()->meta;
     if (name == "shape") return shape_tuple(m);
@@ -219,7 +220,32 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
         return t->items[i];
       }
     Py_XDECREF(fields);
+    if (is_namedtuple_class(t->structseq) && name != "_replace") {  // (_replace: call_sequence_method)
+      // What the namedtuple's class defines beyond tuple's own methods: its Python methods
+      // (_asdict, a typing.NamedTuple's own) and properties, run on this tuple; classmethods
+      // and class data (_make, _fields) as the class gives them.
+      PyObject* key = PyUnicode_FromString(name.c_str());
+      PyObject* attr = key ? _PyType_Lookup(reinterpret_cast<PyTypeObject*>(t->structseq), key) : nullptr;  // borrowed
+      const bool tuples_own = attr && _PyType_Lookup(&PyTuple_Type, key) == attr;
+      Py_XDECREF(key);
+      if (attr && !tuples_own) {
+        if (PyFunction_Check(attr)) return Var::method(base, name, attr);
+        if (PyObject_TypeCheck(attr, &PyProperty_Type)) {
+          PyObject* fget = PyObject_GetAttrString(attr, "fget");
+          keep_.push_back(fget);
+          if (fget && PyFunction_Check(fget)) return inline_call(fget, nullptr, {base}, {});
+          clear_error();
+        }
+        if (PyObject* v = PyObject_GetAttrString(t->structseq, name.c_str())) return real(v);
+        clear_error();
+      } else if (!attr && name.rfind("__", 0) != 0) {
+        // neither a field nor on the class: the AttributeError eager raises (hasattr answers False)
+        return real(PyObject_GetAttrString(t->structseq, name.c_str()));
+      }
+    }
   }
+  if (auto* l = base->get_if<ListV>(); l && l->deque && name == "maxlen")
+    return l->maxlen < 0 ? Var::constant(Py_None) : Var::steal_constant(PyLong_FromSsize_t(l->maxlen));
   if (base->kind() == Var::Kind::Tuple || base->kind() == Var::Kind::List || base->kind() == Var::Kind::Dict)
     return Var::method(base, name);
   unsupported("attribute " + name + " of a value");

@@ -499,7 +499,7 @@ int Interpreter::op_is_op(const Instr& in, const CodeInfo& ci) {
     // this other object of its own type? Only identity can say: both are pinned.
     if ((structural(a) || structural(b)) && Py_TYPE(a->obj()) == Py_TYPE(b->obj())) const_obj(a, "operand"), const_obj(b, "operand");
     same = a->known() == b->obj();
-  } else if (a->is_tensor() && b->is_tensor()) same = a->node() == b->node();
+  } else if (a->in_graph() && b->in_graph()) same = a->node() == b->node() && a->is_array() == b->is_array();
   else if (a->kind() == Var::Kind::Record || b->kind() == Var::Kind::Record) same = a == b;  // one tracker per object made in the frame
   else same = false;  // a tensor is never None, a module never a number
   push(Var::constant((same != (in.arg == 1)) ? Py_True : Py_False));
@@ -521,9 +521,9 @@ int Interpreter::op_contains_op(const Instr& in, const CodeInfo& ci) {
       found = dict_find(b, const_obj(a, "key")) >= 0;
     } else {
       for (const VarPtr& x : b->seq()) {
-        if (x->is_tensor() || a->is_tensor()) {
-          if (x->is_tensor() && a->is_tensor() && x->node() == a->node()) found = true;
-          else if (x->is_tensor() != a->is_tensor()) continue;
+        if (x->in_graph() || a->in_graph()) {
+          if (x->in_graph() && a->in_graph() && x->node() == a->node()) found = true;
+          else if (x->in_graph() != a->in_graph()) continue;
           else unsupported("`in` comparing tensors by value");
         } else {
           int eq = PyObject_RichCompareBool(const_obj(x, "item"), const_obj(a, "item"), Py_EQ);
@@ -543,7 +543,8 @@ int Interpreter::op_contains_op(const Instr& in, const CodeInfo& ci) {
 
 int Interpreter::op_unary_negative(const Instr& in, const CodeInfo& ci) {
   VarPtr a = pop();
-  if (a->is_tensor()) push(Var::tensor(add_node("neg", {a->node()})));
+  if (a->is_array()) push(array_unary("neg", a));
+  else if (a->is_tensor()) push(Var::tensor(add_node("neg", {a->node()})));
   else if (VarPtr r = symint_binary("MULTIPLY", a, Var::steal_constant(PyLong_FromLong(-1)))) push(r);  // -T
   else push(real(PyNumber_Negative(const_obj(a, "operand"))));
   return -1;
@@ -561,7 +562,9 @@ int Interpreter::op_unary_not(const Instr& in, const CodeInfo& ci) {
 
 int Interpreter::op_unary_invert(const Instr& in, const CodeInfo& ci) {
   VarPtr a = pop();
-  if (a->is_tensor()) {
+  if (a->is_array()) {
+    push(array_unary("invert", a));
+  } else if (a->is_tensor()) {
     if (a->node()->meta.dtype != DType::Bool) unsupported("bitwise not of an integer tensor");
     push(Var::tensor(add_node("logical_not", {a->node()})));
   } else {

@@ -34,7 +34,7 @@ size_t Interpreter::view_target(const VarPtr& a, const std::string& what) {
   Interpreter* r = root();
   size_t input = r->input_vars_.size();
   for (size_t i = 0; i < r->input_vars_.size(); ++i)
-    if (r->input_vars_[i]->is_tensor() && r->input_vars_[i]->node() == base) input = i;
+    if (r->input_vars_[i]->in_graph() && r->input_vars_[i]->node() == base) input = i;
   if (input == r->input_vars_.size() || (base->op_name() != "placeholder" && !base->attrs.get_bool("view_scatter")))
     unsupported("in-place " + what + " on a view of a tensor that is not an input: not captured yet");
   const ir::TensorMeta& bm = base->meta;
@@ -91,7 +91,7 @@ std::vector<std::pair<size_t, ir::Node*>> Interpreter::input_mutations() {
   std::vector<std::pair<size_t, ir::Node*>> out;
   const auto& ins = g_->inputs();
   for (size_t i = 0; i < input_vars_.size(); ++i)
-    if (input_vars_[i]->is_tensor() && input_vars_[i]->node() != ins[i]) out.emplace_back(i, input_vars_[i]->node());
+    if (input_vars_[i]->in_graph() && input_vars_[i]->node() != ins[i]) out.emplace_back(i, input_vars_[i]->node());
   return out;
 }
 
@@ -175,7 +175,7 @@ void Interpreter::retake_views(const ir::Node* old, const VarPtr& a) {
   views.erase(std::remove_if(views.begin(), views.end(),
                              [&](const std::weak_ptr<Var>& w) {
                                VarPtr v = w.lock();
-                               if (v && v->is_tensor() && v != a) live.push_back(v);
+                               if (v && v->in_graph() && v != a) live.push_back(v);
                                return !v;
                              }),
               views.end());
@@ -258,6 +258,8 @@ VarPtr Interpreter::symint_compare(const std::string& op, const VarPtr& a, const
 VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
   bool inplace = nb.rfind("NB_INPLACE_", 0) == 0;
   std::string base = inplace ? nb.substr(11) : nb.substr(3);
+  if (a->is_array() || b->is_array()) return array_binary(base, inplace, a, b);  // numpy.cpp
+  if (VarPtr r = object_operator(base, inplace, a, b)) return r;  // __add__ of an object made in the frame
   if (a->is_tensor() || b->is_tensor()) {
     if (inplace && a->is_tensor()) check_inplace_target(a, base);
     static const std::unordered_map<std::string, std::string> ops = {
@@ -347,6 +349,31 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
   return real(it->second(x, y));
 }
 
+VarPtr Interpreter::object_operator(const std::string& base, bool inplace, const VarPtr& a, const VarPtr& b) {
+  auto plain = [](const VarPtr& v) {
+    auto* r = v->get_if<RecordV>();
+    return r && r->plain;
+  };
+  if (!plain(a) && !plain(b)) return nullptr;
+  static const std::unordered_map<std::string, std::string> names = {
+      {"ADD", "add"}, {"SUBTRACT", "sub"}, {"MULTIPLY", "mul"}, {"TRUE_DIVIDE", "truediv"},
+      {"FLOOR_DIVIDE", "floordiv"}, {"REMAINDER", "mod"}, {"POWER", "pow"}, {"MATRIX_MULTIPLY", "matmul"},
+      {"AND", "and"}, {"OR", "or"}, {"XOR", "xor"}, {"LSHIFT", "lshift"}, {"RSHIFT", "rshift"}};
+  auto it = names.find(base);
+  if (it == names.end()) return nullptr;
+  auto answered = [](const VarPtr& r) { return r && !(r->is_const() && r->known() == Py_NotImplemented); };
+  // Python's order: a.__iadd__(b) for +=, then a.__add__(b), then b.__radd__(a) (a type of its
+  // own on the right goes first only for subclasses, which plain classes made here are not)
+  if (plain(a)) {
+    if (inplace)
+      if (VarPtr r = object_dunder(a, ("__i" + it->second + "__").c_str(), {b}); answered(r)) return r;
+    if (VarPtr r = object_dunder(a, ("__" + it->second + "__").c_str(), {b}); answered(r)) return r;
+  }
+  if (plain(b))
+    if (VarPtr r = object_dunder(b, ("__r" + it->second + "__").c_str(), {a}); answered(r)) return r;
+  unsupported("unsupported operand type(s) for " + it->second + ": TypeError");
+}
+
 VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
   // Tuples (lists) holding tensors compare as Python compares them: item by item until two
   // differ, identity first. (2, x) < (0, y) is decided by the ints; two different tensors in
@@ -367,6 +394,7 @@ VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
     }
     return compare(op, Var::steal_constant(PyLong_FromSize_t(xs.size())), Var::steal_constant(PyLong_FromSize_t(ys.size())));
   }
+  if (a->is_array() || b->is_array()) return array_compare(op, a, b);  // numpy.cpp
   if (a->is_tensor() || b->is_tensor()) {
     static const std::unordered_map<std::string, std::string> ops = {{"<", "lt"}, {"<=", "le"}, {"==", "eq"},
                                                                      {"!=", "ne"}, {">", "gt"}, {">=", "ge"}};
@@ -379,6 +407,7 @@ VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
 }
 
 VarPtr Interpreter::positive(const VarPtr& a) {
+  if (a->is_array()) return array_unary("pos", a);
   if (!a->is_tensor()) return real(PyNumber_Positive(const_obj(a, "operand")));
   if (a->node()->meta.dtype == DType::Bool)
     unsupported("shape/dtype check of positive failed: NotImplementedError: The `+` operator, on a bool tensor is not supported.");
@@ -387,6 +416,7 @@ VarPtr Interpreter::positive(const VarPtr& a) {
 
 bool Interpreter::truth(const VarPtr& v) {
   if (v->is_tensor()) unsupported("data-dependent branch on a tensor value");
+  if (v->is_array()) unsupported("data-dependent branch on an ndarray value");
   if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List || v->kind() == Var::Kind::Dict)
     return !(v->kind() == Var::Kind::Dict ? v->entries().values.empty() : v->seq().empty());
   if (v->kind() == Var::Kind::Module || v->kind() == Var::Kind::Function) return true;
@@ -404,6 +434,7 @@ bool Interpreter::truth(const VarPtr& v) {
 }
 
 VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
+  if (base->is_array()) return array_subscript(base, index);
   if (base->kind() == Var::Kind::Tuple || base->kind() == Var::Kind::List) {
     if (index->is_const() && PyLong_Check(index->obj())) {
       Py_ssize_t i = PyLong_AsSsize_t(index->obj()), n = static_cast<Py_ssize_t>(base->seq().size());

@@ -53,8 +53,12 @@ struct ConstV {  // a Python value known at capture time (guarded if it came fro
                          // identity (Interpreter::by_structure)
   VarPtr super_self;     // a super() object: the receiver tracker its methods bind to
 };
+// What Python type a graph value stands for: a torch.Tensor, or (NumPy code, numpy.cpp) an
+// np.ndarray or a NumPy scalar (np.float64: what NumPy's reductions and full indexing give).
+enum class PyForm : uint8_t { Tensor, NdArray, NumpyScalar };
 struct TensorV {  // a tensor in the graph; rebinding `node` updates every alias
   ir::Node* node = nullptr;
+  PyForm form = PyForm::Tensor;
 };
 struct TupleV {
   std::vector<VarPtr> items;
@@ -67,6 +71,8 @@ struct DictView {  // a list that shows a dict's keys(), values() or items(), re
 struct ListV {
   std::vector<VarPtr> items;
   std::optional<DictView> view;
+  bool deque = false;      // a collections.deque made in the frame (its left end is items[0])
+  Py_ssize_t maxlen = -1;  // a deque's maxlen (-1: unbounded)
 };
 struct NullV {};  // the NULL that CALL's calling convention pushes
 struct MethodV {  // a bound method: receiver + name
@@ -163,7 +169,17 @@ struct Var {
   template <class T> const T& as() const { return const_cast<Var*>(this)->as<T>(); }
 
   bool is_const() const { return is<ConstV>(); }
-  bool is_tensor() const { return is<TensorV>(); }
+  // A torch.Tensor. NumPy values are graph nodes too (node() works on them), but never pass
+  // for tensors: torch code handed one is not captured (eager raises there).
+  bool is_tensor() const {
+    auto* t = get_if<TensorV>();
+    return t && t->form == PyForm::Tensor;
+  }
+  bool in_graph() const { return is<TensorV>(); }  // a graph node: a tensor or a NumPy value
+  bool is_array() const {  // an np.ndarray or NumPy scalar in the graph
+    auto* t = get_if<TensorV>();
+    return t && t->form != PyForm::Tensor;
+  }
   // The Python object a constant or a module tracker stands for.
   PyObject* obj() const {
     if (auto* c = get_if<ConstV>()) {
@@ -233,8 +249,8 @@ struct Var {
     return std::make_shared<Var>(ConstV{o}, std::move(src));
   }
   static VarPtr steal_constant(PyObject* o) { return std::make_shared<Var>(ConstV{o}); }
-  static VarPtr tensor(ir::Node* n, SourcePtr src = nullptr) {
-    VarPtr v = std::make_shared<Var>(TensorV{n}, std::move(src));
+  static VarPtr tensor(ir::Node* n, SourcePtr src = nullptr, PyForm form = PyForm::Tensor) {
+    VarPtr v = std::make_shared<Var>(TensorV{n, form}, std::move(src));
     if (auto* f = tensor_hook()) (*f)(v);
     return v;
   }

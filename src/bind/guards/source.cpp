@@ -80,6 +80,12 @@ SourcePtr Source::made(PyObject* obj) {
   return s;
 }
 
+SourcePtr Source::array(SourcePtr base) {
+  auto s = std::make_shared<Source>(Source{Kind::Array});
+  s->base = std::move(base);
+  return s;
+}
+
 bool Source::made_in_frame() const {
   for (const Source* s = this; s; s = s->base.get())
     if (s->kind == Kind::Made) return true;
@@ -108,6 +114,7 @@ std::string Source::str() const {
     case Kind::Key: return base->str() + "[" + name + "]";
     case Kind::Seed: return "<a fresh seed from torch's default generator>";
     case Kind::Made: return "<a " + name + " made in the frame>";
+    case Kind::Array: return "torch.from_numpy(" + base->str() + ")";
   }
   return "?";
 }
@@ -331,6 +338,10 @@ PyObject* read_from_base(const Source& s, PyObject* base) {
       }
       v = PyObject_GetItem(base, s.key);
       break;
+    case Source::Kind::Array:
+      // A new tensor per call over the caller's array (torch.from_numpy): its guards (type of
+      // the base, then dtype, shape and strides) say whether the graph still reads it right.
+      return is_ndarray(base) ? tensor_from_ndarray(base) : nullptr;
     default: return nullptr;
   }
   if (!v) clear_error();

@@ -19,7 +19,8 @@ struct Source {
   // from constants at every call (a module without parameters, nn.Softmax(dim=-1)): what is
   // read from it is the same at every call, so nothing under it is guarded, and it cannot be
   // read back from a frame (a graph break or a result that hands it out is not captured).
-  enum class Kind { Local, Global, Attr, Item, Closure, Key, Seed, Made } kind;
+  // Array: torch.from_numpy(base) of the np.ndarray at `base` (an input of NumPy code).
+  enum class Kind { Local, Global, Attr, Item, Closure, Key, Seed, Made, Array } kind;
   int local = -1;            // Local: the slot in the bound arguments
   std::string name;          // Local/Global/Attr: the name
   PyObject* key = nullptr;   // Global/Attr: interned name string; Key: the key; Item: str(index) (owned)
@@ -36,6 +37,7 @@ struct Source {
   static SourcePtr key_of(SourcePtr base, PyObject* key);  // base[key] for any hashable key (dicts)
   static SourcePtr seed();
   static SourcePtr made(PyObject* obj);  // names the object's type
+  static SourcePtr array(SourcePtr base);
   ~Source();
 
   bool made_in_frame() const;  // this source, or one it is read from, is Made

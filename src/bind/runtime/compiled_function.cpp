@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "bind/hook/frame_hook.h"
+#include "bind/torch/tensor_bridge.h"
 #include "bind/hook/frame_policy.h"
 #include "bind/interrupts.h"
 #include "bind/runtime/autograd_node.h"
@@ -495,6 +496,16 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
       PyObject* o = outs[spec.index];
       Py_INCREF(o);
       return o;
+    }
+    case OutSpec::Kind::Array:
+    case OutSpec::Kind::NumpyScalar: {
+      PyObject* a = ndarray_from_tensor(outs[spec.index]);
+      if (!a || spec.kind == OutSpec::Kind::Array) return a;
+      PyObject* none = PyTuple_New(0);
+      PyObject* scalar = PyObject_GetItem(a, none);  // arr[()]: NumPy's scalar of a 0-d array
+      Py_DECREF(none);
+      Py_DECREF(a);
+      return scalar;
     }
     case OutSpec::Kind::Const: Py_INCREF(spec.value); return spec.value;
     case OutSpec::Kind::Copy:

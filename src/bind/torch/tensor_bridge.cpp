@@ -6,6 +6,7 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/tensor_dtypes.h>
+#include <torch/csrc/utils/tensor_numpy.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -320,6 +321,46 @@ AutocastState autocast_state() {
 std::string AutocastState::str() const {
   auto one = [](bool on, DType t) { return std::string(on ? "" : "off, ") + dtype_name(t); };
   return "cpu=" + one(cpu, cpu_dtype) + " cuda=" + one(cuda, cuda_dtype);
+}
+
+bool is_ndarray(PyObject* obj) {
+  static PyObject* ndarray = nullptr;  // found once NumPy is imported (kiln never imports it)
+  if (!ndarray) {
+    PyObject* name = PyUnicode_FromString("numpy");
+    PyObject* np = name ? PyImport_GetModule(name) : nullptr;
+    Py_XDECREF(name);
+    if (np) ndarray = PyObject_GetAttrString(np, "ndarray");
+    Py_XDECREF(np);
+    if (!ndarray) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return reinterpret_cast<PyObject*>(Py_TYPE(obj)) == ndarray;
+}
+
+PyObject* tensor_from_ndarray(PyObject* arr) {
+  try {
+    // A read-only array is taken too (torch warns of it; kiln never writes into an input it
+    // did not see written in the function).
+    return THPVariable_Wrap(torch::utils::tensor_from_numpy(arr, /*warn_if_not_writeable=*/false));
+  } catch (...) {
+    PyErr_Clear();
+    return nullptr;
+  }
+}
+
+PyObject* ndarray_from_tensor(PyObject* t) {
+  if (!THPVariable_Check(t)) {
+    PyErr_SetString(PyExc_TypeError, "kiln: an ndarray output that is not a tensor");
+    return nullptr;
+  }
+  try {
+    return torch::utils::tensor_to_numpy(THPVariable_Unpack(t), /*force=*/false);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
 }
 
 }  // namespace kiln::bind

@@ -80,6 +80,18 @@ bool cpu_scalar_value(PyObject* t, double& out);
 // Adds one to such a tensor in place, bumping its version as torch's add_ does.
 bool add_one_in_place(PyObject* t);
 
+// NumPy arrays at the boundary of a compiled function (capture/numpy.cpp): an input ndarray is
+// read as the tensor torch.from_numpy makes of it, an output handed out as Tensor.numpy()'s
+// ndarray; both share memory with what they are made from.
+// Exactly numpy.ndarray (no subclass: np.matrix and masked arrays behave otherwise); false
+// when NumPy was never imported.
+bool is_ndarray(PyObject* obj);
+// torch.from_numpy(arr) as a new reference; nullptr, with no error set, for an array it refuses
+// (a dtype torch lacks, strides that are not a multiple of the item size, byte-swapped data).
+PyObject* tensor_from_ndarray(PyObject* arr);
+// t.numpy() as a new reference; nullptr with a Python error set.
+PyObject* ndarray_from_tensor(PyObject* t);
+
 // torch.autocast's state for the device types kiln compiles for: whether it is on, and its dtype.
 struct AutocastState {
   bool cpu = false, cuda = false;
