@@ -259,7 +259,7 @@ VarPtr Interpreter::index_tensor(const VarPtr& base, const VarPtr& index) {
   }
   int64_t consumed = 0;
   for (const VarPtr& p : parts) {
-    if (!p->is_const()) {
+    if (!p->is_const() || PyList_Check(p->known())) {  // x[[3, 0, 2]]: a list of indices is advanced indexing too
       // advanced indexing (tensors, lists of tensors): torch's own __getitem__ as an extern
       static PyObject* getitem = PyObject_GetAttrString(resolve_torch("Tensor"), "__getitem__");
       return torch_extern(getitem, "Tensor.__getitem__", {base, index}, {});

@@ -521,6 +521,7 @@ int Interpreter::op_contains_op(const Instr& in, const CodeInfo& ci) {
       found = dict_find(b, const_obj(a, "key")) >= 0;
     } else {
       for (const VarPtr& x : b->seq()) {
+        if (found) break;  // Python stops at the first item that is (or equals) the value
         if (x->in_graph() || a->in_graph()) {
           if (x->in_graph() && a->in_graph() && x->node() == a->node()) found = true;
           else if (x->in_graph() != a->in_graph()) continue;

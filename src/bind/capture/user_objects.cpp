@@ -119,7 +119,10 @@ VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
     keep_.push_back(Py_NewRef(ga));
     return inline_call(ga, nullptr, {rec, real(PyUnicode_FromString(name.c_str()))}, {});
   }
-  unsupported(std::string("AttributeError: '") + t->tp_name + "' object has no attribute '" + name + "'");
+  // the AttributeError eager raises: a handler in the function (try/except AttributeError) takes it
+  PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", t->tp_name, name.c_str());
+  real(nullptr);
+  return nullptr;
 }
 
 bool Interpreter::object_has_attr(const VarPtr& rec, const std::string& name) {
