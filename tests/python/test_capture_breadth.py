@@ -915,7 +915,37 @@ def object_method_chaining(x, y):
     return Accumulator().add(x).add(y).mean()
 
 
-@case(xfail="'bytecode GET_YIELD_FROM_ITER is not supported yet'")
+def _flatten(items):
+    for it in items:
+        if isinstance(it, (list, tuple)):
+            yield from _flatten(it)
+        else:
+            yield it
+
+
+def _doubled(ts):
+    for t in ts:
+        yield t * 2
+    return len(ts)
+
+
+def _doubled_then_count(ts):
+    n = yield from _doubled(ts)
+    yield n
+
+
+@case()
+def generator_yield_from_recursive_flatten(x, y):
+    return sum(_flatten([x, [y, (x * y, [y - x])]]))
+
+
+@case()
+def generator_yield_from_return_value(x, y):
+    a, b, n = _doubled_then_count([x, y])
+    return a + b * n
+
+
+@case()
 def object_user_container_protocols(x, y):
     bag = Bag(x, y, x + y)
     return sum(bag) * len(bag) + bag[-1]

@@ -406,6 +406,7 @@ VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<Var
   if (co->co_flags & CO_GENERATOR) {
     // A generator runs to its end at once: the caller iterates over what it yielded.
     VarPtr it = Var::iterator(std::move(child.yields_));
+    it->as<IteratorV>().returned = r;
     return it;
   }
   return r;

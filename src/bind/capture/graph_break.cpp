@@ -74,6 +74,8 @@ VarPtr Interpreter::clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr
           for (VarPtr& x : n.items) cl(x);
         if constexpr (std::is_same_v<T, ListV>)
           if (n.view) cl(n.view->dict);
+        if constexpr (std::is_same_v<T, IteratorV>)
+          if (n.returned) cl(n.returned);
         if constexpr (std::is_same_v<T, MethodV>) Py_XINCREF(n.fn), cl(n.self);
         if constexpr (std::is_same_v<T, CellV>) cl(n.content);
         if constexpr (std::is_same_v<T, RecordV>) Py_XINCREF(n.cls);

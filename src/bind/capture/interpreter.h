@@ -532,6 +532,9 @@ class Interpreter {
   int op_make_function(const Instr& in, const CodeInfo& ci);
   int op_return_generator(const Instr& in, const CodeInfo& ci);
   int op_yield_value(const Instr& in, const CodeInfo& ci);
+  int op_get_yield_from_iter(const Instr& in, const CodeInfo& ci);
+  int op_send(const Instr& in, const CodeInfo& ci);
+  int op_end_send(const Instr& in, const CodeInfo& ci);
   int op_before_with(const Instr& in, const CodeInfo& ci);
   int op_format_value(const Instr& in, const CodeInfo& ci);
   int op_build_string(const Instr& in, const CodeInfo& ci);

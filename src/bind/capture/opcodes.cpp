@@ -101,6 +101,39 @@ int Interpreter::op_yield_value(const Instr& in, const CodeInfo& ci) {
   return -1;
 }
 
+// `yield from items` in a generator kiln runs to its end: GET_YIELD_FROM_ITER makes the items an
+// iterator, then SEND hands out one item per round of SEND / YIELD_VALUE / JUMP_BACKWARD until
+// none are left, when it jumps past the loop with the sub-iterator's return value (None).
+int Interpreter::op_get_yield_from_iter(const Instr& in, const CodeInfo& ci) {
+  VarPtr v = pop();
+  push(v->kind() == Var::Kind::Iterator ? v : Var::iterator(items_of(v)));
+  return -1;
+}
+
+int Interpreter::op_send(const Instr& in, const CodeInfo& ci) {
+  pop();  // the value sent in: None (nothing sends into a generator kiln runs to its end)
+  VarPtr& it = peek(1);
+  if (it->kind() != Var::Kind::Iterator) unsupported("yield from an unknown iterator");
+  auto& left = it->as<IteratorV>().items;
+  if (left.empty()) {
+    VarPtr returned = it->as<IteratorV>().returned;
+    if (PY_VERSION_HEX < 0x030C0000) pop();  // 3.11 drops the iterator here; 3.12 at END_SEND
+    push(returned ? returned : Var::constant(Py_None));  // the sub-generator's return value
+    return in.jump_target;
+  }
+  VarPtr next = left.front();
+  left.erase(left.begin());
+  push(next);
+  return -1;
+}
+
+int Interpreter::op_end_send(const Instr& in, const CodeInfo& ci) {
+  VarPtr v = pop();
+  pop();  // the iterator under the value
+  push(v);
+  return -1;
+}
+
 int Interpreter::op_before_with(const Instr& in, const CodeInfo& ci) {
   VarPtr ctx = pop();
   ModeChange m;
@@ -770,6 +803,9 @@ const std::array<Interpreter::Handler, OP_UNKNOWN + 1>& Interpreter::handlers() 
       {{OP_MAKE_FUNCTION}, &Interpreter::op_make_function},
       {{OP_RETURN_GENERATOR}, &Interpreter::op_return_generator},
       {{OP_YIELD_VALUE}, &Interpreter::op_yield_value},
+      {{OP_GET_YIELD_FROM_ITER}, &Interpreter::op_get_yield_from_iter},
+      {{OP_SEND}, &Interpreter::op_send},
+      {{OP_END_SEND}, &Interpreter::op_end_send},
       {{OP_BEFORE_WITH}, &Interpreter::op_before_with},
       {{OP_FORMAT_VALUE}, &Interpreter::op_format_value},
       {{OP_BUILD_STRING}, &Interpreter::op_build_string},

@@ -85,6 +85,7 @@ struct ModuleV {  // an nn.Module instance
 };
 struct IteratorV {  // a loop over values known at capture time: the items left
   std::vector<VarPtr> items;
+  VarPtr returned;  // a generator's return value (what `yield from` it gives); nullptr: None
 };
 struct Entries {  // keys (constants, owned) and one value tracker each
   std::vector<PyObject*> keys;
