@@ -6,7 +6,8 @@ For one program and a maker of its inputs, ``compare_with_eager_and_dynamo``
      the inputs, then again on new inputs,
   3. requires kiln's graph count and break count to be no larger than torch._dynamo.explain's
      on the same function and inputs, and kiln to capture something wherever Dynamo does.
-Where Dynamo itself captures nothing, only the results are compared.
+Where Dynamo itself captures nothing (or fails: older torch versions do on some programs), only
+the results are compared.
 """
 from __future__ import annotations
 
@@ -108,11 +109,14 @@ def compare_with_eager_and_dynamo(fn, make_inputs):
 
     # counts: kiln's against Dynamo's on the same function and inputs
     torch._dynamo.reset()
-    dyn = torch._dynamo.explain(fn)(*_clone(args))
+    try:
+        dyn = torch._dynamo.explain(fn)(*_clone(args))
+    except Exception:  # noqa: BLE001 - Dynamo itself fails on this program in this torch (older ones do)
+        dyn = None
     torch._dynamo.reset()
     exp = kiln.explain(fn)(*_clone(args))
     reasons = [r["reason"] for r in exp.break_reasons]
-    if dyn.graph_count > 0:
+    if dyn is not None and dyn.graph_count > 0:
         assert exp.graph_count >= 1, f"kiln runs it eagerly, Dynamo captures {dyn.graph_count} graph(s): {reasons}"
         assert exp.graph_count <= dyn.graph_count, (
             f"kiln {exp.graph_count} graphs, Dynamo {dyn.graph_count}: {reasons}")
@@ -130,3 +134,6 @@ def compare_with_eager_and_dynamo(fn, make_inputs):
         got = _run(compiled, kiln_args)
         _assert_same(got, want, f"call {call} result")
         _assert_same(kiln_args, eager_args, f"call {call} inputs after the call")
+    if dyn is None:
+        # the values were checked; the counts have nothing to be compared with
+        pytest.skip(f"torch._dynamo.explain fails on this program in torch {torch.__version__}")

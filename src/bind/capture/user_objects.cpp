@@ -100,6 +100,18 @@ VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
   if (name == "__dict__") unsupported("__dict__ of an object made during capture");
   if (a) {
     if (PyFunction_Check(a)) return Var::method(rec, name, a);
+    static PyObject* cached_property = object_at("functools.cached_property");
+    if (cached_property && PyObject_TypeCheck(a, reinterpret_cast<PyTypeObject*>(cached_property))) {
+      // functools.cached_property: computed on first read and kept in the object's attributes,
+      // where the next read finds it (above)
+      PyObject* func = PyObject_GetAttrString(a, "func");
+      if (!func) real(nullptr);
+      keep_.push_back(func);
+      if (!PyFunction_Check(func)) unsupported("cached_property " + name + " without a Python function");
+      VarPtr v = inline_call(func, nullptr, {rec}, {});
+      object_store(rec, name, v);
+      return v;
+    }
     if (Py_IS_TYPE(a, &PyStaticMethod_Type) || Py_IS_TYPE(a, &PyClassMethod_Type) || !Py_TYPE(a)->tp_descr_get ||
         Py_IS_TYPE(a, &PyMethodDescr_Type) || Py_IS_TYPE(a, &PyWrapperDescr_Type)) {
       if (Py_IS_TYPE(a, &PyMethodDescr_Type) || Py_IS_TYPE(a, &PyWrapperDescr_Type))

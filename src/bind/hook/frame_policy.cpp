@@ -95,7 +95,7 @@ bool contained(PyObject* func) {
 }
 
 // Whether kiln takes frames of this function: not torch (by file, or by module for code torch
-// generates), not kiln, not the standard library, not code that dataclasses and namedtuple
+// generates), not kiln, not the standard library (nor typing_extensions), not code that dataclasses and namedtuple
 // generate with exec/eval ("<string>"), not generators or module bodies.
 bool takes(PyObject* func) {
   auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(func));
@@ -109,6 +109,10 @@ bool takes(PyObject* func) {
   if (module && PyUnicode_Check(module)) {
     std::string m = PyUnicode_AsUTF8(module);
     if (m == "torch" || m.rfind("torch.", 0) == 0 || m == "kiln" || m.rfind("kiln.", 0) == 0) return false;
+    // typing's backport, installed beside the packages rather than in the standard library: its
+    // helpers run when a module is imported (torch imports some on first use, inside a step
+    // that runs eagerly), never on tensors
+    if (m == "typing_extensions") return false;
   }
   return true;
 }
