@@ -52,7 +52,6 @@ CASES, case = registry(_xy)
 TENSOR_KEY = "tensor as dict key / set item: 'expected a Python value for dict key/set item, got a tensor'"
 MODULE_BUILT = "nn.Module built in the function: 'call to torch.nn.modules...'"
 VIEW_INPLACE = "in-place on a view of an input: 'in-place ... on a view: not captured yet'"
-BREAK_IN_WITH = "break in a with block: whole call eager ('call to builtins.print')"
 
 
 # =============================================================================================
@@ -984,7 +983,7 @@ def object_returned_to_caller(x, y):
     return Shifted(x * 2, y + 1)
 
 
-@case(xfail="'bytecode LOAD_BUILD_CLASS is not supported yet'")
+@case()
 def object_class_defined_in_function(x, y):
     class Local:
         def __init__(self, t):
@@ -1305,7 +1304,7 @@ def break_in_while_loop(x, y):
     return out
 
 
-@case(xfail=BREAK_IN_WITH)
+@case()
 def break_in_no_grad_block(x, y):
     with torch.no_grad():
         a = x * 2
@@ -1314,7 +1313,7 @@ def break_in_no_grad_block(x, y):
     return b + x
 
 
-@case(inputs=_requires_grad_x, xfail=BREAK_IN_WITH)
+@case(inputs=_requires_grad_x)
 def break_in_no_grad_block_grad_mode_restored(x, y):
     with torch.no_grad():
         a = x * 2
@@ -1323,7 +1322,7 @@ def break_in_no_grad_block_grad_mode_restored(x, y):
     return b + x * 3
 
 
-@case(inputs=_requires_grad_x, xfail=BREAK_IN_WITH)
+@case(inputs=_requires_grad_x)
 def break_in_enable_grad_inside_no_grad(x, y):
     with torch.no_grad():
         c = x * 2
@@ -1334,7 +1333,7 @@ def break_in_enable_grad_inside_no_grad(x, y):
     return c, e
 
 
-@case(xfail=BREAK_IN_WITH)
+@case()
 def break_in_autocast_block(x, y):
     with torch.autocast("cpu", enabled=False):
         a = x @ y.t()

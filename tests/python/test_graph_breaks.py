@@ -350,17 +350,129 @@ def break_in_loop(x):
     return x
 
 
-def break_in_with(x):
-    with torch.no_grad():
-        y = x * 2
-        print("in with")
+def break_in_with_inside_try(x):
+    try:
+        with torch.no_grad():
+            y = x * 2
+            print("in with")
+    except RuntimeError:
+        y = x
     return y
 
 
-@pytest.mark.parametrize("fn", [break_in_loop, break_in_with], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [break_in_loop, break_in_with_inside_try], ids=lambda f: f.__name__)
 def test_declined_breaks_run_eagerly(fn, capsys):
     matches_eager(fn, rand(4))
     assert kiln.explain(fn)(torch.randn(4)).break_reasons
+
+
+# --------------------------------------------------------------------------------------------
+# breaks inside with blocks (issue 15, part 4): the resume function runs in the block's modes
+# and leaves them as the block's __exit__ would
+
+
+def _rg(*shape):
+    return lambda: (torch.randn(*shape, requires_grad=True), torch.randn(*shape))
+
+
+def break_in_no_grad(x, y):
+    with torch.no_grad():
+        a = x * 2
+        print("", end="")
+        b = a * y
+    return b + x * 3, torch.is_grad_enabled()
+
+
+def break_in_nested_modes(x, y):
+    with torch.no_grad():
+        c = x * 2
+        with torch.enable_grad():
+            d = x * y
+            print("", end="")
+            e = d.sin()
+        f = e * 2
+    return c, e, f, torch.is_grad_enabled()
+
+
+def two_breaks_in_one_block(x, y):
+    with torch.no_grad():
+        a = x + 1
+        print("", end="")
+        b = a * y
+        print("", end="")
+        c = b.exp()
+    return c + x
+
+
+@pytest.mark.parametrize("fn", [break_in_no_grad, break_in_nested_modes, two_breaks_in_one_block],
+                         ids=lambda f: f.__name__)
+def test_break_inside_with_block_matches_eager_and_leaves_grad_mode(fn, capsys):
+    cf = kiln.compile(fn)
+    for grad in (True, False):
+        for _ in range(2):
+            x, y = _rg(4)()
+            with torch.set_grad_enabled(grad):
+                want = fn(x, y)
+                got = cf(x, y)
+                assert torch.is_grad_enabled() == grad, "the call left grad mode changed"
+            for g, w in zip(got, want):
+                if isinstance(w, torch.Tensor):
+                    torch.testing.assert_close(g, w)
+                    assert g.requires_grad == w.requires_grad
+                else:
+                    assert g == w
+    kg, kb = kiln_counts(fn, *_rg(4)())
+    assert kg >= 2 and kb >= 1, "the block was not captured around its break"
+    dg, db = dynamo_counts(fn, *_rg(4)())
+    assert kg <= dg and kb <= db
+
+
+def test_gradients_through_a_with_block_with_a_break():
+    def f(x, y):
+        with torch.no_grad():
+            s = y * 2
+            print("", end="")
+        return (x * s).sum()
+
+    x, y = _rg(5)()
+    kiln.compile(f)(x, y).backward()
+    x2 = x.detach().clone().requires_grad_()
+    f(x2, y).backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_an_error_at_a_break_inside_a_with_block_restores_grad_mode():
+    def boom(t):
+        print("", end="")
+        raise ValueError("boom")
+
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+            boom(y)
+        return y
+
+    with pytest.raises(ValueError, match="boom"):
+        kiln.compile(f)(torch.randn(3))
+    assert torch.is_grad_enabled()
+
+
+def test_break_inside_autocast_block_matches_eager():
+    def f(x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a = x @ y
+            print("", end="")
+            b = a @ y
+        return b.float() + 1, a.dtype, b.dtype, torch.is_autocast_enabled("cpu")
+
+    cf = kiln.compile(f)
+    for _ in range(2):
+        x, y = torch.randn(8, 8), torch.randn(8, 8)
+        got, want = cf(x, y), f(x, y)
+        torch.testing.assert_close(got[0], want[0], rtol=2e-2, atol=2e-2)
+        assert got[1:] == want[1:]
+        assert not torch.is_autocast_enabled("cpu")
+    assert kiln_counts(f, x, y)[0] >= 2
 
 
 # --------------------------------------------------------------------------------------------

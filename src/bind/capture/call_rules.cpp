@@ -28,6 +28,7 @@ struct CallRules {
       add(I.builtin("super"), super_);
       add(I.builtin("getattr"), getattr_);
       add(I.builtin("setattr"), setattr_);
+      add(I.builtin("__build_class__"), build_class);
       add(I.builtin("hasattr"), getattr_);
       add(I.builtin("isinstance"), isinstance_);
       add(I.builtin("type"), type_);
@@ -130,6 +131,24 @@ struct CallRules {
     if (args.size() != 3 || !kwargs.empty() || !args[1]->is_const() || !PyUnicode_Check(args[1]->known())) return nullptr;
     I.store_attr(args[0], PyUnicode_AsUTF8(args[1]->known()), args[2]);
     return Var::constant(Py_None);
+  }
+
+  // A class statement in the function: its body run for real, now, as every call would run it,
+  // when the body closes over nothing but constants (its methods then capture like any class's).
+  // The class is one object for every call, where eager makes one per call.
+  static VarPtr build_class(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() < 2) return nullptr;
+    auto* body = args[0]->get_if<FunctionV>();
+    if (!body || !body->rebuildable) unsupported("a class whose body closes over values of the function");
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+    PyTuple_SET_ITEM(t, 0, Py_NewRef(body->fn));
+    for (size_t i = 1; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(I.const_obj(args[i], "class statement argument")));
+    PyObject* kw = kwargs.empty() ? nullptr : PyDict_New();
+    for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), I.const_obj(v, "class keyword"));
+    PyObject* cls = PyObject_Call(fn->obj(), t, kw);
+    Py_DECREF(t);
+    Py_XDECREF(kw);
+    return I.real(cls);
   }
 
   // collections.Counter(...) of Python values: made now, an object of the capture's own (its

@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/capture/mode_setter.h"
 
 #include <cstring>
 
@@ -594,6 +595,12 @@ VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<Var
 
 VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
   PyObject* f = fn->obj();
+  if (ModeChange m; mode_setter_modes(f, m)) {
+    // the __exit__ of a with block a graph break left open (mode_setter.h): its modes from here on
+    enter_modes(m);
+    root()->out_.modes_after = current_modes();  // and for real, when the call runs
+    return Var::constant(Py_False);
+  }
   if (VarPtr r = numpy_call(fn, args, kwargs)) return r;  // numpy.cpp: NumPy functions, torch.from_numpy
   if (const OpBinding* b = function_binding(f))
     if (VarPtr r = call_op(*b, args, kwargs)) return r;  // else a call the entry leaves to torch

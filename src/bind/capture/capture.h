@@ -9,11 +9,13 @@
 #include <Python.h>
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "bind/capture/variables.h"
 #include "bind/guards/guards.h"
 #include "core/ir/graph.h"
 
@@ -43,6 +45,8 @@ struct OutSpec {
                 // class, and a defaultdict's factory) of the dict items[0] (a Dict spec)
     Array,        // graph output `index` as an ndarray over its memory (Tensor.numpy())
     NumpyScalar,  // graph output `index` (0-d) as a NumPy scalar: Tensor.numpy()[()]
+    ModeExit,     // value = (restore, enter), two mode setters (mode_setter.h): enter is called,
+                  // restore handed out: a with block's __exit__ at a graph break inside it
   } kind = Kind::Const;
   int index = 0;                 // Graph: which graph output
   int memo = -1;                 // at a break: values one tracker stands for are one object
@@ -151,6 +155,9 @@ struct CaptureResult {
   // copies each output into its input after the graph ran, before anything else sees them.
   std::vector<std::pair<int, int>> writebacks;
   std::vector<StoreReplay> replays;  // attribute stores to do after the graph, in program order
+  // Grad mode and autocast as the function leaves them, where it left a with block a graph break
+  // had entered for real (it called a mode setter, mode_setter.h): set before the graph runs.
+  std::optional<ModeChange> modes_after;
   std::unique_ptr<GraphBreak> graph_break;
   std::string captured_text;     // the graph as captured, before any pass
   // An output autograd tracks (an input requires grad, grad mode is on): the entry also gets a

@@ -1,5 +1,6 @@
 #include "bind/capture/interpreter.h"
 #include "bind/interrupts.h"
+#include "bind/capture/mode_setter.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
@@ -161,6 +162,17 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       return break_spec(v->as<CellV>().content);
     case Var::Kind::Record: return v->as<RecordV>().plain ? object_spec(v, true) : record_spec(v, true);
     case Var::Kind::Function: return function_spec(v, true);
+    case Var::Kind::ContextExit: {
+      // The __exit__ of a with block the break is inside: at run time the block's modes are set
+      // for real (the instruction and the resume function run in them) and the resume function
+      // gets a callable that restores the modes before the block, as __exit__ would.
+      const ContextExitV& c = v->as<ContextExitV>();
+      if (!c.entered) unsupported("a with block's exit without its modes at a graph break");
+      s.kind = OutSpec::Kind::ModeExit;
+      s.value = Py_BuildValue("(OO)", mode_setter(*c.mode), mode_setter(*c.entered));
+      if (!s.value) real(nullptr);
+      return s;
+    }
   }
   unsupported("a value kiln cannot rebuild at a graph break");
 }
@@ -169,7 +181,7 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   if (PyErr_Occurred()) clear_error();
   if (pc + 1 >= ci.instrs.size()) return false;
   if (in_loop(ci, pc)) return false;  // each iteration would resume anew
-  if (in_exception_block(code_, in.offset)) return false;
+  if (!break_leaves_handlers_intact(code_, in.offset)) return false;
   // The instruction runs for real at the break: its own logged stores are dropped; those of
   // the graph before it are replayed before it runs.
   attr_stores_.resize(before.attr_stores);

@@ -535,6 +535,7 @@ class Interpreter {
   int op_get_yield_from_iter(const Instr& in, const CodeInfo& ci);
   int op_send(const Instr& in, const CodeInfo& ci);
   int op_end_send(const Instr& in, const CodeInfo& ci);
+  int op_load_build_class(const Instr& in, const CodeInfo& ci);
   int op_before_with(const Instr& in, const CodeInfo& ci);
   int op_format_value(const Instr& in, const CodeInfo& ci);
   int op_build_string(const Instr& in, const CodeInfo& ci);

@@ -134,13 +134,22 @@ int Interpreter::op_end_send(const Instr& in, const CodeInfo& ci) {
   return -1;
 }
 
+// `class C: ...` inside the function: builtins.__build_class__, which call_rules.cpp runs for real
+// on a class body that closes over no value of the frame's.
+int Interpreter::op_load_build_class(const Instr& in, const CodeInfo& ci) {
+  push(Var::constant(builtin("__build_class__")));
+  return -1;
+}
+
 int Interpreter::op_before_with(const Instr& in, const CodeInfo& ci) {
   VarPtr ctx = pop();
   ModeChange m;
   if (ctx->kind() == Var::Kind::Context) m = *ctx->as<ContextV>().mode;
   else if (ctx->is_const()) m = modes_of_object(const_obj(ctx, "context manager"));
   else unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/autocast/nullcontext");
-  push(Var::context(enter_modes(m), Var::Kind::ContextExit));  // its __exit__ restores the modes before
+  VarPtr exit = Var::context(enter_modes(m), Var::Kind::ContextExit);  // its __exit__ restores the modes before
+  exit->as<ContextExitV>().entered = std::make_shared<const ModeChange>(m);
+  push(exit);
   push(Var::constant(Py_None));
   return -1;
 }
@@ -806,6 +815,7 @@ const std::array<Interpreter::Handler, OP_UNKNOWN + 1>& Interpreter::handlers() 
       {{OP_GET_YIELD_FROM_ITER}, &Interpreter::op_get_yield_from_iter},
       {{OP_SEND}, &Interpreter::op_send},
       {{OP_END_SEND}, &Interpreter::op_end_send},
+      {{OP_LOAD_BUILD_CLASS}, &Interpreter::op_load_build_class},
       {{OP_BEFORE_WITH}, &Interpreter::op_before_with},
       {{OP_FORMAT_VALUE}, &Interpreter::op_format_value},
       {{OP_BUILD_STRING}, &Interpreter::op_build_string},

@@ -10,6 +10,7 @@ namespace {
 // Opcode numbers of the running interpreter, read from `dis` once.
 struct Opcodes {
   int LOAD_FAST, DELETE_FAST, PUSH_NULL, JUMP_FORWARD, RESUME, EXTENDED_ARG, LOAD_CONST, UNARY_NEGATIVE, RETURN_VALUE;
+  int PUSH_EXC_INFO, WITH_EXCEPT_START;
   std::set<int> free;  // instructions whose argument indexes cell and free variables
   bool ok = false;
 };
@@ -33,6 +34,8 @@ const Opcodes& opcodes() {
     r.LOAD_CONST = op("LOAD_CONST");
     r.UNARY_NEGATIVE = op("UNARY_NEGATIVE");
     r.RETURN_VALUE = op("RETURN_VALUE");
+    r.PUSH_EXC_INFO = op("PUSH_EXC_INFO");
+    r.WITH_EXCEPT_START = op("WITH_EXCEPT_START");
     for (Py_ssize_t i = 0; hasfree && i < PySequence_Size(hasfree); ++i) {
       PyObject* v = PySequence_GetItem(hasfree, i);
       r.free.insert(static_cast<int>(PyLong_AsLong(v)));
@@ -139,6 +142,26 @@ ExceptionHandler exception_handler(PyObject* code, int offset) {
       return h;
     }
   return h;
+}
+
+bool break_leaves_handlers_intact(PyObject* code, int offset) {
+  const Opcodes& ops = opcodes();
+  const std::string bytecode = bytes_of(code, "co_code");
+  auto op_at = [&](int unit) { return unit >= 0 && 2 * static_cast<size_t>(unit) < bytecode.size() ? static_cast<unsigned char>(bytecode[2 * unit]) : -1; };
+  // A handler that catches: PUSH_EXC_INFO, then anything but a with block's WITH_EXCEPT_START.
+  auto catches = [&](const ExcEntry& e) { return op_at(e.target) == ops.PUSH_EXC_INFO && op_at(e.target + 1) != ops.WITH_EXCEPT_START; };
+  auto with_cleanup = [&](const ExcEntry& e) { return op_at(e.target) == ops.PUSH_EXC_INFO && op_at(e.target + 1) == ops.WITH_EXCEPT_START; };
+  const std::vector<ExcEntry> table = parse_exception_table(bytes_of(code, "co_exceptiontable"));
+  bool covered = false;
+  for (const ExcEntry& e : table)
+    if (e.start <= offset / 2 && offset / 2 < e.end) {
+      if (!with_cleanup(e)) return false;
+      covered = true;
+    }
+  if (!covered) return true;
+  // The instruction at the break runs outside the function: an exception it raises would miss
+  // an except or finally around the with block, so none may be anywhere in the code.
+  return std::none_of(table.begin(), table.end(), catches);
 }
 
 bool in_exception_block(PyObject* code, int offset) {

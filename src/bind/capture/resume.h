@@ -28,8 +28,13 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
 PyObject* make_trampoline(PyObject* code, PyObject* holder);
 
 // Whether the instruction at byte `offset` lies inside a try/with block (an exception table
-// entry covers it): kiln does not break there.
+// entry covers it).
 bool in_exception_block(PyObject* code, int offset);
+// Whether a graph break at `offset` can hand its exception handlers to the resume function:
+// outside every block, or inside `with` blocks only (their __exit__ is on the stack, rebuilt
+// by the break) in code with no try/except/finally, whose handler an exception raised by the
+// instruction run at the break (outside the function) would miss.
+bool break_leaves_handlers_intact(PyObject* code, int offset);
 
 // The handler an exception raised by the instruction at `offset` jumps to: its offset, the stack
 // depth to unwind to, and whether the raising instruction's offset is pushed first (lasti).

@@ -117,6 +117,7 @@ struct ContextV {  // torch.no_grad(), torch.autocast(...), nullcontext(): what 
 };
 struct ContextExitV {  // the __exit__ of an entered Context: what it restores
   ModeChangePtr mode;
+  ModeChangePtr entered;  // what entering set (the block's modes), for a graph break inside it
 };
 
 // A value tracker. Trackers are shared (VarPtr) and updated in place, so every alias sees a

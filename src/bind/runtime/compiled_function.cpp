@@ -8,6 +8,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "bind/capture/mode_setter.h"
 #include "bind/hook/frame_hook.h"
 #include "bind/torch/tensor_bridge.h"
 #include "bind/hook/frame_policy.h"
@@ -507,6 +508,13 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
       Py_DECREF(a);
       return scalar;
     }
+    case OutSpec::Kind::ModeExit: {
+      // the with block's modes, set for real; its __exit__, the setter of the modes before it
+      PyObject* entered = PyObject_CallNoArgs(PyTuple_GET_ITEM(spec.value, 1));
+      if (!entered) return nullptr;
+      Py_DECREF(entered);
+      return Py_NewRef(PyTuple_GET_ITEM(spec.value, 0));
+    }
     case OutSpec::Kind::Const: Py_INCREF(spec.value); return spec.value;
     case OutSpec::Kind::Copy:
       if (PyDict_Check(spec.value)) return PyDict_Copy(spec.value);
@@ -710,7 +718,21 @@ PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, con
   const GraphBreak& b = *e.capture.graph_break;
   std::vector<PyObject*> owned;
   std::vector<PyObject*> memo(b.memo_slots, nullptr);
+  // The __exit__ setters of with blocks the break is inside, once their modes are set: an error
+  // before the resume function runs (the instruction raised) leaves those blocks as their
+  // __exit__ would, innermost first, the error kept.
+  std::vector<PyObject*> exits;
   auto done = [&](PyObject* r) {
+    if (!r && !exits.empty()) {
+      PyObject *t, *v, *tb;
+      PyErr_Fetch(&t, &v, &tb);
+      for (auto it = exits.rbegin(); it != exits.rend(); ++it) {
+        PyObject* x = PyObject_CallNoArgs(*it);
+        if (x) Py_DECREF(x);
+        else PyErr_Clear();
+      }
+      PyErr_Restore(t, v, tb);
+    }
     for (PyObject* o : owned) Py_XDECREF(o);
     for (PyObject* o : memo) Py_XDECREF(o);
     return r;
@@ -729,6 +751,7 @@ PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, con
     if (s.kind == OutSpec::Kind::Null) continue;
     if (!build(s)) return done(nullptr);
     resume_args.push_back(owned.back());
+    if (s.kind == OutSpec::Kind::ModeExit) exits.push_back(owned.back());
   }
   // The instruction's operands (nullptr for a CALL's NULL slot).
   std::vector<PyObject*> ops;
@@ -862,6 +885,7 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
   if (ok) {
     std::vector<PyObject*> outs;
     bool ran;
+    if (e.capture.modes_after) apply_modes(*e.capture.modes_after);  // a with block a break had entered, left
     if (e.passthrough) {
       for (int i : e.passthrough_inputs) outs.push_back(Py_NewRef(inputs[i]));
       ran = true;

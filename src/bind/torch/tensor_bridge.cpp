@@ -318,6 +318,13 @@ AutocastState autocast_state() {
   return s;
 }
 
+void set_autocast_state(const AutocastState& s) {
+  at::autocast::set_autocast_enabled(c10::DeviceType::CPU, s.cpu);
+  at::autocast::set_autocast_enabled(c10::DeviceType::CUDA, s.cuda);
+  at::autocast::set_autocast_dtype(c10::DeviceType::CPU, to_torch(s.cpu_dtype));
+  at::autocast::set_autocast_dtype(c10::DeviceType::CUDA, to_torch(s.cuda_dtype));
+}
+
 std::string AutocastState::str() const {
   auto one = [](bool on, DType t) { return std::string(on ? "" : "off, ") + dtype_name(t); };
   return "cpu=" + one(cpu, cpu_dtype) + " cuda=" + one(cuda, cuda_dtype);

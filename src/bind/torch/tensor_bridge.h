@@ -103,5 +103,8 @@ struct AutocastState {
   std::string str() const;
 };
 AutocastState autocast_state();
+// Sets torch.autocast's state for both devices (what a with block's modes are, at a graph break
+// inside it).
+void set_autocast_state(const AutocastState& s);
 
 }  // namespace kiln::bind
