@@ -213,3 +213,56 @@ def test_cpu_convolutions_read_weights_prepacked_once_and_see_them_change():
                 net[2].weight = torch.nn.Parameter(torch.randn_like(net[2].weight))  # another tensor
         x = torch.randn(3, 3, 10, 10)           # another batch: packed for its input sizes
         _close(f(x), net(x))
+
+
+class _GatheredBufferEmbedding(torch.nn.Module):
+    """BERT's token-type ids: a torch.gather over buffers alone, then an embedding of them."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("ids", torch.tensor([3, 1, 4, 1, 5, 9, 2, 6]))
+        self.register_buffer("pos", torch.arange(6))
+        self.emb = torch.nn.Embedding(10, 4)
+
+    def forward(self, x):
+        idx = torch.gather(self.ids.expand(2, -1), 1, self.pos.expand(2, -1))
+        return self.emb(idx) + x
+
+
+def test_a_deterministic_torch_call_of_buffers_runs_once_and_sees_them_change():
+    torch.manual_seed(0)
+    m = _GatheredBufferEmbedding().eval()
+    x = torch.randn(2, 6, 4)
+    with torch.no_grad():
+        e = kiln.explain(m)(x)
+        assert e.graph_count == 1 and len(e.prologues) == 1, e
+        assert "gather" in e.prologues[0]["graph"] and "gather" not in e.graphs[0], e.graphs[0]
+        cm = kiln.compile(m)
+        torch.testing.assert_close(cm(x), m(x))
+        runs = kiln.stats()["prologue_runs"]
+        torch.testing.assert_close(cm(x + 1), m(x + 1))
+        assert kiln.stats()["prologue_runs"] == runs, "the prologue ran again with nothing changed"
+        m.ids.copy_(torch.tensor([0, 2, 4, 6, 8, 1, 3, 5]))  # an in-place update of the buffer
+        torch.testing.assert_close(cm(x), m(x))
+        m.emb.weight.mul_(2)
+        torch.testing.assert_close(cm(x), m(x))
+
+
+def test_a_seeded_random_torch_call_of_buffers_stays_in_the_main_graph():
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mean", torch.zeros(3))
+            self.register_buffer("std", torch.ones(3))
+
+        def forward(self, x):
+            return x + torch.normal(self.mean, self.std)
+
+    m = Noisy()
+    x = torch.randn(3)
+    with torch.no_grad():
+        e = kiln.explain(m)(x)
+        assert not any("normal" in p["graph"] for p in e.prologues), e.prologues
+        cm = kiln.compile(m)
+        a, b = cm(x), cm(x)
+        assert not torch.equal(a, b), "a random draw was computed once and reused"

@@ -1597,6 +1597,43 @@ void Interpreter::offer_in_place(const VarPtr& result, const VarPtr& target, PyO
 // Losses in the float32 list of torch's CUDA autocast (aten/src/ATen/autocast_mode.cpp) that kiln
 // runs as torch calls, by the function object. CPU autocast casts some of their parts and not
 // others: not taken there.
+// A torch function (torch.gather, not a Tensor method or a Python function) whose result depends
+// on its arguments alone, by torch's own op metadata: the aten op of its name, none of whose
+// functional overloads is tagged nondeterministic_seeded (random numbers) or mutates an input.
+// The prologue (passes/prologue.cpp) may compute such a call once.
+static bool deterministic_torch_function(PyObject* f) {
+  static std::unordered_map<PyObject*, bool> known;
+  auto [it, fresh] = known.emplace(f, false);
+  if (!fresh) return it->second;
+  static PyObject* torch_mod = PyImport_ImportModule("torch");
+  static PyObject* aten = object_at("torch.ops.aten");
+  static PyObject* seeded = object_at("torch.Tag.nondeterministic_seeded");
+  static PyObject* out_tag = object_at("torch.Tag.out");
+  PyObject* name = PyObject_GetAttrString(f, "__name__");
+  PyObject* same = name && PyUnicode_Check(name) && torch_mod ? PyObject_GetAttr(torch_mod, name) : nullptr;
+  PyObject* packet = same == f && aten && seeded ? PyObject_GetAttr(aten, name) : nullptr;
+  PyObject* overloads = packet ? PyObject_CallMethod(packet, "overloads", nullptr) : nullptr;
+  bool ok = overloads && PyList_Check(overloads) && PyList_GET_SIZE(overloads) > 0;
+  for (Py_ssize_t i = 0; ok && overloads && i < PyList_GET_SIZE(overloads); ++i) {
+    PyObject* op = PyObject_GetAttr(packet, PyList_GET_ITEM(overloads, i));
+    PyObject* tags = op ? PyObject_GetAttrString(op, "tags") : nullptr;
+    PyObject* schema = op ? PyObject_GetAttrString(op, "_schema") : nullptr;
+    PyObject* mutable_ = schema ? PyObject_GetAttrString(schema, "is_mutable") : nullptr;
+    const bool is_out = tags && out_tag && PySequence_Contains(tags, out_tag) == 1;
+    if (!tags || !mutable_ || PySequence_Contains(tags, seeded) != 0 || (mutable_ == Py_True && !is_out)) ok = false;
+    Py_XDECREF(mutable_);
+    Py_XDECREF(schema);
+    Py_XDECREF(tags);
+    Py_XDECREF(op);
+  }
+  Py_XDECREF(overloads);
+  Py_XDECREF(packet);
+  Py_XDECREF(same);
+  Py_XDECREF(name);
+  clear_error();
+  return it->second = ok;
+}
+
 static bool cuda_float32_loss(PyObject* f) {
   static const std::unordered_set<PyObject*> losses = [] {
     std::unordered_set<PyObject*> m;
@@ -1880,6 +1917,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
       a.set("out_strides", info.strides);
     }
     a.set("out_dtype", info.dtype);
+    if (deterministic_torch_function(f)) a.set("deterministic", true);
     if (factory_device) {
       PyObject* type = PyObject_GetAttrString(factory_device, "type");
       PyObject* index = PyObject_GetAttrString(factory_device, "index");

@@ -10,11 +10,14 @@
 // an optimizer step or load_state_dict), so no call reads a stale value.
 //
 // What is hoisted: nodes whose inputs are all stable placeholders, constants or hoisted nodes,
-// with constant sizes, on one device, and that are neither torch_calls (any Python callable) nor
-// per-call values (size_value, scalar_input). The values that cross to the main graph are
+// with constant sizes, on one device, and that are neither torch_calls of callables capture did
+// not find deterministic (attribute `deterministic`: a torch function whose aten op is neither
+// seeded-random nor mutating; BERT's gather of its token-type buffer) nor per-call values
+// (size_value, scalar_input). The values that cross to the main graph are
 // computed ones, never views (a view of a parameter costs nothing per call, and a cached view
 // would outlive what it views) nor graph outputs (a cached tensor handed to the caller could be
 // written to); such a node stays in the main graph and what it reads crosses instead.
+#include <algorithm>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -33,7 +36,7 @@ bool is_stable_input(const ir::Graph& g, const ir::Node* n) {
 bool computed_from_stable(const ir::Graph& g, const ir::Node* n) {
   if (n->op_name() == "placeholder") return is_stable_input(g, n);
   if (n->op->kind == ops::OpKind::Source && n->op_name() != "scalar") return false;
-  if (n->op_name() == "torch_call") return false;
+  if (n->op_name() == "torch_call" && !n->attrs.get_bool("deterministic")) return false;
   for (const ir::Node* in : n->inputs)
     if (in && !computed_from_stable(g, in)) return false;
   return true;
@@ -73,9 +76,11 @@ std::unique_ptr<ir::Graph> split_prologue(ir::Graph& g, std::vector<int>& prolog
       hoistable.insert(n);
       continue;
     }
-    if (n->op == torch_call || n->op == size_value || n->op == scalar_input) continue;
+    if ((n->op == torch_call && !n->attrs.get_bool("deterministic")) || n->op == size_value || n->op == scalar_input) continue;
     if (!all_sizes_constant(n->meta)) continue;
-    if (n->op->keep_unused && n->op->keep_unused(*n)) continue;  // a side effect of its own
+    // a side effect of its own (a deterministic torch_call is kept only so that its errors raise,
+    // which the prologue's run does)
+    if (n->op->keep_unused && n->op->keep_unused(*n) && !(n->op == torch_call && n->attrs.get_bool("deterministic"))) continue;
     bool inputs_ok = true;
     for (const ir::Node* in : n->inputs)
       inputs_ok = inputs_ok && (!in || hoistable.count(in));
@@ -85,7 +90,7 @@ std::unique_ptr<ir::Graph> split_prologue(ir::Graph& g, std::vector<int>& prolog
     hoistable.insert(n);
   }
   auto computed = [&](const ir::Node* n) {
-    return hoistable.count(n) && n->op->kind != ops::OpKind::Source && !n->op->aliases();
+    return hoistable.count(n) && n->op->kind != ops::OpKind::Source && !n->op->aliases() && !n->attrs.get_bool("view");
   };
   // Views and outputs stay in the main graph: what they read crosses instead, down to
   // computed values (a view of a stable placeholder reads that placeholder, which is an input
@@ -159,6 +164,20 @@ std::unique_ptr<ir::Graph> split_prologue(ir::Graph& g, std::vector<int>& prolog
   for (ir::Node* n : crossing) {
     ir::Node* in = g.placeholder(n->name, n->meta);
     g.replace_all_uses(n, in);
+  }
+  // A deterministic torch_call the prologue computes is kept in the main graph only for the
+  // errors it may raise, which the prologue's run raises: the main graph drops it once unused.
+  dead_code_elimination(g);
+  g.recompute_users();
+  for (bool erased = true; erased;) {
+    erased = false;
+    g.erase_if([&](const ir::Node* n) {
+      const bool gone = n->op == torch_call && n->users.empty() && needed.count(n) && !kept.count(n) &&
+                        std::find(g.outputs().begin(), g.outputs().end(), n) == g.outputs().end();
+      erased = erased || gone;
+      return gone;
+    });
+    g.recompute_users();
   }
   dead_code_elimination(g);
   return pg;
