@@ -894,7 +894,8 @@ def object_identity_is(x, y):
     return x * (2.0 if a is b else 0.0) + y * (3.0 if a is not c else 0.0)
 
 
-@case(xfail="user objects as dict keys: 'expected a Python value for dict key', 'call to builtins.hash'")
+@case(xfail="user objects as dict keys: 'expected a Python value for dict key', 'call to builtins.hash'",
+      strict=False)  # torch 2.11's Dynamo captures none of it: there only the values are compared
 def object_user_eq_and_hash(x, y):
     table = {Key("x"): x, Key("y"): y}
     same = Key("x") == Key("x")

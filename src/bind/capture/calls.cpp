@@ -1608,7 +1608,6 @@ static bool deterministic_torch_function(PyObject* f) {
   static PyObject* torch_mod = PyImport_ImportModule("torch");
   static PyObject* aten = object_at("torch.ops.aten");
   static PyObject* seeded = object_at("torch.Tag.nondeterministic_seeded");
-  static PyObject* out_tag = object_at("torch.Tag.out");
   PyObject* name = PyObject_GetAttrString(f, "__name__");
   PyObject* same = name && PyUnicode_Check(name) && torch_mod ? PyObject_GetAttr(torch_mod, name) : nullptr;
   PyObject* packet = same == f && aten && seeded ? PyObject_GetAttr(aten, name) : nullptr;
@@ -1619,7 +1618,15 @@ static bool deterministic_torch_function(PyObject* f) {
     PyObject* tags = op ? PyObject_GetAttrString(op, "tags") : nullptr;
     PyObject* schema = op ? PyObject_GetAttrString(op, "_schema") : nullptr;
     PyObject* mutable_ = schema ? PyObject_GetAttrString(schema, "is_mutable") : nullptr;
-    const bool is_out = tags && out_tag && PySequence_Contains(tags, out_tag) == 1;
+    // an out= overload writes its out argument only (capture refuses out=); others must not mutate
+    bool is_out = false;
+    PyObject* arguments = schema ? PyObject_GetAttrString(schema, "arguments") : nullptr;
+    for (Py_ssize_t k = 0; arguments && PyList_Check(arguments) && k < PyList_GET_SIZE(arguments); ++k) {
+      PyObject* flag = PyObject_GetAttrString(PyList_GET_ITEM(arguments, k), "is_out");
+      is_out = is_out || flag == Py_True;
+      Py_XDECREF(flag);
+    }
+    Py_XDECREF(arguments);
     if (!tags || !mutable_ || PySequence_Contains(tags, seeded) != 0 || (mutable_ == Py_True && !is_out)) ok = false;
     Py_XDECREF(mutable_);
     Py_XDECREF(schema);
