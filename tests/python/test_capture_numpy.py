@@ -380,6 +380,14 @@ def asarray_and_array_of_arrays(a, b):
     return c, d, np.ascontiguousarray(a.T)
 
 
+@case()
+def arrays_of_python_numbers(a, b):
+    w = np.array([0.5, -1.0, 2.0, 0.0, 1.5])
+    k = np.asarray([[1, 2, 3, 4, 5]])  # int64, as NumPy infers it
+    flags = np.array([True, False, True, True, False])
+    return a * w + k, np.where(flags, b, 0.0), np.array([1, 2], dtype=np.float32), np.array(2.5) * a
+
+
 # =============================================================================================
 # linear algebra
 

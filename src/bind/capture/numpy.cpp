@@ -683,11 +683,37 @@ struct NumpyRules {
     auto axes = axes_arg(I, a, 1, x->node()->meta.dim());
     return as_array(I, call_torch(I, "flip", {tensor_of(x), ints_const(axes ? *axes : all_dims(x->node()->meta.dim()))}), false);
   }
+  // np.array([[1, 2], [3, 4]]) of Python numbers: a new array per call (a torch.tensor factory in
+  // the graph), its dtype the one NumPy infers (float64 for floats, int64 for ints) or is given.
+  static VarPtr from_python_values(Interpreter& I, const Args& a, size_t i_dtype, const char* name) {
+    if (!a[0]) unsupported(std::string("numpy ") + name + "() without a value: TypeError");
+    PyObject* values = I.const_obj(a[0], "array values");  // lists of tensors stop capture here
+    const NumpyObjects* np = numpy_objects();
+    PyObject* asarray = PyObject_GetAttrString(np->module, "asarray");
+    PyObject* kw = PyDict_New();
+    if (a.given(i_dtype)) PyDict_SetItemString(kw, "dtype", I.const_obj(a[i_dtype], "dtype"));
+    PyObject* t = PyTuple_Pack(1, values);
+    PyObject* arr = asarray && t ? PyObject_Call(asarray, t, kw) : nullptr;  // what NumPy makes of them
+    Py_XDECREF(t);
+    Py_DECREF(kw);
+    Py_XDECREF(asarray);
+    if (!arr) I.real(nullptr);
+    PyObject* dtype = PyObject_GetAttrString(arr, "dtype");
+    PyObject* type = dtype ? PyObject_GetAttrString(dtype, "type") : nullptr;
+    const auto dt = type ? dtype_of_scalar_type(type) : std::nullopt;
+    PyObject* list = dt ? PyObject_CallMethod(arr, "tolist", nullptr) : nullptr;  // the values NumPy cast
+    Py_XDECREF(type);
+    Py_XDECREF(dtype);
+    Py_DECREF(arr);
+    if (!dt) unsupported(std::string("numpy ") + name + "() of values that make an array kiln has no kernels for");
+    if (!list) I.real(nullptr);
+    return as_array(I, call_torch(I, "tensor", {I.real(list)}, {{"dtype", dtype_const(*dt)}}), false);
+  }
   static VarPtr copy(Interpreter& I, const char* name, std::vector<VarPtr>& args, KwArgs& kwargs) {
     // np.copy(a), np.array(a) (copy=True), a.copy()
     Args a = bind(name, {"a", "dtype", "copy", "order", "subok", "ndmin"}, args, kwargs);
     refuse(a, name, {{3, "order"}, {5, "ndmin"}});
-    if (!a[0] || !a[0]->is_array()) return nullptr;  // of Python values: NumPy builds it (below)
+    if (!a[0] || !a[0]->is_array()) return from_python_values(I, a, 1, name);
     const VarPtr& x = a[0];
     const auto dt = dtype_arg(I, a, 1);
     const bool no_copy = a.given(2) && !I.truth(a[2]);
@@ -700,7 +726,7 @@ struct NumpyRules {
     // are what is asked (the same object, as NumPy returns it), else a copy
     Args a = bind(name, {"a", "dtype", "order", "like", "copy"}, args, kwargs);
     refuse(a, name, {{3, "like"}});
-    if (!a[0] || !a[0]->is_array()) return nullptr;
+    if (!a[0] || !a[0]->is_array()) return from_python_values(I, a, 1, name);
     const VarPtr& x = a[0];
     const auto dt = dtype_arg(I, a, 1);
     const bool contiguous = std::string(name) == "ascontiguousarray";
@@ -900,10 +926,10 @@ struct NumpyRules {
       add(mod, "ravel", ravel, "ravel");
       add(mod, "broadcast_to", broadcast_to, "broadcast_to");
       add(mod, "flip", flip, "flip");
-      add(mod, "copy", copy, "copy");
-      add(mod, "array", copy, "array");
-      add(mod, "asarray", asarray, "asarray");
-      add(mod, "ascontiguousarray", asarray, "ascontiguousarray");
+      add(mod, "copy", copy, "copy", true);
+      add(mod, "array", copy, "array", true);
+      add(mod, "asarray", asarray, "asarray", true);
+      add(mod, "ascontiguousarray", asarray, "ascontiguousarray", true);
       for (const char* n : {"zeros", "ones", "full"}) add(mod, n, filled, n, true);
       add(mod, "empty", filled, "zeros", true);  // any values will do; zeros are reproducible
       for (const char* n : {"zeros_like", "ones_like", "full_like"}) add(mod, n, filled_like, n, true);
