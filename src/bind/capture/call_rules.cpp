@@ -140,15 +140,9 @@ struct CallRules {
     if (args.size() < 2) return nullptr;
     auto* body = args[0]->get_if<FunctionV>();
     if (!body || !body->rebuildable) unsupported("a class whose body closes over values of the function");
-    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
-    PyTuple_SET_ITEM(t, 0, Py_NewRef(body->fn));
-    for (size_t i = 1; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(I.const_obj(args[i], "class statement argument")));
-    PyObject* kw = kwargs.empty() ? nullptr : PyDict_New();
-    for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), I.const_obj(v, "class keyword"));
-    PyObject* cls = PyObject_Call(fn->obj(), t, kw);
-    Py_DECREF(t);
-    Py_XDECREF(kw);
-    return I.real(cls);
+    std::vector<VarPtr> real_args = args;
+    real_args[0] = Var::constant(body->fn);  // its cells hold the constants it closes over
+    return I.real(I.call_for_real(fn->obj(), real_args, kwargs, "class statement argument"));
   }
 
   // collections.Counter(...) of Python values: made now, an object of the capture's own (its
@@ -156,13 +150,7 @@ struct CallRules {
   static VarPtr counter(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     // (const_obj takes lists and tuples of Python values made in the frame; one holding a tensor
     // stops capture with the reason)
-    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
-    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(I.const_obj(args[i], "Counter argument")));
-    PyObject* kw = kwargs.empty() ? nullptr : PyDict_New();
-    for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), I.const_obj(v, "Counter argument"));
-    PyObject* c = PyObject_Call(fn->obj(), t, kw);
-    Py_DECREF(t);
-    Py_XDECREF(kw);
+    PyObject* c = I.call_for_real(fn->obj(), args, kwargs, "Counter argument");
     if (!c) I.real(nullptr);
     I.keep_.push_back(c);
     I.root()->private_.insert(c);
@@ -223,11 +211,7 @@ struct CallRules {
   // torch functions that answer from Python values alone (torch.can_cast(torch.int32, dt)).
   static VarPtr on_python_values(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (!std::all_of(args.begin(), args.end(), [](const VarPtr& a) { return a->is_const(); }) || !kwargs.empty()) return nullptr;
-    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
-    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(I.const_obj(args[i], "argument")));
-    PyObject* r = PyObject_Call(fn->obj(), t, nullptr);
-    Py_DECREF(t);
-    return I.real(r);
+    return I.real(I.call_for_real(fn->obj(), args, kwargs));
   }
 
   static VarPtr isinstance_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
@@ -354,14 +338,7 @@ struct CallRules {
     if (args.empty() || !std::all_of(args.begin(), args.end(), [](auto& a) { return a->is_const(); }) ||
         !std::all_of(kwargs.begin(), kwargs.end(), [](auto& kv) { return kv.second->is_const(); }))
       return nullptr;
-    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
-    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(I.const_obj(args[i], "argument")));
-    PyObject* kw = PyDict_New();
-    for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), I.const_obj(v, "argument"));
-    PyObject* p = PyObject_Call(fn->obj(), t, kw);
-    Py_DECREF(t);
-    Py_DECREF(kw);
-    return I.real(p);
+    return I.real(I.call_for_real(fn->obj(), args, kwargs));
   }
 
   // inspect.signature(fn): a property of the code, never of tensors; asked of the real callable.

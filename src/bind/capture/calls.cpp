@@ -691,16 +691,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
                          : (!args.empty() && args[0]->is_const() &&
                             (PyFunction_Check(f) || f == builtin("setattr") || f == builtin("delattr")))
                              ? args[0]->known() : nullptr;
-    if (receiver && is_private(receiver)) {
-      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
-      for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "argument")));
-      PyObject* kw = kwargs.empty() ? nullptr : PyDict_New();
-      for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), const_obj(v, "argument"));
-      PyObject* r = PyObject_Call(f, t, kw);
-      Py_DECREF(t);
-      Py_XDECREF(kw);
-      return real(r);
-    }
+    if (receiver && is_private(receiver)) return real(call_for_real(f, args, kwargs));
   }
   if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
   {

@@ -224,6 +224,21 @@ VarPtr Interpreter::real(PyObject* r) {
   return Var::steal_constant(r);
 }
 
+PyObject* Interpreter::call_for_real(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, const char* what) {
+  std::vector<PyObject*> values;  // borrowed; read before any Python object is made, so a refusal leaks nothing
+  for (const VarPtr& a : args) values.push_back(const_obj(a, what));
+  std::vector<std::pair<const char*, PyObject*>> named;
+  for (const auto& [k, v] : kwargs) named.emplace_back(k.c_str(), const_obj(v, what));
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+  for (size_t i = 0; i < values.size(); ++i) PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), Py_NewRef(values[i]));
+  PyObject* kw = named.empty() ? nullptr : PyDict_New();
+  for (auto& [k, v] : named) PyDict_SetItemString(kw, k, v);
+  PyObject* r = PyObject_Call(f, t, kw);
+  Py_DECREF(t);
+  Py_XDECREF(kw);
+  return r;
+}
+
 bool Interpreter::replace_slice(std::vector<VarPtr>& items, PyObject* slice, const std::vector<VarPtr>* values) {
   Py_ssize_t start = 0, stop = 0, step = 1;
   if (PySlice_Unpack(slice, &start, &stop, &step) < 0) {

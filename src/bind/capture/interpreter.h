@@ -151,6 +151,9 @@ class Interpreter {
 
   // Runs a real Python operation on constants: it is what the eager code would compute.
   VarPtr real(PyObject* r);
+  // f(*args, **kwargs) run for real on the Python values the trackers stand for (capture stops
+  // at one that is not a Python value): a new reference, or nullptr with Python's error set.
+  PyObject* call_for_real(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, const char* what = "argument");
 
   // ---- binding Python arguments to an op's schema ----
   bool to_int_list(PyObject* o, std::vector<int64_t>& out);

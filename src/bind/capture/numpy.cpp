@@ -1083,16 +1083,7 @@ VarPtr Interpreter::numpy_call(const VarPtr& fn, std::vector<VarPtr>& args, KwAr
   if (!any_array && !e.creates) {
     // NumPy on Python values alone (np.sqrt(2.0), np.float32(x) arithmetic): run for real, as
     // every call would; an array made so would be one object shared by every call: refused.
-    PyObject* targs = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
-    keep_.push_back(targs);
-    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(targs, i, Py_NewRef(const_obj(args[i], "numpy argument")));
-    PyObject* kw = nullptr;
-    if (!kwargs.empty()) {
-      kw = PyDict_New();
-      keep_.push_back(kw);
-      for (auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), const_obj(v, "numpy argument"));
-    }
-    PyObject* r = PyObject_Call(fn->known(), targs, kw);
+    PyObject* r = call_for_real(fn->known(), args, kwargs, "numpy argument");
     if (r && is_ndarray(r)) {
       Py_DECREF(r);
       unsupported("numpy " + callable_name(fn->known()) + " of Python values makes an array: not captured");
