@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 
+#include "core/autodiff/backward_stages.h"
 #include "core/autodiff/joint_graph.h"
 #include "core/autodiff/partition.h"
 #include "core/ops/registry.h"
@@ -375,4 +376,80 @@ TEST(Autodiff, SplitProgramsComputeWhatTheJointGraphDoes) {
     for (size_t e = 0; e < want[o].size(); ++e) ASSERT_NEAR(fwd[o][e], want[o][e], 1e-12) << "output " << o;
   for (size_t i = 0; i < 3; ++i)
     for (size_t e = 0; e < want[2 + i].size(); ++e) ASSERT_NEAR(bwd[i][e], want[2 + i][e], 1e-9) << "grad " << i;
+}
+
+// The backward cut into stages at gradient-bucket boundaries (data-parallel training) computes
+// what the whole backward does: each stage run on its saved values and what earlier stages hand
+// it. The last layer's gradients come first.
+TEST(Autodiff, BackwardStagesComputeWhatTheWholeBackwardDoes) {
+  ir::Graph joint;
+  std::vector<ir::Node*> in = {joint.placeholder("x", f64({4, 8}))};
+  ir::Node* h = in[0];
+  for (int layer = 0; layer < 3; ++layer) {
+    ir::Node* w = joint.placeholder("w" + std::to_string(layer), f64({4, 8}));
+    ir::Node* b = joint.placeholder("b" + std::to_string(layer), f64({8}));
+    in.push_back(w);
+    in.push_back(b);
+    h = joint.must_add("tanh", {joint.must_add("add", {joint.must_add("mul", {h, w}), b})});
+  }
+  joint.outputs().push_back(joint.must_add("sum", {h}));
+  passes::decompose(joint);
+  autodiff::JointGraph jg;
+  std::string why;
+  ASSERT_TRUE(autodiff::build_joint(joint, in, jg, why)) << why;
+  autodiff::Partition part = autodiff::partition_joint(joint, jg);
+  autodiff::SplitGraphs split;
+  ASSERT_TRUE(autodiff::split_joint(joint, jg, part, split, why)) << why;
+  std::mt19937 rng(5);
+  std::normal_distribution<double> nd;
+  std::vector<std::vector<double>> x;
+  for (const ir::Node* i : in) {
+    std::vector<double> v(static_cast<size_t>(numel(i->meta.sizes)));
+    for (double& e : v) e = nd(rng);
+    x.push_back(v);
+  }
+  const auto fwd = run(*split.forward, x);
+  std::vector<std::vector<double>> saved(fwd.begin() + 1, fwd.end());
+  std::vector<std::vector<double>> bwd_in = saved;
+  bwd_in.push_back({0.75});  // the tangent of the sum
+  const auto want = run(*split.backward, bwd_in);
+  ASSERT_EQ(want.size(), in.size());
+
+  // A cap of one weight (4*8 doubles) per stage: a stage per layer or finer.
+  std::vector<autodiff::BackwardStage> stages;
+  ASSERT_TRUE(autodiff::split_backward_stages(*split.backward, saved.size(), 4 * 8 * 8, 4 * 8 * 8, stages, why)) << why;
+  std::vector<size_t> stage_of(in.size(), 0);
+  ASSERT_GE(stages.size(), 3u);
+  std::vector<std::vector<std::vector<double>>> results;
+  std::vector<bool> seen(in.size(), false);
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const autodiff::BackwardStage& st = stages[s];
+    std::vector<std::vector<double>> ins;
+    for (int j : st.saved) ins.push_back(saved[static_cast<size_t>(j)]);
+    if (s == 0) ins.push_back({0.75});
+    else EXPECT_TRUE(st.saved.empty() || !st.received.empty()) << "stage " << s << " reads nothing earlier stages made";
+    for (const auto& r : st.received) {
+      ASSERT_LT(static_cast<size_t>(r.stage), s);
+      ins.push_back(results[static_cast<size_t>(r.stage)][static_cast<size_t>(r.output)]);
+    }
+    results.push_back(run(*st.graph, ins));
+    for (size_t k = 0; k < st.grads.size(); ++k) {
+      const auto grad = static_cast<size_t>(st.grads[k]);
+      ASSERT_FALSE(seen[grad]) << "gradient " << grad << " in two stages";
+      seen[grad] = true;
+      stage_of[grad] = s;
+      ASSERT_EQ(results.back()[k].size(), want[grad].size());
+      for (size_t e = 0; e < want[grad].size(); ++e) ASSERT_NEAR(results.back()[k][e], want[grad][e], 1e-12);
+    }
+  }
+  for (size_t g = 0; g < in.size(); ++g) EXPECT_TRUE(seen[g]) << "gradient " << g << " in no stage";
+  // The last layer's weight (input 5) first, then the middle one's (3), then the first's (1) and x's.
+  EXPECT_EQ(stage_of[5], 0u);
+  EXPECT_LT(stage_of[5], stage_of[3]);
+  EXPECT_LT(stage_of[3], stage_of[1]);
+  EXPECT_LT(stage_of[3], stage_of[0]);
+
+  // Caps larger than all gradients together: no cut.
+  ASSERT_TRUE(autodiff::split_backward_stages(*split.backward, saved.size(), 1 << 30, 1 << 30, stages, why));
+  EXPECT_TRUE(stages.empty());
 }

@@ -5,8 +5,8 @@
 #include <map>
 #include <queue>
 
+#include "core/autodiff/node_copier.h"
 #include "core/ops/registry.h"
-#include "core/sym/shape_env.h"
 
 namespace kiln::autodiff {
 
@@ -91,20 +91,6 @@ class MaxFlow {
   std::vector<size_t> next_;
 };
 
-// Python numbers and sizes: free to have in either program, never saved.
-bool constant(const Node& n) { return n.op->kind == ops::OpKind::Source && n.op_name() != "placeholder"; }
-
-// Bytes of a value, symbolic sizes at their hints (or 1024 when they have none).
-int64_t bytes_of(const Node& n) {
-  int64_t elems = 1;
-  for (const sym::Expr& s : n.meta.sizes) {
-    auto c = s.as_const();
-    if (!c) c = sym::size_hint(s);
-    elems *= c ? std::max<int64_t>(*c, 1) : 1024;
-  }
-  return std::max<int64_t>(elems * static_cast<int64_t>(dtype_size(n.meta.dtype)), 1);
-}
-
 }  // namespace
 
 bool checkpointed(const Node& n) { return n.attrs.get_bool("checkpoint"); }
@@ -177,65 +163,19 @@ Partition partition_joint(const ir::Graph& g, const JointGraph& jg) {
   return out;
 }
 
-namespace {
-
-// Copies nodes of one graph into another, their inputs mapped through `map`; Python numbers and
-// sizes a copied node reads are copied on first use.
-class Copier {
- public:
-  explicit Copier(ir::Graph& to) : to_(to) {}
-  std::map<const Node*, Node*> map;
-  Node* copy(const Node& n, std::string& why) {
-    std::vector<Node*> in;
-    for (const Node* u : n.inputs) {
-      if (!u) {
-        in.push_back(nullptr);
-        continue;
-      }
-      Node* m = lookup(*u, why);
-      if (!m) return nullptr;
-      in.push_back(m);
-    }
-    Node* c = to_.add(n.op, in, n.attrs, why);
-    if (c) {
-      c->source_loc = n.source_loc;
-      map[&n] = c;
-    }
-    return c;
-  }
-  Node* lookup(const Node& u, std::string& why) {
-    auto it = map.find(&u);
-    if (it != map.end()) return it->second;
-    if (constant(u)) return copy(u, why);
-    why = "kiln: " + u.name + " is neither saved nor recomputed";
-    return nullptr;
-  }
-
- private:
-  ir::Graph& to_;
-};
-
-ir::TensorMeta as_input(const Node& n) {
-  ir::TensorMeta m = n.meta;
-  m.offset = 0;
-  return m;
-}
-
-}  // namespace
-
 bool split_joint(const ir::Graph& g, const JointGraph& jg, const Partition& p, SplitGraphs& out, std::string& why) {
   std::set<const Node*> forward_set(jg.forward.begin(), jg.forward.end());
   std::set<const Node*> tangents(jg.tangents.begin(), jg.tangents.end());
   out.forward = std::make_unique<ir::Graph>();
   out.backward = std::make_unique<ir::Graph>();
-  Copier f(*out.forward);
+  NodeCopier f(*out.forward);
   for (const Node* n : jg.forward) {
     if (n->op_name() == "placeholder") f.map[n] = out.forward->placeholder(n->name, n->meta);
     else if (!f.copy(*n, why)) return false;
   }
   for (size_t i = 0; i < jg.forward_outputs; ++i) out.forward->outputs().push_back(f.map.at(g.outputs()[i]));
   for (const Node* s : p.saved) out.forward->outputs().push_back(f.map.at(s));
-  Copier b(*out.backward);
+  NodeCopier b(*out.backward);
   for (const Node* s : p.saved) b.map[s] = out.backward->placeholder("saved_" + s->name, as_input(*s));
   for (const Node* t : jg.tangents)
     if (t) b.map[t] = out.backward->placeholder(t->name, t->meta);
