@@ -90,6 +90,30 @@ class CompiledModule(torch.nn.Module):
         return getattr(self._orig_mod, name)
 
 
+class CompiledDataParallel(CompiledModule):
+    """``kiln.compile(DistributedDataParallel(model))``: DDP's own forward runs as it is (its
+    bucket bookkeeping and hooks are torch's), and the module it wraps runs through kiln, as
+    torch.compile runs DDP (Dynamo skips DDP's forward and compiles the wrapped module's). The
+    wrapped module's ``forward`` is kiln's only while DDP runs it; the model is left as it was."""
+
+    def forward(self, *args, **kwargs):
+        ddp = self._orig_mod
+        inner = ddp.module
+        if "forward" in inner.__dict__:  # the user's own per-instance forward runs as given
+            return ddp(*args, **kwargs)
+        inner.forward = types.MethodType(self._kiln_forward, inner)
+        try:
+            return ddp(*args, **kwargs)
+        finally:
+            del inner.forward
+
+
+def _data_parallel_type():
+    # DistributedDataParallel, if torch.distributed is in use (importing it costs ~100 ms)
+    mod = sys.modules.get("torch.nn.parallel.distributed")
+    return getattr(mod, "DistributedDataParallel", None)
+
+
 def _global_hooks() -> bool:
     return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
 
@@ -153,6 +177,9 @@ def compile(
     def make(fn):
         return _C.compile(fn, mode, fullgraph, disable, limit, backend, dynamic)
 
+    ddp = _data_parallel_type()
+    if ddp is not None and isinstance(model, ddp):
+        return CompiledDataParallel(model, make(type(model.module).forward), None)
     if isinstance(model, torch.nn.Module):
         return CompiledModule(model, make(type(model).forward), make(_call_module))
     if isinstance(model, types.MethodType):
@@ -251,7 +278,7 @@ def explain(fn: Callable, *extra_args, **extra_kwargs):
     like = None  # a compiled function whose backend and mode explain uses
     if isinstance(fn, CompiledModule):
         like = fn._kiln_forward
-        fn = fn._orig_mod
+        fn = fn._orig_mod.module if isinstance(fn, CompiledDataParallel) else fn._orig_mod
     if isinstance(fn, torch.nn.Module):
         module, target = fn, (_call_module if _has_hooks(fn) else type(fn).forward)
     elif isinstance(fn, types.MethodType):

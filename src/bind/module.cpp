@@ -91,6 +91,7 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
       bd["graph"] = r.backward_graph;
       bd["saved"] = r.saved;
       bd["source"] = r.backward_source;
+      bd["stages"] = r.backward_stages;
       backward_graphs.append(bd);
       for (const std::string& k : r.backward_kernels) backward_kernels.append(k);
     }

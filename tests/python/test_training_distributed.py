@@ -3,9 +3,11 @@ DistributedDataParallel, and FSDP2 (`fully_shard`) over blocks whose forward kil
 each in 2 processes, train as single-process eager training does.
 
 gloo on the CPU (CI); NCCL on 2 GPUs where the machine has them (marked `gpu`). DDP's gradient
-hooks fire per parameter, as in eager, when kiln's backward node hands autograd the gradients;
-FSDP2's hooks (all-gather before a block's forward, reduce-scatter after its backward) run in
-Python around the compiled forward and backward.
+hooks fire per parameter, as in eager, when kiln's backward nodes hand autograd the gradients:
+inside DDP the backward is cut at DDP's bucket boundaries, a node per stage, so one bucket's
+all-reduce runs while the next stage computes. FSDP2's hooks (all-gather before a block's
+forward, reduce-scatter after its backward) run in Python around the compiled forward and
+backward.
 """
 import tempfile
 
@@ -76,6 +78,18 @@ def _ddp(model, device):
     return torch.nn.parallel.DistributedDataParallel(kiln.compile(model), device_ids=ids)
 
 
+# Buckets of about 4 KB: the model's 17 KB of parameters in several, so the backward in stages.
+SMALL_BUCKETS_MB = 4096 / 2**20
+
+
+def _compiled_ddp(model, device):
+    # torch.compile's way round: the DDP module compiled (its forward runs as torch's, the module
+    # it wraps through kiln)
+    import kiln
+    ids = [int(device.split(":")[1])] if device.startswith("cuda") else None
+    return kiln.compile(torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=SMALL_BUCKETS_MB))
+
+
 def _fsdp2(model, device):
     import kiln
     from torch.distributed.device_mesh import init_device_mesh
@@ -124,5 +138,108 @@ def test_ddp_over_a_compiled_module_trains_like_one_process(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_ddp_module_with_its_backward_in_bucket_stages_trains_like_one_process(backend):
+    _train_in_processes(backend, _compiled_ddp, compiled_blocks=1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_fsdp2_with_compiled_blocks_trains_like_one_process(backend):
     _train_in_processes(backend, _fsdp2, compiled_blocks=2)
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    # A process group of one (gloo): DDP's reducer, buckets and hooks run as with more ranks.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _stage_nodes(loss):
+    nodes, seen, work = [], set(), [loss.grad_fn]
+    while work:
+        n = work.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        if n.name() == "CompiledFunctionBackward":
+            nodes.append(n)
+        work.extend(f for f, _ in n.next_functions)
+    return nodes
+
+
+def test_backward_in_bucket_stages_accumulates_a_bucket_before_the_next_stage_runs(one_process_group):
+    import kiln
+    model, ref = _model(), _model()
+    compiled = kiln.compile(torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=SMALL_BUCKETS_MB))
+    events = []
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda p, name=name: events.append(name))
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    loss = F.cross_entropy(compiled(x), y)
+    stages = _stage_nodes(loss)
+    assert len(stages) >= 3, "the backward was not cut at DDP's buckets"
+    first = loss.grad_fn.next_functions[0][0].next_functions[0][0]
+    assert first.name() == "CompiledFunctionBackward"
+    for n in stages:
+        n.register_prehook(lambda grads, n=n: events.append(n))
+    loss.backward()
+    # The last Linear's gradients reach their parameters (and DDP's hooks) before the last stage
+    # runs, the first block's after the second stage began; each stage runs once, the first first.
+    ran = [e for e in events if not isinstance(e, str)]
+    assert len(ran) == len(stages) and ran[0] is first
+    assert events.index("2.weight") < events.index(ran[1])
+    assert events.index("0.fc1.weight") > events.index(ran[1])
+    ref_loss = F.cross_entropy(ref(x), y)
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss)
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+    assert kiln.stats()["eager_fallbacks"] == 0
+
+
+def test_backward_in_stages_keeps_autograd_semantics(one_process_group):
+    # retain_graph, torch.autograd.grad of one parameter, an input that requires grad, an output
+    # autograd does not reach, and create_graph's error, through a backward of several stages
+    import kiln
+
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(Block(), Block())
+            self.head, self.aux = torch.nn.Linear(16, 4), torch.nn.Linear(16, 2)
+
+        def forward(self, x):
+            h = self.body(x)
+            return self.head(h), self.aux(h)
+
+    torch.manual_seed(0)
+    model = TwoHeads()
+    ref = TwoHeads()
+    ref.load_state_dict(model.state_dict())
+    compiled = kiln.compile(torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=SMALL_BUCKETS_MB))
+    x = torch.randn(8, 16, requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    out, aux = compiled(x)
+    ref_out, ref_aux = ref(xr)
+    assert len(_stage_nodes(out.sum())) >= 3
+    w = model.body[0].fc1.weight
+    (gw,) = torch.autograd.grad(out.pow(2).sum(), [w], retain_graph=True)
+    (rw,) = torch.autograd.grad(ref_out.pow(2).sum(), [ref.body[0].fc1.weight], retain_graph=True)
+    torch.testing.assert_close(gw, rw)
+    # autograd reaches no output the aux head's gradient flows from: None, as eager's
+    got = torch.autograd.grad(out.sum(), [model.aux.weight, w], allow_unused=True, retain_graph=True)
+    want = torch.autograd.grad(ref_out.sum(), [ref.aux.weight, ref.body[0].fc1.weight], allow_unused=True,
+                               retain_graph=True)
+    assert got[0] is None and want[0] is None
+    torch.testing.assert_close(got[1], want[1])
+    # the same graph again, through every stage
+    out.sum().backward()
+    ref_out.sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad)
+    for a, b in zip(model.body.parameters(), ref.body.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    out2, _ = compiled(x)
+    (g,) = torch.autograd.grad(out2.sum(), [x], create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward through a kiln-compiled graph"):
+        g.sum().backward()

@@ -8,6 +8,9 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <algorithm>
+#include <map>
+#include <memory>
 #include <type_traits>
 
 #include "bind/runtime/executor.h"
@@ -50,9 +53,18 @@ void release_with_gil(std::shared_ptr<BackwardProgram>& p) {
   PyGILState_Release(s);
 }
 
-// The grad_fn of a kiln training entry's outputs (named like torch.compile's).
+// What the first stage of one backward pass tells the later ones: which tangents autograd
+// reached (a gradient computed only from unreached ones is None, as eager's).
+struct StagedCall {
+  std::vector<char> tangent_defined;
+};
+
+// The grad_fn of a kiln training entry's outputs (named like torch.compile's), and the node of
+// each later stage of its backward.
 struct CompiledFunctionBackward final : Node {
   std::shared_ptr<BackwardProgram> program;
+  size_t stage = 0;
+  std::shared_ptr<StagedCall> call;
   std::vector<SavedVariable> saved;
   // Outputs that are results eager's autograd saves (BackwardProgram::result_witnesses): kept
   // as saved outputs so that unpacking them raises autograd's own error if one was changed in
@@ -67,21 +79,51 @@ struct CompiledFunctionBackward final : Node {
     for (SavedVariable& s : witnesses) s.reset_data();
   }
 
+  // The program's inputs: this stage's saved values, then the tangents (first stage, zeros where
+  // autograd reached none) or the values earlier stages handed over.
+  std::vector<at::Tensor> program_inputs(const variable_list& grads) {
+    const BackwardProgram& p = *program;
+    const BackwardStageProgram& st = p.stages[stage];
+    NodePtr self = pointer_to(this);
+    std::vector<at::Tensor> ins;
+    ins.reserve(st.saved.size() + grads.size());
+    for (const SavedVariable& s : saved) ins.push_back(s.unpack(self));  // raises after the graph was freed
+    if (stage == 0) {
+      call->tangent_defined.assign(grads.size(), 0);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        call->tangent_defined[i] = grads[i].defined();
+        at::Tensor g = grads[i].defined() ? grads[i] : input_metadata(i).zeros_like();
+        ins.push_back(g.contiguous());  // the program reads tangents row-major
+      }
+      return ins;
+    }
+    const auto received = std::count_if(st.input_slot.begin(), st.input_slot.end(), [](int x) { return x >= 0; });
+    ins.resize(st.saved.size() + static_cast<size_t>(received));
+    for (size_t i = 0; i < st.input_slot.size() && i < grads.size(); ++i)
+      if (st.input_slot[i] >= 0) ins[st.saved.size() + static_cast<size_t>(st.input_slot[i])] = grads[i];
+    return ins;
+  }
+
+  // Whether autograd reached an output gradient `k` flows from (else eager's None).
+  bool reached(size_t k) const {
+    const BackwardProgram& p = *program;
+    if (k >= p.grad_tangents.size() || p.grad_tangents[k].empty()) return true;
+    for (int t : p.grad_tangents[k])
+      if (static_cast<size_t>(t) < call->tangent_defined.size() && call->tangent_defined[static_cast<size_t>(t)]) return true;
+    return false;
+  }
+
   variable_list apply(variable_list&& grads) override {
     const BackwardProgram& p = *program;
-    std::vector<at::Tensor> ins;
-    ins.reserve(p.saved + p.tangents);
-    NodePtr self = pointer_to(this);
-    for (const SavedVariable& w : witnesses) w.unpack(self);  // raises if changed in place since the call
-    if (!p.backward_error.empty())
-      for (int t : p.error_tangents)
-        if (static_cast<size_t>(t) < grads.size() && grads[t].defined()) throw std::runtime_error(p.backward_error);
-    for (const SavedVariable& s : saved) ins.push_back(s.unpack(self));  // raises after the graph was freed
-    ins.resize(p.saved + p.tangents);
-    for (size_t i = 0; i < grads.size(); ++i) {
-      at::Tensor g = grads[i].defined() ? grads[i] : input_metadata(i).zeros_like();
-      ins[p.saved + i] = g.contiguous();  // the program reads tangents row-major
+    const BackwardStageProgram& st = p.stages[stage];
+    if (stage == 0) {
+      NodePtr self = pointer_to(this);
+      for (const SavedVariable& w : witnesses) w.unpack(self);  // raises if changed in place since the call
+      if (!p.backward_error.empty())
+        for (int t : p.error_tangents)
+          if (static_cast<size_t>(t) < grads.size() && grads[t].defined()) throw std::runtime_error(p.backward_error);
     }
+    std::vector<at::Tensor> ins = program_inputs(grads);
     PyGILState_STATE gil = PyGILState_Ensure();
     std::vector<PyObject*> wrapped, outs;
     for (const at::Tensor& t : ins) wrapped.push_back(THPVariable_Wrap(t));
@@ -89,19 +131,24 @@ struct CompiledFunctionBackward final : Node {
     for (PyObject* w : wrapped) ok = ok && w;
     if (ok) {
       torch::autograd::AutoGradMode no_grad(false);
-      ok = run_program(*p.compiled, *p.prepared, wrapped.data(), outs, scalars.data());
+      ok = run_program(*st.compiled, *st.prepared, wrapped.data(), outs, scalars.data());
     }
-    variable_list result(p.wrt.size());
-    if (ok)
-      for (size_t k = 0; k < p.wrt.size(); ++k) {
-        if (p.grad_of[k] < 0) continue;
-        // None where autograd reached none of the outputs this gradient flows from (a value
-        // handed out at a break that nothing used), as eager's None, not zeros
-        bool reached = k >= p.grad_tangents.size() || p.grad_tangents[k].empty();
-        if (!reached)
-          for (int t : p.grad_tangents[k]) reached = reached || (static_cast<size_t>(t) < grads.size() && grads[t].defined());
-        if (reached) result[k] = THPVariable_Unpack(outs[static_cast<size_t>(p.grad_of[k])]);
+    variable_list result(st.grad_wrt.size() + st.send_output.size());
+    if (ok) {
+      for (size_t e = 0; e < st.grad_wrt.size(); ++e)
+        if (st.grad_output[e] >= 0 && reached(static_cast<size_t>(st.grad_wrt[e])))
+          result[e] = THPVariable_Unpack(outs[static_cast<size_t>(st.grad_output[e])]);
+      for (size_t j = 0; j < st.send_output.size(); ++j) {
+        at::Tensor v = THPVariable_Unpack(outs[static_cast<size_t>(st.send_output[j])]);
+        // The receiving node learns the value's shape, dtype and stream now: autograd checks a
+        // value against it when this node returns (with symbolic sizes it is known only now).
+        const torch::autograd::Edge& to = next_edge(st.grad_wrt.size() + j);
+        torch::autograd::InputMetadata& md = to.function->mutable_input_metadata(to.input_nr);
+        std::destroy_at(&md);
+        std::construct_at(&md, v);
+        result[st.grad_wrt.size() + j] = std::move(v);
       }
+    }
     for (PyObject* o : wrapped) Py_XDECREF(o);
     for (PyObject* o : outs) Py_XDECREF(o);
     if (!ok) {
@@ -114,14 +161,15 @@ struct CompiledFunctionBackward final : Node {
     // create_graph=True: the gradients are not differentiable again; a backward through them
     // raises (torch.compile's AOTAutograd does the same).
     if (torch::autograd::GradMode::is_enabled()) {
+      torch::autograd::edge_list grad_edges(next_edges().begin(), next_edges().begin() + static_cast<std::ptrdiff_t>(st.grad_wrt.size()));
       NodePtr error = make_node<torch::autograd::Error>(
           "kiln: double backward through a kiln-compiled graph is not supported (its gradients were computed with "
           "create_graph=True); run this function eagerly for higher-order gradients",
-          torch::autograd::edge_list(next_edges()));  // the gradients depend on the inputs
-      for (at::Tensor& r : result)
-        if (r.defined()) {
-          r = r.detach();
-          torch::autograd::set_history(r, error);
+          std::move(grad_edges));  // the gradients depend on the inputs
+      for (size_t e = 0; e < st.grad_wrt.size(); ++e)
+        if (result[e].defined()) {
+          result[e] = result[e].detach();
+          torch::autograd::set_history(result[e], error);
         }
     }
     return result;
@@ -132,6 +180,53 @@ struct CompiledFunctionBackward final : Node {
 
 BackwardProgram::~BackwardProgram() = default;
 
+void plan_backward_stages(BackwardProgram& p, const std::vector<autodiff::BackwardStage>& cut) {
+  std::map<int, int> wrt_of_grad;  // gradient (backward output) -> `wrt` edge
+  for (size_t k = 0; k < p.grad_of.size(); ++k)
+    if (p.grad_of[k] >= 0) wrt_of_grad[p.grad_of[k]] = static_cast<int>(k);
+  if (cut.empty()) {
+    BackwardStageProgram& st = p.stages.at(0);
+    for (size_t j = 0; j < p.saved; ++j) st.saved.push_back(static_cast<int>(j));
+    st.inputs = p.tangents;
+    for (size_t k = 0; k < p.wrt.size(); ++k) {
+      st.grad_wrt.push_back(static_cast<int>(k));
+      st.grad_output.push_back(k < p.grad_of.size() ? p.grad_of[k] : -1);
+    }
+    return;
+  }
+  for (size_t s = 0; s < cut.size(); ++s) {
+    BackwardStageProgram& st = p.stages.at(s);
+    st.saved = cut[s].saved;
+    st.inputs = s == 0 ? p.tangents : cut[s].received.size();
+    for (size_t i = 0; s > 0 && i < cut[s].received.size(); ++i) st.input_slot.push_back(static_cast<int>(i));
+    for (size_t j = 0; j < cut[s].grads.size(); ++j) {
+      st.grad_wrt.push_back(wrt_of_grad.at(cut[s].grads[j]));
+      st.grad_output.push_back(static_cast<int>(j));
+    }
+  }
+  for (size_t k = 0; k < p.wrt.size(); ++k)  // inputs no gradient reaches: None, from the first stage
+    if (k >= p.grad_of.size() || p.grad_of[k] < 0) {
+      p.stages[0].grad_wrt.push_back(static_cast<int>(k));
+      p.stages[0].grad_output.push_back(-1);
+    }
+  for (size_t m = 1; m < cut.size(); ++m) {
+    bool after_previous = false;
+    for (size_t i = 0; i < cut[m].received.size(); ++i) {
+      const auto& r = cut[m].received[i];
+      BackwardStageProgram& from = p.stages.at(static_cast<size_t>(r.stage));
+      from.send_output.push_back(r.output);
+      from.send_to.emplace_back(static_cast<int>(m), static_cast<int>(i));
+      after_previous = after_previous || r.stage == static_cast<int>(m) - 1;
+    }
+    if (!after_previous) {  // stages run in order, whatever they read
+      BackwardStageProgram& st = p.stages[m];
+      st.input_slot.push_back(-1);
+      p.stages[m - 1].send_output.push_back(0);
+      p.stages[m - 1].send_to.emplace_back(static_cast<int>(m), static_cast<int>(st.inputs++));
+    }
+  }
+}
+
 bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedProgram& prep,
                                const std::shared_ptr<BackwardProgram>& backward, PyObject* const* inputs,
                                std::vector<PyObject*>& outputs, const int64_t* scalars, size_t scalar_count) {
@@ -141,16 +236,32 @@ bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedP
     if (!run_program(forward, prep, inputs, outputs, scalars)) return false;
   }
   try {
-    NodePtr node_ptr = make_node<CompiledFunctionBackward>();
-    auto* node = static_cast<CompiledFunctionBackward*>(node_ptr.get());
-    node->program = backward;
-    node->scalars.assign(scalars, scalars + scalar_count);
-    std::vector<at::Tensor> wrt;
-    for (int i : bp.wrt) wrt.push_back(THPVariable_Unpack(inputs[i]));
-    node->set_next_edges(torch::autograd::collect_next_edges(wrt));
-    // The outputs autograd reaches through the node, in tangent order. A view (of an input or
-    // of the program's own buffer) becomes a tensor of its own first: a view made under no_grad
-    // cannot take a grad_fn.
+    // One node per stage, made last stage first: autograd runs, of the nodes ready at once, the
+    // one made last first, and the stages run in order.
+    const size_t n = bp.stages.size();
+    auto call = std::make_shared<StagedCall>();
+    std::vector<NodePtr> nodes(n);
+    for (size_t s = n; s-- > 0;) {
+      const BackwardStageProgram& st = bp.stages[s];
+      nodes[s] = make_node<CompiledFunctionBackward>();
+      auto* node = static_cast<CompiledFunctionBackward*>(nodes[s].get());
+      node->program = backward;
+      node->stage = s;
+      node->call = call;
+      node->scalars.assign(scalars, scalars + scalar_count);
+      std::vector<at::Tensor> wrt;
+      for (int k : st.grad_wrt) wrt.push_back(THPVariable_Unpack(inputs[bp.wrt[static_cast<size_t>(k)]]));
+      torch::autograd::edge_list edges = torch::autograd::collect_next_edges(wrt);
+      for (const auto& [to, input] : st.send_to) edges.emplace_back(nodes[static_cast<size_t>(to)], static_cast<uint32_t>(input));
+      node->set_next_edges(std::move(edges));
+      // A later stage's inputs are told their shapes when the stage handing them over runs.
+      if (s > 0)
+        for (size_t i = 0; i < st.inputs; ++i) node->add_input_metadata(Node::undefined_input());
+    }
+    auto* first = static_cast<CompiledFunctionBackward*>(nodes[0].get());
+    // The outputs autograd reaches through the first node, in tangent order. A view (of an input
+    // or of the program's own buffer) becomes a tensor of its own first: a view made under
+    // no_grad cannot take a grad_fn.
     for (size_t i = 0; i < bp.outputs; ++i) {
       if (bp.tangent_of[i] < 0) continue;
       at::Tensor t = THPVariable_Unpack(outputs[i]);
@@ -159,15 +270,18 @@ bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedP
         Py_SETREF(outputs[i], THPVariable_Wrap(t));
         if (!outputs[i]) throw python_error();
       }
-      torch::autograd::set_history(t, node_ptr);
+      torch::autograd::set_history(t, nodes[0]);
     }
-    for (int i : bp.result_witnesses) node->witnesses.emplace_back(THPVariable_Unpack(outputs[static_cast<size_t>(i)]), true);
-    for (size_t j = 0; j < bp.saved; ++j) {
-      PyObject* o = outputs[bp.outputs + j];
-      const int as_output = bp.saved_as_output[j];
-      at::Tensor t = THPVariable_Unpack(as_output >= 0 ? outputs[static_cast<size_t>(as_output)] : o);
-      node->saved.emplace_back(t, as_output >= 0);
-    }
+    for (int i : bp.result_witnesses) first->witnesses.emplace_back(THPVariable_Unpack(outputs[static_cast<size_t>(i)]), true);
+    // Each stage keeps the saved values it reads. One that is also an output is saved as an
+    // output (without its grad_fn, the first node: a later stage holding it would be a cycle).
+    for (size_t s = 0; s < n; ++s)
+      for (int j : bp.stages[s].saved) {
+        PyObject* o = outputs[bp.outputs + static_cast<size_t>(j)];
+        const int as_output = bp.saved_as_output[static_cast<size_t>(j)];
+        at::Tensor t = THPVariable_Unpack(as_output >= 0 ? outputs[static_cast<size_t>(as_output)] : o);
+        static_cast<CompiledFunctionBackward*>(nodes[s].get())->saved.emplace_back(t, as_output >= 0);
+      }
   } catch (...) {
     for (PyObject* o : outputs) Py_XDECREF(o);
     outputs.clear();

@@ -8,17 +8,37 @@
 #include <string>
 #include <vector>
 
+#include "core/autodiff/backward_stages.h"
 #include "core/pipeline/compile_graph.h"
 
 namespace kiln::bind {
 
 struct PreparedProgram;
 
-// What an entry's autograd node runs in backward(), and how the forward program's outputs
-// map onto it (autodiff::TrainingGraphs' bookkeeping, plus where the `wrt` inputs are).
-struct BackwardProgram {
+// One program of the backward and the autograd node that runs it. The backward is one stage,
+// or several cut at DistributedDataParallel's bucket boundaries (core/autodiff/backward_stages.h):
+// a node per stage, the first the grad_fn of the outputs, each handing the values later stages
+// read to their nodes along autograd edges, so autograd accumulates (and DDP's hooks all-reduce)
+// one stage's gradients while the next stage computes.
+struct BackwardStageProgram {
   std::unique_ptr<pipeline::CompiledGraph> compiled;
   std::shared_ptr<PreparedProgram> prepared;
+  std::vector<int> saved;        // the program's first inputs: these saved values
+  size_t inputs = 0;             // autograd inputs: the tangents (first stage), values handed over (later ones)
+  std::vector<int> input_slot;   // per autograd input of a later stage: its program input after `saved`, or -1
+                                 // (an edge from the stage before that only orders the two)
+  // The node's next edges: gradients first (per edge, the `wrt` index and the program output,
+  // -1 for none), then one per value handed to a later stage (the program output, and the
+  // stage and autograd input it goes to).
+  std::vector<int> grad_wrt, grad_output;
+  std::vector<int> send_output;
+  std::vector<std::pair<int, int>> send_to;
+};
+
+// What an entry's autograd nodes run in backward(), and how the forward program's outputs map
+// onto it (autodiff::TrainingGraphs' bookkeeping, plus where the `wrt` inputs are).
+struct BackwardProgram {
+  std::vector<BackwardStageProgram> stages;  // at least one
   size_t outputs = 0, saved = 0, tangents = 0;
   std::vector<int> tangent_of, saved_as_output, grad_of;
   std::vector<std::vector<int>> grad_tangents;  // per gradient: the tangents it is computed from
@@ -30,8 +50,14 @@ struct BackwardProgram {
   ~BackwardProgram();
 };
 
-// Runs the forward program of a training entry (grad mode off), keeps its saved values in a new
-// autograd node and makes that node the grad_fn of the outputs that have a tangent. `outputs`
+// The stages' tables, from the core's cut (empty: one stage, the whole backward, whose inputs
+// are all saved values and the tangents and whose outputs are the gradients). `stages` holds
+// the compiled programs already, one per cut stage.
+void plan_backward_stages(BackwardProgram& p, const std::vector<autodiff::BackwardStage>& cut);
+
+// Runs the forward program of a training entry (grad mode off), keeps its saved values in new
+// autograd nodes (one per backward stage) and makes the first the grad_fn of the outputs that
+// have a tangent. `outputs`
 // gets the captured graph's outputs only. False with a Python error set on failure.
 bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedProgram& prep,
                                const std::shared_ptr<BackwardProgram>& backward, PyObject* const* inputs,

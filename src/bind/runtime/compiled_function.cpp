@@ -102,11 +102,18 @@ void record_explain(const Entry& e, const std::string& name) {
     r.prologue_graph = e.compiled->prologue->graph_text;
     for (const auto& k : e.compiled->prologue->kernels) r.prologue_kernels.push_back(k.name);
   }
-  if (e.backward && e.backward->compiled) {
-    const pipeline::CompiledGraph& b = *e.backward->compiled;
-    r.backward_graph = b.graph_text;
-    r.backward_source = b.source;
-    for (const auto& k : b.kernels) r.backward_kernels.push_back(k.name);
+  if (e.backward) {
+    const auto& stages = e.backward->stages;
+    for (size_t i = 0; i < stages.size(); ++i) {
+      const pipeline::CompiledGraph& b = *stages[i].compiled;
+      const std::string head = stages.size() > 1 ? "# stage " + std::to_string(i) + " of " + std::to_string(stages.size()) +
+                                                       " (a DistributedDataParallel bucket boundary after it)\n"
+                                                 : "";
+      r.backward_graph += head + b.graph_text;
+      r.backward_source += b.source;
+      for (const auto& k : b.kernels) r.backward_kernels.push_back(k.name);
+    }
+    r.backward_stages = stages.size();
     r.saved = e.backward->saved;
   }
   log->push_back(std::move(r));
@@ -168,6 +175,42 @@ void find_torch_facts() {
   Py_XDECREF(r);
   Py_XDECREF(mod);
   if (PyErr_Occurred()) clear_error();
+}
+
+// Inside DistributedDataParallel's forward (the module it makes active for torch.compile's
+// DDPOptimizer while it runs the wrapped module): its bucket caps in bytes, the first bucket's
+// and the others'. False outside DDP (or when torch's names have moved).
+bool ddp_bucket_caps(int64_t& first_cap, int64_t& cap) {
+  PyObject* modules = PyImport_GetModuleDict();  // borrowed; DDP is in use only if imported
+  PyObject* mod = PyDict_GetItemString(modules, "torch.nn.parallel.distributed");  // borrowed
+  if (!mod) return false;
+  PyObject* ddp = PyObject_GetAttrString(mod, "DistributedDataParallel");
+  PyObject* active = ddp ? PyObject_GetAttrString(ddp, "_active_ddp_module") : nullptr;
+  bool found = false;
+  if (active && active != Py_None) {
+    PyObject* c = PyObject_GetAttrString(active, "bucket_bytes_cap");
+    if (c && PyLong_Check(c)) {
+      cap = PyLong_AsLongLong(c);
+      found = cap > 0;
+    }
+    Py_XDECREF(c);
+    // DDP's first bucket is 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) unless the
+    // user gave bucket_cap_mb, when all buckets take that cap.
+    first_cap = cap;
+    PyObject* small_first = PyObject_GetAttrString(active, "bucket_bytes_cap_default");
+    if (small_first == Py_True) {
+      first_cap = int64_t{1} << 20;
+      PyObject* dist = PyDict_GetItemString(modules, "torch.distributed");  // borrowed
+      PyObject* d = dist ? PyObject_GetAttrString(dist, "_DEFAULT_FIRST_BUCKET_BYTES") : nullptr;
+      if (d && PyLong_Check(d)) first_cap = PyLong_AsLongLong(d);
+      Py_XDECREF(d);
+    }
+    Py_XDECREF(small_first);
+  }
+  Py_XDECREF(active);
+  Py_XDECREF(ddp);
+  if (PyErr_Occurred()) clear_error();
+  return found && first_cap > 0;
 }
 
 // mode="reduce-overhead" (and max-autotune, which includes it): a CUDA program gets a runner
@@ -325,6 +368,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   // A result autograd tracks: the forward and backward programs of the joint graph instead.
   ir::Graph* forward = e->capture.graph.get();
   autodiff::TrainingGraphs training;
+  std::vector<autodiff::BackwardStage> backward_stages;
   if (e->capture.needs_backward) {
     auto bp = std::make_shared<BackwardProgram>();
     std::vector<ir::Node*> wrt;
@@ -355,7 +399,18 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     bp->error_tangents = training.error_tangents;
     bp->result_witnesses = training.result_witnesses;
     for (int t : bp->tangent_of) bp->tangents += t >= 0;
-    bp->compiled = std::make_unique<pipeline::CompiledGraph>();
+    // Inside DistributedDataParallel's forward, the backward is cut at its bucket boundaries so
+    // that the all-reduces overlap it (core/autodiff/backward_stages.h).
+    if (int64_t first_cap = 0, cap = 0; ddp_bucket_caps(first_cap, cap)) {
+      std::string why;
+      if (!autodiff::split_backward_stages(*training.backward, training.saved, first_cap, cap, backward_stages, why)) {
+        log("graph", name + ": the backward stays one program: " + why);
+        backward_stages.clear();
+      }
+    }
+    bp->stages.resize(std::max<size_t>(backward_stages.size(), 1));
+    for (BackwardStageProgram& st : bp->stages) st.compiled = std::make_unique<pipeline::CompiledGraph>();
+    plan_backward_stages(*bp, backward_stages);
     e->backward = std::move(bp);
     log("graph", name + ": training: saves " + std::to_string(training.saved) + " values (" +
                      std::to_string(training.saved_bytes) + " bytes), the backward recomputes " +
@@ -382,23 +437,28 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     GuardShapeEnv env(e->capture.guards, true);
     sym::ShapeEnvScope env_scope(&env);
     ok = pipeline::compile_graph(*forward, opts, *e->compiled, error);
-    if (ok && e->backward) {
-      opts.name += "_backward";
-      ok = pipeline::compile_graph(*training.backward, opts, *e->backward->compiled, error);
+    const std::string forward_name = opts.name;
+    for (size_t i = 0; ok && e->backward && i < e->backward->stages.size(); ++i) {
+      opts.name = forward_name + "_backward" + (i ? "_" + std::to_string(i) : std::string());
+      ir::Graph& graph = backward_stages.empty() ? *training.backward : *backward_stages[i].graph;
+      ok = pipeline::compile_graph(graph, opts, *e->backward->stages[i].compiled, error);
       if (!ok) error = "the backward: " + error;
     }
   }
   s.compile_seconds += since(t1);
   if (check_interrupt()) return nullptr;   // a compile that ran to its end is in the disk cache
-  if (e->compiled->cancelled || (e->backward && e->backward->compiled->cancelled)) return nullptr;  // the handler did not raise: compile again
+  bool cancelled = e->compiled->cancelled;
+  for (size_t i = 0; e->backward && i < e->backward->stages.size(); ++i) cancelled = cancelled || e->backward->stages[i].compiled->cancelled;
+  if (cancelled) return nullptr;  // the handler did not raise: compile again
   if (ok) {
     const auto preparing = std::chrono::steady_clock::now();
     e->prepared = prepare_program(*e->compiled, error);
     if (e->prepared && e->compiled->prologue && !(e->prologue = PrologueCache::make(*e->compiled, error)))
       e->prepared.reset();
-    if (e->prepared && e->backward) {
-      e->backward->prepared = prepare_program(*e->backward->compiled, error);
-      if (!e->backward->prepared) e->prepared.reset();
+    for (size_t i = 0; e->prepared && e->backward && i < e->backward->stages.size(); ++i) {
+      BackwardStageProgram& st = e->backward->stages[i];
+      st.prepared = prepare_program(*st.compiled, error);
+      if (!st.prepared) e->prepared.reset();
     }
     log("timing", name + ": compile " + std::to_string(static_cast<int>(since(t1) * 1e3 + 0.5)) +
                       " ms, of which preparing the program " +
@@ -422,7 +482,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   ++s.graphs_compiled;
   if (e->backward) {
     ++s.backward_graphs_compiled;
-    s.kernels_generated += static_cast<long>(e->backward->compiled->kernels.size());
+    for (const BackwardStageProgram& st : e->backward->stages) s.kernels_generated += static_cast<long>(st.compiled->kernels.size());
   }
   s.kernels_generated += static_cast<long>(e->compiled->kernels.size());
   s.kernels_autotuned += e->compiled->tuned_kernels;

@@ -49,6 +49,7 @@ struct ExplainRecord {
   std::string backward_graph, backward_source;
   std::vector<std::string> backward_kernels;
   size_t saved = 0;
+  size_t backward_stages = 0;  // programs the backward is cut into (DDP's buckets), 1 when whole
   // What the graph computes from parameters alone, run once and kept (prologue.h).
   std::string prologue_graph;
   std::vector<std::string> prologue_kernels;
