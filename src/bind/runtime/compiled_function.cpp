@@ -181,6 +181,7 @@ void find_torch_facts() {
 // DDPOptimizer while it runs the wrapped module): its bucket caps in bytes, the first bucket's
 // and the others'. False outside DDP (or when torch's names have moved).
 bool ddp_bucket_caps(int64_t& first_cap, int64_t& cap) {
+  if (!config_flag("optimize_ddp")) return false;
   PyObject* modules = PyImport_GetModuleDict();  // borrowed; DDP is in use only if imported
   PyObject* mod = PyDict_GetItemString(modules, "torch.nn.parallel.distributed");  // borrowed
   if (!mod) return false;
@@ -1035,15 +1036,17 @@ void record_eager_call(CodeCache& c, const Entry* e, bool warn) {
   if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) PyErr_Clear();  // a warning filter set to "error"
 }
 
-bool fallback_warnings_silenced() {
+bool config_flag(const char* name) {
   PyObject* config = PyImport_ImportModule("kiln.config");
-  PyObject* flag = config ? PyObject_GetAttrString(config, "suppress_fallback_warnings") : nullptr;
-  bool silenced = flag && PyObject_IsTrue(flag) == 1;
+  PyObject* flag = config ? PyObject_GetAttrString(config, name) : nullptr;
+  bool set = flag && PyObject_IsTrue(flag) == 1;
   Py_XDECREF(flag);
   Py_XDECREF(config);
   PyErr_Clear();
-  return silenced;
+  return set;
 }
+
+bool fallback_warnings_silenced() { return config_flag("suppress_fallback_warnings"); }
 
 Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) {
   failed = false;

@@ -107,6 +107,7 @@ Entry* select_entry(CodeCache& cache, PyObject* fn, BoundArgs& bound, bool& fail
 // the eager run raises it.
 void record_eager_call(CodeCache& cache, const Entry* e, bool warn);
 bool fallback_warnings_silenced();
+bool config_flag(const char* name);  // kiln.config's switch of that name (False if absent)
 
 // Module-level API used by module.cpp.
 PyObject* make_compiled_function(PyObject* fn, const CompileConfig& cfg);  // new reference
