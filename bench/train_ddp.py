@@ -119,8 +119,9 @@ def run_system(row: str, system: str, device: str, steps: int, timeout: float) -
     if os.path.exists(out):
         with open(out) as f:
             return json.load(f)
-    tail = [line for e in errs for line in e.strip().splitlines()][-1:] or ["no output"]
-    return {"error": tail[0][:160]}
+    lines = [line for e in errs for line in e.strip().splitlines()]
+    raised = [line for line in lines if "Error" in line and not line.startswith((" ", "["))]
+    return {"error": (raised or lines or ["no output"])[-1][:200]}
 
 
 def main() -> None:

@@ -53,10 +53,12 @@ void release_with_gil(std::shared_ptr<BackwardProgram>& p) {
   PyGILState_Release(s);
 }
 
-// What the first stage of one backward pass tells the later ones: which tangents autograd
-// reached (a gradient computed only from unreached ones is None, as eager's).
+// One backward pass through the stages of one call: which tangents autograd reached (the first
+// stage tells the later ones: a gradient computed only from unreached ones is None, as eager's),
+// and the values stages keep for later ones, per (stage, output).
 struct StagedCall {
   std::vector<char> tangent_defined;
+  std::vector<std::vector<at::Tensor>> kept;
 };
 
 // The grad_fn of a kiln training entry's outputs (named like torch.compile's), and the node of
@@ -80,13 +82,13 @@ struct CompiledFunctionBackward final : Node {
   }
 
   // The program's inputs: this stage's saved values, then the tangents (first stage, zeros where
-  // autograd reached none) or the values earlier stages handed over.
+  // autograd reached none) or what earlier stages kept for it.
   std::vector<at::Tensor> program_inputs(const variable_list& grads) {
     const BackwardProgram& p = *program;
     const BackwardStageProgram& st = p.stages[stage];
     NodePtr self = pointer_to(this);
     std::vector<at::Tensor> ins;
-    ins.reserve(st.saved.size() + grads.size());
+    ins.reserve(st.saved.size() + grads.size() + st.receive.size());
     for (const SavedVariable& s : saved) ins.push_back(s.unpack(self));  // raises after the graph was freed
     if (stage == 0) {
       call->tangent_defined.assign(grads.size(), 0);
@@ -95,12 +97,11 @@ struct CompiledFunctionBackward final : Node {
         at::Tensor g = grads[i].defined() ? grads[i] : input_metadata(i).zeros_like();
         ins.push_back(g.contiguous());  // the program reads tangents row-major
       }
+      call->kept.assign(p.stages.size(), {});
       return ins;
     }
-    const auto received = std::count_if(st.input_slot.begin(), st.input_slot.end(), [](int x) { return x >= 0; });
-    ins.resize(st.saved.size() + static_cast<size_t>(received));
-    for (size_t i = 0; i < st.input_slot.size() && i < grads.size(); ++i)
-      if (st.input_slot[i] >= 0) ins[st.saved.size() + static_cast<size_t>(st.input_slot[i])] = grads[i];
+    for (const auto& [from, output] : st.receive) ins.push_back(call->kept.at(static_cast<size_t>(from)).at(static_cast<size_t>(output)));
+    for (const auto& [from, output] : st.release) call->kept[static_cast<size_t>(from)][static_cast<size_t>(output)].reset();
     return ins;
   }
 
@@ -133,20 +134,25 @@ struct CompiledFunctionBackward final : Node {
       torch::autograd::AutoGradMode no_grad(false);
       ok = run_program(*st.compiled, *st.prepared, wrapped.data(), outs, scalars.data());
     }
-    variable_list result(st.grad_wrt.size() + st.send_output.size());
+    variable_list result(st.grad_wrt.size() + (st.feeds_next ? 1 : 0));
     if (ok) {
       for (size_t e = 0; e < st.grad_wrt.size(); ++e)
         if (st.grad_output[e] >= 0 && reached(static_cast<size_t>(st.grad_wrt[e])))
           result[e] = THPVariable_Unpack(outs[static_cast<size_t>(st.grad_output[e])]);
-      for (size_t j = 0; j < st.send_output.size(); ++j) {
-        at::Tensor v = THPVariable_Unpack(outs[static_cast<size_t>(st.send_output[j])]);
-        // The receiving node learns the value's shape, dtype and stream now: autograd checks a
-        // value against it when this node returns (with symbolic sizes it is known only now).
-        const torch::autograd::Edge& to = next_edge(st.grad_wrt.size() + j);
+      if (!st.keep.empty()) {
+        std::vector<at::Tensor>& kept = call->kept.at(stage);
+        kept.resize(outs.size());
+        for (int o : st.keep) kept[static_cast<size_t>(o)] = THPVariable_Unpack(outs[static_cast<size_t>(o)]);
+      }
+      if (st.feeds_next) {
+        // The next stage's input learns the value's shape, dtype and stream now, when autograd
+        // is about to check the value against it.
+        at::Tensor token = THPVariable_Unpack(outs[0]);
+        const torch::autograd::Edge& to = next_edge(st.grad_wrt.size());
         torch::autograd::InputMetadata& md = to.function->mutable_input_metadata(to.input_nr);
         std::destroy_at(&md);
-        std::construct_at(&md, v);
-        result[st.grad_wrt.size() + j] = std::move(v);
+        std::construct_at(&md, token);
+        result.back() = std::move(token);
       }
     }
     for (PyObject* o : wrapped) Py_XDECREF(o);
@@ -194,37 +200,29 @@ void plan_backward_stages(BackwardProgram& p, const std::vector<autodiff::Backwa
     }
     return;
   }
+  std::map<std::pair<int, int>, int> last_reader;
   for (size_t s = 0; s < cut.size(); ++s) {
     BackwardStageProgram& st = p.stages.at(s);
     st.saved = cut[s].saved;
-    st.inputs = s == 0 ? p.tangents : cut[s].received.size();
-    for (size_t i = 0; s > 0 && i < cut[s].received.size(); ++i) st.input_slot.push_back(static_cast<int>(i));
+    st.inputs = s == 0 ? p.tangents : 1;
+    st.feeds_next = s + 1 < cut.size();
+    for (const auto& r : cut[s].received) {
+      st.receive.emplace_back(r.stage, r.output);
+      last_reader[{r.stage, r.output}] = static_cast<int>(s);
+      std::vector<int>& keep = p.stages.at(static_cast<size_t>(r.stage)).keep;
+      if (std::find(keep.begin(), keep.end(), r.output) == keep.end()) keep.push_back(r.output);
+    }
     for (size_t j = 0; j < cut[s].grads.size(); ++j) {
       st.grad_wrt.push_back(wrt_of_grad.at(cut[s].grads[j]));
       st.grad_output.push_back(static_cast<int>(j));
     }
   }
+  for (const auto& [value, reader] : last_reader) p.stages[static_cast<size_t>(reader)].release.push_back(value);
   for (size_t k = 0; k < p.wrt.size(); ++k)  // inputs no gradient reaches: None, from the first stage
     if (k >= p.grad_of.size() || p.grad_of[k] < 0) {
       p.stages[0].grad_wrt.push_back(static_cast<int>(k));
       p.stages[0].grad_output.push_back(-1);
     }
-  for (size_t m = 1; m < cut.size(); ++m) {
-    bool after_previous = false;
-    for (size_t i = 0; i < cut[m].received.size(); ++i) {
-      const auto& r = cut[m].received[i];
-      BackwardStageProgram& from = p.stages.at(static_cast<size_t>(r.stage));
-      from.send_output.push_back(r.output);
-      from.send_to.emplace_back(static_cast<int>(m), static_cast<int>(i));
-      after_previous = after_previous || r.stage == static_cast<int>(m) - 1;
-    }
-    if (!after_previous) {  // stages run in order, whatever they read
-      BackwardStageProgram& st = p.stages[m];
-      st.input_slot.push_back(-1);
-      p.stages[m - 1].send_output.push_back(0);
-      p.stages[m - 1].send_to.emplace_back(static_cast<int>(m), static_cast<int>(st.inputs++));
-    }
-  }
 }
 
 bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedProgram& prep,
@@ -236,8 +234,7 @@ bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedP
     if (!run_program(forward, prep, inputs, outputs, scalars)) return false;
   }
   try {
-    // One node per stage, made last stage first: autograd runs, of the nodes ready at once, the
-    // one made last first, and the stages run in order.
+    // One node per stage, made last stage first (each holds an edge to the next).
     const size_t n = bp.stages.size();
     auto call = std::make_shared<StagedCall>();
     std::vector<NodePtr> nodes(n);
@@ -252,11 +249,10 @@ bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedP
       std::vector<at::Tensor> wrt;
       for (int k : st.grad_wrt) wrt.push_back(THPVariable_Unpack(inputs[bp.wrt[static_cast<size_t>(k)]]));
       torch::autograd::edge_list edges = torch::autograd::collect_next_edges(wrt);
-      for (const auto& [to, input] : st.send_to) edges.emplace_back(nodes[static_cast<size_t>(to)], static_cast<uint32_t>(input));
+      if (st.feeds_next) edges.emplace_back(nodes[s + 1], 0);
       node->set_next_edges(std::move(edges));
-      // A later stage's inputs are told their shapes when the stage handing them over runs.
-      if (s > 0)
-        for (size_t i = 0; i < st.inputs; ++i) node->add_input_metadata(Node::undefined_input());
+      // A later stage's input is told its shape when the stage before it runs.
+      if (s > 0) node->add_input_metadata(Node::undefined_input());
     }
     auto* first = static_cast<CompiledFunctionBackward*>(nodes[0].get());
     // The outputs autograd reaches through the first node, in tangent order. A view (of an input

@@ -17,22 +17,24 @@ struct PreparedProgram;
 
 // One program of the backward and the autograd node that runs it. The backward is one stage,
 // or several cut at DistributedDataParallel's bucket boundaries (core/autodiff/backward_stages.h):
-// a node per stage, the first the grad_fn of the outputs, each handing the values later stages
-// read to their nodes along autograd edges, so autograd accumulates (and DDP's hooks all-reduce)
-// one stage's gradients while the next stage computes.
+// a node per stage, the first the grad_fn of the outputs, each the next one's only producer
+// (an edge carrying its first gradient, which orders them), so autograd accumulates (and DDP's
+// hooks all-reduce) one stage's gradients while the next stage computes. What a stage hands a
+// later one (integer masks and indices too, which no autograd edge may carry) is kept for it in
+// the backward pass's own store.
 struct BackwardStageProgram {
   std::unique_ptr<pipeline::CompiledGraph> compiled;
   std::shared_ptr<PreparedProgram> prepared;
-  std::vector<int> saved;        // the program's first inputs: these saved values
-  size_t inputs = 0;             // autograd inputs: the tangents (first stage), values handed over (later ones)
-  std::vector<int> input_slot;   // per autograd input of a later stage: its program input after `saved`, or -1
-                                 // (an edge from the stage before that only orders the two)
-  // The node's next edges: gradients first (per edge, the `wrt` index and the program output,
-  // -1 for none), then one per value handed to a later stage (the program output, and the
-  // stage and autograd input it goes to).
+  std::vector<int> saved;    // the program's first inputs: these saved values
+  size_t inputs = 0;         // autograd inputs: the tangents (first stage), the ordering edge (later ones)
+  // The program's inputs after `saved` (later stages): what earlier stages kept, by (stage,
+  // output); and the kept values whose last reader this stage is.
+  std::vector<std::pair<int, int>> receive, release;
+  std::vector<int> keep;     // program outputs later stages read
+  // The node's next edges: gradients (per edge, the `wrt` index and the program output, -1 for
+  // none), then the edge to the next stage.
   std::vector<int> grad_wrt, grad_output;
-  std::vector<int> send_output;
-  std::vector<std::pair<int, int>> send_to;
+  bool feeds_next = false;
 };
 
 // What an entry's autograd nodes run in backward(), and how the forward program's outputs map
