@@ -175,6 +175,22 @@ def test_unary_plus_of_a_bool_tensor_raises():
     same_error(lambda a: +a, torch.tensor([True, False]))
 
 
+@pytest.mark.parametrize("fn", [lambda a: a.clamp(max=True), lambda a: a.clamp(min=False),
+                                lambda a: torch.clamp(a, False, True)])
+@pytest.mark.parametrize("shape", [(3,), (4, 0, 4)])
+def test_clamp_of_a_bool_tensor_by_bools_raises_empty_or_not(fn, shape):
+    # torch's scalar-bound clamp kernels have no bool instance (fuzzer seed 481580)
+    same_error(fn, torch.ones(shape, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("fn", [lambda a: a.clip(max=1), lambda a: a.clamp(min=0.5), lambda a: a.clamp(0, True)])
+def test_clamp_of_a_bool_tensor_by_numbers_promotes_out_of_bool(fn):
+    a = torch.rand(6) > 0.5
+    got, want = kiln.compile(fn)(a), fn(a)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+
+
 # ---- exceptions that differed ----
 
 @pytest.mark.parametrize("fn", [

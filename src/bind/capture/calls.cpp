@@ -1867,6 +1867,9 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // Which results autograd tracks, as eager decides it: the call again on meta tensors that
   // require grad where the inputs do (x.type_as(w) does not track w; most operators do).
   std::vector<bool> tracked(results.size(), true);
+  // And which results torch's backward reads (its node keeps `_saved_result`: logsumexp's,
+  // cumprod's): changed in place before backward(), eager's backward raises, and kiln's must.
+  std::vector<bool> saves_result(results.size(), false);
   bool tracked_input = false;
   for (ir::Node* n : inputs) tracked_input |= root()->needs_grad_.count(n) > 0;
   if (root()->grad_mode_ && tracked_input) {
@@ -1888,6 +1891,9 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
         PyObject* rq = t ? PyObject_GetAttrString(t, "requires_grad") : nullptr;
         if (rq) tracked[k] = rq == Py_True;
         Py_XDECREF(rq);
+        PyObject* node = t ? PyObject_GetAttrString(t, "grad_fn") : nullptr;
+        if (node && node != Py_None) saves_result[k] = PyObject_HasAttrString(node, "_saved_result") == 1;
+        Py_XDECREF(node);
       }
       Py_XDECREF(rg);
     }
@@ -1916,6 +1922,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     }
     a.set("out_dtype", info.dtype);
     if (deterministic_torch_function(f)) a.set("deterministic", true);
+    if (saves_result[k]) a.set("saves_result", true);
     if (factory_device) {
       PyObject* type = PyObject_GetAttrString(factory_device, "type");
       PyObject* index = PyObject_GetAttrString(factory_device, "index");

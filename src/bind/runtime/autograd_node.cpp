@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
@@ -125,6 +126,13 @@ struct CompiledFunctionBackward final : Node {
           if (static_cast<size_t>(t) < grads.size() && grads[t].defined()) throw std::runtime_error(p.backward_error);
     }
     std::vector<at::Tensor> ins = program_inputs(grads);
+    // Without retain_graph, autograd lets go of this node's saved values once it returns: let
+    // go now, and the program frees each as soon as it has read it for the last time.
+    const bool consume = !torch::autograd::get_current_graph_task_keep_graph();
+    if (consume) {
+      for (SavedVariable& s : saved) s.reset_data();
+      grads.clear();
+    }
     PyGILState_STATE gil = PyGILState_Ensure();
     std::vector<PyObject*> wrapped, outs;
     for (const at::Tensor& t : ins) wrapped.push_back(THPVariable_Wrap(t));
@@ -132,7 +140,13 @@ struct CompiledFunctionBackward final : Node {
     for (PyObject* w : wrapped) ok = ok && w;
     if (ok) {
       torch::autograd::AutoGradMode no_grad(false);
-      ok = run_program(*st.compiled, *st.prepared, wrapped.data(), outs, scalars.data());
+      if (consume) {
+        ins.clear();
+        ok = run_program_consuming(*st.compiled, *st.prepared, wrapped.data(), outs, scalars.data());
+        wrapped.clear();  // the program let them go
+      } else {
+        ok = run_program(*st.compiled, *st.prepared, wrapped.data(), outs, scalars.data());
+      }
     }
     variable_list result(st.grad_wrt.size() + (st.feeds_next ? 1 : 0));
     if (ok) {

@@ -422,6 +422,12 @@ struct PreparedProgram {
   // call made the allocator hand out fresh pages on every call.
   std::vector<std::vector<int>> make_before, drop_after;            // buffers
   std::vector<std::vector<int>> make_slot_before, drop_slot_after;  // reuse slots
+  // Inputs a consuming run (run_program_consuming) lets go: per step, the input buffers it read
+  // last (not those an output is or views), and those no step reads; per input, whether an
+  // output is that input itself.
+  std::vector<std::vector<int>> input_drop_after;
+  std::vector<int> unread_inputs;
+  std::vector<bool> input_returned;
   std::vector<int> slot_of;  // per buffer: the reuse slot it lives in, or -1
   bool has_cuda = false;
   std::vector<std::vector<int>> kernel_scalar_args;  // per kernel: the scalar arguments a CUDA launch passes
@@ -486,6 +492,19 @@ void plan_lifetimes(const loop::Program& p, PreparedProgram& prep) {
     // An output nothing writes (f < 0) is still made, before the first step.
     if (own && !prep.extern_output[b.id]) prep.make_before[f < 0 ? 0 : f].push_back(b.id);
     if (!keep[b.id] && l >= 0 && b.kind != loop::BufferKind::Input) prep.drop_after[l].push_back(b.id);
+  }
+  prep.input_drop_after.assign(ns, {});
+  prep.input_returned.assign(p.inputs.size(), false);
+  std::vector<bool> output_reads(nb, false);
+  for (const loop::Output& o : p.outputs) {
+    if (o.input_alias >= 0) prep.input_returned[static_cast<size_t>(o.input_alias)] = true;
+    else if (o.view.buffer >= 0) output_reads[o.view.buffer] = true;
+  }
+  for (size_t i = 0; i < p.inputs.size(); ++i) {
+    const int b = p.inputs[i];
+    if (prep.input_returned[i] || output_reads[b]) continue;
+    if (last[b] < 0) prep.unread_inputs.push_back(b);
+    else prep.input_drop_after[last[b]].push_back(b);
   }
   for (int s = 0; s < p.num_slots; ++s) {
     if (slot_first[s] < 0) continue;
@@ -632,9 +651,21 @@ void* current_stream(int device) {
   }
 }
 
-bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
-                 std::vector<PyObject*>& outputs, const int64_t* scalars) {
+namespace {
+
+bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
+         std::vector<PyObject*>& outputs, const int64_t* scalars, bool consume) {
   const loop::Program& p = cg.program;
+  // A consuming run holds the inputs as tensors only; those an output returns as they are, as
+  // Python objects too, until the end.
+  struct Returned {
+    PyObject* const* inputs = nullptr;
+    const std::vector<bool>* which = nullptr;
+    ~Returned() {
+      for (size_t i = 0; inputs && i < which->size(); ++i)
+        if ((*which)[i]) Py_DECREF(inputs[i]);
+    }
+  } returned;
   try {
     // The graph holds the casts torch.autocast makes (capture put them there): the extern ops
     // it calls must not be cast again by autocast's dispatch keys.
@@ -645,6 +676,12 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
       const at::Tensor& t = THPVariable_Unpack(inputs[i]);
       tensors[p.inputs[i]] = t;
       ptrs[p.inputs[i]] = t.data_ptr();
+    }
+    if (consume) {
+      for (size_t i = 0; i < p.inputs.size(); ++i)
+        if (!prep.input_returned[i]) Py_DECREF(inputs[i]);
+      returned = {inputs, &prep.input_returned};
+      for (int b : prep.unread_inputs) tensors[b].reset(), ptrs[b] = nullptr;
     }
     for (size_t i : prep.moved_inputs) {
       at::Tensor& t = tensors[p.inputs[i]];
@@ -719,6 +756,8 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
         ptrs[id] = nullptr;
       }
       for (int s : prep.drop_slot_after[step]) slots[s].reset();
+      if (consume)
+        for (int id : prep.input_drop_after[step]) tensors[id].reset(), ptrs[id] = nullptr;
     };
 
     void* stream = nullptr;
@@ -875,6 +914,18 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return false;
   }
+}
+
+}  // namespace
+
+bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
+                 std::vector<PyObject*>& outputs, const int64_t* scalars) {
+  return run(cg, prep, inputs, outputs, scalars, false);
+}
+
+bool run_program_consuming(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
+                           std::vector<PyObject*>& outputs, const int64_t* scalars) {
+  return run(cg, prep, inputs, outputs, scalars, true);
 }
 
 namespace {

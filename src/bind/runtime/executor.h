@@ -49,6 +49,13 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
 bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
                  std::vector<PyObject*>& outputs, const int64_t* scalars = nullptr);
 
+// As run_program, but the program takes over the references in `inputs` (new ones the caller
+// gives up): each input is let go after the last step that reads it, as torch.compile's boxed
+// calling convention frees a backward's saved values while the backward runs. Memory nothing
+// else holds (a saved activation, once its node has let it go) is freed mid-program.
+bool run_program_consuming(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
+                           std::vector<PyObject*>& outputs, const int64_t* scalars = nullptr);
+
 // Whether the program copies an input to its device per call (a CPU tensor a GPU kernel reads).
 bool moves_inputs(const PreparedProgram& prep);
 

@@ -54,12 +54,16 @@ std::string modified_message(const Node& n) {
          " was changed in place after autograd saved it";
 }
 
+// Whether torch's backward of `n` reads its result: the op's registry entry says so, or, for a
+// torch_call, capture found torch's autograd node keeping it (attribute `saves_result`).
+bool saves_result(const Node& n) { return n.op->saves_result || n.attrs.get_bool("saves_result"); }
+
 VersionFacts version_facts(const ir::Graph& g, const std::vector<Node*>& wrt) {
   VersionFacts f;
   for (size_t i = 0; i < g.outputs().size(); ++i) {
     const Node* o = g.outputs()[i];
     while (o && o->op->kind == ops::OpKind::View && !o->inputs.empty()) o = o->inputs[0];
-    if (o && o->op->saves_result) f.witnesses.insert(i);
+    if (o && saves_result(*o)) f.witnesses.insert(i);
   }
   // eager's backward raises once a gradient reaches a stale result
   std::set<const Node*> active(wrt.begin(), wrt.end()), reach;
@@ -67,7 +71,7 @@ VersionFacts version_facts(const ir::Graph& g, const std::vector<Node*>& wrt) {
     bool on_path = false, reached = false;
     for (const Node* in : n->inputs) on_path = on_path || (in && active.count(in)), reached = reached || (in && reach.count(in));
     if (on_path) active.insert(n.get());
-    if (on_path && n->op->saves_result && n->attrs.get_bool("result_modified")) {
+    if (on_path && saves_result(*n) && n->attrs.get_bool("result_modified")) {
       if (f.stale_error.empty()) f.stale_error = modified_message(*n);
       reached = true;
     }

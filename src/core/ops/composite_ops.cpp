@@ -256,8 +256,15 @@ std::vector<OpDef> composite_ops() {
         };
         Node *lo = bound("min"), *hi = bound("max");
         if (!lo && !hi) throw std::runtime_error("RuntimeError: torch.clamp: At least one of 'min' or 'max' must not be None");
+        const Node* self = x;
         if (lo) x = g.must_add("maximum", {x, lo});
         if (hi) x = g.must_add("minimum", {x, hi});
+        // torch's scalar-bound kernels have no bool instance (a number bound promotes out of
+        // bool; a tensor bound goes through maximum/minimum, which have one), empty or not
+        if (x->meta.dtype == DType::Bool)
+          throw std::runtime_error(std::string("NotImplementedError: \"clamp") + (lo && hi ? "" : lo ? "_min" : "_max") +
+                                   "_scalar_" + (self->meta.device.type == DeviceType::CUDA ? "cuda" : "cpu") +
+                                   "\" not implemented for 'Bool'");
         return x;
       },
       {"torch.clamp", "torch.clip", "Tensor.clamp", "Tensor.clip"}));
