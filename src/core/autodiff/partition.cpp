@@ -179,15 +179,40 @@ bool split_joint(const ir::Graph& g, const JointGraph& jg, const Partition& p, S
   for (const Node* s : p.saved) b.map[s] = out.backward->placeholder("saved_" + s->name, as_input(*s));
   for (const Node* t : jg.tangents)
     if (t) b.map[t] = out.backward->placeholder(t->name, t->meta);
-  for (const Node* n : jg.forward)
-    if (p.recomputed.count(n) && !b.copy(*n, why)) return false;
+  // A recomputed forward node is copied just before the first backward node that reads it, so
+  // that the backward program makes each recomputed value when it needs it, not all of them at
+  // its start (where they would all be alive at once).
+  auto recompute = [&](const Node* root) {
+    std::vector<std::pair<const Node*, bool>> work{{root, false}};
+    while (!work.empty()) {
+      auto [n, inputs_done] = work.back();
+      work.pop_back();
+      if (b.map.count(n)) continue;
+      if (inputs_done) {
+        if (!b.copy(*n, why)) return false;
+        continue;
+      }
+      work.emplace_back(n, true);
+      for (const Node* u : n->inputs)
+        if (u && p.recomputed.count(u) && !b.map.count(u)) work.emplace_back(u, false);
+    }
+    return true;
+  };
+  auto recompute_inputs = [&](const Node& n) {
+    for (const Node* u : n.inputs)
+      if (u && p.recomputed.count(u) && !b.map.count(u) && !recompute(u)) return false;
+    return true;
+  };
   for (const auto& up : g.nodes()) {
     const Node* n = up.get();
     if (forward_set.count(n) || tangents.count(n)) continue;
-    if (!b.copy(*n, why)) return false;
+    if (!recompute_inputs(*n) || !b.copy(*n, why)) return false;
   }
-  for (const Node* gr : jg.grads)
-    if (gr) out.backward->outputs().push_back(b.map.at(gr));
+  for (const Node* gr : jg.grads) {
+    if (!gr) continue;
+    if (p.recomputed.count(gr) && !recompute(gr)) return false;
+    out.backward->outputs().push_back(b.map.at(gr));
+  }
   out.forward->recompute_users();
   out.backward->recompute_users();
   return true;

@@ -40,7 +40,8 @@ struct SplitGraphs {
   // forward outputs, then the saved values (the partition's order).
   std::unique_ptr<ir::Graph> forward;
   // Inputs: the saved values, then the tangents (for differentiable outputs). Outputs: the
-  // gradients that exist, in `wrt` order. Recomputed forward nodes come first.
+  // gradients that exist, in `wrt` order. A recomputed forward node comes just before the first
+  // node that reads it.
   std::unique_ptr<ir::Graph> backward;
 };
 bool split_joint(const ir::Graph& g, const JointGraph& jg, const Partition& p, SplitGraphs& out, std::string& why);
