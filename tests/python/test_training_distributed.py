@@ -196,6 +196,9 @@ def test_backward_in_bucket_stages_accumulates_a_bucket_before_the_next_stage_ru
     for (name, a), b in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
     assert kiln.stats()["eager_fallbacks"] == 0
+    # the model DDP wraps is what kiln compiled, and explain shows it; the model is as it was
+    assert "forward" not in model.__dict__
+    assert kiln.explain(compiled)(x).graph_count == 1
 
 
 def test_backward_in_stages_keeps_autograd_semantics(one_process_group):
