@@ -51,7 +51,6 @@ CASES, case = registry(_xy)
 # Why kiln fails the cases marked xfail (kiln's break reason in quotes).
 TENSOR_KEY = "tensor as dict key / set item: 'expected a Python value for dict key/set item, got a tensor'"
 MODULE_BUILT = "nn.Module built in the function: 'call to torch.nn.modules...'"
-VIEW_INPLACE = "in-place on a view of an input: 'in-place ... on a view: not captured yet'"
 
 
 # =============================================================================================
@@ -1260,7 +1259,7 @@ def inplace_on_flat_view_of_input(x, y):
     return x + y
 
 
-@case(xfail=VIEW_INPLACE)
+@case()
 def zero_and_fill_on_views(x, y):
     x[0].zero_()
     x[-1].fill_(3.0)

@@ -1842,6 +1842,25 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
       drop_metas();
       return inputs[j] == input_vars[j]->node() ? input_vars[j] : Var::tensor(inputs[j]);  // the autocast copy
     }
+  // A result that views the call's first tensor (torch.diagonal, Tensor.unfold): where it lies in
+  // that tensor's memory, its storage offset from the meta input's start (sizes all constant:
+  // an offset fixed for the entry), so that an in-place update through it can be written back.
+  std::vector<std::optional<int64_t>> view_offsets;
+  bool fixed_first = !inputs.empty() && inputs[0];
+  for (size_t i = 0; fixed_first && i < inputs[0]->meta.sizes.size(); ++i)
+    fixed_first = inputs[0]->meta.sizes[i].as_const() && inputs[0]->meta.strides[i].as_const();
+  if (r && fixed_first && !metas.empty()) {
+    const Py_ssize_t n = PyTuple_Check(r) ? PyTuple_GET_SIZE(r) : 1;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* t = PyTuple_Check(r) ? PyTuple_GET_ITEM(r, i) : r;
+      PyObject* base = is_tensor(t) ? PyObject_GetAttrString(t, "_base") : nullptr;
+      PyObject* off = base == metas[0] ? PyObject_CallMethod(t, "storage_offset", nullptr) : nullptr;
+      view_offsets.push_back(off && PyLong_Check(off) ? std::optional<int64_t>(PyLong_AsLongLong(off)) : std::nullopt);
+      Py_XDECREF(off);
+      Py_XDECREF(base);
+      clear_error();
+    }
+  }
   drop_metas();
   if (!r) {
     clear_error();  // no meta kernel, or an error eager raises itself when the call runs there
@@ -1935,7 +1954,8 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
       a.set("out_device", cuda ? at : int64_t{-1});
     }
     PyObject* is_view = PyObject_CallMethod(results[k], "_is_view", nullptr);
-    if (is_view == Py_True) a.set("view", true);  // in-place updates must not go through it
+    if (is_view == Py_True) a.set("view", true);
+    if (is_view == Py_True && k < view_offsets.size() && view_offsets[k]) a.set("view_offset", *view_offsets[k]);
     Py_XDECREF(is_view);
     clear_error();
     static const ops::OpDef* torch_call_op = ops::find_op("torch_call");

@@ -18,6 +18,38 @@ std::vector<ir::Node*> view_chain(ir::Node* n) {
   return chain;
 }
 
+// Whether some elements of a tensor of this layout share memory (an expanded tensor, an
+// overlapping as_strided or unfold), sizes and strides at this call's values.
+bool elements_overlap(const ir::TensorMeta& m, const GuardSet& guards) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (size_t d = 0; d < m.sizes.size(); ++d) {
+    const int64_t size = guards.value_at_hints(m.sizes[d]);
+    if (size > 1) dims.emplace_back(guards.value_at_hints(m.strides[d]), size);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // the farthest element offset the smaller-stride dims reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) return true;
+    reach += stride * (size - 1);
+  }
+  return false;
+}
+
+// Whether a view's values can be taken again from a new base and its place in the base is known:
+// registry views, and torch calls whose result views their first tensor at a fixed offset
+// (`view_offset`, found by capture on meta tensors).
+bool retakeable(const ir::Node* n) { return n->op->aliases() || n->attrs.has("view_offset"); }
+
+// Where the last view of `chain` starts in the memory of the first, in elements (nullopt: not a
+// constant).
+std::optional<int64_t> offset_in_base(const std::vector<ir::Node*>& chain) {
+  sym::Expr off = 0;
+  for (size_t i = 1; i < chain.size(); ++i)
+    off = off + (chain[i]->op->aliases() ? chain[i]->meta.offset - chain[i - 1]->meta.offset
+                                          : sym::Expr(chain[i]->attrs.get_int("view_offset")));
+  return off.as_const();
+}
+
 }  // namespace
 
 // An in-place update of a view (x[:, 0] += 1, x.t().mul_(2), x.view(-1)[::2] = 0) is captured
@@ -29,8 +61,8 @@ std::vector<ir::Node*> view_chain(ir::Node* n) {
 size_t Interpreter::view_target(const VarPtr& a, const std::string& what) {
   const std::vector<ir::Node*> chain = view_chain(a->node());
   ir::Node* base = chain.front();
-  for (size_t i = 1; i < chain.size(); ++i)  // registry views (taken again below), not torch_calls
-    if (!chain[i]->op->aliases()) unsupported("in-place " + what + " on a view torch made: not captured yet");
+  for (size_t i = 1; i < chain.size(); ++i)  // views that can be taken again (below)
+    if (!retakeable(chain[i])) unsupported("in-place " + what + " on a view torch made: not captured yet");
   Interpreter* r = root();
   size_t input = r->input_vars_.size();
   for (size_t i = 0; i < r->input_vars_.size(); ++i)
@@ -43,7 +75,10 @@ size_t Interpreter::view_target(const VarPtr& a, const std::string& what) {
   for (const auto* list : {&vm.sizes, &vm.strides})
     for (const sym::Expr& e : *list)
       if (!e.as_const()) unsupported("in-place " + what + " on a view of symbolic size");
-  if (!(vm.offset - bm.offset).as_const()) unsupported("in-place " + what + " on a view at a symbolic offset");
+  if (!offset_in_base(chain)) unsupported("in-place " + what + " on a view at a symbolic offset");
+  // eager updates such a view element by element, each shared place as often as it appears;
+  // scattering the view's new values writes each place once
+  if (elements_overlap(vm, r->out_.guards)) unsupported("in-place " + what + " on a view whose elements share memory");
   if (base->op_name() == "placeholder") check_input_update(base, what);
   return input;
 }
@@ -62,22 +97,10 @@ void Interpreter::check_input_update(const ir::Node* n, const std::string& what)
   Interpreter* r = root();
   if (r->needs_grad_.count(n) && r->grad_mode_)
     unsupported("in-place " + what + " on an input that requires grad: kiln does not build backward graphs yet");
-  {
-    // The write-back is a copy into the input: an input whose elements share memory (an
-    // expanded tensor) cannot take one, though some in-place ops (fill_) accept it in eager.
-    std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) at this call's sizes
-    const GuardSet& guards = r->out_.guards;
-    for (size_t d = 0; d < n->meta.sizes.size(); ++d) {
-      const int64_t size = guards.value_at_hints(n->meta.sizes[d]);
-      if (size > 1) dims.emplace_back(guards.value_at_hints(n->meta.strides[d]), size);
-    }
-    std::sort(dims.begin(), dims.end());
-    int64_t reach = 0;  // the farthest element offset the smaller-stride dims reach
-    for (const auto& [stride, size] : dims) {
-      if (stride <= reach) unsupported("in-place " + what + " on an input whose elements share memory (expanded): not captured");
-      reach += stride * (size - 1);
-    }
-  }
+  // The write-back is a copy into the input: an input whose elements share memory (an
+  // expanded tensor) cannot take one, though some in-place ops (fill_) accept it in eager.
+  if (elements_overlap(n->meta, r->out_.guards))
+    unsupported("in-place " + what + " on an input whose elements share memory (expanded): not captured");
   const auto& ins = g_->inputs();
   const size_t i = static_cast<size_t>(std::find(ins.begin(), ins.end(), n) - ins.begin());
   if (i >= r->input_objects_.size()) unsupported("in-place " + what + " on an input kiln cannot write back");
@@ -131,7 +154,7 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
     };
     VarPtr copy = torch_extern(view_scatter(), "view_scatter",
                                {base, Var::tensor(result), ints(vm.sizes), ints(vm.strides),
-                                Var::steal_constant(PyLong_FromLongLong(*(vm.offset - chain.front()->meta.offset).as_const()))},
+                                Var::steal_constant(PyLong_FromLongLong(*offset_in_base(chain)))},
                                {});
     copy->node()->attrs.set("view_scatter", true);
     mutate(base, copy->node());  // and every live view of the input, `a` among them, taken again
@@ -158,7 +181,7 @@ void Interpreter::retake(const VarPtr& v, const ir::Node* old_base, ir::Node* ne
   if (chain.front() != old_base) return;
   ir::Node* prev = new_base;
   for (size_t i = 1; i < chain.size(); ++i) {
-    if (!chain[i]->op->aliases()) unsupported("an in-place update of a tensor with a live view torch made: not captured yet");
+    if (!retakeable(chain[i])) unsupported("an in-place update of a tensor with a live view torch made: not captured yet");
     std::vector<ir::Node*> ins = chain[i]->inputs;
     ins[0] = prev;
     prev = add_node(chain[i]->op_name(), ins, chain[i]->attrs);
