@@ -183,6 +183,20 @@ def test_clamp_of_a_bool_tensor_by_bools_raises_empty_or_not(fn, shape):
     same_error(fn, torch.ones(shape, dtype=torch.bool))
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_nan_and_out_of_range_floats_convert_to_integers_as_eager(dtype):
+    # x86's conversion gives the lowest integer; a plain C cast is undefined, and g++ folded it
+    # to 0 for the nan a reduction's nan branch makes (fuzzer seed 491173)
+    def fn(b):
+        m = b.amin(dim=(-1, -2))
+        return (m / m).to(dtype), b.to(dtype), (b * 1e30).to(dtype)
+    b = torch.randn(5, 5, dtype=torch.float64)
+    b[2, 3] = float("nan")
+    b[0, 0], b[0, 1] = float("inf"), -float("inf")
+    for got, want in zip(kiln.compile(fn)(b), fn(b)):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("fn", [lambda a: a.clip(max=1), lambda a: a.clamp(min=0.5), lambda a: a.clamp(0, True)])
 def test_clamp_of_a_bool_tensor_by_numbers_promotes_out_of_bool(fn):
     a = torch.rand(6) > 0.5

@@ -179,6 +179,11 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
         break;
       }
       std::string a = expr(n.a, indent);
+      if (is_floating(src.dtype) && (n.dtype == DType::Int32 || n.dtype == DType::Int64)) {
+        // nan and out-of-range values as the device's conversion gives them (preludes)
+        e = "((" + register_ctype(n.dtype) + ")kiln_to_int" + (n.dtype == DType::Int32 ? "32(" : "64(") + a + "))";
+        break;
+      }
       e = n.dtype == DType::Bool ? "(" + a + " != 0)" : "((" + register_ctype(n.dtype) + ")" + a + ")";
       break;
     }

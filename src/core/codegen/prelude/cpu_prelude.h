@@ -189,6 +189,16 @@ KILN_THROUGH_INT(kiln_through_int32, -2147483648.0)
 KILN_THROUGH_INT(kiln_through_int64, -9223372036854775808.0)
 #undef KILN_THROUGH_INT
 
+// x converted to int32/int64 as x86's conversion gives it: the lowest integer for nan and out of
+// range. A plain cast is undefined there, and g++ folds it where it knows x (to 0 for a nan made
+// by a reduction's nan branch), while torch's kernels get the instruction's answer at run time.
+#define KILN_TO_INT(name, T, lo)                                                               \
+  static inline T name(float x) { return (x >= (float)(lo) && x < -(float)(lo)) ? (T)x : (T)(lo); } \
+  static inline T name(double x) { return (x >= (double)(lo) && x < -(double)(lo)) ? (T)x : (T)(lo); }
+KILN_TO_INT(kiln_to_int32, int, -2147483648.0)
+KILN_TO_INT(kiln_to_int64, long long, -9223372036854775808.0)
+#undef KILN_TO_INT
+
 // Integer forms: rounding is the identity, abs and the rest as torch defines them.
 template <typename T> static inline T kiln_floor(T x) { return x; }
 template <typename T> static inline T kiln_ceil(T x) { return x; }

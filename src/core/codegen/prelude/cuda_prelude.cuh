@@ -84,6 +84,11 @@ __device__ __forceinline__ float kiln_through_int32(float x) { return (float)(in
 __device__ __forceinline__ double kiln_through_int32(double x) { return (double)(int)x; }
 __device__ __forceinline__ float kiln_through_int64(float x) { return (float)(long long)x; }
 __device__ __forceinline__ double kiln_through_int64(double x) { return (double)(long long)x; }
+// x converted to int32/int64 as the GPU's conversion does it (what torch's CUDA kernels give).
+__device__ __forceinline__ int kiln_to_int32(float x) { return (int)x; }
+__device__ __forceinline__ int kiln_to_int32(double x) { return (int)x; }
+__device__ __forceinline__ long long kiln_to_int64(float x) { return (long long)x; }
+__device__ __forceinline__ long long kiln_to_int64(double x) { return (long long)x; }
 template <typename T> __device__ __forceinline__ T kiln_trunc(T x) { return x; }
 template <typename T> __device__ __forceinline__ T kiln_abs(T x) { return x < 0 ? (T)-x : x; }
 template <typename T> __device__ __forceinline__ T kiln_relu(T x) { return x < (T)0 ? (T)0 : x; }
