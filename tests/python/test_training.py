@@ -841,3 +841,18 @@ def test_the_backward_frees_saved_activations_as_it_goes():
     assert kiln.stats()["backward_graphs_compiled"] >= 1
     assert freed < kept - 3 * 2**24, (freed, kept)  # at least 3 of the 16 MiB activations freed early
     assert freed <= eager * 1.1, (freed, eager)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_abs_gradient_at_zero_and_nan_is_eagers_grad_times_sgn(dtype):
+    # torch: grad * sgn(x), sgn 0 at ±0 and at nan, so a nan or infinite gradient stays nan
+    # there and a negative one gives -0 (gradient fuzzer seed 491875)
+    x = torch.tensor([0.0, -0.0, float("nan"), 1.0, -2.0, 0.0], dtype=dtype)
+    g = torch.tensor([float("nan"), float("inf"), 1.0, float("nan"), 2.0, -3.0], dtype=dtype)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.abs(a).backward(g)
+    before = kiln.stats()["backward_graphs_compiled"]
+    kiln.compile(lambda t: t.abs())(b).backward(g)
+    assert kiln.stats()["backward_graphs_compiled"] == before + 1
+    torch.testing.assert_close(b.grad, a.grad, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(b.grad.signbit(), a.grad.signbit())

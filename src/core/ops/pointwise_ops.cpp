@@ -236,10 +236,11 @@ std::vector<OpDef> pointwise_ops() {
   U("reciprocal", SOp::Reciprocal, F, {"torch.reciprocal", "Tensor.reciprocal"},
     chain([](Graph& g, Node*, Node* y) { return neg(g, mul(g, y, y)); }));
   saves_result();
-  // torch's sgn: 0 at 0.
+  // torch's grad * sgn(x), sgn 0 at 0 and at nan: there the gradient is grad * 0, nan where the
+  // incoming gradient is nan or infinite (grad_fuzz seed 491875).
   U("abs", SOp::Abs, D, {"torch.abs", "Tensor.abs", "Tensor.__abs__"}, [](Graph& g, Node* n, Node* grad) {
     Node* x = n->inputs[0];
-    Node* pos = only_where(g, g.must_add("gt", {x, num(g, 0.0)}), grad);
+    Node* pos = g.must_add("where", {g.must_add("gt", {x, num(g, 0.0)}), grad, scaled(g, grad, 0.0)});
     return std::vector<Node*>{g.must_add("where", {g.must_add("lt", {x, num(g, 0.0)}), neg(g, grad), pos})};
   });
   U("floor", SOp::Floor, D, {"torch.floor", "Tensor.floor"}, zero);
