@@ -69,6 +69,16 @@ def build(row: str, device: str):
     raise ValueError(row)
 
 
+def loss_of(run, inputs, loss_fn, amp, device: str):
+    """The row's loss of `run(*inputs)`, under autocast where the row trains in it."""
+    import torch
+
+    if amp is None:
+        return loss_fn(run(*inputs))
+    with torch.autocast(device_type=device, dtype=amp):
+        return loss_fn(run(*inputs))
+
+
 def worker(row: str, system: str, device: str, steps: int) -> None:
     import torch
 
@@ -80,11 +90,7 @@ def worker(row: str, system: str, device: str, steps: int) -> None:
     # break at backward(), then the optimizer's step and zero_grad (torch.compile: Inductor's
     # foreach kernels; kiln: its multi-tensor launches). Eager runs torch's foreach AdamW.
     def train_step():
-        if amp is not None:
-            with torch.autocast(device_type=device, dtype=amp):
-                loss = loss_fn(model(*inputs))
-        else:
-            loss = loss_fn(model(*inputs))
+        loss = loss_of(model, inputs, loss_fn, amp, device)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train import TITLES, build  # noqa: E402
+from train import TITLES, build, loss_of  # noqa: E402
 
 MARK = "@@ddp@@"
 SYSTEMS = ("eager", "torch.compile", "kiln-whole-backward", "kiln")
@@ -59,11 +59,7 @@ def rank_main(rank: int, row: str, system: str, device: str, steps: int, port: i
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def step():
-        if amp is not None:
-            with torch.autocast(device_type=device, dtype=amp):
-                loss = loss_fn(run(*inputs))
-        else:
-            loss = loss_fn(run(*inputs))
+        loss = loss_of(run, inputs, loss_fn, amp, device)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -146,6 +146,16 @@ void check_gradients(const std::vector<std::vector<int64_t>>& shapes, const Buil
 
 ir::Node* add(ir::Graph& g, const char* op, std::vector<ir::Node*> in, ir::Attrs a = {}) { return g.must_add(op, std::move(in), a); }
 
+// The joint graph of `g` over `wrt`, partitioned and split into forward and backward programs.
+void split_training(ir::Graph& g, const std::vector<ir::Node*>& wrt, autodiff::Partition& part,
+                    autodiff::SplitGraphs& split) {
+  autodiff::JointGraph jg;
+  std::string why;
+  ASSERT_TRUE(autodiff::build_joint(g, wrt, jg, why)) << why;
+  part = autodiff::partition_joint(g, jg);
+  ASSERT_TRUE(autodiff::split_joint(g, jg, part, split, why)) << why;
+}
+
 // build_joint over `op` applied to an input of `sizes` fails, and its reason names the op.
 void expect_not_differentiable(const char* op, std::vector<int64_t> sizes, ir::Attrs attrs) {
   ir::Graph g;
@@ -356,12 +366,9 @@ TEST(Autodiff, SplitProgramsComputeWhatTheJointGraphDoes) {
   ir::Graph joint;
   std::vector<ir::Node*> in;
   build(joint, in);
-  autodiff::JointGraph jg;
-  std::string why;
-  ASSERT_TRUE(autodiff::build_joint(joint, in, jg, why)) << why;
-  autodiff::Partition part = autodiff::partition_joint(joint, jg);
+  autodiff::Partition part;
   autodiff::SplitGraphs split;
-  ASSERT_TRUE(autodiff::split_joint(joint, jg, part, split, why)) << why;
+  split_training(joint, in, part, split);
   EXPECT_FALSE(part.recomputed.empty());  // the pointwise work is redone in the backward
   std::vector<std::vector<double>> joint_in = x;
   joint_in.insert(joint_in.end(), t.begin(), t.end());
@@ -394,12 +401,10 @@ TEST(Autodiff, BackwardStagesComputeWhatTheWholeBackwardDoes) {
   }
   joint.outputs().push_back(joint.must_add("sum", {h}));
   passes::decompose(joint);
-  autodiff::JointGraph jg;
-  std::string why;
-  ASSERT_TRUE(autodiff::build_joint(joint, in, jg, why)) << why;
-  autodiff::Partition part = autodiff::partition_joint(joint, jg);
+  autodiff::Partition part;
   autodiff::SplitGraphs split;
-  ASSERT_TRUE(autodiff::split_joint(joint, jg, part, split, why)) << why;
+  split_training(joint, in, part, split);
+  std::string why;
   std::mt19937 rng(5);
   std::normal_distribution<double> nd;
   std::vector<std::vector<double>> x;

@@ -98,7 +98,7 @@ struct CompiledFunctionBackward final : Node {
         at::Tensor g = grads[i].defined() ? grads[i] : input_metadata(i).zeros_like();
         ins.push_back(g.contiguous());  // the program reads tangents row-major
       }
-      call->kept.assign(p.stages.size(), {});
+      if (p.stages.size() > 1) call->kept.assign(p.stages.size(), {});
       return ins;
     }
     for (const auto& [from, output] : st.receive) ins.push_back(call->kept.at(static_cast<size_t>(from)).at(static_cast<size_t>(output)));
@@ -207,7 +207,6 @@ void plan_backward_stages(BackwardProgram& p, const std::vector<autodiff::Backwa
   if (cut.empty()) {
     BackwardStageProgram& st = p.stages.at(0);
     for (size_t j = 0; j < p.saved; ++j) st.saved.push_back(static_cast<int>(j));
-    st.inputs = p.tangents;
     for (size_t k = 0; k < p.wrt.size(); ++k) {
       st.grad_wrt.push_back(static_cast<int>(k));
       st.grad_output.push_back(k < p.grad_of.size() ? p.grad_of[k] : -1);
@@ -218,7 +217,6 @@ void plan_backward_stages(BackwardProgram& p, const std::vector<autodiff::Backwa
   for (size_t s = 0; s < cut.size(); ++s) {
     BackwardStageProgram& st = p.stages.at(s);
     st.saved = cut[s].saved;
-    st.inputs = s == 0 ? p.tangents : 1;
     st.feeds_next = s + 1 < cut.size();
     for (const auto& r : cut[s].received) {
       st.receive.emplace_back(r.stage, r.output);

@@ -26,7 +26,6 @@ struct BackwardStageProgram {
   std::unique_ptr<pipeline::CompiledGraph> compiled;
   std::shared_ptr<PreparedProgram> prepared;
   std::vector<int> saved;    // the program's first inputs: these saved values
-  size_t inputs = 0;         // autograd inputs: the tangents (first stage), the ordering edge (later ones)
   // The program's inputs after `saved` (later stages): what earlier stages kept, by (stage,
   // output); and the kept values whose last reader this stage is.
   std::vector<std::pair<int, int>> receive, release;

@@ -63,7 +63,7 @@ bool split_backward_stages(const ir::Graph& b, size_t saved, int64_t first_cap, 
   auto computed = [&](const Node* n) { return !constant(*n) && !is_saved(n); };
 
   // What each stage reads from earlier ones (tangents from the first), in program order.
-  std::vector<std::vector<const Node*>> received(static_cast<size_t>(stages)), sent(static_cast<size_t>(stages));
+  std::vector<std::vector<const Node*>> received(static_cast<size_t>(stages));
   std::vector<std::vector<bool>> sends(static_cast<size_t>(stages), std::vector<bool>(nodes.size(), false));
   std::vector<std::vector<bool>> reads(static_cast<size_t>(stages), std::vector<bool>(nodes.size(), false));
   auto read = [&](int s, const Node* v) {
