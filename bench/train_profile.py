@@ -22,6 +22,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--sort", default="", help="a key_averages column (default: device time, else CPU time)")
     ap.add_argument("--whole", action="store_true", help="compile the whole step function, as bench/train.py does")
+    ap.add_argument("--kernels", action="store_true",
+                    help="kiln only: name each kiln kernel launch (forward, then backward) after kiln.explain's lists "
+                         "and list the kernels by device time")
     a = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -71,6 +74,36 @@ def main() -> None:
         sync()
     key = a.sort or ("cuda_time_total" if a.device == "cuda" else "cpu_time_total")
     print(prof.key_averages().table(sort_by=key, row_limit=a.top, max_name_column_width=70))
+    if a.kernels and a.system == "kiln" and not a.whole and a.device == "cuda":
+        print_kiln_kernels(prof, model, inputs, amp, a.device, a.top)
+
+
+def print_kiln_kernels(prof, model, inputs, amp, device: str, top: int) -> None:
+    """kiln's launches of 3 profiled steps named after kiln.explain's kernel lists (every kiln
+    kernel is compiled as a unit named kiln_kernel), summed by name, per step."""
+    import collections
+
+    import torch
+    import kiln
+    with torch.autocast(device_type=device, dtype=amp or torch.float32, enabled=amp is not None):
+        e = kiln.explain(model)(*inputs)
+    names = [k["name"] if isinstance(k, dict) else k for k in e.kernels]
+    names += [k["name"] if isinstance(k, dict) else k for k in e.backward_kernels]
+    events = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda ev: ev.time_range.start)
+    launches = [ev for ev in events if ev.name == "kiln_kernel"]
+    print(f"\nkiln kernels: {len(launches) / 3:.0f} launches a step, explain lists {len(names)} "
+          f"({len(e.kernels)} forward, {len(e.backward_kernels)} backward)")
+    if len(launches) != 3 * len(names):
+        names = [f"launch {i}" for i in range(len(launches) // 3)]
+    by_name = collections.defaultdict(lambda: [0.0, 0])
+    for i, ev in enumerate(launches):
+        slot = by_name[names[i % len(names)] if names else "?"]
+        slot[0] += ev.device_time / 3
+        slot[1] += 1
+    print(f"{sum(v[0] for v in by_name.values()):.1f} µs of kiln kernels a step")
+    for n, (us, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {us:9.1f} µs  x{count / 3:<4.0f} {n}")
 
 
 if __name__ == "__main__":

@@ -179,3 +179,48 @@ TEST(GemmEpilogues, TimedChoicesFollowTheMeasurementsAndAreCached) {
   std::filesystem::remove_all(dir);
   unsetenv("KILN_CACHE_DIR");
 }
+
+namespace {
+
+// conv2d(x, W, b) on `dev`, its result read by relu (an output) and, with `also_output`, itself
+// an output too.
+void conv_bias_relu(ir::Graph& g, DeviceType dev, bool also_output = false) {
+  ir::Node* x = g.placeholder("x", meta({2, 4, 8, 8}, DType::Float32, dev));
+  ir::Node* w = g.placeholder("w", meta({6, 4, 3, 3}, DType::Float32, dev));
+  ir::Node* b = g.placeholder("b", meta({6}, DType::Float32, dev));
+  ir::Node* conv = g.must_add("conv2d", {x, w, b}, A({{"padding", std::vector<int64_t>{1, 1}}}));
+  g.outputs().push_back(g.must_add("relu", {conv}));
+  if (also_output) g.outputs().push_back(conv);
+}
+
+const ir::Node* the_conv(const ir::Graph& g) {
+  for (auto& n : g.nodes())
+    if (n->op_name() == "conv2d") return n.get();
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(GemmEpilogues, ACudaConvolutionsBiasJoinsThePointwiseKernelAfterIt) {
+  ir::Graph g;
+  conv_bias_relu(g, DeviceType::CUDA);
+  const auto ops = after_pass(g);
+  const ir::Node* conv = the_conv(g);
+  ASSERT_TRUE(conv) << g.str();
+  ASSERT_EQ(conv->inputs.size(), 3u) << g.str();
+  EXPECT_FALSE(conv->inputs[2]) << g.str();  // no bias: cuDNN's result, then one fused kernel
+  EXPECT_TRUE(has(ops, "add") && has(ops, "relu")) << g.str();
+  EXPECT_EQ(g.outputs()[0]->meta.sizes, conv->meta.sizes);
+}
+
+TEST(GemmEpilogues, AConvolutionKeepsItsBiasOnTheCpuOrWhereItsResultIsAnOutput) {
+  for (bool cuda : {false, true}) {
+    ir::Graph g;
+    conv_bias_relu(g, cuda ? DeviceType::CUDA : DeviceType::CPU, /*also_output=*/cuda);
+    after_pass(g);
+    const ir::Node* conv = the_conv(g);
+    ASSERT_TRUE(conv) << g.str();
+    EXPECT_EQ(conv->inputs.size(), 3u) << g.str();
+    EXPECT_TRUE(conv->inputs[2]) << g.str();
+  }
+}

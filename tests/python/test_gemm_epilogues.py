@@ -77,3 +77,36 @@ def test_torch_addmm_activation_called_directly_compiles():
     cf = kiln.compile(lambda b, a, w: torch._addmm_activation(b, a, w, use_gelu=True) + 1)
     assert_same(cf(b, a, w), torch._addmm_activation(b, a, w, use_gelu=True) + 1, rtol=1e-4, atol=1e-4)
     assert kiln.stats()["eager_fallbacks"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_folded_convolutions_bias_joins_the_relu_kernel(dtype):
+    # The folded batch norm's bias is added in the kernel that applies the ReLU (and the
+    # residual add), not by torch's separate add_ after cuDNN's convolution.
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+            self.conv2, self.bn2 = nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16)
+
+        def forward(self, x):
+            return F.relu(self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))) + x)
+
+    model = Block().cuda().eval()
+    for bn in (model.bn1, model.bn2):  # statistics eval mode will fold in
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    model = model.to(dtype)
+    cf = kiln.compile(model)
+    # cuDNN's float32 convolutions run in TF32: eager rounds the weight, kiln the folded weight
+    # (test_prologue.py's _close); bfloat16 rounds each convolution's result.
+    rtol, atol = (3e-3, 1e-2) if dtype == torch.float32 else (5e-2, 1e-1)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(4, 16, 12, 12, device="cuda", dtype=dtype)
+            assert_same(cf(x), model(x), rtol=rtol, atol=atol)
+        text = _graph_text(cf, x)
+    convs = re.findall(r"= conv2d\((.*)\)", text)
+    assert convs, text
+    if dtype == torch.float32:  # folded (16-bit batch norms are not: see fold_batch_norm.cpp)
+        assert all(c.split(", ")[2] == "None" for c in convs), text

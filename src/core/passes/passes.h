@@ -39,7 +39,8 @@ struct ExternTiming {
 };
 // On CUDA, an addmm followed by relu or tanh-GELU becomes torch's _addmm_activation (the
 // activation in cuBLASLt's epilogue); with `timing`, the epilogues are timed against the plain
-// GEMMs and the faster kept (gemm_epilogues.cpp).
+// GEMMs and the faster kept. A CUDA convolution's bias joins the kernel of the pointwise ops
+// that read its result (gemm_epilogues.cpp).
 void gemm_epilogues(ir::Graph& g, ExternTiming* timing = nullptr);
 // Marks torch_calls that update a graph input out of place (with the in-place form capture
 // recorded) `in_place` where nothing else reads the input's old value: the executor then updates
