@@ -378,6 +378,19 @@ TEST(CudaCodegen, ColumnReductionsGiveLanesNeighbouringOutputs) {
     EXPECT_NE(src.find("kiln_col"), std::string::npos) << src;
     expect_compiles(g, 1);  // both reductions, one after the other, in one kernel
   }
+  {  // a layer norm's weight gradient: sum over rows of grad * (x - mean[row]) * rstd[row]
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(DType::Float32, {1024, 768}));
+    ir::Node* grad = g.placeholder("grad", cuda_meta(DType::Float32, {1024, 768}));
+    ir::Node* mean = g.placeholder("mean", cuda_meta(DType::Float32, {1024, 1}));
+    ir::Node* rstd = g.placeholder("rstd", cuda_meta(DType::Float32, {1024, 1}));
+    ir::Node* xhat = g.must_add("mul", {g.must_add("sub", {x, mean}), rstd});
+    g.outputs().push_back(g.must_add("sum", {g.must_add("mul", {grad, xhat})}, attrs({{"dim", std::vector<int64_t>{0}}})));
+    g.outputs().push_back(g.must_add("sum", {grad}, attrs({{"dim", std::vector<int64_t>{0}}})));
+    const std::string src = cuda_source_of(g);
+    EXPECT_NE(src.find("kiln_col"), std::string::npos) << src;
+    expect_compiles(g, 1);
+  }
   ir::Graph g;
   ir::Node* x = g.placeholder("x", cuda_meta(DType::Float32, {1024, 768}));
   g.outputs().push_back(g.must_add("sum", {x}, attrs({{"dim", std::vector<int64_t>{1}}})));

@@ -327,7 +327,7 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int w
 // warps split the reduced points among them, and the R partial results meet in shared memory.
 // Taken when every looping stage is a reduction over the same points, the kernel stores only at
 // its outer points, and the reduced loads step by one along the outer space and not along the
-// reduction.
+// reduction (or do not move along the outer space at all: the same element for every lane).
 struct ColumnPlan {
   bool columns = false;
   int parts = 0;        // R: warps of a block splitting the reduced points
@@ -362,9 +362,12 @@ ColumnPlan plan_columns(const loop::Program& p, const Kernel& k) {
     visit_loads(p.exprs, st.value, seen, [&](const loop::SNode& ld) {
       auto a = sym::affine(ld.index, all);
       if (!a) return void(rowwise = true);
-      bool walks = false;
+      bool walks = false, spreads = false;
       for (size_t d = k.vars.size(); d < all.size(); ++d) walks |= !a->coeffs[d].is_const(0);
-      if (!walks) return;
+      for (size_t d = 0; d < k.vars.size(); ++d) spreads |= !a->coeffs[d].is_const(0);
+      // A load of the reduced points alone (a layer norm's saved row statistics, read again in
+      // its weight's gradient) is one address for the warp's 32 lanes: a broadcast.
+      if (!walks || !spreads) return;
       if (a->coeffs[red_inner].is_const(1) || !a->coeffs[out_inner].is_const(1)) rowwise = true;
       else coalesced = true;
     });
