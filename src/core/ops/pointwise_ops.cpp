@@ -177,6 +177,12 @@ SRef torch_gelu_kernel_body(ScalarCtx& s, SRef x, DType t) {
 
 }  // namespace
 
+// NotImplementedError for a bool division kernel torch does not have ("div_floor_cpu").
+static std::string no_bool_division(const std::string& kernel, const TensorMeta& out) {
+  return "NotImplementedError: \"" + kernel + "_" + (out.device.type == DeviceType::CUDA ? "cuda" : "cpu") +
+         "\" not implemented for 'Bool'";
+}
+
 // An integer division (or remainder) on the CPU raises torch's ZeroDivisionError for a zero
 // divisor, whether or not its result is used: such a node runs even when dead.
 static bool integer_division_on_cpu(const Node& n) {
@@ -460,6 +466,8 @@ std::vector<OpDef> pointwise_ops() {
         err = "ValueError: div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '" + mode + "'";
         return false;
       }
+      // torch's rounding divisions have no bool kernel; found before a zero divisor is
+      if (!mode.empty() && out.dtype == DType::Bool) return err = no_bool_division("div_" + mode, out), false;
       return true;
     };
     div.scalar = [](ScalarCtx& s, const std::vector<SRef>& a, const Node& n) {
@@ -490,7 +498,15 @@ std::vector<OpDef> pointwise_ops() {
     // An integer division by a constant zero raises at capture, as eager raises whether or not
     // the result is used (a zero inside a tensor is found by the kernel).
     d.infer = [name = d.name](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
-      if (!infer_pointwise(*find_op(name), in, a, out, err)) return false;
+      if (!infer_pointwise(*find_op(name), in, a, out, err)) {
+        // floor_divide is torch's div with rounding_mode="floor": its error names that kernel
+        if (name == "floor_divide" && err.rfind("NotImplementedError", 0) == 0) {
+          Attrs floor;
+          floor.set("rounding_mode", std::string("floor"));
+          find_op("div")->infer(in, floor, out, err);
+        }
+        return false;
+      }
       const Node* b = in[1];
       if (!is_floating(out.dtype) && b->op->name == "scalar" && b->attrs.get_float("value") == 0) {
         err = "RuntimeError: ZeroDivisionError";
