@@ -21,7 +21,8 @@
 //
 // Not mapped (capture stops with the function named, as for any unknown call): np.random, FFTs
 // (complex dtypes), object and string arrays, `out=`/`where=` arguments, data-dependent shapes
-// (one-argument np.where, boolean-mask reads).
+// (one-argument np.where, boolean-mask reads, nonzero, unique), ndarray.sort (in place).
+#include <cmath>
 #include <optional>
 #include <unordered_map>
 
@@ -588,6 +589,217 @@ struct NumpyRules {
     return as_array(I, call_torch(I, "stack", {Var::list(ts)}, {{"dim", a[1] ? a[1] : int_const(0)}}), false);
   }
 
+  // ---- sorting, shifting, tiling, triangles, padding, quantiles ----
+  static bool is_none(const VarPtr& v) { return v && v->is_const() && v->known() == Py_None; }
+  // The array flattened where axis=None (the default of `none_default`), else its dim; -1 when
+  // not given and the default is the last axis.
+  static std::pair<VarPtr, int64_t> axis_or_flat(Interpreter& I, const VarPtr& x, const VarPtr& axis, bool none_default,
+                                                 const char* fn) {
+    const int64_t nd = x->node()->meta.dim();
+    if ((!axis && none_default) || is_none(axis)) return {call_torch(I, "reshape", {tensor_of(x), ints_const({-1})}), 0};
+    const int64_t d = axis ? int_arg(I, axis, "axis") : -1;
+    if (nd == 0 || d < -nd || d >= nd) unsupported(std::string("numpy ") + fn + ": axis out of bounds: AxisError");
+    return {tensor_of(x), d < 0 ? d + nd : d};
+  }
+  // np.sort / np.argsort(a, axis=-1, kind=None, order=None, *, stable=None): torch's stable sort
+  // (NumPy's default quicksort is not stable; its values are the same, its order of equal
+  // elements' indices may differ only where NumPy's is unspecified anyway)
+  static VarPtr sort(Interpreter& I, const char* name, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind(name, {"a", "axis", "kind", "order", "stable"}, args, kwargs);
+    refuse(a, name, {{3, "order"}});
+    const VarPtr& x = array_arg(a, 0, name);
+    auto [t, d] = axis_or_flat(I, x, a[1], false, name);
+    const bool indices = std::string(name) == "argsort";
+    KwArgs kw = {{"dim", int_const(d)}, {"stable", bool_const(true)}};
+    if (x->node()->meta.dtype == DType::Bool) t = as_tensor(I, t, DType::UInt8);  // no bool sort kernel
+    VarPtr r = call_torch(I, indices ? "argsort" : "sort", {t}, kw);
+    if (!indices) r = I.subscript(r, int_const(0));
+    if (!indices && x->node()->meta.dtype == DType::Bool) r = as_tensor(I, r, DType::Bool);
+    return as_array(I, r, false, {x});
+  }
+  // np.roll(a, shift, axis=None): torch.roll (no dims: the flattened array, reshaped back)
+  static VarPtr roll(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("roll", {"a", "shift", "axis"}, args, kwargs);
+    const VarPtr& x = array_arg(a, 0, "roll");
+    if (!a[1]) unsupported("numpy roll() without a shift: TypeError");
+    std::vector<VarPtr> targs = {tensor_of(x), Var::constant(I.const_obj(a[1], "shift"))};
+    if (a.given(2)) targs.push_back(Var::constant(I.const_obj(a[2], "axis")));
+    return as_array(I, call_torch(I, "roll", targs), false, {x});
+  }
+  // np.tile(A, reps): torch.tile (an int reps is a 1-tuple)
+  static VarPtr tile(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("tile", {"A", "reps"}, args, kwargs);
+    const VarPtr& x = array_arg(a, 0, "tile");
+    if (!a[1]) unsupported("numpy tile() without reps: TypeError");
+    PyObject* reps = I.const_obj(a[1], "reps");
+    VarPtr r = PyLong_Check(reps) ? ints_const({PyLong_AsLongLong(reps)}) : Var::constant(reps);
+    return as_array(I, call_torch(I, "tile", {tensor_of(x), r}), false, {x});
+  }
+  // np.diff(a, n=1, axis=-1): torch.diff (bools: not_equal, torch's logical_xor)
+  static VarPtr diff(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("diff", {"a", "n", "axis", "prepend", "append"}, args, kwargs);
+    refuse(a, "diff", {{3, "prepend"}, {4, "append"}});
+    const VarPtr& x = array_arg(a, 0, "diff");
+    const int64_t n = a.given(1) ? int_arg(I, a[1], "n") : 1;
+    if (n <= 0) unsupported("numpy diff(n=" + std::to_string(n) + ") (the array itself, or ValueError)");
+    auto [t, d] = axis_or_flat(I, x, a[2], false, "diff");
+    return as_array(I, call_torch(I, "diff", {t}, {{"n", int_const(n)}, {"dim", int_const(d)}}), false, {x});
+  }
+  // np.triu / np.tril(m, k=0) of matrices (a 1-d m is broadcast to a square by NumPy: not mapped)
+  static VarPtr triangle(Interpreter& I, const char* name, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind(name, {"m", "k"}, args, kwargs);
+    const VarPtr& x = array_arg(a, 0, name);
+    if (x->node()->meta.dim() < 2) unsupported(std::string("numpy ") + name + " of an array of fewer than 2 dims");
+    KwArgs kw;
+    if (a.given(1)) kw.emplace_back("diagonal", int_const(int_arg(I, a[1], "k")));
+    return as_array(I, call_torch(I, name, {tensor_of(x)}, kw), false, {x});
+  }
+  // np.trace(a, offset=0, axis1=0, axis2=1, dtype=None): the diagonal's sum, in sum's dtype
+  static VarPtr trace(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("trace", {"a", "offset", "axis1", "axis2", "dtype", "out"}, args, kwargs);
+    refuse(a, "trace", {{5, "out"}});
+    const VarPtr& x = array_arg(a, 0, "trace");
+    if (x->node()->meta.dim() < 2) unsupported("numpy trace of an array of fewer than 2 dims: ValueError");
+    VarPtr diag = call_torch(I, "diagonal", {tensor_of(x)},
+                             {{"offset", int_const(a.given(1) ? int_arg(I, a[1], "offset") : 0)},
+                              {"dim1", int_const(a.given(2) ? int_arg(I, a[2], "axis1") : 0)},
+                              {"dim2", int_const(a.given(3) ? int_arg(I, a[3], "axis2") : 1)}});
+    // the diagonal's sum along its last axis, with np.sum's dtype rules
+    std::vector<VarPtr> sargs = {as_array(I, diag, false), int_const(-1)};
+    KwArgs skw;
+    if (a.given(4)) skw.emplace_back("dtype", a[4]);
+    return reduce<Red::Sum>(I, "sum", sargs, skw);
+  }
+  // np.meshgrid(*xi, copy=True, sparse=False, indexing='xy'): torch.meshgrid's grids, copied
+  // (NumPy's copy=True), as a tuple
+  static VarPtr meshgrid(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    VarPtr indexing;
+    for (const auto& [k, v] : kwargs) {
+      if (k == "indexing") indexing = v;
+      else if (k == "copy" && I.truth(v)) continue;
+      else if (k == "sparse" && !I.truth(v)) continue;
+      else unsupported("numpy meshgrid(" + k + "=...) is not mapped");
+    }
+    if (args.empty()) return Var::tuple({});
+    std::vector<VarPtr> flat;
+    for (const VarPtr& v : args) {  // NumPy flattens each and keeps its dtype
+      if (!v->is_array()) unsupported("numpy meshgrid of a value that is not an array");
+      flat.push_back(call_torch(I, "reshape", {tensor_of(v), ints_const({-1})}));
+    }
+    VarPtr grids = call_torch(I, "meshgrid", flat, {{"indexing", indexing ? indexing : Var::steal_constant(PyUnicode_FromString("xy"))}});
+    std::vector<VarPtr> out;
+    for (size_t i = 0; i < args.size(); ++i)
+      out.push_back(as_array(I, call_torch(I, "clone", {I.subscript(grids, int_const(static_cast<int64_t>(i)))}), false));
+    return Var::tuple(out);
+  }
+  // np.pad(array, pad_width, mode='constant', constant_values=0): F.pad's constant mode
+  static VarPtr pad(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("pad", {"array", "pad_width", "mode", "constant_values"}, args, kwargs);
+    const VarPtr& x = array_arg(a, 0, "pad");
+    if (a.given(2)) {
+      PyObject* m = I.const_obj(a[2], "mode");
+      if (!PyUnicode_Check(m) || std::string(PyUnicode_AsUTF8(m)) != "constant") unsupported("numpy pad(mode=...) other than 'constant' is not mapped");
+    }
+    const int64_t nd = x->node()->meta.dim();
+    // pad_width: n, (n,), (before, after), ((before, after),), or one pair per dim
+    PyObject* pw = I.const_obj(a[1], "pad_width");
+    std::vector<std::pair<int64_t, int64_t>> pairs;
+    auto as_int = [&](PyObject* o) {
+      if (!PyLong_Check(o)) unsupported("numpy pad: pad_width of non-integers: TypeError");
+      int64_t v = PyLong_AsLongLong(o);
+      if (v < 0) unsupported("numpy pad: negative pad_width: ValueError");
+      return v;
+    };
+    if (PyLong_Check(pw)) {
+      pairs.assign(static_cast<size_t>(nd), {as_int(pw), as_int(pw)});
+    } else if (PyTuple_Check(pw) || PyList_Check(pw)) {
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(pw);
+      PyObject* first = n ? PySequence_Fast_GET_ITEM(pw, 0) : nullptr;
+      if (first && PyLong_Check(first)) {
+        if (n == 1) pairs.assign(static_cast<size_t>(nd), {as_int(first), as_int(first)});
+        else if (n == 2) pairs.assign(static_cast<size_t>(nd), {as_int(first), as_int(PySequence_Fast_GET_ITEM(pw, 1))});
+        else unsupported("numpy pad: a pad_width NumPy cannot broadcast: ValueError");
+      } else {
+        for (Py_ssize_t k = 0; k < n; ++k) {
+          PyObject* p = PySequence_Fast_GET_ITEM(pw, k);
+          if (!(PyTuple_Check(p) || PyList_Check(p)) || PySequence_Fast_GET_SIZE(p) != 2) unsupported("numpy pad: pad_width pairs of another form");
+          pairs.emplace_back(as_int(PySequence_Fast_GET_ITEM(p, 0)), as_int(PySequence_Fast_GET_ITEM(p, 1)));
+        }
+        if (pairs.size() == 1) pairs.assign(static_cast<size_t>(nd), pairs[0]);
+        if (static_cast<int64_t>(pairs.size()) != nd) unsupported("numpy pad: pad_width of another rank than the array: ValueError");
+      }
+    } else {
+      unsupported("numpy pad: pad_width of another form");
+    }
+    std::vector<int64_t> flat;  // F.pad's order: the last dim first
+    for (int64_t d = nd - 1; d >= 0; --d) flat.push_back(pairs[static_cast<size_t>(d)].first), flat.push_back(pairs[static_cast<size_t>(d)].second);
+    double value = 0;
+    if (a.given(3)) {
+      PyObject* v = I.const_obj(a[3], "constant_values");
+      if (!PyFloat_Check(v) && !PyLong_Check(v)) unsupported("numpy pad: constant_values other than one number");
+      value = PyFloat_Check(v) ? PyFloat_AsDouble(v) : static_cast<double>(PyLong_AsLongLong(v));
+      const DType d = x->node()->meta.dtype;
+      if (!is_floating(d)) value = d == DType::Bool ? (value != 0) : std::trunc(value);  // NumPy's cast into the array
+    }
+    static PyObject* fpad = object_at("torch.nn.functional.pad");
+    return as_array(I, I.call(Var::constant(fpad), {tensor_of(x), ints_const(flat)}, {{"value", Var::steal_constant(PyFloat_FromDouble(value))}}),
+                    false, {x});
+  }
+  // np.quantile(a, q, axis=None, ..., keepdims=False), np.percentile (q in percent), np.median:
+  // torch.quantile's linear interpolation (NumPy's default method), in float64 for integers
+  static VarPtr quantile(Interpreter& I, const char* name, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    const std::string n = name;
+    Args a = n == "median" ? bind(name, {"a", "axis", "out", "overwrite_input", "keepdims"}, args, kwargs)
+                           : bind(name, {"a", "q", "axis", "out", "overwrite_input", "method", "keepdims", "weights", "interpolation"},
+                                  args, kwargs);
+    const size_t i_axis = n == "median" ? 1 : 2, i_keep = n == "median" ? 4 : 6;
+    refuse(a, name, {{i_axis + 1, "out"}});
+    if (n != "median") {
+      refuse(a, name, {{7, "weights"}, {8, "interpolation"}});
+      if (a.given(5)) {
+        PyObject* m = I.const_obj(a[5], "method");
+        if (!PyUnicode_Check(m) || std::string(PyUnicode_AsUTF8(m)) != "linear") unsupported("numpy " + n + "(method=...) other than 'linear' is not mapped");
+      }
+    }
+    const VarPtr& x = array_arg(a, 0, name);
+    const DType in = x->node()->meta.dtype;
+    // q: a Python number (weak) or a list of them (a float64 array, which promotes)
+    VarPtr q;
+    DType to = float_holding(in);
+    if (to == DType::Float16) to = DType::Float64;  // NumPy's quantile of small ints: float64
+    if (n == "median") {
+      q = Var::steal_constant(PyFloat_FromDouble(0.5));
+    } else {
+      if (!a[1]) unsupported("numpy " + n + "() without q: TypeError");
+      PyObject* qo = I.const_obj(a[1], "q");
+      const double scale = n == "percentile" ? 100.0 : 1.0;
+      if (PyFloat_Check(qo) || PyLong_Check(qo)) {
+        q = Var::steal_constant(PyFloat_FromDouble(PyFloat_AsDouble(qo) / scale));
+      } else if (PyList_Check(qo) || PyTuple_Check(qo)) {
+        to = promote(to, DType::Float64);
+        PyObject* qs = PyList_New(0);
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(qo); ++k) {
+          PyObject* e = PySequence_Fast_GET_ITEM(qo, k);
+          if (!PyFloat_Check(e) && !PyLong_Check(e)) unsupported("numpy " + n + ": q of other than numbers");
+          PyObject* f = PyFloat_FromDouble(PyFloat_AsDouble(e) / scale);
+          PyList_Append(qs, f);
+          Py_DECREF(f);
+        }
+        q = call_torch(I, "tensor", {Var::steal_constant(qs)}, {{"dtype", dtype_const(to)}});
+      } else {
+        unsupported("numpy " + n + ": q of another form than numbers");
+      }
+      if (PyErr_Occurred()) I.real(nullptr);
+    }
+    VarPtr t = as_tensor(I, x, to);
+    KwArgs kw = {{"keepdim", bool_const(bool_arg(I, a, i_keep, false))}};
+    auto axes = axes_arg(I, a, i_axis, x->node()->meta.dim());
+    if (axes && axes->size() != 1) unsupported("numpy " + n + " over several axes is not mapped");
+    if (axes) kw.emplace_back("dim", int_const((*axes)[0]));
+    if (!axes && kw[0].second->known() == Py_True) unsupported("numpy " + n + "(keepdims=True) of the whole array is not mapped");
+    return as_array(I, call_torch(I, "quantile", {t, q}, kw), true);
+  }
+
   // The shape given as ints or one tuple of them (a.reshape(2, 3), np.zeros((2, 3))).
   static VarPtr shape_of(const std::vector<VarPtr>& parts) {
     if (parts.size() == 1 && (parts[0]->kind() == Var::Kind::Tuple || parts[0]->kind() == Var::Kind::List)) return Var::tuple(parts[0]->seq());
@@ -926,6 +1138,19 @@ struct NumpyRules {
       add(mod, "ravel", ravel, "ravel");
       add(mod, "broadcast_to", broadcast_to, "broadcast_to");
       add(mod, "flip", flip, "flip");
+      add(mod, "sort", sort, "sort");
+      add(mod, "argsort", sort, "argsort");
+      add(mod, "roll", roll, "roll");
+      add(mod, "tile", tile, "tile");
+      add(mod, "diff", diff, "diff");
+      add(mod, "triu", triangle, "triu");
+      add(mod, "tril", triangle, "tril");
+      add(mod, "trace", trace, "trace");
+      add(mod, "meshgrid", meshgrid, "meshgrid");
+      add(mod, "pad", pad, "pad");
+      add(mod, "median", quantile, "median");
+      add(mod, "quantile", quantile, "quantile");
+      add(mod, "percentile", quantile, "percentile");
       add(mod, "copy", copy, "copy", true);
       add(mod, "array", copy, "array", true);
       add(mod, "asarray", asarray, "asarray", true);
@@ -967,6 +1192,7 @@ struct NumpyRules {
         {"dot", {matmul, "dot"}},                    {"swapaxes", {swapaxes, "swapaxes"}},
         {"ravel", {ravel, "ravel"}},                 {"flatten", {ravel, "flatten"}},
         {"squeeze", {squeeze, "squeeze"}},           {"copy", {copy, "copy"}},
+        {"argsort", {sort, "argsort"}},              {"trace", {trace, "trace"}},
     };
     return t;
   }
@@ -1004,7 +1230,10 @@ PyObject* Interpreter::array_type(const VarPtr& a) {
 VarPtr Interpreter::array_attr(const VarPtr& a, const std::string& name) {
   const ir::TensorMeta& m = a->node()->meta;
   const NumpyObjects* np = numpy_objects();
-  if (name == "shape") return shape_tuple(m);
+  if (name == "shape") {  // a plain tuple (a tensor's is a torch.Size)
+    VarPtr sh = shape_tuple(m);
+    return sh->is_const() ? real(PySequence_Tuple(sh->known())) : sh;
+  }
   if (name == "ndim") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
   if (name == "size") return size_const(m.numel());
   if (name == "dtype") return Var::constant(np->dtype_obj[static_cast<int>(m.dtype)]);
