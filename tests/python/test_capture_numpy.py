@@ -527,6 +527,34 @@ def robust_scaling_with_the_interquartile_range(a, b):
     return (b - np.median(a, axis=0)) / (q3 - q1 + 1e-9)
 
 
+@case()
+def ufuncs_writing_into_out_buffers(a, b):
+    buf = np.empty_like(a)
+    np.add(a, b, out=buf)
+    np.multiply(buf, 2.0, out=buf)
+    e = np.exp(a, out=np.zeros_like(a))
+    lowered = np.zeros(a.shape, dtype=np.float32)
+    np.subtract(a, b, out=lowered)  # same_kind: float64 into float32
+    np.maximum(a, b, buf)  # out given by position
+    return buf, e, lowered, np.sqrt(np.abs(a), out=np.abs(a)) is not None
+
+
+@case()
+def clip_and_scale_the_callers_array_in_place(a, b):
+    np.clip(b, -0.5, 0.5, out=b)
+    np.multiply(a, 3, out=a)
+    return a.sum() + b.sum()
+
+
+@case(inputs=_ints)
+def integer_out_buffers(i, j):
+    acc = np.zeros_like(i)
+    np.add(i, j, out=acc)  # int64 result into int64
+    small = np.zeros(i.shape, dtype=np.int32)
+    np.multiply(i, 2, out=small)
+    return acc, small, np.negative(j, out=j)
+
+
 # =============================================================================================
 # NumPy and torch together, and NumPy around Python code
 

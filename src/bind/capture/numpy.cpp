@@ -19,9 +19,13 @@
 // - A graph output, or a value at a graph break, that is an array is handed out as the ndarray
 //   Tensor.numpy() makes of the result (OutSpec::Kind::Array); a NumPy scalar as arr[()].
 //
+// - A ufunc's (and clip's) out= array takes the result in its own dtype under NumPy's
+//   same_kind casting, as `a += b` does, and is the call's result.
+//
 // Not mapped (capture stops with the function named, as for any unknown call): np.random, FFTs
-// (complex dtypes), object and string arrays, `out=`/`where=` arguments, data-dependent shapes
-// (one-argument np.where, boolean-mask reads, nonzero, unique), ndarray.sort (in place).
+// (complex dtypes), object and string arrays, `where=` arguments, `out=` of other functions,
+// data-dependent shapes (one-argument np.where, boolean-mask reads, nonzero, unique),
+// ndarray.sort (in place).
 #include <cmath>
 #include <optional>
 #include <unordered_map>
@@ -252,6 +256,42 @@ struct NumpyRules {
         unsupported(std::string("numpy ") + fn + "(" + name + "=...) is not mapped");
       }
   }
+  // `res` stored into the existing array `target` (a += b; np.add(a, b, out=c)), in target's
+  // dtype under NumPy's same_kind casting, every alias of the array seeing it; target is the
+  // result, as NumPy returns `out` itself.
+  static VarPtr store_into(Interpreter& I, const VarPtr& target, const VarPtr& res, const char* what) {
+    const DType own = target->node()->meta.dtype, r = res->node()->meta.dtype;
+    if ((is_floating(r) && !is_floating(own)) || (r != DType::Bool && own == DType::Bool))
+      unsupported(std::string(what) + " casting its result into an array of a lower kind: UFuncTypeError");
+    if (res->node()->meta.sizes != target->node()->meta.sizes)
+      unsupported(std::string(what) + " whose result has another shape than the array it is stored into: ValueError");
+    ir::Node* n = res->node();
+    if (n->meta.dtype != own) {
+      ir::Attrs at;
+      at.set("dtype", own);
+      n = I.add_node("convert", {n}, at);
+    }
+    target->as<TensorV>().form = PyForm::Tensor;  // the tensor machinery updates the tracker every alias shares
+    try {
+      I.check_inplace_target(target, what);
+      I.mutate(target, n);
+    } catch (...) {
+      target->as<TensorV>().form = PyForm::NdArray;
+      throw;
+    }
+    target->as<TensorV>().form = PyForm::NdArray;
+    return target;
+  }
+  // A ufunc's out= (an array, or a tuple of one): the result stored into it, else the result.
+  static VarPtr with_out(Interpreter& I, const Args& a, size_t i_out, const VarPtr& res, const char* fn) {
+    if (!a.given(i_out)) return res;
+    VarPtr out = a[i_out];
+    if ((out->kind() == Var::Kind::Tuple || out->kind() == Var::Kind::List) && out->seq().size() == 1) out = out->seq()[0];
+    if (!out->is_array() || out->as<TensorV>().form != PyForm::NdArray)
+      unsupported(std::string("numpy ") + fn + "(out=...) of a value that is not an array: TypeError");
+    return store_into(I, out, res, (std::string("numpy ") + fn + "(out=...)").c_str());
+  }
+
   static const VarPtr& array_arg(const Args& a, size_t i, const char* fn) {
     if (!a[i] || !a[i]->is_array()) unsupported(std::string("numpy ") + fn + "() of a value that is not an array");
     return a[i];
@@ -314,11 +354,11 @@ struct NumpyRules {
   template <Loop L>
   static VarPtr unary(Interpreter& I, const char* torch_name, std::vector<VarPtr>& args, KwArgs& kwargs) {
     Args a = bind(torch_name, {"x", "out", "where", "dtype"}, args, kwargs);
-    refuse(a, torch_name, {{1, "out"}, {2, "where"}, {3, "dtype"}});
+    refuse(a, torch_name, {{2, "where"}, {3, "dtype"}});
     const VarPtr& x = array_arg(a, 0, torch_name);
     const DType d = x->node()->meta.dtype;
     const DType to = L == Loop::Float ? float_holding(d) : d;
-    return as_array(I, call_torch(I, torch_name, {as_tensor(I, x, to)}), true, {x});
+    return with_out(I, a, 1, as_array(I, call_torch(I, torch_name, {as_tensor(I, x, to)}), true, {x}), torch_name);
   }
   // floor, ceil, trunc, rint: integers (and bools) are already whole: a copy.
   static VarPtr rounding(Interpreter& I, const char* torch_name, std::vector<VarPtr>& args, KwArgs& kwargs) {
@@ -372,7 +412,7 @@ struct NumpyRules {
   template <Cast C>
   static VarPtr binary_fn(Interpreter& I, const char* torch_name, std::vector<VarPtr>& args, KwArgs& kwargs) {
     Args a = bind(torch_name, {"x1", "x2", "out", "where", "dtype"}, args, kwargs);
-    refuse(a, torch_name, {{2, "out"}, {3, "where"}, {4, "dtype"}});
+    refuse(a, torch_name, {{3, "where"}, {4, "dtype"}});
     if (!a[0] || !a[1]) unsupported(std::string("numpy ") + torch_name + "() takes two operands: TypeError");
     if (!a[0]->is_array() && !a[1]->is_array()) unsupported(std::string("numpy ") + torch_name + "() of values that are not arrays");
     DType r = dtype_or_fail({a[0], a[1]}, torch_name);
@@ -380,7 +420,7 @@ struct NumpyRules {
     if (C == Cast::Float) r = float_holding(r);
     VarPtr x = C == Cast::None ? (a[0]->is_array() ? tensor_of(a[0]) : as_tensor(I, a[0], r)) : as_tensor(I, a[0], r);
     VarPtr y = C == Cast::None ? (a[1]->is_array() ? tensor_of(a[1]) : as_tensor(I, a[1], r)) : as_tensor(I, a[1], r);
-    return as_array(I, call_torch(I, torch_name, {x, y}), true);
+    return with_out(I, a, 2, as_array(I, call_torch(I, torch_name, {x, y}), true), torch_name);
   }
 
   // ---- reductions ----
@@ -505,14 +545,13 @@ struct NumpyRules {
   // ---- the functions that are neither ufuncs nor reductions ----
   static VarPtr clip(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
     Args a = bind("clip", {"a", "a_min", "a_max", "out"}, args, kwargs);
-    refuse(a, "clip", {{3, "out"}});
     const VarPtr& x = array_arg(a, 0, "clip");
     const DType r = dtype_or_fail({x, a[1], a[2]}, "clip");
     VarPtr t = as_tensor(I, x, r);
     // np.clip is minimum(maximum(a, a_min), a_max)
     if (a.given(1)) t = call_torch(I, "maximum", {t, as_tensor(I, a[1], r)});
     if (a.given(2)) t = call_torch(I, "minimum", {t, as_tensor(I, a[2], r)});
-    return as_array(I, t, true, {x});
+    return with_out(I, a, 3, as_array(I, t, true, {x}), "clip");
   }
   static VarPtr where(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (args.size() != 3 || !kwargs.empty()) unsupported("numpy where() with one argument (data-dependent shape)");
@@ -1352,28 +1391,8 @@ VarPtr Interpreter::array_binary(const std::string& base, bool inplace, const Va
   VarPtr res = R::as_array(*this, out, true);
   // a += b on an ndarray updates it in place, in its own dtype (NumPy's same_kind casting); on a
   // NumPy scalar (immutable) it is a + b
-  if (inplace && a->is_array() && a->as<TensorV>().form == PyForm::NdArray) {
-    const DType own = a->node()->meta.dtype;
-    if (is_floating(r) && !is_floating(own)) unsupported("in-place operator casting a float result into an integer array: UFuncTypeError");
-    if (res->node()->meta.sizes != a->node()->meta.sizes)
-      unsupported("in-place operator whose result has another shape than the array: ValueError");
-    ir::Node* n = res->node();
-    if (n->meta.dtype != own) {
-      ir::Attrs at;
-      at.set("dtype", own);
-      n = add_node("convert", {n}, at);
-    }
-    a->as<TensorV>().form = PyForm::Tensor;  // the tensor machinery updates the tracker every alias shares
-    try {
-      check_inplace_target(a, base);
-      mutate(a, n);
-    } catch (...) {
-      a->as<TensorV>().form = PyForm::NdArray;
-      throw;
-    }
-    a->as<TensorV>().form = PyForm::NdArray;
-    return a;
-  }
+  if (inplace && a->is_array() && a->as<TensorV>().form == PyForm::NdArray)
+    return R::store_into(*this, a, res, ("in-place operator " + base).c_str());
   return res;
 }
 
