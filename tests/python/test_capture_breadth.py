@@ -1060,9 +1060,74 @@ def module_list_iterated(x, y):
     return out
 
 
-@case(xfail=MODULE_BUILT + " (user module: 'call to object.__setattr__')")
+@case()
 def module_user_no_params(x, y):
     return MulAdd(3.0)(x, y) + MulAdd(k=0.5)(y, x)
+
+
+class ClassScaled(nn.Module):  # no __init__ of its own: torch's
+    scale = 3.0
+
+    def forward(self, x):
+        return x * self.scale
+
+
+@case()
+def module_user_without_an_init_of_its_own(x, y):
+    return ClassScaled()(x) + ClassScaled()(y).sum()
+
+
+class GatedAct(nn.Module):
+    kinds = {"relu": nn.ReLU, "tanh": nn.Tanh}  # a class attribute read in __init__
+
+    def __init__(self, kind="relu", gate=0.5, *, inner=None):
+        super().__init__()
+        self.act = self.kinds[kind]()
+        self.inner = inner if inner is not None else MulAdd(gate)
+        self.calls = 0
+
+    @property
+    def gate(self):
+        return self.inner.k
+
+    def forward(self, x):
+        self.calls += 1
+        return self.inner(self.act(x), x) * self.gate
+
+
+@case()
+def module_user_with_submodules_and_property(x, y):
+    block = GatedAct("tanh", 1.5, inner=MulAdd(2.0))
+    return block(x) + GatedAct()(y) + block(y), block.calls
+
+
+class Residual(nn.Module):
+    def __init__(self, fn):
+        super(Residual, self).__init__()  # the two-argument form
+        self.fn = fn
+
+    def forward(self, x, *rest):
+        return x + self.fn(x, *rest)
+
+
+@case()
+def module_user_wrapping_a_module_made_here(x, y):
+    return Residual(nn.Sequential(nn.ReLU(), nn.Softmax(dim=-1)))(x) - Residual(MulAdd(0.25))(y, x)
+
+
+class Scaled(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(n))  # a parameter eager makes at every call
+
+    def forward(self, x):
+        return x * self.scale
+
+
+@case(xfail="a parameter made in the function (Dynamo traces nn.Parameter into its graph): "
+            "'built in the function owns parameters' runs the call eagerly, 3 graphs to Dynamo's 1")
+def module_user_owning_a_parameter(x, y):
+    return Scaled(5)(x) + y
 
 
 @case()

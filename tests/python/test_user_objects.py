@@ -320,3 +320,71 @@ def test_a_deep_copy_of_a_callers_object_is_the_captures_own():
     _one_graph(f, x)
     torch.testing.assert_close(kiln.compile(f)(x), f(x))
     assert SETTINGS.scale == 2.0 and "extra" in vars(SETTINGS)
+
+
+# ---- nn.Module subclasses made in the function ----
+
+
+class Counter(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * self.k
+
+
+def test_a_user_module_made_and_called_is_one_graph_with_fresh_state_each_call():
+    def f(x):
+        m = Counter(2.0)
+        return m(x) + m(x), m.calls
+
+    x = torch.randn(5)
+    _one_graph(f, x)
+    cf = kiln.compile(f)
+    for _ in range(3):
+        got, want = cf(x), f(x)
+        assert got[1] == want[1] == 2
+        torch.testing.assert_close(got[0], want[0])
+
+
+def test_a_user_module_live_at_a_graph_break_or_handed_out_is_made_each_call():
+    # The object capture made is capture's own: where the program lets it go (a graph break, a
+    # return, a caller's object) eager's fresh object per call is kept.
+    class Holder:
+        pass
+
+    hold = Holder()
+
+    def across_break(x):
+        m = Counter(2.0)
+        y = m(x)
+        print("", end="")  # a graph break with m live
+        return m(y), m.calls
+
+    def returned(x):
+        m = Counter(3.0)
+        return m(x), m
+
+    def stored(x):
+        hold.m = Counter(4.0)
+        return hold.m(x)
+
+    x = torch.randn(5)
+    for fn in (across_break, returned):
+        cf = kiln.compile(fn)
+        outs = [cf(x) for _ in range(3)]
+        for got in outs:
+            want = fn(x)
+            torch.testing.assert_close(got[0], want[0])
+            assert (got[1] == want[1]) if isinstance(want[1], int) else (got[1].calls == want[1].calls == 1)
+        if fn is returned:
+            assert outs[0][1] is not outs[1][1]
+    cf = kiln.compile(stored)
+    cf(x)
+    first = hold.m
+    torch.testing.assert_close(cf(x), stored(x))
+    cf(x)
+    assert hold.m is not first and hold.m.calls == 1

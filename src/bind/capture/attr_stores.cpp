@@ -14,8 +14,11 @@ VarPtr Interpreter::private_copy(PyObject* copier, const VarPtr& of) {
 }
 
 void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr value) {
-  if (obj->is_const() && is_private(obj->known())) {  // a private copy: the store is done now
-    PyObject* v = value ? const_obj(value, "attribute value") : nullptr;
+  const bool private_module = obj->kind() == Var::Kind::Module && obj->obj() && is_private(obj->obj());
+  if ((obj->is_const() && is_private(obj->known())) || private_module) {  // a private object: the store is done now
+    PyObject* v = !value ? nullptr
+                  : value->kind() == Var::Kind::Module && value->source && value->source->made_in_frame() ? value->obj()
+                                                                                                        : const_obj(value, "attribute value");
     if ((v ? PyObject_SetAttrString(obj->known(), name.c_str(), v) : PyObject_DelAttrString(obj->known(), name.c_str())) < 0)
       real(nullptr);
     return;
@@ -30,6 +33,8 @@ void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr 
   }
   if (!(obj->is_const() || obj->kind() == Var::Kind::Module) || !obj->obj())
     unsupported("attribute assignment on a value kiln does not track");
+  if (value && value->kind() == Var::Kind::Module && is_private(value->obj()))
+    unsupported("a module the function made (a user nn.Module) stored where the caller sees it");  // its state is this capture's
   keep_.push_back(Py_NewRef(obj->obj()));
   root()->attr_stores_.push_back(AttrStore{obj->obj(), name, std::move(value), obj->source});
 }

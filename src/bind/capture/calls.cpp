@@ -284,6 +284,23 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
       const MethodV& m = fn->as<MethodV>();
       if (auto* r = m.self->get_if<RecordV>(); r && !(r->plain && m.fn)) return call_record_method(m.self, m.name, args, kwargs);
       if (m.fn && PyFunction_Check(m.fn)) {  // a method of an object made in the frame, or reached through super()
+        // Looked up at each call: Dynamo, once it has run, wraps Module.__init__ in its own
+        static PyObject* module_type = object_at("torch.nn.Module");
+        static PyObject* init_name = PyUnicode_InternFromString("__init__");
+        PyObject* module_init = module_type ? _PyType_Lookup(reinterpret_cast<PyTypeObject*>(module_type), init_name) : nullptr;
+        if (module_init && m.fn == module_init && m.self->kind() == Var::Kind::Module && is_private(m.self->obj())) {
+          // super().__init__() of a module made here (make_user_module): torch's own, run for real
+          PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size() + 1));
+          PyTuple_SET_ITEM(t, 0, Py_NewRef(m.self->obj()));
+          for (size_t i = 0; i < args.size(); ++i)
+            PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i + 1), Py_NewRef(const_obj(args[i], "nn.Module.__init__ argument")));
+          PyObject* kw = PyDict_New();
+          for (const auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), const_obj(v, "nn.Module.__init__ argument"));
+          PyObject* r = PyObject_Call(m.fn, t, kw);
+          Py_DECREF(t);
+          Py_DECREF(kw);
+          return real(r);
+        }
         args.insert(args.begin(), m.self);
         return inline_call(m.fn, nullptr, std::move(args), kwargs);
       }
@@ -619,6 +636,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (VarPtr r = make_typed_dict(f, args, kwargs)) return r;
     if (VarPtr r = make_torch_module(f, args, kwargs)) return r;
     if (VarPtr r = make_record(f, args, kwargs)) return r;
+    if (VarPtr r = make_user_module(f, args, kwargs)) return r;
     if (VarPtr r = make_object(f, args, kwargs)) return r;  // a plain user class: __init__ inlined
   }
   if (const std::string* method = inplace_function_method(f); method && !args.empty() && args[0]->is_tensor()) {

@@ -131,6 +131,8 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       if (v->is_const() && v->as<ConstV>().super_self) unsupported("a super() object at a graph break");
       if (sym::Expr e = v->symint(); e.valid()) return output_spec(v);  // evaluated per call
       if (v->is_const() && is_private(v->known())) unsupported("an object kiln copied during capture at a graph break");
+      if (v->kind() == Var::Kind::Module && is_private(v->obj()))
+        unsupported("a module the function made (a user nn.Module) at a graph break");  // its state is this capture's
       if (structural(v) || bound_to_structure(v)) return source_spec(v->source);  // this call's object, not capture's
       s.kind = !v->source && (PyDict_CheckExact(v->obj()) || PyList_CheckExact(v->obj()) || PySet_CheckExact(v->obj()))
                    ? OutSpec::Kind::Copy

@@ -376,6 +376,9 @@ class Interpreter {
   static const char* plain_class_problem(PyObject* cls);
   // cls(...): a plain Record tracker, with cls.__init__ inlined on it. nullptr: not a plain class.
   VarPtr make_object(PyObject* cls, std::vector<VarPtr> args, const KwArgs& kwargs);
+  // cls(...) of a user nn.Module subclass: made for real without its __init__, which is then
+  // inlined on it (a private object: its stores are done at once). nullptr: not such a class.
+  VarPtr make_user_module(PyObject* cls, std::vector<VarPtr> args, const KwArgs& kwargs);
   VarPtr object_attr(const VarPtr& rec, const std::string& name);
   bool object_has_attr(const VarPtr& rec, const std::string& name);
   void object_store(const VarPtr& rec, const std::string& name, VarPtr value);  // value nullptr: del

@@ -203,4 +203,72 @@ OutSpec Interpreter::object_spec(const VarPtr& rec, bool at_break) {
   return s;
 }
 
+// ---- nn.Module subclasses made during capture ----
+//
+// `Block(dim)(x)` in a forward: the object is made for real with object.__new__ (no user code
+// runs), and the class's __init__ is inlined with it as `self`. torch's own Module.__init__,
+// reached through super(), runs for real on it; the object is private to this capture, so each
+// attribute store is done on it at once (a Python value, or a module made here), and reads see
+// them. Calls of it inline its forward as for any module. A module whose __init__ leaves it
+// owning parameters, buffers or tensors is refused: eager makes them afresh at every call, where
+// an entry would keep the first call's. Handing the object out (a return, a graph break) is
+// refused as for torch's modules made here.
+VarPtr Interpreter::make_user_module(PyObject* cls, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  if (!PyType_Check(cls) || !is_nn_module_class(cls)) return nullptr;
+  auto* t = reinterpret_cast<PyTypeObject*>(cls);
+  if (!PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE) || Py_TYPE(cls)->tp_call != PyType_Type.tp_call ||
+      t->tp_new != PyBaseObject_Type.tp_new || PyType_HasFeature(t, Py_TPFLAGS_IS_ABSTRACT))
+    return nullptr;
+  PyObject* modname = PyObject_GetAttrString(cls, "__module__");
+  const bool torchs = modname && PyUnicode_Check(modname) && PyUnicode_AsUTF8(modname) &&
+                      std::string(PyUnicode_AsUTF8(modname)).rfind("torch.", 0) == 0;
+  Py_XDECREF(modname);
+  clear_error();
+  if (torchs) return nullptr;  // torch's own classes: make_torch_module's, or not captured
+  PyObject* init = class_lookup(t, "__init__");
+  if (!init || !PyFunction_Check(init)) return nullptr;
+  PyObject* empty = PyTuple_New(0);
+  PyObject* obj = t->tp_new(t, empty, nullptr);
+  Py_DECREF(empty);
+  if (!obj) real(nullptr);
+  keep_.push_back(obj);
+  root()->private_.insert(obj);
+  keep_.push_back(Py_NewRef(init));
+  VarPtr m = Var::module(obj, Source::made(obj));
+  // A class without an __init__ of its own gets torch's, run for real by the call of the bound
+  // method (calls.cpp), as super().__init__() is.
+  VarPtr r = call(Var::method(m, "__init__", init), std::move(args), kwargs);
+  if (!(r->is_const() && r->known() == Py_None)) unsupported("__init__() should return None: TypeError");
+  // What eager makes afresh at every call cannot be made once here.
+  static PyObject* tensor_type = object_at("torch.Tensor");
+  PyObject* mods = PyObject_CallMethod(obj, "modules", nullptr);
+  PyObject* it = mods ? PyObject_GetIter(mods) : nullptr;
+  Py_XDECREF(mods);
+  if (!it) real(nullptr);
+  while (PyObject* sub = PyIter_Next(it)) {
+    PyObject* d = PyObject_GenericGetDict(sub, nullptr);
+    Py_DECREF(sub);
+    if (!d) {
+      clear_error();
+      continue;
+    }
+    bool owns = false;
+    for (const char* store : {"_parameters", "_buffers"}) {
+      PyObject* sd = PyDict_GetItemString(d, store);
+      owns = owns || (sd && PyDict_Check(sd) && PyDict_Size(sd) > 0);
+    }
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (!owns && PyDict_Next(d, &pos, &k, &v)) owns = PyObject_IsInstance(v, tensor_type) == 1;
+    Py_DECREF(d);
+    if (owns) {
+      Py_DECREF(it);
+      unsupported(std::string(t->tp_name) + " built in the function owns parameters, buffers or tensors (made afresh at every call)");
+    }
+  }
+  Py_DECREF(it);
+  clear_error();
+  return m;
+}
+
 }  // namespace kiln::bind::detail
