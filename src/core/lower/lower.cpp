@@ -97,6 +97,17 @@ class Lowering {
         out.input_alias = static_cast<int>(o->attrs.get_int("index"));
       } else if (o->op->kind == ops::OpKind::View) {
         out.view = strided_view(o);  // eager returns a view here too, with the view's strides
+        std::vector<const ir::Node*> chain;
+        const ir::Node* base = o;
+        for (; base->op->kind == ops::OpKind::View; base = base->inputs[0]) chain.push_back(base);
+        if (p_.buffers[out.view.buffer].kind == BufferKind::Input && base->op_name() != "placeholder") {
+          // A view of a new tensor that reads an input in place (contiguous() of an input,
+          // then .mT): eager's result owns its memory, never the caller's input's. The base is
+          // made, and the views are taken again on it.
+          realize(values_.at(base), BufferKind::Temp, base);
+          for (auto it = chain.rbegin(); it != chain.rend(); ++it) lower_view(*it);
+          out.view = strided_view(o);
+        }
         if (p_.buffers[out.view.buffer].kind == BufferKind::Temp) p_.buffers[out.view.buffer].kind = BufferKind::Output;
       } else {
         if (v.buffer < 0 || p_.buffers[v.buffer].kind == BufferKind::Input) realize(v, BufferKind::Output, o);
