@@ -105,7 +105,11 @@ def check(seed: int):
             continue
         if a.shape != b.shape or a.dtype != b.dtype:
             return f"grad of input {i}: {a.dtype}{list(a.shape)}, eager {b.dtype}{list(b.shape)}", kind
-        tol = dict(rtol=1e-6, atol=1e-9) if a.dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)  # float32 inputs
+        # float64 tolerances only where the outputs differentiated are float64 too: a float64
+        # input whose gradient comes back through float32 work (softmax(a, dtype=float32)) has
+        # float32's rounding, eager's included (seed 494047)
+        wide = a.dtype == torch.float64 and all(b.dtype == torch.float64 for _, b in pairs)
+        tol = dict(rtol=1e-6, atol=1e-9) if wide else dict(rtol=1e-5, atol=1e-6)
         if not torch.allclose(a, b, **tol, equal_nan=True):
             err = (a - b).abs().nan_to_num(0).max().item()
             return f"grad of input {i} differs by up to {err:.3g}", kind

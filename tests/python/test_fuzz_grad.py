@@ -8,10 +8,14 @@ import _fuzz_grad
 # (an in-place op on log_softmax's and exp's saved results: eager's backward raises) now raise
 # as eager does.
 KNOWN: dict[int, str] = {}
+# Seeds found later, fixed: 494030 (amin's result, which torch's backward keeps, changed in place
+# through a view: eager's version error), 494047 (a float64 input whose gradient comes back
+# through float32 softmax work: compared with float32's tolerance).
+FIXED = [494030, 494047]
 
 
 @pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KNOWN[s])) if s in KNOWN
-                                  else s for s in range(130001, 130061)])
+                                  else s for s in list(range(130001, 130061)) + FIXED])
 def test_gradients_equal_eagers(seed):
     problem, kind = _fuzz_grad.check(seed)
     assert problem is None, f"{problem} ({kind})"

@@ -48,8 +48,11 @@ std::vector<OpDef> reduction_ops() {
                 {"torch.amin", "Tensor.amin"}),
   };
   // amax/amin: shared equally by the elements equal to the extreme, as torch's backward does.
+  // torch's node keeps the result for that (AminBackward0, MaxBackward1 of torch.max(x)): a
+  // result changed in place before backward() raises eager's version error.
   for (OpDef& d : ops) {
     if (d.reduce != ReduceOp::Max && d.reduce != ReduceOp::Min) continue;
+    d.saves_result = true;
     d.derivative = [](Graph& g, Node* n, Node* grad) {
       using namespace grad_ops;
       Node* hit = g.must_add("eq", {n->inputs[0], spread_over_input(g, n, *n)});
