@@ -1459,7 +1459,14 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     if (base == "zero" && args.empty() && kwargs.empty())  // x.zero_() is x.fill_(0) (NaNs too)
       return call_tensor_method(self, "fill_", {Var::steal_constant(PyLong_FromLong(0))}, {});
     if (base == "fill" && args.size() == 1 && kwargs.empty()) {
-      // x.fill_(v): every element v, in x's dtype; v a Python number or a 0-d tensor
+      // x.fill_(v): every element v, in x's dtype; v a Python number or a 0-d tensor. On a
+      // tensor autograd tracks, eager's result still requires grad and passes zeros back
+      // (FillBackward): where(True, filled, x) keeps that edge to x.
+      auto filled_into = [&](ir::Node* filled) {
+        if (root()->grad_mode_ && root()->needs_grad_.count(self->node()))
+          filled = add_node("where", {as_node(Var::constant(Py_True), "fill_"), filled, self->node()});
+        return mutate(self, filled);
+      };
       if (args[0]->is_tensor()) {
         ir::Node* v = args[0]->node();
         if (v->meta.dim() != 0) unsupported("fill_ with a tensor of dims: RuntimeError");
@@ -1471,7 +1478,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
         }
         ir::Attrs e;
         e.set("size", m.sizes);
-        return mutate(self, add_node("clone", {add_node("expand", {v}, e)}));
+        return filled_into(add_node("clone", {add_node("expand", {v}, e)}));
       }
       PyObject* v = const_obj(args[0], "fill value");
       if (PyBool_Check(v) || !(PyFloat_Check(v) || PyLong_Check(v))) unsupported("fill_ with a value that is not a real number");
@@ -1487,7 +1494,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       a.set("value", d);
       a.set("dtype", m.dtype);
       a.set("device", m.device.str());
-      return mutate(self, add_node("full", {}, a));
+      return filled_into(add_node("full", {}, a));
     }
     const OpBinding* ob = method_binding(base);
     if (ob && (ob->op->kind == ops::OpKind::View || ob->op->aliases())) unsupported("Tensor." + name + "() is not captured yet");
