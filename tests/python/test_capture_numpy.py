@@ -556,6 +556,76 @@ def integer_out_buffers(i, j):
 
 
 # =============================================================================================
+# repeating, splitting, NaN-aware reductions, statistics and set-like tests
+
+
+@case()
+def repeat_and_split_batches(a, b):
+    halves = np.split(a, 2)
+    parts = np.array_split(b, 4, axis=1)
+    return np.repeat(a[:2], 2, axis=0), np.repeat(b[0], 3), halves[1] - halves[0], parts[-1], len(parts), a.repeat(2, axis=1)
+
+
+@case()
+def split_at_indices_and_stack_columns(a, b):
+    head, mid, tail = np.split(a, [1, 4])
+    return head.sum(), mid * 2, tail.shape, np.column_stack([a[:, 0], b[:, 1], a[:, 2]]), np.column_stack([a, b])
+
+
+@case()
+def atleast_nd_of_rows_and_scalars(a, b):
+    return np.atleast_2d(a[0]), np.atleast_3d(b).shape, np.atleast_1d(a.sum()), np.atleast_3d(a[0]).shape, np.atleast_2d(b)
+
+
+def _with_nans():
+    a, b = _ab()
+    a[1, 2] = np.nan
+    a[4, 0] = np.inf
+    b[0, :] = np.nan
+    return a, b
+
+
+@case(inputs=_with_nans)
+def nan_aware_reductions_and_cleanup(a, b):
+    return (np.nansum(a, axis=0), np.nanmean(a, axis=1), np.nansum(b), np.nanmean(b, axis=0, keepdims=True),
+            np.nan_to_num(a), np.nan_to_num(b, nan=-1.0, posinf=9.0))
+
+
+@case(inputs=_ints)
+def integer_counts_ranges_and_averages(i, j):
+    return (np.count_nonzero(i > 0, axis=0), np.count_nonzero(j, axis=(0, 1)), np.ptp(i, axis=1), np.ptp(j),
+            np.average(i, axis=0), np.nansum(j, axis=1), np.nanmean(i))
+
+
+@case()
+def covariance_and_correlation_of_features(a, b):
+    return np.cov(a), np.cov(b, rowvar=False), np.cov(a[0]), np.cov(a, bias=True), np.cov(b, ddof=0), np.corrcoef(a.T)
+
+
+@case(inputs=_a32)
+def float32_covariance_is_float64(a, v):
+    return np.cov(a), np.corrcoef(a, rowvar=False), np.average(a, axis=1), np.ptp(v)
+
+
+@case()
+def cross_inner_kron_products(a, b):
+    return np.cross(a[:, :3], b[:, 2:5]), np.inner(a, b), np.kron(a[:2, :2], b[:2, :3]), np.inner(a[0], b[0])
+
+
+@case()
+def searchsorted_bins_and_membership(a, b):
+    edges = np.sort(a[0])
+    bins = np.searchsorted(edges, b)
+    right = np.searchsorted(edges, b[0], side="right")
+    return bins, right, np.isin(a, a[0]), np.isin(b, a, invert=True).sum()
+
+
+@case()
+def heaviside_reciprocal_and_logspace(a, b):
+    return np.heaviside(a - 0.5, 0.5), np.reciprocal(b + 2.0), a * np.logspace(0, 2, 5), np.logspace(1, 3, 4, base=2.0)
+
+
+# =============================================================================================
 # NumPy and torch together, and NumPy around Python code
 
 

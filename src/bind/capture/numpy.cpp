@@ -839,6 +839,230 @@ struct NumpyRules {
     return as_array(I, call_torch(I, "quantile", {t, q}, kw), true);
   }
 
+  // ---- repeating, splitting, stacking columns ----
+  // np.repeat(a, repeats, axis=None): repeat_interleave by an int (axis None: the flattened array)
+  static VarPtr repeat(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("repeat", {"a", "repeats", "axis"}, args, kwargs);
+    const VarPtr& x = array_arg(a, 0, "repeat");
+    if (!a[1]) unsupported("numpy repeat() without repeats: TypeError");
+    const int64_t n = int_arg(I, a[1], "repeats");
+    if (n < 0) unsupported("numpy repeat: negative repeats: ValueError");
+    auto [t, d] = axis_or_flat(I, x, a[2], true, "repeat");
+    return as_array(I, call_torch(I, "repeat_interleave", {t, int_const(n)}, {{"dim", int_const(d)}}), false, {x});
+  }
+  // np.split / np.array_split(ary, sections or indices, axis=0): torch.tensor_split's views, a
+  // list as NumPy gives (split's sections must divide the axis: NumPy's ValueError otherwise)
+  static VarPtr split(Interpreter& I, const char* name, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind(name, {"ary", "indices_or_sections", "axis"}, args, kwargs);
+    const VarPtr& x = array_arg(a, 0, name);
+    if (!a[1]) unsupported(std::string("numpy ") + name + "() without sections: TypeError");
+    auto [t, d] = axis_or_flat(I, x, a[2] ? a[2] : int_const(0), false, name);
+    PyObject* how = I.const_obj(a[1], "indices_or_sections");
+    VarPtr spec;
+    if (PyLong_Check(how)) {
+      const int64_t k = PyLong_AsLongLong(how);
+      auto len = x->node()->meta.sizes[static_cast<size_t>(d)].as_const();
+      if (k <= 0 || !len) unsupported(std::string("numpy ") + name + ": sections of another form");
+      if (std::string(name) == "split" && *len % k != 0) unsupported("numpy split does not result in an equal division: ValueError");
+      spec = int_const(k);
+    } else if (PyList_Check(how) || PyTuple_Check(how)) {
+      std::vector<int64_t> at;
+      for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(how); ++i) {
+        PyObject* e = PySequence_Fast_GET_ITEM(how, i);
+        if (!PyLong_Check(e) || PyLong_AsLongLong(e) < 0) unsupported(std::string("numpy ") + name + ": indices other than non-negative ints");
+        at.push_back(PyLong_AsLongLong(e));
+      }
+      spec = ints_const(at);
+    } else {
+      unsupported(std::string("numpy ") + name + ": sections of another form");
+    }
+    VarPtr parts = call_torch(I, "tensor_split", {t, spec}, {{"dim", int_const(d)}});
+    std::vector<VarPtr> out;
+    for (const VarPtr& v : parts->seq()) out.push_back(as_array(I, v, false));
+    return Var::list(out);
+  }
+  // np.atleast_1d / _2d / _3d of one array: NumPy's reshapes ((N,) -> (1, N), (1, N, 1); ...)
+  static VarPtr atleast(Interpreter& I, const char* name, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 1 || !kwargs.empty() || !args[0]->is_array()) unsupported(std::string("numpy ") + name + " of other than one array");
+    const VarPtr& x = args[0];
+    const auto& sz = x->node()->meta.sizes;
+    const int want = name[8] - '0';  // "atleast_2d"
+    if (static_cast<int>(sz.size()) >= want) return x;  // NumPy returns the array itself
+    std::vector<VarPtr> shape;
+    auto dim = [&](size_t i) { return I.size_const(sz[i]); };
+    if (want == 1) shape = {int_const(1)};
+    else if (want == 2) shape = sz.empty() ? std::vector<VarPtr>{int_const(1), int_const(1)} : std::vector<VarPtr>{int_const(1), dim(0)};
+    else if (sz.empty()) shape = {int_const(1), int_const(1), int_const(1)};
+    else if (sz.size() == 1) shape = {int_const(1), dim(0), int_const(1)};
+    else shape = {dim(0), dim(1), int_const(1)};
+    return as_array(I, call_torch(I, "reshape", {tensor_of(x), Var::tuple(shape)}), false);
+  }
+  // np.column_stack(tup): 1-d arrays as columns, 2-d ones as they are, side by side
+  static VarPtr column_stack(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 1 || !kwargs.empty()) unsupported("numpy column_stack() takes one sequence: TypeError");
+    std::vector<VarPtr> ts = array_list(I, args[0], "column_stack", std::nullopt);
+    for (VarPtr& t : ts) {
+      if (t->node()->meta.dim() == 1) t = call_torch(I, "unsqueeze", {t, int_const(1)});
+      else if (t->node()->meta.dim() != 2) unsupported("numpy column_stack of arrays of other than 1 or 2 dims");
+    }
+    return as_array(I, call_torch(I, "cat", {Var::list(ts)}, {{"dim", int_const(1)}}), false);
+  }
+
+  // ---- NaN-aware and other reductions ----
+  // np.nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None): torch's (the same defaults:
+  // the dtype's largest finite values); integers come back as a copy
+  static VarPtr nan_to_num(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("nan_to_num", {"x", "copy", "nan", "posinf", "neginf"}, args, kwargs);
+    const VarPtr& x = array_arg(a, 0, "nan_to_num");
+    if (a.given(1) && !I.truth(a[1])) unsupported("numpy nan_to_num(copy=False) is not mapped");
+    if (!is_floating(x->node()->meta.dtype)) return as_array(I, Var::tensor(I.add_node("clone", {x->node()})), false);
+    KwArgs kw;
+    for (auto [i, k] : {std::pair<size_t, const char*>{2, "nan"}, {3, "posinf"}, {4, "neginf"}})
+      if (a.given(i)) kw.emplace_back(k, Var::constant(I.const_obj(a[i], k)));
+    return as_array(I, call_torch(I, "nan_to_num", {tensor_of(x)}, kw), false, {x});
+  }
+  // np.nansum / np.nanmean(a, axis=None, ..., keepdims=False): torch's, over floats; integers
+  // hold no NaN: np.sum's and np.mean's rules
+  template <Red R>
+  static VarPtr nan_reduce(Interpreter& I, const char* name, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind(name, {"a", "axis", "dtype", "out", "keepdims", "initial", "where"}, args, kwargs);
+    const VarPtr& x = array_arg(a, 0, name);
+    if (!is_floating(x->node()->meta.dtype)) return reduce<R>(I, R == Red::Sum ? "sum" : "mean", args, kwargs);
+    refuse(a, name, {{2, "dtype"}, {3, "out"}, {5, "initial"}, {6, "where"}});
+    auto axes = axes_arg(I, a, 1, x->node()->meta.dim());
+    KwArgs kw = {{"dim", ints_const(axes ? *axes : all_dims(x->node()->meta.dim()))}, {"keepdim", bool_const(bool_arg(I, a, 4, false))}};
+    return as_array(I, call_torch(I, R == Red::Sum ? "nansum" : "nanmean", {tensor_of(x)}, kw), true, {x});
+  }
+  // np.count_nonzero(a, axis): int64 counts (without an axis NumPy gives a Python int: the
+  // data's, not captured)
+  static VarPtr count_nonzero(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("count_nonzero", {"a", "axis", "keepdims"}, args, kwargs);
+    const VarPtr& x = array_arg(a, 0, "count_nonzero");
+    auto axes = axes_arg(I, a, 1, x->node()->meta.dim());
+    if (!axes) unsupported("numpy count_nonzero without an axis gives a Python int of the data");
+    if (bool_arg(I, a, 2, false)) unsupported("numpy count_nonzero(keepdims=True) is not mapped");
+    return as_array(I, call_torch(I, "count_nonzero", {tensor_of(x)}, {{"dim", ints_const(*axes)}}), true);
+  }
+  // np.average(a, axis=None) without weights: np.mean
+  static VarPtr average(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("average", {"a", "axis", "weights", "returned", "keepdims"}, args, kwargs);
+    refuse(a, "average", {{2, "weights"}});
+    if (a.given(3) && I.truth(a[3])) unsupported("numpy average(returned=True) is not mapped");
+    std::vector<VarPtr> margs = {a[0]};
+    KwArgs mkw;
+    if (a.given(1)) mkw.emplace_back("axis", a[1]);
+    if (a.given(4)) mkw.emplace_back("keepdims", a[4]);
+    return reduce<Red::Mean>(I, "mean", margs, mkw);
+  }
+  // np.ptp(a, axis=None, out=None, keepdims=False): max - min, in the array's dtype
+  static VarPtr ptp(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("ptp", {"a", "axis", "out", "keepdims"}, args, kwargs);
+    refuse(a, "ptp", {{2, "out"}});
+    const VarPtr& x = array_arg(a, 0, "ptp");
+    if (x->node()->meta.dtype == DType::Bool) unsupported("numpy ptp of a bool array: TypeError");
+    auto axes = axes_arg(I, a, 1, x->node()->meta.dim());
+    KwArgs kw = {{"dim", ints_const(axes ? *axes : all_dims(x->node()->meta.dim()))}, {"keepdim", bool_const(bool_arg(I, a, 3, false))}};
+    VarPtr hi = call_torch(I, "amax", {tensor_of(x)}, kw), lo = call_torch(I, "amin", {tensor_of(x)}, kw);
+    return as_array(I, call_torch(I, "sub", {hi, lo}), true);
+  }
+
+  // ---- products and set-like tests of two arrays ----
+  // np.inner, np.kron: torch's, in the operands' NumPy dtype
+  static VarPtr product2(Interpreter& I, const char* name, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind(name, {"a", "b"}, args, kwargs);
+    const VarPtr& x = array_arg(a, 0, name);
+    const VarPtr& y = array_arg(a, 1, name);
+    const DType r = dtype_or_fail({x, y}, name);
+    if (r == DType::Bool) unsupported(std::string("numpy ") + name + " of bool arrays is not mapped");
+    return as_array(I, call_torch(I, name, {as_tensor(I, x, r), as_tensor(I, y, r)}), true);
+  }
+  // np.cross(a, b) of 3-vectors along the last axis: torch.linalg.cross
+  static VarPtr cross(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("cross", {"a", "b", "axisa", "axisb", "axisc", "axis"}, args, kwargs);
+    refuse(a, "cross", {{2, "axisa"}, {3, "axisb"}, {4, "axisc"}, {5, "axis"}});
+    const VarPtr& x = array_arg(a, 0, "cross");
+    const VarPtr& y = array_arg(a, 1, "cross");
+    for (const VarPtr* v : {&x, &y})
+      if ((*v)->node()->meta.dim() == 0 || !(*v)->node()->meta.sizes.back().is_const(3))
+        unsupported("numpy cross of other than 3-vectors is not mapped");
+    const DType r = dtype_or_fail({x, y}, "cross");
+    if (r == DType::Bool) unsupported("numpy cross of bool arrays: TypeError");
+    return as_array(I, call_torch(I, "linalg.cross", {as_tensor(I, x, r), as_tensor(I, y, r)}), false);
+  }
+  // np.searchsorted(a, v, side='left'): a 1-d sorted array, v an array; int64 positions
+  static VarPtr searchsorted(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("searchsorted", {"a", "v", "side", "sorter"}, args, kwargs);
+    refuse(a, "searchsorted", {{3, "sorter"}});
+    const VarPtr& s = array_arg(a, 0, "searchsorted");
+    const VarPtr& v = array_arg(a, 1, "searchsorted");
+    if (s->node()->meta.dim() != 1) unsupported("numpy searchsorted into an array of other than 1 dim: ValueError");
+    const DType r = dtype_or_fail({s, v}, "searchsorted");
+    KwArgs kw;
+    if (a.given(2)) kw.emplace_back("side", Var::constant(I.const_obj(a[2], "side")));
+    return as_array(I, call_torch(I, "searchsorted", {as_tensor(I, s, r), as_tensor(I, v, r)}, kw), true);
+  }
+  // np.isin(element, test_elements, assume_unique=False, invert=False): torch.isin of arrays
+  static VarPtr isin(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("isin", {"element", "test_elements", "assume_unique", "invert", "kind"}, args, kwargs);
+    refuse(a, "isin", {{4, "kind"}});
+    const VarPtr& x = array_arg(a, 0, "isin");
+    const VarPtr& y = array_arg(a, 1, "isin");
+    const DType r = dtype_or_fail({x, y}, "isin");
+    return as_array(I, call_torch(I, "isin", {as_tensor(I, x, r), as_tensor(I, y, r)}, {{"invert", bool_const(bool_arg(I, a, 3, false))}}), false);
+  }
+  // np.cov / np.corrcoef(m, rowvar=True, bias=False, ddof=None): torch's, in float64 at least
+  // (NumPy computes them in result_type(m, float64))
+  static VarPtr covariance(Interpreter& I, const char* name, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    const bool cov = std::string(name) == "cov";
+    Args a = cov ? bind(name, {"m", "y", "rowvar", "bias", "ddof", "fweights", "aweights", "dtype"}, args, kwargs)
+                 : bind(name, {"x", "y", "rowvar", "bias", "ddof", "dtype"}, args, kwargs);
+    refuse(a, name, {{1, "y"}});
+    if (cov) refuse(a, name, {{5, "fweights"}, {6, "aweights"}, {7, "dtype"}});
+    else refuse(a, name, {{3, "bias"}, {4, "ddof"}, {5, "dtype"}});
+    const VarPtr& x = array_arg(a, 0, name);
+    if (x->node()->meta.dim() > 2 || x->node()->meta.dim() == 0) unsupported(std::string("numpy ") + name + " of other than 1 or 2 dims");
+    VarPtr t = as_tensor(I, x, promote(float_holding(x->node()->meta.dtype), DType::Float64));
+    const bool one_d = x->node()->meta.dim() == 1;
+    if (one_d) t = call_torch(I, "unsqueeze", {t, int_const(0)});
+    else if (a.given(2) && !I.truth(a[2])) t = call_torch(I, "t", {t});
+    // rows are variables, columns observations: (X - mean) (X - mean)^T / (N - ddof)
+    int64_t correction = bool_arg(I, a, 3, false) ? 0 : 1;
+    if (cov && a.given(4)) correction = int_arg(I, a[4], "ddof");
+    auto n = t->node()->meta.sizes[1].as_const();
+    if (!n) unsupported(std::string("numpy ") + name + " over a symbolic number of observations");
+    VarPtr centered = call_torch(I, "sub", {t, call_torch(I, "mean", {t}, {{"dim", int_const(1)}, {"keepdim", bool_const(true)}})});
+    VarPtr c = call_torch(I, "matmul", {centered, call_torch(I, "t", {centered})});
+    c = call_torch(I, "div", {c, Var::steal_constant(PyFloat_FromDouble(static_cast<double>(*n - correction)))});
+    if (!cov) {  // c / sqrt(d d^T), clipped to [-1, 1] as NumPy does
+      VarPtr d = call_torch(I, "sqrt", {call_torch(I, "diagonal", {c})});
+      c = call_torch(I, "div", {call_torch(I, "div", {c, call_torch(I, "unsqueeze", {d, int_const(1)})}),
+                                call_torch(I, "unsqueeze", {d, int_const(0)})});
+      c = call_torch(I, "clamp", {c, Var::steal_constant(PyFloat_FromDouble(-1.0)), Var::steal_constant(PyFloat_FromDouble(1.0))});
+    }
+    if (one_d) c = call_torch(I, "reshape", {c, ints_const({})});
+    return as_array(I, c, false);
+  }
+  // np.reciprocal of floats (NumPy's integer reciprocal truncates: not mapped)
+  static VarPtr reciprocal(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("reciprocal", {"x", "out", "where"}, args, kwargs);
+    refuse(a, "reciprocal", {{2, "where"}});
+    const VarPtr& x = array_arg(a, 0, "reciprocal");
+    if (!is_floating(x->node()->meta.dtype)) unsupported("numpy reciprocal of integers (truncating) is not mapped");
+    return with_out(I, a, 1, as_array(I, call_torch(I, "reciprocal", {tensor_of(x)}), true, {x}), "reciprocal");
+  }
+  // np.logspace(start, stop, num=50, endpoint=True, base=10.0, dtype=None): float64 by default
+  static VarPtr logspace(Interpreter& I, const char*, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    Args a = bind("logspace", {"start", "stop", "num", "endpoint", "base", "dtype", "axis"}, args, kwargs);
+    if (a.given(3) && !I.truth(a[3])) unsupported("numpy logspace(endpoint=False) is not mapped");
+    if (a.given(6) && int_arg(I, a[6], "axis") != 0) unsupported("numpy logspace(axis=...) is not mapped");
+    const DType dt = dtype_arg(I, a, 5).value_or(DType::Float64);
+    std::vector<VarPtr> targs = {Var::constant(I.const_obj(a[0], "start")), Var::constant(I.const_obj(a[1], "stop")),
+                                 a.given(2) ? Var::constant(I.const_obj(a[2], "num")) : int_const(50)};
+    KwArgs kw = {{"dtype", dtype_const(dt)}};
+    if (a.given(4)) kw.emplace_back("base", Var::constant(I.const_obj(a[4], "base")));
+    return as_array(I, call_torch(I, "logspace", targs, kw), false);
+  }
+
   // The shape given as ints or one tuple of them (a.reshape(2, 3), np.zeros((2, 3))).
   static VarPtr shape_of(const std::vector<VarPtr>& parts) {
     if (parts.size() == 1 && (parts[0]->kind() == Var::Kind::Tuple || parts[0]->kind() == Var::Kind::List)) return Var::tuple(parts[0]->seq());
@@ -1190,6 +1414,27 @@ struct NumpyRules {
       add(mod, "median", quantile, "median");
       add(mod, "quantile", quantile, "quantile");
       add(mod, "percentile", quantile, "percentile");
+      add(mod, "repeat", repeat, "repeat");
+      add(mod, "split", split, "split");
+      add(mod, "array_split", split, "array_split");
+      for (const char* n : {"atleast_1d", "atleast_2d", "atleast_3d"}) add(mod, n, atleast, n);
+      add(mod, "column_stack", column_stack, "column_stack");
+      add(mod, "nan_to_num", nan_to_num, "nan_to_num");
+      add(mod, "nansum", nan_reduce<Red::Sum>, "nansum");
+      add(mod, "nanmean", nan_reduce<Red::Mean>, "nanmean");
+      add(mod, "count_nonzero", count_nonzero, "count_nonzero");
+      add(mod, "average", average, "average");
+      add(mod, "ptp", ptp, "ptp");
+      add(mod, "inner", product2, "inner");
+      add(mod, "kron", product2, "kron");
+      add(mod, "cross", cross, "cross");
+      add(mod, "searchsorted", searchsorted, "searchsorted");
+      add(mod, "isin", isin, "isin");
+      add(mod, "cov", covariance, "cov");
+      add(mod, "corrcoef", covariance, "corrcoef");
+      add(mod, "reciprocal", reciprocal, "reciprocal");
+      add(mod, "heaviside", binary_fn<Cast::Float>, "heaviside");
+      add(mod, "logspace", logspace, "logspace", true);
       add(mod, "copy", copy, "copy", true);
       add(mod, "array", copy, "array", true);
       add(mod, "asarray", asarray, "asarray", true);
@@ -1232,6 +1477,7 @@ struct NumpyRules {
         {"ravel", {ravel, "ravel"}},                 {"flatten", {ravel, "flatten"}},
         {"squeeze", {squeeze, "squeeze"}},           {"copy", {copy, "copy"}},
         {"argsort", {sort, "argsort"}},              {"trace", {trace, "trace"}},
+        {"repeat", {repeat, "repeat"}},
     };
     return t;
   }
