@@ -802,6 +802,7 @@ struct NumpyRules {
     }
     const VarPtr& x = array_arg(a, 0, name);
     const DType in = x->node()->meta.dtype;
+    if (in == DType::Bool && n != "median") unsupported("numpy " + n + " of a bool array (NumPy's subtract of bools): TypeError");
     // q: a Python number (weak) or a list of them (a float64 array, which promotes)
     VarPtr q;
     DType to = float_holding(in);
@@ -996,7 +997,8 @@ struct NumpyRules {
     const VarPtr& s = array_arg(a, 0, "searchsorted");
     const VarPtr& v = array_arg(a, 1, "searchsorted");
     if (s->node()->meta.dim() != 1) unsupported("numpy searchsorted into an array of other than 1 dim: ValueError");
-    const DType r = dtype_or_fail({s, v}, "searchsorted");
+    DType r = dtype_or_fail({s, v}, "searchsorted");
+    if (r == DType::Bool) r = DType::UInt8;  // False < True, as NumPy orders them; torch has no bool kernel
     KwArgs kw;
     if (a.given(2)) kw.emplace_back("side", Var::constant(I.const_obj(a[2], "side")));
     return as_array(I, call_torch(I, "searchsorted", {as_tensor(I, s, r), as_tensor(I, v, r)}, kw), true);
@@ -1007,7 +1009,8 @@ struct NumpyRules {
     refuse(a, "isin", {{4, "kind"}});
     const VarPtr& x = array_arg(a, 0, "isin");
     const VarPtr& y = array_arg(a, 1, "isin");
-    const DType r = dtype_or_fail({x, y}, "isin");
+    DType r = dtype_or_fail({x, y}, "isin");
+    if (r == DType::Bool) r = DType::UInt8;  // torch.isin has no bool kernel
     return as_array(I, call_torch(I, "isin", {as_tensor(I, x, r), as_tensor(I, y, r)}, {{"invert", bool_const(bool_arg(I, a, 3, false))}}), false);
   }
   // np.cov / np.corrcoef(m, rowvar=True, bias=False, ddof=None): torch's, in float64 at least
