@@ -284,22 +284,14 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
       const MethodV& m = fn->as<MethodV>();
       if (auto* r = m.self->get_if<RecordV>(); r && !(r->plain && m.fn)) return call_record_method(m.self, m.name, args, kwargs);
       if (m.fn && PyFunction_Check(m.fn)) {  // a method of an object made in the frame, or reached through super()
-        // Looked up at each call: Dynamo, once it has run, wraps Module.__init__ in its own
+        // super().__init__() of a module made here (make_user_module): torch's own, run for real.
+        // Module.__init__ is looked up each time: Dynamo, once it has run, wraps it in its own.
         static PyObject* module_type = object_at("torch.nn.Module");
         static PyObject* init_name = PyUnicode_InternFromString("__init__");
-        PyObject* module_init = module_type ? _PyType_Lookup(reinterpret_cast<PyTypeObject*>(module_type), init_name) : nullptr;
-        if (module_init && m.fn == module_init && m.self->kind() == Var::Kind::Module && is_private(m.self->obj())) {
-          // super().__init__() of a module made here (make_user_module): torch's own, run for real
-          PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size() + 1));
-          PyTuple_SET_ITEM(t, 0, Py_NewRef(m.self->obj()));
-          for (size_t i = 0; i < args.size(); ++i)
-            PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i + 1), Py_NewRef(const_obj(args[i], "nn.Module.__init__ argument")));
-          PyObject* kw = PyDict_New();
-          for (const auto& [k, v] : kwargs) PyDict_SetItemString(kw, k.c_str(), const_obj(v, "nn.Module.__init__ argument"));
-          PyObject* r = PyObject_Call(m.fn, t, kw);
-          Py_DECREF(t);
-          Py_DECREF(kw);
-          return real(r);
+        if (m.self->kind() == Var::Kind::Module && is_private(m.self->obj()) && module_type &&
+            m.fn == _PyType_Lookup(reinterpret_cast<PyTypeObject*>(module_type), init_name)) {
+          args.insert(args.begin(), Var::constant(m.self->obj()));
+          return real(call_for_real(m.fn, args, kwargs, "nn.Module.__init__ argument"));
         }
         args.insert(args.begin(), m.self);
         return inline_call(m.fn, nullptr, std::move(args), kwargs);

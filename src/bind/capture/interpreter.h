@@ -379,6 +379,9 @@ class Interpreter {
   // cls(...) of a user nn.Module subclass: made for real without its __init__, which is then
   // inlined on it (a private object: its stores are done at once). nullptr: not such a class.
   VarPtr make_user_module(PyObject* cls, std::vector<VarPtr> args, const KwArgs& kwargs);
+  // What a module made during capture owns that eager makes afresh at every call (its
+  // children's too): "parameters", "buffers", with `tensor_attributes` "tensors"; nullptr: none.
+  static const char* fresh_state(PyObject* module, bool tensor_attributes);
   VarPtr object_attr(const VarPtr& rec, const std::string& name);
   bool object_has_attr(const VarPtr& rec, const std::string& name);
   void object_store(const VarPtr& rec, const std::string& name, VarPtr value);  // value nullptr: del

@@ -459,18 +459,41 @@ VarPtr Interpreter::make_torch_module(PyObject* cls, const std::vector<VarPtr>& 
     unsupported("nn." + name + " raised when built");  // eager raises it again
   }
   keep_.push_back(m);
+  if (const char* owned = fresh_state(m, false))
+    unsupported("nn." + name + " built in the function owns " + owned + " (made afresh at every call)");
+  return Var::module(m, Source::made(m));
+}
+
+const char* Interpreter::fresh_state(PyObject* m, bool tensor_attributes) {
   // Its parameters and buffers (a child's too) would be drawn or filled at every call.
   for (const char* owned : {"parameters", "buffers"}) {
     PyObject* it = PyObject_CallMethod(m, owned, nullptr);
     PyObject* first = it ? PyIter_Next(it) : nullptr;
     Py_XDECREF(it);
-    if (first || PyErr_Occurred()) {
-      Py_XDECREF(first);
-      clear_error();
-      unsupported("nn." + name + " built in the function owns " + owned + " (made afresh at every call)");
-    }
+    const bool any = first || PyErr_Occurred();
+    Py_XDECREF(first);
+    clear_error();
+    if (any) return owned;
   }
-  return Var::module(m, Source::made(m));
+  if (!tensor_attributes) return nullptr;
+  static PyObject* tensor_type = object_at("torch.Tensor");
+  PyObject* mods = PyObject_CallMethod(m, "modules", nullptr);
+  PyObject* it = mods ? PyObject_GetIter(mods) : nullptr;
+  Py_XDECREF(mods);
+  bool owns = !it;  // a module that cannot list its children is not taken
+  while (it && !owns) {
+    PyObject* sub = PyIter_Next(it);
+    if (!sub) break;
+    PyObject* d = PyObject_GenericGetDict(sub, nullptr);
+    Py_DECREF(sub);
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (d && !owns && PyDict_Next(d, &pos, &k, &v)) owns = PyObject_IsInstance(v, tensor_type) == 1;
+    Py_XDECREF(d);
+  }
+  Py_XDECREF(it);
+  clear_error();
+  return owns ? "tensors" : nullptr;
 }
 
 VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {

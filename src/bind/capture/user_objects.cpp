@@ -240,34 +240,8 @@ VarPtr Interpreter::make_user_module(PyObject* cls, std::vector<VarPtr> args, co
   VarPtr r = call(Var::method(m, "__init__", init), std::move(args), kwargs);
   if (!(r->is_const() && r->known() == Py_None)) unsupported("__init__() should return None: TypeError");
   // What eager makes afresh at every call cannot be made once here.
-  static PyObject* tensor_type = object_at("torch.Tensor");
-  PyObject* mods = PyObject_CallMethod(obj, "modules", nullptr);
-  PyObject* it = mods ? PyObject_GetIter(mods) : nullptr;
-  Py_XDECREF(mods);
-  if (!it) real(nullptr);
-  while (PyObject* sub = PyIter_Next(it)) {
-    PyObject* d = PyObject_GenericGetDict(sub, nullptr);
-    Py_DECREF(sub);
-    if (!d) {
-      clear_error();
-      continue;
-    }
-    bool owns = false;
-    for (const char* store : {"_parameters", "_buffers"}) {
-      PyObject* sd = PyDict_GetItemString(d, store);
-      owns = owns || (sd && PyDict_Check(sd) && PyDict_Size(sd) > 0);
-    }
-    PyObject *k, *v;
-    Py_ssize_t pos = 0;
-    while (!owns && PyDict_Next(d, &pos, &k, &v)) owns = PyObject_IsInstance(v, tensor_type) == 1;
-    Py_DECREF(d);
-    if (owns) {
-      Py_DECREF(it);
-      unsupported(std::string(t->tp_name) + " built in the function owns parameters, buffers or tensors (made afresh at every call)");
-    }
-  }
-  Py_DECREF(it);
-  clear_error();
+  if (const char* owned = fresh_state(obj, true))
+    unsupported(std::string(t->tp_name) + " built in the function owns " + owned + " (made afresh at every call)");
   return m;
 }
 

@@ -177,10 +177,7 @@ void gemm_epilogues(ir::Graph& g, ExternTiming* timing) {
     // max-autotune; otherwise taken in float32, where cuBLAS's plain GEMM was never slower than
     // the addmm in the measurements (BERT-base, H100: at 8 rows torch's addmm runs a GEMV-like
     // kernel where mm splits K, 20 against 14 µs for the feed-forward layers).
-    if (!value || value->users.empty()) continue;
-    bool pointwise_users = true;
-    for (const ir::Node* u : value->users) pointwise_users = pointwise_users && u->op->kind == ops::OpKind::Pointwise;
-    if (!pointwise_users) continue;
+    if (!value || !pointwise_users_only(g, value)) continue;
     const bool timed = timing && timing->time;
     if (!timed && n->meta.dtype != DType::Float32) continue;
     ir::Node* plain = g.add("mm", {n->inputs[1], n->inputs[2]}, {}, error);
