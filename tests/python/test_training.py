@@ -754,6 +754,53 @@ def test_a_saved_result_changed_in_place_after_the_call_raises_in_backward():
     _raises_like_eager(h, make, after_call=lambda out: out[:3].mul_(2))
 
 
+def test_an_input_autograd_keeps_changed_in_place_raises_in_backward():
+    def mul_then_update(x, w):
+        h = x * 1.0
+        y = h * w  # mul keeps h for w's gradient
+        h.add_(1)
+        return y
+
+    def matmul_of_views_then_setitem(a):
+        t = a[None] @ a[:, None]
+        s = torch.matmul(t[..., 0], t[0])  # keeps views of t (fuzz_grad seed 494015)
+        t[..., -1] = -1.5  # views share t's version counter
+        return s * 2
+
+    def sin_then_update_through_a_view(x):
+        h = x + 0
+        y = torch.sin(h)
+        h[:, 0].mul_(2)
+        return y
+
+    _raises_like_eager(mul_then_update, lambda: (torch.randn(4, 5), torch.randn(4, 5, requires_grad=True)))
+    # the other way round: x's gradient reads the kept w
+    _raises_like_eager(lambda x, w: mul_then_update(w, x), lambda: (torch.randn(4, 5, requires_grad=True), torch.randn(4, 5)))
+    _raises_like_eager(matmul_of_views_then_setitem, lambda: (torch.randn(4, requires_grad=True),))
+    _raises_like_eager(sin_then_update_through_a_view, lambda: (torch.randn(4, 5, requires_grad=True),))
+
+
+def test_inputs_autograd_does_not_keep_may_change_in_place():
+    def g(x, w):
+        h = x * 2
+        y = h * w  # mul keeps h for w's gradient only, and w needs none
+        h.add_(1)
+        return y + h
+
+    def k(x, w):
+        v = w.clone()
+        v.mul_(3)  # changed before the product reads it
+        return x @ v
+
+    for fn, make in ((g, lambda: (torch.randn(4, 5, requires_grad=True), torch.randn(4, 5))),
+                     (k, lambda: (torch.randn(3, 4, requires_grad=True), torch.randn(4, 5)))):
+        inputs = make()
+        twins = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+        kiln.compile(fn)(*inputs).sum().backward()
+        fn(*twins).sum().backward()
+        torch.testing.assert_close(inputs[0].grad, twins[0].grad)
+
+
 def test_results_autograd_does_not_save_may_change_in_place():
     def f(x, w):
         y = x * w[0] + 1  # mul saves its inputs, not its result

@@ -167,9 +167,9 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
   // in-place op leaves the tensor's layout).
   if (result != a->node()) {
     result->attrs.set("inplace_of", static_cast<int64_t>(a->node()->id));
-    // Autograd may have saved the old value (exp's result): eager's backward would then raise.
-    // The joint graph decides whether a derivative reads it (autodiff::JointGraph::stale).
-    if (a->node()->op->kind != ops::OpKind::Source) a->node()->attrs.set("result_modified", true);
+    // Autograd may have saved the old value (exp's result, mm's input): eager's backward would
+    // then raise. autodiff's version_facts decides whether a derivative reads it.
+    a->node()->attrs.set("result_modified", true);
   }
   a->node() = result;
   retake_views(old, a);

@@ -39,18 +39,20 @@ void detach_untracked_reads(ir::Graph& g, const std::set<const Node*>& tracked) 
 
 // What eager's version counters would say of the captured graph, found before composites
 // decompose away (output indices outlive that): the outputs that are (views of) a result torch's
-// backward reads (OpDef::saves_result), and such a result changed in place in the graph.
+// backward reads (OpDef::saves_result) or share memory with an input it keeps
+// (OpDef::keeps_inputs), and such a value changed in place in the graph.
 struct VersionFacts {
   std::set<size_t> witnesses;
-  std::string stale_error;         // empty: no such result changed in place
+  std::string stale_error;         // empty: no such value changed in place
   std::set<size_t> stale_outputs;  // graph outputs that depend on one
 };
 
-std::string modified_message(const Node& n) {
+// `what`: the value autograd saved ("result of exp", "an input of mm"), `n` its node.
+std::string modified_message(const Node& n, const std::string& what) {
   std::string sizes;
   for (const sym::Expr& d : n.meta.sizes) sizes += (sizes.empty() ? "" : ", ") + d.str();
-  return "one of the variables needed for gradient computation has been modified by an inplace operation: the "
-         "result of " + n.op_name() + " [" + sizes + "]" + (n.source_loc.empty() ? "" : " (" + n.source_loc + ")") +
+  return "one of the variables needed for gradient computation has been modified by an inplace operation: " + what +
+         " [" + sizes + "]" + (n.source_loc.empty() ? "" : " (" + n.source_loc + ")") +
          " was changed in place after autograd saved it";
 }
 
@@ -58,27 +60,55 @@ std::string modified_message(const Node& n) {
 // torch_call, capture found torch's autograd node keeping it (attribute `saves_result`).
 bool saves_result(const Node& n) { return n.op->saves_result || n.attrs.get_bool("saves_result"); }
 
+// The tensor whose version counter `n` shares: the first input through views and ops that may
+// alias it, unless this node copies (a reshape of memory no strides describe).
+const Node* memory_root(const Node* n) {
+  while (n && n->op->aliases() && !n->inputs.empty() && !(n->op->copies && n->op->copies(*n))) n = n->inputs[0];
+  return n;
+}
+
+// An input torch's backward of `n` keeps (OpDef::keeps_inputs, given which inputs need a
+// gradient), whose memory was changed in place after `n` read it; nullptr if none.
+const Node* stale_kept_input(const Node& n, const std::set<const Node*>& active) {
+  const auto& keeps = n.op->keeps_inputs;
+  for (size_t k = 0; k < keeps.size() && k < n.inputs.size(); ++k) {
+    bool kept = false;
+    for (size_t j : keeps[k]) kept = kept || (j < n.inputs.size() && n.inputs[j] && active.count(n.inputs[j]));
+    const Node* root = kept ? memory_root(n.inputs[k]) : nullptr;
+    if (root && root->attrs.get_bool("result_modified")) return n.inputs[k];
+  }
+  return nullptr;
+}
+
 VersionFacts version_facts(const ir::Graph& g, const std::vector<Node*>& wrt) {
   VersionFacts f;
-  for (size_t i = 0; i < g.outputs().size(); ++i) {
-    const Node* o = g.outputs()[i];
-    while (o && o->op->kind == ops::OpKind::View && !o->inputs.empty()) o = o->inputs[0];
-    if (o && saves_result(*o)) f.witnesses.insert(i);
-  }
-  // eager's backward raises once a gradient reaches a stale result
-  std::set<const Node*> active(wrt.begin(), wrt.end()), reach;
+  // eager's backward raises once a gradient reaches a stale result or kept input
+  std::set<const Node*> active(wrt.begin(), wrt.end()), reach, kept_memory;
   for (const auto& n : g.nodes()) {
     bool on_path = false, reached = false;
     for (const Node* in : n->inputs) on_path = on_path || (in && active.count(in)), reached = reached || (in && reach.count(in));
     if (on_path) active.insert(n.get());
+    for (size_t k = 0; on_path && k < n->op->keeps_inputs.size() && k < n->inputs.size(); ++k)
+      for (size_t j : n->op->keeps_inputs[k])
+        if (j < n->inputs.size() && n->inputs[j] && active.count(n->inputs[j])) kept_memory.insert(memory_root(n->inputs[k]));
     if (on_path && saves_result(*n) && n->attrs.get_bool("result_modified")) {
-      if (f.stale_error.empty()) f.stale_error = modified_message(*n);
+      if (f.stale_error.empty()) f.stale_error = modified_message(*n, "result of " + n->op_name());
+      reached = true;
+    }
+    if (const Node* kept = on_path ? stale_kept_input(*n, active) : nullptr) {
+      if (f.stale_error.empty()) f.stale_error = modified_message(*kept, "an input of " + n->op_name());
       reached = true;
     }
     if (reached) reach.insert(n.get());
   }
-  for (size_t i = 0; i < g.outputs().size(); ++i)
+  for (size_t i = 0; i < g.outputs().size(); ++i) {
     if (reach.count(g.outputs()[i])) f.stale_outputs.insert(i);
+    // an output sharing memory with a kept input, or a view of a saved result: changed in place
+    // after the call (at a graph break), eager's backward would raise
+    const Node* o = g.outputs()[i];
+    while (o && o->op->kind == ops::OpKind::View && !o->inputs.empty()) o = o->inputs[0];
+    if (o && (saves_result(*o) || kept_memory.count(memory_root(g.outputs()[i])))) f.witnesses.insert(i);
+  }
   return f;
 }
 

@@ -25,10 +25,11 @@ struct TrainingGraphs {
   // Per `wrt` input: the tangents its gradient is computed from. Where autograd reaches none
   // of them (the outputs they belong to are unused), the gradient is None, as eager's is.
   std::vector<std::vector<int>> grad_tangents;
-  // Eager's version-counter error, kept: where capture saw a result that autograd saves changed
-  // in place (`result_modified`), backward() raises `backward_error` when a gradient reaches any
-  // of `error_tangents`; and the outputs in `result_witnesses` are such results, whose in-place
-  // change after the call (at a graph break) the runtime checks as autograd checks a saved one.
+  // Eager's version-counter error, kept: where capture saw a result or an input that autograd
+  // saves (OpDef::saves_result, OpDef::keeps_inputs) changed in place (`result_modified`),
+  // backward() raises `backward_error` when a gradient reaches any of `error_tangents`; and the
+  // outputs in `result_witnesses` share memory with such values, whose in-place change after
+  // the call (at a graph break) the runtime checks as autograd checks a saved one.
   std::string backward_error;
   std::vector<int> error_tangents;
   std::vector<int> result_witnesses;

@@ -201,8 +201,10 @@ std::vector<OpDef> composite_ops() {
   std::vector<OpDef> ops;
   ops.push_back(composite_op("matmul", "matmul(Tensor self, Tensor other)", decompose_matmul,
                           {"torch.matmul", "Tensor.matmul", "Tensor.__matmul__"}));
+  ops.back().keeps_inputs = {{1}, {0}};  // as the mm, bmm or dot it becomes, through views
   ops.push_back(composite_op("linear", "linear(Tensor input, Tensor weight, Tensor? bias=None)", decompose_linear,
                           {"torch.nn.functional.linear"}));
+  ops.back().keeps_inputs = {{1}, {0}, {}};
   ops.push_back(composite_op("softmax", "softmax(Tensor self, int dim, *, ScalarType? dtype=None)",
                           [](Graph& g, Node* n) { return decompose_softmax(g, n, false); },
                           {"torch.softmax", "torch.nn.functional.softmax", "Tensor.softmax", "torch.special.softmax"}));

@@ -86,6 +86,7 @@ std::vector<OpDef> linalg_ops() {
       },
       {"torch.mm", "Tensor.mm"}));
   // d(a @ b): grad @ b^T and a^T @ grad (bmm: the same per batch).
+  ops.back().keeps_inputs = {{1}, {0}};
   ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
     return std::vector<Node*>{mm_operand_gradient(g, n->inputs[0], n->inputs[1], grad, 0),
                               mm_operand_gradient(g, n->inputs[0], n->inputs[1], grad, 1)};
@@ -108,6 +109,7 @@ std::vector<OpDef> linalg_ops() {
         return true;
       },
       {"torch.bmm", "Tensor.bmm"}));
+  ops.back().keeps_inputs = {{1}, {0}};
   ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
     using grad_ops::transpose;
     Node *a = n->inputs[0], *b = n->inputs[1];
@@ -131,6 +133,7 @@ std::vector<OpDef> linalg_ops() {
   ops.push_back(extern_op("addmm", "addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1)",
                           "aten::addmm", infer_addmm, {"torch.addmm", "Tensor.addmm"}));
   // d(beta * c + alpha * a @ b): beta * grad (summed to c's shape), alpha * grad @ b^T, alpha * a^T @ grad.
+  ops.back().keeps_inputs = {{}, {2}, {1}};
   ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
     using grad_ops::transpose;
     Node *a = n->inputs[1], *b = n->inputs[2];

@@ -204,6 +204,8 @@ std::vector<OpDef> pointwise_ops() {
   auto zero = [](Graph& g, Node*, Node* grad) { return std::vector<Node*>{scaled(g, grad, 0.0)}; };
   // The op just added saves its result for backward in torch (derivatives.yaml's `result`).
   auto saves_result = [&] { ops.back().saves_result = true; };
+  // The op just added keeps its input for its own gradient (derivatives.yaml's `self`).
+  auto keeps_input = [&] { ops.back().keeps_inputs = {{0}}; };
 
   U("exp", SOp::Exp, F, {"torch.exp", "Tensor.exp"}, chain([](Graph&, Node*, Node* y) { return y; }));
   saves_result();
@@ -215,13 +217,18 @@ std::vector<OpDef> pointwise_ops() {
   saves_result();
   U("log", SOp::Log, F, {"torch.log", "Tensor.log"},
     chain([](Graph& g, Node* x, Node*) { return unary(g, "reciprocal", x); }));
+  keeps_input();
   U("log2", SOp::Log2, F, {"torch.log2", "Tensor.log2"},
     chain([](Graph& g, Node* x, Node*) { return unary(g, "reciprocal", scaled(g, x, 0.6931471805599453)); }));
+  keeps_input();
   U("log1p", SOp::Log1p, F, {"torch.log1p", "Tensor.log1p"},
     chain([](Graph& g, Node* x, Node*) { return unary(g, "reciprocal", add(g, x, num(g, 1.0))); }));
+  keeps_input();
   U("sin", SOp::Sin, F, {"torch.sin", "Tensor.sin"}, chain([](Graph& g, Node* x, Node*) { return unary(g, "cos", x); }));
+  keeps_input();
   U("cos", SOp::Cos, F, {"torch.cos", "Tensor.cos"},
     chain([](Graph& g, Node* x, Node*) { return neg(g, unary(g, "sin", x)); }));
+  keeps_input();
   U("tan", SOp::Tan, F, {"torch.tan", "Tensor.tan"},
     chain([](Graph& g, Node*, Node* y) { return add(g, mul(g, y, y), num(g, 1.0)); }));
   saves_result();
@@ -239,6 +246,7 @@ std::vector<OpDef> pointwise_ops() {
   saves_result();
   U("erf", SOp::Erf, F, {"torch.erf", "Tensor.erf", "torch.special.erf"},
     chain([](Graph& g, Node* x, Node*) { return scaled(g, unary(g, "exp", neg(g, mul(g, x, x))), 1.1283791670955126); }));
+  keeps_input();
   U("reciprocal", SOp::Reciprocal, F, {"torch.reciprocal", "Tensor.reciprocal"},
     chain([](Graph& g, Node*, Node* y) { return neg(g, mul(g, y, y)); }));
   saves_result();
@@ -249,6 +257,7 @@ std::vector<OpDef> pointwise_ops() {
     Node* pos = g.must_add("where", {g.must_add("gt", {x, num(g, 0.0)}), grad, scaled(g, grad, 0.0)});
     return std::vector<Node*>{g.must_add("where", {g.must_add("lt", {x, num(g, 0.0)}), neg(g, grad), pos})};
   });
+  keeps_input();
   U("floor", SOp::Floor, D, {"torch.floor", "Tensor.floor"}, zero);
   U("ceil", SOp::Ceil, D, {"torch.ceil", "Tensor.ceil"}, zero);
   U("trunc", SOp::Trunc, D, {"torch.trunc", "Tensor.trunc"}, zero);
@@ -453,6 +462,7 @@ std::vector<OpDef> pointwise_ops() {
       auto x = operands(s, a, n, /*full_scalars=*/true);
       return s.binary(n.meta.dtype == DType::Bool ? SOp::And : SOp::Mul, x[0], x[1]);
     };
+    mul.keeps_inputs = {{1}, {0}};  // each for the other's gradient
     ops.push_back(mul);
   }
   {
@@ -487,6 +497,7 @@ std::vector<OpDef> pointwise_ops() {
       Node* b = n->inputs[1];
       return std::vector<Node*>{grad_ops::div(g, grad, b), grad_ops::neg(g, grad_ops::div(g, grad_ops::mul(g, grad, n), b))};
     };
+    div.keeps_inputs = {{1}, {0, 1}};  // other for both gradients, self for other's
     ops.push_back(div);
   }
   OpDef floor_divide = binary("floor_divide", SOp::FloorDiv, D, {"torch.floor_divide", "Tensor.floor_divide", "Tensor.__floordiv__"});
@@ -560,6 +571,7 @@ std::vector<OpDef> pointwise_ops() {
       de = g.must_add("where", {x_zero, num(g, 0.0), de});
       return std::vector<Node*>{dx, de};
     };
+    pow.keeps_inputs = {{0, 1}, {0}};  // self for both gradients, the exponent for self's
     ops.push_back(pow);
   }
   for (bool is_max : {true, false}) {

@@ -126,6 +126,13 @@ struct OpDef {
   // sigmoid, softmax, ...): an in-place change of that result before backward() makes eager's
   // backward raise, and kiln's too (autodiff::TrainingGraphs::backward_error).
   bool saves_result = false;
+  // The tensor inputs torch's backward keeps (derivatives.yaml's `self`, `other`, `mat2`):
+  // `keeps_inputs[k]` lists the inputs whose gradient reads input k, and torch keeps input k
+  // when one of those needs a gradient (mul(x, w) keeps w for x's gradient). An in-place change
+  // of a kept input, or of a tensor it shares memory with (views share a version counter),
+  // before backward() makes eager's backward raise, and kiln's too. Empty: none kept (add), or
+  // not listed.
+  std::vector<std::vector<size_t>> keeps_inputs;
   std::vector<std::string> python;
   std::string doc;
   // The result may share memory with the first input in eager (views, and composites such as
