@@ -36,6 +36,17 @@ def test_clamp_promotes_like_torch(device):
     check(lambda x: torch.clamp(x, -2, 2), x)
 
 
+def test_clamp_by_tensor_bounds(device):
+    # torch's clamp.Tensor overload: bounds broadcast and promote, and NaN in a bound is NaN
+    x = torch.randn(4, 5, device=device)
+    lo, hi = torch.randn(5, device=device) - 1, torch.randn(4, 1, device=device) + 1
+    lo[2] = float("nan")
+    check(lambda x, lo, hi: torch.clamp(x * 2, min=lo, max=hi) + 1, x, lo, hi)
+    check(lambda x, lo: (x * 2).clamp(min=lo) - 1, x, lo)
+    check(lambda x, hi: x.clip(None, hi), x, hi)
+    check(lambda i, lo: torch.clamp(i, lo.double()), torch.randint(-5, 5, (4, 5), device=device), lo)
+
+
 def test_masked_fill(device):
     x = torch.randn(4, 8, device=device)
     m = torch.randn(4, 8, device=device) > 0

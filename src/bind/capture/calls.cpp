@@ -123,6 +123,9 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
         continue;
       }
     }
+    // A tensor where the entry takes a number (clamp(x, min=t), torch's clamp.Tensor): another
+    // overload of torch's, which its operator runs.
+    if (v->is_tensor() && (p.type == "Scalar" || p.type == "Scalar?")) return nullptr;
     PyObject* o = const_obj(v, p.name.c_str());
     if (o == Py_None) {
       if (p.type.back() != '?' && !(p.has_default && p.dflt == "None")) unsupported(p.name + " must not be None");
