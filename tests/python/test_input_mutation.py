@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kiln
+from _helpers import check
 
 
 def _one_graph(fn, *args):
@@ -125,12 +126,12 @@ def test_an_expanded_input_updated_in_place_runs_as_eager_runs():
 
 def view_of_updated_input_written_at_a_break(b):
     b.mul_(b)  # the input updated in place (written back after the graph)
-    t = b.view(-1)  # a view of it, written through by an in-place op kiln leaves to Python
+    t = b.view(-1)  # a view of it, written through in place (once left to Python at a break)
     t.fill_(3)
     return t.exp()
 
 
-def test_a_view_of_an_updated_input_handed_to_python_writes_into_the_input():
+def test_a_view_of_an_updated_input_written_through_writes_into_the_input():
     # fuzzer seeds 20996, 22463, 22590: the view must be of the caller's tensor, not of a copy
     ref_b, our_b = torch.randn(2, 3), None
     our_b = ref_b.clone()
@@ -138,6 +139,68 @@ def test_a_view_of_an_updated_input_handed_to_python_writes_into_the_input():
     out = kiln.compile(view_of_updated_input_written_at_a_break)(our_b)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(our_b, ref_b)
+
+
+# ---- Updates through views of tensors the graph made (view_target, tracker_of) ----
+
+
+def _row_scaled(x):
+    h = x + 0
+    h[:, 0].mul_(2)
+    return h * 3
+
+
+def _filled_buffer(x):
+    z = torch.zeros(4, 6)
+    z[:, :5].copy_(x)
+    z[:, 5].fill_(1)
+    return z
+
+
+def _strided_zeroed(x):
+    h = x * 2
+    v = h.view(-1)
+    v[::2].zero_()
+    return h, v
+
+
+def _views_see_the_update(x):
+    h = x.clone()
+    a = h[0]
+    h[1].add_(1)  # a views another row: unchanged
+    b = h.t()
+    h[:, 2].fill_(7)  # b views it all: sees the update
+    return a, b, h
+
+
+@pytest.mark.parametrize("fn", [_row_scaled, _filled_buffer, _strided_zeroed, _views_see_the_update])
+def test_an_update_through_a_view_of_a_tensor_made_in_the_graph_is_captured(fn):
+    check(fn, torch.randn(4, 5))
+
+
+def test_an_update_through_a_view_has_eagers_gradient_and_version_error():
+    def scaled(x, w):
+        h = x @ w
+        h[:, :2] = h[:, :2].relu()
+        h[0].add_(1)
+        return h.tanh()
+
+    def exp_changed(x):
+        y = x.exp()  # exp's backward reads its result
+        y.t()[0].mul_(0.5)
+        return y
+
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    before = kiln.stats()["backward_graphs_compiled"]
+    kiln.compile(scaled)(x, w).sum().backward()
+    assert kiln.stats()["backward_graphs_compiled"] == before + 1
+    scaled(x2, w2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)
+    for run in (exp_changed, kiln.compile(exp_changed)):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            run(torch.randn(3, 3, requires_grad=True)).sum().backward()
 
 
 # ---- Updates made where the input lies (passes::reinplace_input_updates) ----

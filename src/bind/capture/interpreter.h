@@ -54,6 +54,7 @@ class Interpreter {
   // Capture's tensor hook (Var::tensor_hook): keeps the trackers that hold views (retake_views).
   void note_tensor(const VarPtr& v) {
     if (is_view(v->node())) view_vars_.push_back(v);
+    else trackers_[v->node()].push_back(v);
   }
   // A node whose result shares its first input's memory in eager (a registry view, or a torch
   // call marked as returning a view).
@@ -392,13 +393,17 @@ class Interpreter {
   // ---- in-place updates ----
   // An in-place op on a tensor only the graph can see is the out-of-place op whose result
   // every name of that tensor now holds: the tracker is shared by all its aliases (locals,
-  // containers), so rebinding it updates them all. Memory others can observe (inputs,
-  // parameters, views and tensors with views) is not captured yet.
+  // containers), so rebinding it updates them all. An input's update is written back after the
+  // graph; an update through a view is scattered into its base (view_target).
   void check_inplace_target(const VarPtr& a, const std::string& what);
   // An input's own checks before an update of it (grad, expanded memory, memory shared with
-  // another input); and for a view, which input it views, or why it is refused (operators.cpp).
+  // another input); and for a view, the tracker of the tensor it views, or why it is refused
+  // (operators.cpp).
   void check_input_update(const ir::Node* placeholder, const std::string& what);
-  size_t view_target(const VarPtr& a, const std::string& what);
+  VarPtr view_target(const VarPtr& a, const std::string& what);
+  // The one live tracker holding `base` (a fresh one where none does: nothing but views then
+  // sees the tensor); refuses where several do.
+  VarPtr tracker_of(ir::Node* base, const std::string& what);
 
   VarPtr mutate(const VarPtr& a, ir::Node* result);
 
@@ -642,6 +647,9 @@ class Interpreter {
  private:
   std::vector<VarPtr> input_vars_;      // root: per graph input, the one tracker all reads of its source share
   std::vector<std::weak_ptr<Var>> view_vars_;  // root: trackers made holding a view (retake_views)
+  // root: the trackers made holding each node that is no view, or rebound to it by an update
+  // (tracker_of); a tracker here may since hold another node
+  std::unordered_map<const ir::Node*, std::vector<std::weak_ptr<Var>>> trackers_;
   // After an in-place op replaced `old` by the node `a` now holds: every live tracker of a
   // view of `old` takes its view again from the new node, as eager's views see the update.
   void retake_views(const ir::Node* old, const VarPtr& a);

@@ -56,19 +56,19 @@ std::optional<int64_t> offset_in_base(const std::vector<ir::Node*>& chain) {
 // functionally, as AOTAutograd's functionalization does: the view's new values are scattered
 // into a copy of the tensor it views, which the tensor's tracker then holds (an input's is
 // written back after the graph), and the view, like every other live view of that tensor, is
-// taken again from that copy (retake_views). Taken where the viewed tensor is an input (or such
-// a copy), dense, with fixed sizes: `view_target` says which input's tracker, or refuses.
-size_t Interpreter::view_target(const VarPtr& a, const std::string& what) {
+// taken again from that copy (retake_views). Taken where the viewed tensor is dense, with fixed
+// sizes: `view_target` gives its tracker, or refuses.
+VarPtr Interpreter::view_target(const VarPtr& a, const std::string& what) {
   const std::vector<ir::Node*> chain = view_chain(a->node());
   ir::Node* base = chain.front();
   for (size_t i = 1; i < chain.size(); ++i)  // views that can be taken again (below)
     if (!retakeable(chain[i])) unsupported("in-place " + what + " on a view torch made: not captured yet");
   Interpreter* r = root();
-  size_t input = r->input_vars_.size();
-  for (size_t i = 0; i < r->input_vars_.size(); ++i)
-    if (r->input_vars_[i]->in_graph() && r->input_vars_[i]->node() == base) input = i;
-  if (input == r->input_vars_.size() || (base->op_name() != "placeholder" && !base->attrs.get_bool("view_scatter")))
-    unsupported("in-place " + what + " on a view of a tensor that is not an input: not captured yet");
+  VarPtr target;
+  for (const VarPtr& in : r->input_vars_)
+    if (in->in_graph() && in->node() == base) target = in;
+  if (!target && base->op->kind == ops::OpKind::Source && base->op_name() == "placeholder")
+    unsupported("in-place " + what + " on a view of an input kiln no longer tracks");
   const ir::TensorMeta& bm = base->meta;
   if (bm.strides != ops::preserved_strides(bm)) unsupported("in-place " + what + " on a view of a tensor that is not dense");
   const ir::TensorMeta& vm = a->node()->meta;
@@ -80,7 +80,23 @@ size_t Interpreter::view_target(const VarPtr& a, const std::string& what) {
   // scattering the view's new values writes each place once
   if (elements_overlap(vm, r->out_.guards)) unsupported("in-place " + what + " on a view whose elements share memory");
   if (base->op_name() == "placeholder") check_input_update(base, what);
-  return input;
+  return target ? target : tracker_of(base, what);
+}
+
+VarPtr Interpreter::tracker_of(ir::Node* base, const std::string& what) {
+  Interpreter* r = root();
+  VarPtr found;
+  auto it = r->trackers_.find(base);
+  if (it != r->trackers_.end()) {
+    for (const std::weak_ptr<Var>& w : it->second) {
+      VarPtr v = w.lock();
+      if (!v || !v->in_graph() || v->node() != base || v == found) continue;
+      // two trackers of one node would be two Python tensors kiln cannot tell apart
+      if (found) unsupported("in-place " + what + " on a view of a tensor two trackers hold");
+      found = v;
+    }
+  }
+  return found ? found : Var::tensor(base);
 }
 
 void Interpreter::check_inplace_target(const VarPtr& a, const std::string& what) {
@@ -143,9 +159,9 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
     unsupported("in-place result of another dtype or shape");
   }
   if (is_view(a->node())) {
-    // Through a view: the new values scattered into a copy of the viewed input (view_target).
+    // Through a view: the new values scattered into a copy of the viewed tensor (view_target).
     const std::vector<ir::Node*> chain = view_chain(a->node());
-    VarPtr base = root()->input_vars_[view_target(a, "update")];
+    VarPtr base = view_target(a, "update");
     const ir::TensorMeta& vm = a->node()->meta;
     auto ints = [](const std::vector<sym::Expr>& xs) {
       PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(xs.size()));
@@ -172,6 +188,7 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
     a->node()->attrs.set("result_modified", true);
   }
   a->node() = result;
+  root()->trackers_[result].push_back(a);
   retake_views(old, a);
   return a;
 }

@@ -35,6 +35,16 @@ inline ir::Node* expand(ir::Graph& g, ir::Node* a, const std::vector<sym::Expr>&
   return g.must_add("expand", {a}, at);
 }
 
+// Zeros of `like`'s sizes, dtype and device (torch's zeros_like(grad): no NaN of grad passes).
+inline ir::Node* zeros_like(ir::Graph& g, const ir::TensorMeta& like) {
+  ir::Attrs at;
+  at.set("size", ir::sizes_attr(like.sizes));
+  at.set("value", 0.0);
+  at.set("dtype", like.dtype);
+  at.set("device", like.device.str());
+  return g.must_add("full", {}, at);
+}
+
 // Zeros of `like`'s sizes, dtype and device, with dim `d` of length `len`: what a slice's or a
 // select's gradient is padded with.
 inline ir::Node* zeros_along(ir::Graph& g, const ir::TensorMeta& like, int64_t d, const sym::Expr& len) {

@@ -201,7 +201,8 @@ std::vector<OpDef> pointwise_ops() {
   auto chain = [](ir::Node* (*local)(Graph& g, Node* x, Node* y)) -> DerivativeFn {
     return [local](Graph& g, Node* n, Node* grad) { return std::vector<Node*>{mul(g, grad, local(g, n->inputs[0], n))}; };
   };
-  auto zero = [](Graph& g, Node*, Node* grad) { return std::vector<Node*>{scaled(g, grad, 0.0)}; };
+  // Steps (floor, ceil, trunc): torch's zeros_like(grad), zero where grad is NaN too.
+  auto zero = [](Graph& g, Node*, Node* grad) { return std::vector<Node*>{zeros_like(g, grad->meta)}; };
   // The op just added saves its result for backward in torch (derivatives.yaml's `result`).
   auto saves_result = [&] { ops.back().saves_result = true; };
   // The op just added keeps its input for its own gradient (derivatives.yaml's `self`).
