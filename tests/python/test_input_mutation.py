@@ -141,6 +141,41 @@ def test_a_view_of_an_updated_input_written_through_writes_into_the_input():
     torch.testing.assert_close(our_b, ref_b)
 
 
+def _scaled_alias(a):
+    t = a[...]
+    t.mul_(-7)
+    return t
+
+
+def _views_of_updated(x):
+    x.add_(1)
+    return x.t(), x[1:, ::2], x.view(-1)
+
+
+def _cache_window(cache, k, pos: int):
+    cache[:, pos] = k
+    return cache[:, : pos + 1]
+
+
+@pytest.mark.parametrize("fn,make", [(_scaled_alias, lambda: (torch.randn(3, 4),)),
+                                     (_views_of_updated, lambda: (torch.randn(3, 4),)),
+                                     (_cache_window, lambda: (torch.zeros(2, 8, 3), torch.randn(2, 3), 4))])
+def test_a_view_of_an_updated_input_handed_out_is_a_view_of_the_callers_tensor(fn, make):
+    ours = make()
+    theirs = [t.clone() if isinstance(t, torch.Tensor) else t for t in ours]
+    explained = kiln.explain(fn)(*[t.clone() if isinstance(t, torch.Tensor) else t for t in ours])
+    assert explained.graph_count == 1 and not explained.break_reasons, explained
+    out = kiln.compile(fn)(*ours)
+    ref = fn(*theirs)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(ours[0], theirs[0])
+    for got, want in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+        assert got.stride() == want.stride() and got.storage_offset() == want.storage_offset()
+        got.fill_(3.5)  # a write through it reaches the caller's tensor, as eager's
+        want.fill_(3.5)
+        torch.testing.assert_close(ours[0], theirs[0])
+
+
 # ---- Updates through views of tensors the graph made (view_target, tracker_of) ----
 
 

@@ -521,12 +521,12 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
           if (r->input_vars_[i]->get_if<TensorV>() && r->input_vars_[i]->node() == v->node())
             return caller_object(r->out_.input_sources[i]);
       }
-      // A view of an input updated in place would be a view of the graph's copy, not of the
-      // caller's tensor: later writes through it (at a break) would miss the input.
-      // (A view taken before the update is refused by check_inplace_target.)
+      // A view of an input updated in place is a view of the caller's tensor, taken after the
+      // write-back (a view of the graph's copy would miss later writes through it).
       for (const ir::Node* n = v->node(); (n->op->aliases() || n->attrs.get_bool("view")) && !n->inputs.empty();) {
         n = n->inputs[0];
-        if (root()->written_back_.count(n)) unsupported("a view of an input updated in place is handed out: not captured yet");
+        if (auto w = root()->written_back_.find(n); w != root()->written_back_.end())
+          return input_view_spec(v, caller_object(root()->out_.input_sources[w->second]));
       }
       // A result autograd tracks: the entry compiles a backward program too (training_graphs.h).
       if (root()->needs_grad_.count(v->node()) && v->node()->op_name() != "placeholder") root()->out_.needs_backward = true;

@@ -530,6 +530,7 @@ class Interpreter {
 
   // ---- output ----
   OutSpec output_spec(const VarPtr& v);
+  OutSpec input_view_spec(const VarPtr& v, OutSpec base);  // operators.cpp
 
   // ---- the dispatch: one handler per opcode (opcodes.cpp) ----
   int step(const Instr& in, const CodeInfo& ci);

@@ -99,6 +99,46 @@ VarPtr Interpreter::tracker_of(ir::Node* base, const std::string& what) {
   return found ? found : Var::tensor(base);
 }
 
+// A view of an input the graph updated, handed out: view_of the caller's tensor (`base`, its
+// spec) after the write-back, at the view's sizes, strides and offset.
+OutSpec Interpreter::input_view_spec(const VarPtr& v, OutSpec base) {
+  const std::vector<ir::Node*> chain = view_chain(v->node());
+  std::optional<int64_t> offset = offset_in_base(chain);
+  for (size_t i = 1; i < chain.size(); ++i)
+    if (!retakeable(chain[i])) offset.reset();
+  if (!offset) unsupported("a view at a symbolic offset of an input updated in place is handed out: not captured yet");
+  if (root()->needs_grad_.count(v->node())) unsupported("a view of an input updated in place is handed out, tracked by autograd: not captured yet");
+  auto number = [&](const sym::Expr& e) {
+    OutSpec n;
+    if (auto c = e.as_const()) {
+      n.value = PyLong_FromLongLong(*c);
+      return n;
+    }
+    n.kind = OutSpec::Kind::Int;  // evaluated with this call's sizes
+    n.expr = e;
+    root()->symbolic_outputs_ = true;
+    return n;
+  };
+  auto numbers = [&](const std::vector<sym::Expr>& es) {
+    OutSpec t;
+    t.kind = OutSpec::Kind::Tuple;
+    for (const sym::Expr& e : es) t.items.push_back(number(e));
+    return t;
+  };
+  OutSpec kw;
+  kw.kind = OutSpec::Kind::Dict;
+  kw.value = Py_BuildValue("(ssss)", "base", "size", "stride", "offset");
+  kw.items.push_back(std::move(base));
+  kw.items.push_back(numbers(v->node()->meta.sizes));
+  kw.items.push_back(numbers(v->node()->meta.strides));
+  kw.items.push_back(number(sym::Expr(*offset)));
+  OutSpec s;
+  s.kind = OutSpec::Kind::Construct;
+  s.value = Py_NewRef(view_of());
+  s.items.push_back(std::move(kw));
+  return s;
+}
+
 void Interpreter::check_inplace_target(const VarPtr& a, const std::string& what) {
   const ir::Node* n = a->node();
   if (is_view(n)) return void(view_target(a, what));

@@ -89,6 +89,24 @@ PyObject* view_scatter_impl(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
 PyMethodDef view_scatter_def = {"view_scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(view_scatter_impl)),
                                 METH_FASTCALL, "A copy of base with src written through base.as_strided(size, stride, offset)."};
 
+// base.as_strided(size, stride, offset), offset counted from base's first element; keywords
+// only (an output spec's Construct calls it).
+PyObject* view_of_impl(PyObject*, PyObject* args, PyObject* kwargs) {
+  PyObject *base = nullptr, *size = nullptr, *stride = nullptr, *offset = nullptr;
+  static const char* names[] = {"base", "size", "stride", "offset", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO:view_of", const_cast<char**>(names), &base, &size, &stride, &offset))
+    return nullptr;
+  PyObject* start = PyObject_CallMethod(base, "storage_offset", nullptr);
+  PyObject* at = start ? PyNumber_Add(start, offset) : nullptr;
+  PyObject* view = at ? PyObject_CallMethod(base, "as_strided", "OOO", size, stride, at) : nullptr;
+  Py_XDECREF(start);
+  Py_XDECREF(at);
+  return view;
+}
+
+PyMethodDef view_of_def = {"view_of", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(view_of_impl)),
+                           METH_VARARGS | METH_KEYWORDS, "base.as_strided(size, stride, offset from base's first element)."};
+
 }  // namespace
 
 PyObject* functional_setitem() {
@@ -98,6 +116,11 @@ PyObject* functional_setitem() {
 
 PyObject* view_scatter() {
   static PyObject* f = PyCFunction_New(&view_scatter_def, nullptr);
+  return f;
+}
+
+PyObject* view_of() {
+  static PyObject* f = PyCFunction_New(&view_of_def, nullptr);
   return f;
 }
 

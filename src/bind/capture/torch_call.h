@@ -32,6 +32,10 @@ PyObject* inplace_setitem();
 // base.as_strided(size, stride, offset from base's first element): an in-place update through a
 // view of a dense tensor, as a function the graph can call (borrowed; lives for the process).
 PyObject* view_scatter();
+// view_of(base=, size=, stride=, offset=) -> base.as_strided(size, stride, offset from base's
+// first element): a view of the caller's tensor handed out after the graph updated it
+// (borrowed; lives for the process).
+PyObject* view_of();
 
 // The marker standing for the i-th tensor input in a template (new reference).
 PyObject* tensor_slot(int i);
