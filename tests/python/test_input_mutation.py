@@ -176,6 +176,17 @@ def test_a_view_of_an_updated_input_handed_out_is_a_view_of_the_callers_tensor(f
         torch.testing.assert_close(ours[0], theirs[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool, torch.uint8])
+@pytest.mark.parametrize("value", [-1.5, 3.25, True, 7])
+def test_copy_of_a_python_number_into_an_input_is_captured(dtype, value):
+    def f(b):
+        flat = b.reshape(-1)
+        flat.copy_(value)  # torch takes the number as a 0-d tensor
+        return b * 1
+
+    check(f, torch.zeros(2, 3, dtype=dtype))
+
+
 # ---- Updates through views of tensors the graph made (view_target, tracker_of) ----
 
 

@@ -1435,10 +1435,12 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   if (name.size() > 1 && name.back() == '_' && name[name.size() - 2] != '_') {
     // x.add_(y), x.relu_(): the out-of-place op, then every alias of x takes the result.
     std::string base = name.substr(0, name.size() - 1);
-    if (base == "copy" && args.size() == 1 && args[0]->is_tensor() && kwargs.empty()) {
-      // x.copy_(src): src broadcast to x's shape, in x's dtype
+    const bool number = args.size() == 1 && args[0]->is_const() && is_python_scalar(args[0]->known());
+    if (base == "copy" && args.size() == 1 && (args[0]->is_tensor() || number) && kwargs.empty()) {
+      // x.copy_(src): src broadcast to x's shape, in x's dtype; a Python number is torch's
+      // 0-d tensor of it (an out-of-range one wraps as a cast does, where fill_ raises)
       check_inplace_target(self, name);
-      ir::Node* src = args[0]->node();
+      ir::Node* src = as_node(args[0], "copy_");
       if (src->meta.sizes != m.sizes) {
         ir::Attrs a;
         a.set("size", m.sizes);  // symbolic sizes stay symbolic
