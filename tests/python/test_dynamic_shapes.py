@@ -453,3 +453,49 @@ def test_squeeze_of_a_symbolic_size_follows_the_call_where_it_is_one():
         out, ref = f(b), fn(b)
         assert out.shape == ref.shape, (n, out.shape, ref.shape)
         torch.testing.assert_close(out, ref)
+
+
+class _ReferenceCache(nn.Module):
+    """Meta's Llama reference code: a key cache the module owns, written at a Python start_pos
+    that grows each decoding step, and read back up to it."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.cache_k = torch.zeros(2, 24, 4, device=device)
+
+    def forward(self, xk, start_pos: int):
+        bsz, seqlen, _ = xk.shape
+        self.cache_k[:bsz, start_pos: start_pos + seqlen] = xk
+        keys = self.cache_k[:bsz, : start_pos + seqlen]
+        return torch.softmax(keys @ xk[:, -1:].transpose(1, 2), dim=1)
+
+
+def test_an_indexed_assignment_at_a_growing_position_compiles_once_more(device):
+    # the key's bounds are symbolic: the entry does not specialize on start_pos (torch.compile
+    # recompiles once too), and the cache the module owns is updated as eager updates it
+    kiln.reset()
+    ours, ref = _ReferenceCache(device), _ReferenceCache(device)
+    compiled = kiln.compile(ours)
+    for step, pos in enumerate([0, 5, 6, 7, 8, 9, 10, 11, 12]):
+        x = torch.randn(2, 1 if step else 5, 4, device=device)
+        assert_same(compiled(x, pos), ref(x, pos))
+        assert_same(ours.cache_k, ref.cache_k)
+    s = kiln.stats()
+    assert s["graphs_compiled"] == 2 and s["recompiles"] == 1 and s["eager_fallbacks"] == 0, s
+
+
+def test_an_indexed_assignment_at_a_python_int_position_compiles_once_more(device):
+    def write(cache, k, pos: int):
+        cache[:, pos] = k
+        return cache[:, : pos + 1] * 1
+
+    kiln.reset()
+    compiled = kiln.compile(write)
+    ours = torch.zeros(2, 8, 3, device=device)
+    ref = ours.clone()
+    for pos in range(1, 8):
+        k = torch.randn(2, 3, device=device)
+        assert_same(compiled(ours, k, pos), write(ref, k, pos))
+        assert_same(ours, ref)
+    s = kiln.stats()
+    assert s["graphs_compiled"] == 2 and s["recompiles"] == 1, s

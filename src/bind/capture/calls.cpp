@@ -1723,7 +1723,31 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     if (k == "out") unsupported(name + "(out=...) is not captured");
   std::vector<ir::Node*> inputs;
   std::vector<VarPtr> input_vars;  // the tracker of each input
+  // Symbolic ints an indexed assignment's key holds (cache[:, pos] = k, pos a size or a Python
+  // int the entry is generic over): markers evaluated per call, so that the entry does not
+  // specialize on them. The result has its base's sizes whatever they are.
+  const bool symbolic_key = f == functional_setitem();
+  std::vector<sym::Expr> sym_args;
+  auto sym_marker = [&](const sym::Expr& e) -> PyObject* {
+    if (!e.valid()) return Py_NewRef(Py_None);
+    if (auto c = e.as_const()) return PyLong_FromLongLong(*c);
+    sym_args.push_back(e);
+    return sym_slot(static_cast<int>(sym_args.size()) - 1);
+  };
   std::function<PyObject*(const VarPtr&)> tmpl = [&](const VarPtr& v) -> PyObject* {
+    if (symbolic_key && v->kind() == Var::Kind::Const) {
+      if (sym::Expr e = v->symint(); e.valid()) return sym_marker(e);
+      if (const std::vector<sym::Expr>* sl = v->symslice()) {
+        PyObject* start = sym_marker((*sl)[0]);
+        PyObject* stop = sym_marker((*sl)[1]);
+        PyObject* step = sym_marker((*sl)[2]);
+        PyObject* out = PySlice_New(start, stop, step);
+        Py_DECREF(start);
+        Py_DECREF(stop);
+        Py_DECREF(step);
+        return out;
+      }
+    }
     switch (v->kind()) {
       case Var::Kind::Tensor:
         if (v->is_array()) unsupported("call to " + name + " with an ndarray argument (torch takes tensors): not captured");
@@ -1801,7 +1825,10 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // sizes of this call (`value` gives each size symbol's value; symbols stay unspecialized).
   static PyObject* empty_strided = resolve_torch("empty_strided");
   GuardSet& guards = root()->out_.guards;
+  std::vector<int64_t> sym_values;  // sym_args at the sizes of the metas last made
   auto make_metas = [&](const std::function<int64_t(const sym::Expr&)>& value, std::vector<PyObject*>& metas) {
+    sym_values.clear();
+    for (const sym::Expr& e : sym_args) sym_values.push_back(sym::evaluate(e, value));
     for (ir::Node* n : inputs) {
       PyObject* sz = PyTuple_New(static_cast<Py_ssize_t>(n->meta.sizes.size()));
       PyObject* st = PyTuple_New(static_cast<Py_ssize_t>(n->meta.strides.size()));
@@ -1820,8 +1847,13 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     return true;
   };
   auto call_on = [&](const std::vector<PyObject*>& metas) -> PyObject* {
-    PyObject* margs = substitute(targs, metas.data());
-    PyObject* mkw = tkw ? substitute(tkw, metas.data()) : nullptr;
+    PyObject* margs = substitute(targs, metas.data(), sym_values.data());
+    PyObject* mkw = tkw ? substitute(tkw, metas.data(), sym_values.data()) : nullptr;
+    if (!margs || (tkw && !mkw)) {
+      Py_XDECREF(margs);
+      Py_XDECREF(mkw);
+      return nullptr;
+    }
     if (factory_device) {
       PyObject* meta = PyUnicode_FromString("meta");
       PyDict_SetItemString(mkw, "device", meta);
@@ -1949,6 +1981,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     ir::Attrs a;
     a.set("fn", static_cast<int64_t>(register_torch_call(f, targs, tkw, tuple ? static_cast<int>(k) : -1)));
     a.set("target", name);
+    if (!sym_args.empty()) a.set("sym_args", sym_args);
     if (tuple) a.set("result", static_cast<int64_t>(k));
     if (layouts) {
       std::vector<sym::Expr> sizes(layouts->begin() + next_expr, layouts->begin() + next_expr + info.sizes.size());

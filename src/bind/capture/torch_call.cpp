@@ -11,6 +11,7 @@ std::deque<TorchCall>& calls() {
 }
 
 const char* const kSlot = "kiln.tensor_slot";
+const char* const kSymSlot = "kiln.sym_slot";
 
 }  // namespace
 
@@ -133,17 +134,44 @@ PyObject* tensor_slot(int i) {
   return PyCapsule_New(reinterpret_cast<void*>(static_cast<intptr_t>(i) + 1), kSlot, nullptr);
 }
 
-PyObject* substitute(PyObject* tmpl, PyObject* const* tensors) {
+PyObject* sym_slot(int i) {
+  return PyCapsule_New(reinterpret_cast<void*>(static_cast<intptr_t>(i) + 1), kSymSlot, nullptr);
+}
+
+PyObject* substitute(PyObject* tmpl, PyObject* const* tensors, const int64_t* syms) {
   if (PyCapsule_CheckExact(tmpl) && PyCapsule_IsValid(tmpl, kSlot)) {
     auto i = reinterpret_cast<intptr_t>(PyCapsule_GetPointer(tmpl, kSlot)) - 1;
     return Py_NewRef(tensors[i]);
+  }
+  if (PyCapsule_CheckExact(tmpl) && PyCapsule_IsValid(tmpl, kSymSlot)) {
+    auto i = reinterpret_cast<intptr_t>(PyCapsule_GetPointer(tmpl, kSymSlot)) - 1;
+    if (!syms) {
+      PyErr_SetString(PyExc_RuntimeError, "kiln: a torch call's symbolic int without this call's sizes");
+      return nullptr;
+    }
+    return PyLong_FromLongLong(syms[i]);
+  }
+  if (PySlice_Check(tmpl)) {  // x[a:b] with symbolic bounds: a slice rebuilt per call
+    auto* sl = reinterpret_cast<PySliceObject*>(tmpl);
+    PyObject* start = substitute(sl->start, tensors, syms);
+    PyObject* stop = start ? substitute(sl->stop, tensors, syms) : nullptr;
+    PyObject* step = stop ? substitute(sl->step, tensors, syms) : nullptr;
+    PyObject* out = step ? PySlice_New(start, stop, step) : nullptr;
+    Py_XDECREF(start);
+    Py_XDECREF(stop);
+    Py_XDECREF(step);
+    return out;
   }
   if (PyTuple_CheckExact(tmpl) || PyList_CheckExact(tmpl)) {
     bool tuple = PyTuple_CheckExact(tmpl);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(tmpl);
     PyObject* out = tuple ? PyTuple_New(n) : PyList_New(n);
     for (Py_ssize_t k = 0; k < n; ++k) {
-      PyObject* item = substitute(PySequence_Fast_GET_ITEM(tmpl, k), tensors);
+      PyObject* item = substitute(PySequence_Fast_GET_ITEM(tmpl, k), tensors, syms);
+      if (!item) {
+        Py_DECREF(out);
+        return nullptr;
+      }
       if (tuple) PyTuple_SET_ITEM(out, k, item);
       else PyList_SET_ITEM(out, k, item);
     }
@@ -154,7 +182,11 @@ PyObject* substitute(PyObject* tmpl, PyObject* const* tensors) {
     PyObject *k, *v;
     Py_ssize_t pos = 0;
     while (PyDict_Next(tmpl, &pos, &k, &v)) {
-      PyObject* item = substitute(v, tensors);
+      PyObject* item = substitute(v, tensors, syms);
+      if (!item) {
+        Py_DECREF(out);
+        return nullptr;
+      }
       PyDict_SetItem(out, k, item);
       Py_DECREF(item);
     }

@@ -40,8 +40,14 @@ PyObject* view_of();
 // The marker standing for the i-th tensor input in a template (new reference).
 PyObject* tensor_slot(int i);
 
-// `tmpl` with every marker replaced by tensors[i] (new reference); tuples, lists and dicts
-// are rebuilt, anything else is shared.
-PyObject* substitute(PyObject* tmpl, PyObject* const* tensors);
+// A symbolic int's marker (a torch_call node's `sym_args`: the i-th expression), evaluated per
+// call: setitem's key at a position that is a size or a Python int of the entry's symbols
+// (new reference).
+PyObject* sym_slot(int i);
+
+// `tmpl` with every marker replaced by tensors[i] or syms[i] (new reference; nullptr with an
+// error for a symbolic int without `syms`); tuples, lists, dicts and slices are rebuilt,
+// anything else is shared.
+PyObject* substitute(PyObject* tmpl, PyObject* const* tensors, const int64_t* syms = nullptr);
 
 }  // namespace kiln::bind

@@ -256,6 +256,7 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
     TorchStep step;
     step.node = static_cast<int>(i);
     if (name == "torch_call") {
+      if (n.attrs.has("sym_args")) return error = "a torch call with symbolic int arguments", nullptr;
       step.torch_call = static_cast<int>(n.attrs.get_int("fn"));
       const TorchCall& call = torch_call(step.torch_call);
       step.output = call.output;

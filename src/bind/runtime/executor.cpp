@@ -255,13 +255,17 @@ at::Tensor vjp_leaf(const at::Tensor& t, int64_t i, const std::vector<int64_t>& 
 
 // Calls a torch_call's registered function with `ins` in its tensor slots; `out` gets the
 // result (the element `call.output` of a tuple). False with a Python error set.
-bool call_registered(const loop::Extern& e, const TorchCall& call, const std::vector<at::Tensor>& tensors, at::Tensor& out) {
+bool call_registered(const loop::Extern& e, const TorchCall& call, const std::vector<at::Tensor>& tensors,
+                     const SymbolValues& symbols, at::Tensor& out) {
   std::vector<PyObject*> ins;
   for (const at::Tensor& t : tensors) ins.push_back(THPVariable_Wrap(t));
-  PyObject* args = substitute(call.args, ins.data());
-  PyObject* kwargs = call.kwargs ? substitute(call.kwargs, ins.data()) : nullptr;
-  PyObject* r = PyObject_Call(call.fn, args, kwargs);
-  Py_DECREF(args);
+  std::vector<int64_t> syms;  // the call's symbolic ints (an indexed assignment's position)
+  if (e.attrs.has("sym_args"))
+    for (const sym::Expr& x : e.attrs.get_exprs("sym_args")) syms.push_back(symbols(x));
+  PyObject* args = substitute(call.args, ins.data(), syms.data());
+  PyObject* kwargs = args && call.kwargs ? substitute(call.kwargs, ins.data(), syms.data()) : nullptr;
+  PyObject* r = args && (kwargs || !call.kwargs) ? PyObject_Call(call.fn, args, kwargs) : nullptr;
+  Py_XDECREF(args);
   Py_XDECREF(kwargs);
   for (PyObject* o : ins) Py_DECREF(o);
   if (!r) return false;
@@ -279,10 +283,11 @@ bool call_registered(const loop::Extern& e, const TorchCall& call, const std::ve
 // A torch_call: the operator called from Python with this run's tensors, its sizes checked
 // against what capture inferred.
 bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternViews& plan,
-                    const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& expect_sizes, at::Tensor& out) {
+                    const std::vector<at::Tensor>& tensors, const SymbolValues& symbols,
+                    const std::vector<int64_t>& expect_sizes, at::Tensor& out) {
   std::vector<at::Tensor> ins;
   for (const ViewPlan& v : plan.inputs) ins.push_back(view_of(tensors[v.buffer], v));
-  if (!call_registered(e, call, ins, out)) return false;
+  if (!call_registered(e, call, ins, symbols, out)) return false;
   if (out.sizes() != c10::IntArrayRef(expect_sizes)) {
     // Capture inferred these sizes from the operator's behaviour at other sizes (sym/fit.h):
     // a result that breaks the inference stops the call rather than being misread.
@@ -300,15 +305,15 @@ bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternVi
 // are followed by the result's gradient; the call runs again with grad on, and autograd gives
 // every wanted gradient from that one forward.
 bool torch_call_vjp(const loop::Extern& e, const TorchCall& call, const ExternViews& plan,
-                    const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& wanted,
-                    std::vector<at::Tensor>& grads) {
+                    const std::vector<at::Tensor>& tensors, const SymbolValues& symbols,
+                    const std::vector<int64_t>& wanted, std::vector<at::Tensor>& grads) {
   std::vector<at::Tensor> ins, wrt(wanted.size());
   for (size_t i = 0; i + 1 < plan.inputs.size(); ++i)
     ins.push_back(vjp_leaf(view_of(tensors[plan.inputs[i].buffer], plan.inputs[i]), static_cast<int64_t>(i), wanted, wrt));
   at::Tensor out;
   {
     torch::autograd::AutoGradMode grad_on(true);
-    if (!call_registered(e, call, ins, out)) return false;
+    if (!call_registered(e, call, ins, symbols, out)) return false;
   }
   const ViewPlan& g = plan.inputs.back();
   grads = gradients_of(out, wrt, view_of(tensors[g.buffer], g));
@@ -808,7 +813,7 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
         if (it == vjp_stash.end()) {
           std::vector<at::Tensor> grads;
           if (!plan.op) {
-            if (!torch_call_vjp(e, *plan.call, views, tensors, plan.vjp_wanted, grads)) return false;
+            if (!torch_call_vjp(e, *plan.call, views, tensors, rs.symbols, plan.vjp_wanted, grads)) return false;
           } else {
             grads = kernel_vjp(*plan.op, *plan.def, e.attrs, views, tensors, plan.vjp_wanted);
           }
@@ -825,7 +830,7 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
                                          vb ? c10::IValue(view_of(tensors[vb->buffer], *vb)) : c10::IValue());
         r = laid_out(std::move(out), views.out_strides, p.buffers[e.output].aligned, e);
       } else if (!plan.op) {
-        if (!run_torch_call(e, *plan.call, views, tensors, rs.sizes[e.output], r)) return false;
+        if (!run_torch_call(e, *plan.call, views, tensors, rs.symbols, rs.sizes[e.output], r)) return false;
         r = laid_out(std::move(r), views.out_strides, p.buffers[e.output].aligned, e);
       } else {
         torch::jit::Stack stack;
