@@ -499,3 +499,42 @@ def test_an_indexed_assignment_at_a_python_int_position_compiles_once_more(devic
         assert_same(ours, ref)
     s = kiln.stats()
     assert s["graphs_compiled"] == 2 and s["recompiles"] == 1, s
+
+
+class _Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        print("", end="")  # a graph break: the resume function serves every block
+        return x + y.relu()
+
+
+class _Stage(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.down = nn.Conv2d(cin, cout, 2, stride=2)
+        self.blocks = nn.Sequential(_Block(cout), _Block(cout))
+
+    def forward(self, x):
+        return self.blocks(self.down(x))
+
+
+def test_automatic_dynamic_leaves_parameters_static():
+    # one code object serving stages of several widths: torch.compile keeps parameter shapes
+    # static; symbolic channel counts made every stage's convolution fall back (timm's edgenext)
+    import contextlib
+    import io
+
+    kiln.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(_Stage(3, 8), _Stage(8, 16), _Stage(16, 32))
+    x = torch.randn(1, 3, 32, 32)
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = kiln.compile(model)(x)
+        ref = model(x)
+    assert_same(out, ref)
+    reasons = kiln.stats()["fallback_reasons"]
+    assert not [r for r in reasons if "conv2d" in r], reasons

@@ -589,3 +589,22 @@ def test_hook_is_removed_after_the_call():
     plain(torch.randn(2))
     assert kiln.stats()["frames_captured"] == before and calls == [1]
     assert sys.getrecursionlimit() > 0
+
+
+def _raises_after_a_break(x):
+    y = x * 2
+    print("", end="")
+    return torch.argmin(y > 0)  # torch's kernel has no bool argmin: raises in the resumed part
+
+
+def test_a_traceback_through_a_compiled_frame_formats():
+    # the frame kiln runs a compiled entry in has a line table: traceback.format_exc() names the
+    # function's line there instead of failing with "generator raised StopIteration"
+    import contextlib
+    import io
+    import traceback
+
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(RuntimeError) as caught:
+        kiln.compile(_raises_after_a_break)(torch.randn(3))
+    text = "".join(traceback.format_exception(caught.value))
+    assert "_raises_after_a_break" in text and "argmin" in text, text

@@ -47,6 +47,12 @@ def test_clamp_by_tensor_bounds(device):
     check(lambda i, lo: torch.clamp(i, lo.double()), torch.randint(-5, 5, (4, 5), device=device), lo)
 
 
+def test_normalize_is_captured(device):
+    # F.normalize draws no random numbers (a name test took it for torch.normal once)
+    x = torch.randn(4, 16, device=device)
+    check(lambda x: F.normalize(x, dim=-1) @ F.normalize(x, dim=-1).t(), x)
+
+
 def test_masked_fill(device):
     x = torch.randn(4, 8, device=device)
     m = torch.randn(4, 8, device=device) > 0

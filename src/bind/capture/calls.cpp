@@ -2,6 +2,7 @@
 #include "bind/capture/mode_setter.h"
 
 #include <cstring>
+#include <set>
 
 #include "bind/capture/polyfills.h"
 #include "core/support/log.h"
@@ -1698,15 +1699,28 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   std::string leaf = name.substr(name.rfind('.') + 1);
   // Random draws (their order against eager's RNG stream matters), device moves, data reads
   // and autograd state stay in Python.
-  static const char* random[] = {"rand", "dropout", "bernoulli", "normal", "multinomial", "poisson", "exponential"};
+  // By the words of the name (F.normalize is no draw; torch.randn_like, Tensor.log_normal_ are)
+  static const std::set<std::string> random = {"rand", "randn", "randint", "randperm", "random", "dropout",
+                                               "dropout1d", "dropout2d", "dropout3d", "bernoulli", "normal",
+                                               "multinomial", "poisson", "exponential", "uniform", "cauchy",
+                                               "geometric", "rrelu", "gumbel"};
+  auto draws = [&] {
+    size_t start = 0;
+    while (start <= leaf.size()) {
+      size_t end = leaf.find('_', start);
+      if (end == std::string::npos) end = leaf.size();
+      if (random.count(leaf.substr(start, end - start))) return true;
+      start = end + 1;
+    }
+    return false;
+  };
   static const char* refused[] = {"empty", "item", "tolist", "numpy", "to", "cuda", "cpu", "type", "data_ptr",
                                   "backward", "register_hook", "requires_grad", "detach", "set_", "share_memory",
                                   "pin_memory", "new_empty"};
   static PyObject* f_dropout = resolve_torch_path("torch.nn.functional.dropout");
   static PyObject* torch_dropout = resolve_torch_path("torch.dropout");
   if (f == f_dropout || f == torch_dropout) return dropout(args, kwargs, f == f_dropout);
-  for (const char* r : random)
-    if (leaf.find(r) != std::string::npos) unsupported("call to " + name + " draws random numbers: not captured yet");
+  if (draws()) unsupported("call to " + name + " draws random numbers: not captured yet");
   // x.detach(): the same values, outside autograd (the training graph stops gradients there).
   if (leaf == "detach" && args.size() == 1 && args[0]->is_tensor() && kwargs.empty()) {
     ir::Attrs a;

@@ -126,7 +126,12 @@ void Interpreter::symbolic_sizes(PyObject* v, const Source& src, TensorInfo& inf
   std::set<int64_t> dyn;
   if (dynamic_ && dynamic_->all && !through_attribute(src))
     for (size_t d = 0; d < n; ++d) dyn.insert(static_cast<int64_t>(d));
-  if (dynamic_) {
+  // Automatic dynamic leaves parameters static, as torch.compile does (its
+  // force_parameter_static_shapes): one code object serving modules of several widths (a stage's
+  // blocks, a resume function) gets an entry per module, not channel counts as symbols.
+  static PyObject* parameter_type = object_at("torch.nn.Parameter");
+  const bool parameter = parameter_type && PyObject_IsInstance(v, parameter_type) == 1;
+  if (dynamic_ && !parameter) {
     auto it = dynamic_->by_source.find(src.str());
     if (it != dynamic_->by_source.end()) dyn.insert(it->second.begin(), it->second.end());
   }

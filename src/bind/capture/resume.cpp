@@ -170,6 +170,23 @@ bool in_exception_block(PyObject* code, int offset) {
   return false;
 }
 
+namespace {
+// A line table (PEP 626's co_linetable, CPython 3.11/3.12) putting all `units` code units on the
+// code's first line, without columns: a traceback through the frame then names that line, where
+// an empty table made traceback.format_exc() fail on it ("generator raised StopIteration").
+std::string first_line_table(size_t units) {
+  std::string t;
+  constexpr int kNoColumns = 13;  // PY_CODE_LOCATION_INFO_NO_COLUMNS: one signed varint, the line delta
+  for (size_t left = units; left > 0;) {
+    const size_t n = std::min<size_t>(left, 8);  // an entry covers 1 to 8 code units
+    t += static_cast<char>(0x80 | (kNoColumns << 3) | (n - 1));
+    t += static_cast<char>(0);  // line delta 0: co_firstlineno
+    left -= n;
+  }
+  return t;
+}
+}  // namespace
+
 PyObject* make_trampoline(PyObject* code, PyObject* holder) {
   const Opcodes& ops = opcodes();
   if (!ops.ok || !holder) return nullptr;
@@ -187,7 +204,8 @@ PyObject* make_trampoline(PyObject* code, PyObject* holder) {
   set_item(kw, "co_code", PyBytes_FromStringAndSize(body.data(), static_cast<Py_ssize_t>(body.size())));
   set_item(kw, "co_consts", consts);
   set_item(kw, "co_exceptiontable", PyBytes_FromStringAndSize("", 0));
-  set_item(kw, "co_linetable", PyBytes_FromStringAndSize("", 0));
+  const std::string lines = first_line_table(body.size() / 2);
+  set_item(kw, "co_linetable", PyBytes_FromStringAndSize(lines.data(), static_cast<Py_ssize_t>(lines.size())));
   PyObject* t = code_replace(code, kw);
   if (!t) clear_error();
   return t;
