@@ -1514,6 +1514,24 @@ def test_zip_unrolls():
     check(zip_pairs, lambda: (torch.randn(3, 3), torch.randn(3, 3)))
 
 
+def zip_strict_pairs(a, b):
+    out = a * 0
+    for p, q in zip((a, b), (b, a), strict=True):  # torch's RNN modules zip this way
+        out = out + p * q
+    return out
+
+
+def test_zip_strict_unrolls_and_raises_on_unequal_lengths():
+    check(zip_strict_pairs, lambda: (torch.randn(3, 3), torch.randn(3, 3)))
+
+    def unequal(xs, ys):
+        return [x * y for x, y in zip(xs, ys, strict=True)]
+
+    for run in (unequal, kiln.compile(unequal)):
+        with pytest.raises(ValueError, match="zip"):
+            run([torch.ones(2)] * 2, [torch.ones(2)] * 3)
+
+
 def enumerate_scales(a, b):
     out = a * 0
     for i, t in enumerate((a, b)):

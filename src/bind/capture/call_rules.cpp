@@ -293,6 +293,16 @@ struct CallRules {
     if (kwargs.empty()) return I.iteration_builtin(fn->obj(), args);
     if (fn->known() == I.builtin("enumerate") && kwargs.size() == 1 && kwargs[0].first == "start" && args.size() == 1)
       return I.iteration_builtin(fn->obj(), {args[0], kwargs[0].second});
+    if (fn->known() == I.builtin("zip") && kwargs.size() == 1 && kwargs[0].first == "strict" && kwargs[0].second->is_const()) {
+      // zip(a, b, strict=True) (torch's RNN modules): Python's ValueError where lengths differ
+      PyObject* strict = kwargs[0].second->known();
+      if (!PyBool_Check(strict)) return nullptr;
+      for (size_t i = 1; strict == Py_True && i < args.size(); ++i)
+        if (args[i]->kind() == Var::Kind::Record || args[0]->kind() == Var::Kind::Record) return nullptr;  // __iter__ runs once
+        else if (I.items_of(args[i]).size() != I.items_of(args[0]).size())
+          unsupported("zip(strict=True) of iterables of different lengths: ValueError");
+      return I.iteration_builtin(fn->obj(), args);
+    }
     return nullptr;
   }
 
