@@ -608,3 +608,30 @@ def test_a_traceback_through_a_compiled_frame_formats():
         kiln.compile(_raises_after_a_break)(torch.randn(3))
     text = "".join(traceback.format_exception(caught.value))
     assert "_raises_after_a_break" in text and "argmin" in text, text
+
+
+def _eight_after_a_break():
+    print("", end="")
+    return 8
+
+
+def _break_in_a_view_argument(x):
+    return x.view(8, 2, _eight_after_a_break(), 2) * 2
+
+
+def _break_in_an_add_argument(x):
+    return x.add(_eight_after_a_break()) * 2
+
+
+@pytest.mark.parametrize("fn", [_break_in_a_view_argument, _break_in_an_add_argument])
+def test_a_break_inside_a_tensor_methods_arguments_calls_this_calls_tensor(fn):
+    # the bound method x.view waits on the resume function's stack: it is re-read per call,
+    # never the first call's (which viewed the first call's tensor at every call: LED's encoder)
+    import contextlib
+    import io
+
+    compiled = kiln.compile(fn)
+    with contextlib.redirect_stdout(io.StringIO()):
+        for _ in range(3):
+            x = torch.randn(8, 16, 2)
+            torch.testing.assert_close(compiled(x), fn(x))

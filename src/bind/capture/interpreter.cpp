@@ -369,8 +369,11 @@ bool Interpreter::bound_to_structure(const VarPtr& v) {
   PyObject* o = v->is_const() && v->source ? v->known() : nullptr;
   if (!o) return false;
   if (PyMethod_Check(o)) return by_structure(PyMethod_GET_SELF(o));
-  // a C method bound to such an object (its dict's items, keys, __setitem__)
-  return PyCFunction_Check(o) && PyCFunction_GET_SELF(o) && by_structure(PyCFunction_GET_SELF(o));
+  // A C method bound to an object other than a module: made afresh at each access and not
+  // guarded by identity, so the object capture saw is this call's only by chance (a tensor's
+  // `x.add` on a resume function's stack, when a break fell inside its arguments: handed on as
+  // capture's object, it added to the first call's tensor at every call).
+  return PyCFunction_Check(o) && PyCFunction_GET_SELF(o) && !PyModule_Check(PyCFunction_GET_SELF(o));
 }
 
 bool Interpreter::is_nn_module(PyObject* v) {

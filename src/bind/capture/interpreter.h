@@ -101,8 +101,9 @@ class Interpreter {
   // rather than by identity, until capture uses the object itself as a value (const_obj).
   static bool by_structure(PyObject* v);
   static bool structural(const VarPtr& v);
-  // A bound method of such an object, read from the frame (guarded by its function and the
-  // receiver's type): handed on, it is re-read for the call's own receiver.
+  // A bound method of such an object (guarded by its function and the receiver's type), or a C
+  // method bound to any object but a module, read from the frame: handed on, it is re-read for
+  // the call's own receiver.
   static bool bound_to_structure(const VarPtr& v);
   // The class of the tensor a graph input was read from (its tensor guard checks it), or nullptr.
   PyObject* input_type(const ir::Node* placeholder);
