@@ -1532,6 +1532,18 @@ def test_zip_strict_unrolls_and_raises_on_unequal_lengths():
             run([torch.ones(2)] * 2, [torch.ones(2)] * 3)
 
 
+def overlapping_chunks(x):
+    # Longformer's _chunk: the stride list, edited, for an overlapping as_strided view
+    x = x.view(x.size(0), x.size(1) // 4, 4, x.size(2))
+    size, stride = list(x.size()), list(x.stride())
+    size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+    return x.as_strided(size=size, stride=stride) * 1, x.stride(-1), x.transpose(0, 1).stride()
+
+
+def test_tensor_stride_is_captured():
+    check(overlapping_chunks, lambda: (torch.randn(3, 16, 2),))
+
+
 def enumerate_scales(a, b):
     out = a * 0
     for i, t in enumerate((a, b)):

@@ -1301,6 +1301,18 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     if (!ops::wrap_dim(d, m.dim(), err)) unsupported("shape/dtype check of size failed: " + err);
     return size_const(m.sizes[d]);
   }
+  if (name == "stride" && args.size() + kwargs.size() <= 1) {
+    // x.stride(): a tuple of ints, eager's layout of the value (symbolic where sizes are)
+    if (args.empty() && kwargs.empty()) {
+      std::vector<VarPtr> items;
+      for (const sym::Expr& e : m.strides) items.push_back(size_const(e));
+      return Var::tuple(std::move(items));
+    }
+    int64_t d = PyLong_AsLongLong(const_obj(args.empty() ? kwargs[0].second : args[0], "dim"));
+    std::string err;
+    if (!ops::wrap_dim(d, m.dim(), err)) unsupported("shape/dtype check of stride failed: " + err);
+    return size_const(m.strides[d]);
+  }
   if (name == "split" || name == "chunk")
     if (VarPtr r = split_tensor(self, name == "chunk", args, kwargs)) return r;
   if (name == "new_ones" || name == "new_zeros" || name == "new_full") {
