@@ -1544,6 +1544,21 @@ def test_tensor_stride_is_captured():
     check(overlapping_chunks, lambda: (torch.randn(3, 16, 2),))
 
 
+class ChannelsFirstLayerNorm(torch.nn.LayerNorm):
+    # SqueezeBERT's layer norm: the base class's forward called explicitly with self
+    def forward(self, x):
+        x = x.permute(0, 2, 1)
+        x = torch.nn.LayerNorm.forward(self, x)
+        return x.permute(0, 2, 1)
+
+
+def test_a_base_module_class_forward_called_with_self_is_inlined():
+    norm = ChannelsFirstLayerNorm(6)
+    with torch.no_grad():
+        norm.weight.uniform_()
+    check(lambda x: norm(x) * 2, lambda: (torch.randn(2, 6, 5),))
+
+
 def enumerate_scales(a, b):
     out = a * 0
     for i, t in enumerate((a, b)):

@@ -526,6 +526,16 @@ VarPtr Interpreter::iteration_builtin(PyObject* f, const std::vector<VarPtr>& ar
   return it;
 }
 
+// Whether `f` is the forward one of the module's classes defines (its own, or a base class's).
+bool Interpreter::own_forward_of(PyObject* module, PyObject* f) {
+  PyObject* mro = Py_TYPE(module)->tp_mro;
+  for (Py_ssize_t i = 0; mro && i < PyTuple_GET_SIZE(mro); ++i) {
+    PyObject* dict = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i))->tp_dict;
+    if (dict && PyDict_GetItemString(dict, "forward") == f) return true;
+  }
+  return false;
+}
+
 bool Interpreter::is_torch_internal(PyObject* f) {
   PyObject* mod = PyObject_GetAttrString(f, "__module__");
   if (!mod) clear_error();
@@ -708,6 +718,10 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (receiver && is_private(receiver)) return real(call_for_real(f, args, kwargs));
   }
   if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
+  if (PyFunction_Check(f) && !args.empty() && args[0]->get_if<ModuleV>() && own_forward_of(args[0]->get_if<ModuleV>()->module, f))
+    // nn.LayerNorm.forward(self, x) in a subclass's forward (SqueezeBERT): that class's forward,
+    // inlined on the module, as a call of the module inlines it
+    return inline_call(f, fn->source, std::move(args), kwargs);
   {
     // A functools.lru_cache / cache helper: its function inlined, the cache neither read nor
     // filled, as TorchDynamo does (the function's result is what the cache would hold, for the

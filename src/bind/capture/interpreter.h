@@ -96,6 +96,7 @@ class Interpreter {
   VarPtr wrap(PyObject* v, SourcePtr src);
 
   static bool is_nn_module(PyObject* v);
+  static bool own_forward_of(PyObject* module, PyObject* f);
 
   // Objects guarded by their type and the attributes capture reads (instances of user classes)
   // rather than by identity, until capture uses the object itself as a value (const_obj).
