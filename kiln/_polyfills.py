@@ -226,6 +226,34 @@ _OPERATORS = {
 }
 
 
+class _FunctionCtx:
+    """The ctx an autograd.Function's forward is handed where no gradient is wanted (inference):
+    what it saves is kept, and nothing else is recorded."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def mark_non_differentiable(self, *args):
+        pass
+
+    def mark_dirty(self, *args):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+def function_apply(cls, *args, **kwargs):
+    """torch.autograd.Function.apply where no input needs a gradient: the forward alone."""
+    if cls.setup_context is not _function_setup_context:  # the forward takes no ctx
+        return cls.forward(*args, **kwargs)
+    return cls.forward(_FunctionCtx(), *args, **kwargs)
+
+
+def _function_setup_context(ctx, inputs, output):  # replaced by torch's in register()
+    raise NotImplementedError
+
+
 def register(register_polyfill) -> None:
     models = {
         itertools.chain: chain, itertools.product: product, itertools.combinations: combinations,
@@ -242,3 +270,6 @@ def register(register_polyfill) -> None:
     register_polyfill(operator.itemgetter, itemgetter, always=True)
     register_polyfill(operator.attrgetter, attrgetter, always=True)
     register_polyfill(functools.partial, partial, always=True)
+    global _function_setup_context
+    import torch
+    _function_setup_context = torch.autograd.Function.setup_context

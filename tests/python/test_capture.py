@@ -1559,6 +1559,51 @@ def test_a_base_module_class_forward_called_with_self_is_inlined():
     check(lambda x: norm(x) * 2, lambda: (torch.randn(2, 6, 5),))
 
 
+class SavingGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # BLOOM's GeLUFunction: saves its input for a backward of its own
+        ctx.save_for_backward(x)
+        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * torch.sigmoid(1.702 * x)
+
+
+class ScaledBy(torch.autograd.Function):
+    @staticmethod
+    def forward(x, k):  # the newer form: no ctx in forward, a setup_context
+        return x * k
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.k = inputs[1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k, None
+
+
+def custom_functions(x):
+    return SavingGelu.apply(x) + ScaledBy.apply(x, 3.0)
+
+
+def test_autograd_function_apply_without_gradients_is_its_forward():
+    with torch.no_grad():
+        check(custom_functions, lambda: (torch.randn(4, 5),))
+    check(custom_functions, lambda: (torch.randn(4, 5),))  # grad mode, nothing tracked
+
+
+def test_autograd_function_apply_with_a_tracked_input_keeps_its_backward():
+    x = torch.randn(4, 5, requires_grad=True)
+    kiln.compile(custom_functions)(x).sum().backward()
+    ours = x.grad
+    x.grad = None
+    custom_functions(x).sum().backward()
+    torch.testing.assert_close(ours, x.grad)
+
+
 def enumerate_scales(a, b):
     out = a * 0
     for i, t in enumerate((a, b)):

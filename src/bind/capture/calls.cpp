@@ -526,6 +526,42 @@ VarPtr Interpreter::iteration_builtin(PyObject* f, const std::vector<VarPtr>& ar
   return it;
 }
 
+// MyFunction.apply(x, ...) of a torch.autograd.Function where no input needs a gradient (grad
+// mode off, or no tracked tensor among the arguments): its forward alone, inlined with a ctx made
+// in the frame (kiln/_polyfills.py: function_apply), as eager computes it then. Where a gradient
+// is wanted, the custom backward is not captured: nullptr, and the call goes on by category.
+VarPtr Interpreter::autograd_function_apply(const VarPtr& fn, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  PyObject* f = fn->known();
+  if (!f) return nullptr;
+  // apply is a classmethod: bound to the class, in Python (a method) or in C (torch's
+  // _FunctionBase), by torch version
+  static PyObject* function_type = object_at("torch.autograd.Function");
+  static PyObject* base_apply = object_at("torch.autograd.Function.apply");
+  static PyObject* model = object_at("kiln._polyfills.function_apply");
+  if (!function_type || !base_apply || !model) return nullptr;
+  PyObject* cls = nullptr;
+  if (PyMethod_Check(f) && PyMethod_Check(base_apply) && PyMethod_GET_FUNCTION(f) == PyMethod_GET_FUNCTION(base_apply))
+    cls = PyMethod_GET_SELF(f);
+  else if (PyCFunction_Check(f) && PyCFunction_Check(base_apply) &&
+           PyCFunction_GET_FUNCTION(f) == PyCFunction_GET_FUNCTION(base_apply))
+    cls = PyCFunction_GET_SELF(f);
+  if (!cls || !PyType_Check(cls) || PyObject_IsSubclass(cls, function_type) != 1) return nullptr;
+  if (root()->grad_mode_) {
+    std::function<bool(const VarPtr&)> tracked = [&](const VarPtr& v) {
+      if (v->is_tensor()) return root()->needs_grad_.count(v->node()) > 0;
+      if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List)
+        return std::any_of(v->seq().begin(), v->seq().end(), tracked);
+      return false;
+    };
+    if (std::any_of(args.begin(), args.end(), tracked)) return nullptr;
+    for (const auto& [k, v] : kwargs)
+      if (tracked(v)) return nullptr;
+  }
+  std::vector<VarPtr> with_cls{fn->source ? wrap(cls, Source::attr(fn->source, "__self__")) : Var::constant(cls)};
+  with_cls.insert(with_cls.end(), args.begin(), args.end());
+  return inline_call(model, nullptr, std::move(with_cls), kwargs);
+}
+
 // Whether `f` is the forward one of the module's classes defines (its own, or a base class's).
 bool Interpreter::own_forward_of(PyObject* module, PyObject* f) {
   PyObject* mro = Py_TYPE(module)->tp_mro;
@@ -718,6 +754,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (receiver && is_private(receiver)) return real(call_for_real(f, args, kwargs));
   }
   if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
+  if (VarPtr r = autograd_function_apply(fn, args, kwargs)) return r;
   if (PyFunction_Check(f) && !args.empty() && args[0]->get_if<ModuleV>() && own_forward_of(args[0]->get_if<ModuleV>()->module, f))
     // nn.LayerNorm.forward(self, x) in a subclass's forward (SqueezeBERT): that class's forward,
     // inlined on the module, as a call of the module inlines it
