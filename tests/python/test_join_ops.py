@@ -199,3 +199,12 @@ def test_cat_and_stack_of_every_layout_equal_eager_in_values_and_strides(device)
                 for g, w in zip(got, want):
                     assert torch.equal(g, w), (shape, order, dim)
                     assert g.stride() == w.stride(), (shape, order, dim, g.stride(), w.stride())
+
+
+def test_cat_with_an_empty_part_reads_nothing_of_it(device):
+    # an empty tensor may have no memory at all (a null pointer): the kernel must not load from
+    # it, even at an index clamped into it (fuzz seed 497103 crashed there)
+    b = torch.randn(2, 3, dtype=torch.float64, device=device)
+    empty = torch.randn(2, 0, device=device)
+    check(lambda b, e: torch.cat([b, e], 1) * 2, b, empty)
+    check(lambda b, e: torch.cat([e, b, e], 1), b, empty)

@@ -533,8 +533,13 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       // write-back (a view of the graph's copy would miss later writes through it).
       for (const ir::Node* n = v->node(); (n->op->aliases() || n->attrs.get_bool("view")) && !n->inputs.empty();) {
         n = n->inputs[0];
-        if (auto w = root()->written_back_.find(n); w != root()->written_back_.end())
+        if (auto w = root()->written_back_.find(n); w != root()->written_back_.end()) {
+          // the view's layout is relative to the updated value's; the caller's tensor must have it
+          const ir::TensorMeta& in = g_->inputs()[w->second]->meta;
+          if (in.strides != n->meta.strides)  // offsets count from each tensor's first element
+            unsupported("a view of an input updated in place is handed out, the input laid out otherwise: not captured yet");
           return input_view_spec(v, caller_object(root()->out_.input_sources[w->second]));
+        }
       }
       // A result autograd tracks: the entry compiles a backward program too (training_graphs.h).
       if (root()->needs_grad_.count(v->node()) && v->node()->op_name() != "placeholder") root()->out_.needs_backward = true;

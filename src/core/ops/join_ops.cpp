@@ -96,9 +96,19 @@ SRef gather_cat(loop::ScalarCtx& s, const std::vector<Expr>& out, const std::vec
     idx[d] = i;
     return s.cast(in[k].read(idx), t);
   };
-  SRef value = read(in.size() - 1);
-  for (size_t k = in.size() - 1; k-- > 0;) {
-    SRef before_next = s.binary(SOp::Lt, s.size_value(at, DType::Int64), s.size_value(offsets[k + 1], DType::Int64));
+  // An empty input holds no element and has no memory to read, even clamped (a null pointer):
+  // it is skipped, as torch's cat skips it. Symbolic sizes are never 0 (guards keep 0 static).
+  std::vector<size_t> parts;
+  for (size_t k = 0; k < in.size(); ++k) {
+    bool empty = false;
+    for (const Expr& e : in[k].sizes) empty = empty || e.is_const(0);
+    if (!empty) parts.push_back(k);
+  }
+  if (parts.empty()) parts.push_back(in.size() - 1);  // an empty result: nothing is read
+  SRef value = read(parts.back());
+  for (size_t j = parts.size() - 1; j-- > 0;) {
+    const size_t k = parts[j];
+    SRef before_next = s.binary(SOp::Lt, s.size_value(at, DType::Int64), s.size_value(offsets[k] + in[k].sizes[d], DType::Int64));
     value = s.where(before_next, read(k), value);
   }
   return value;
