@@ -203,6 +203,39 @@ def test_a_view_of_an_updated_sliced_input_handed_out_writes_into_the_callers_te
     torch.testing.assert_close(ours, theirs)
 
 
+def test_an_update_through_a_reshape_that_copied_leaves_the_input_alone():
+    # fuzz seed 498211: reshape of a transposed input copies in eager, so an update of a slice of
+    # it never reaches the input
+    def f(a):
+        t0 = a.reshape(-1, a.size(0))
+        t0[1:2].clamp_(max=0)
+        return t0 * 1
+
+    ours = torch.randn(2, 2, 1).permute(2, 1, 0)
+    theirs = ours.clone(memory_format=torch.preserve_format)
+    out, ref = kiln.compile(f)(ours), f(theirs)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_fill_and_copy_keep_the_layout_of_the_tensor_they_update():
+    # fuzz seeds 498055, 498560: a permuted tensor filled in place keeps its strides in eager
+    def f(a):
+        t = a.to(torch.float32)
+        t.fill_(2.0)
+        u = a.sqrt()
+        u.zero_()
+        v = a * 1
+        v.copy_(a.sum(0))
+        return t, u, v
+
+    x = torch.rand(5, 2, 3).permute(2, 0, 1)
+    out, ref = kiln.compile(f)(x), f(x)
+    for got, want in zip(out, ref):
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+
+
 # ---- Updates through views of tensors the graph made (view_target, tracker_of) ----
 
 

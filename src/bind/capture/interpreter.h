@@ -58,7 +58,11 @@ class Interpreter {
   }
   // A node whose result shares its first input's memory in eager (a registry view, or a torch
   // call marked as returning a view).
-  static bool is_view(const ir::Node* n) { return n->op->aliases() || n->attrs.get_bool("view"); }
+  // (A reshape of memory no strides describe is a copy in eager: no view.)
+  static bool is_view(const ir::Node* n) {
+    if (n->op->copies && n->op->copies(*n)) return false;
+    return n->op->aliases() || n->attrs.get_bool("view");
+  }
   // The root interpreter of a capture, or (with `parent`) one that inlines a call: it shares
   // the graph, the guards and the graph inputs of the root.
   Interpreter(PyObject* fn, CaptureResult& out, Interpreter* parent = nullptr, SourcePtr fn_source = nullptr)

@@ -198,6 +198,13 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
     if (result->users.empty()) g_->erase_if([&](const ir::Node* n) { return n == result; });
     unsupported("in-place result of another dtype or shape");
   }
+  // torch's in-place op leaves the tensor's layout: a fresh value made for the update (fill_'s
+  // full, copy_'s clone: row-major by their own rules) takes the tensor's strides
+  static const ops::OpDef* full = ops::find_op("full");
+  static const ops::OpDef* clone = ops::find_op("clone");
+  if ((result->op == full || result->op == clone) && result->users.empty() && !is_view(a->node()) &&
+      result->meta.strides != a->node()->meta.strides)
+    result->meta.strides = a->node()->meta.strides;
   if (is_view(a->node())) {
     // Through a view: the new values scattered into a copy of the viewed tensor (view_target).
     const std::vector<ir::Node*> chain = view_chain(a->node());
