@@ -290,3 +290,11 @@ def test_convolution_and_pooling_results_have_eagers_strides(device, shape):
             def layout(t):
                 return [s for s, d in zip(t.stride(), t.shape) if d != 1]
             assert [layout(o) for o in out] == [layout(r) for r in ref], (x.stride(), weight_cl)
+
+
+@pytest.mark.parametrize("padding,kernel,dilation", [("same", 3, 1), ("same", 5, 2), ("valid", 3, 1)])
+def test_conv2d_module_with_string_padding(device, padding, kernel, dilation):
+    # timm's convmixer: nn.Conv2d(padding="same") inside a Sequential
+    model = nn.Sequential(nn.Conv2d(4, 6, kernel, padding=padding, dilation=dilation), nn.ReLU()).to(device).eval()
+    with torch.no_grad():
+        check(model, torch.randn(1, 4, 9, 9, device=device), rtol=1e-4, atol=1e-4)

@@ -168,7 +168,23 @@ struct ModuleRules {
     if (!PyUnicode_Check(mode->obj()) || std::string(PyUnicode_AsUTF8(mode->obj())) != "zeros")
       unsupported("Conv2d with padding_mode other than 'zeros'");
     VarPtr padding = I.module_attr(mod, "padding");
-    if (padding->is_const() && PyUnicode_Check(padding->obj())) unsupported("Conv2d with string padding");
+    if (padding->is_const() && PyUnicode_Check(padding->obj())) {
+      // 'valid' is no padding; 'same' (stride 1, torch checks) pads dilation * (k - 1) in all,
+      // evenly where that is even; an odd total torch pads one more on the right, not taken
+      const std::string how = PyUnicode_AsUTF8(padding->obj());
+      PyObject* ks = I.const_obj(I.module_attr(mod, "kernel_size"), "kernel_size");
+      PyObject* dil = I.const_obj(I.module_attr(mod, "dilation"), "dilation");
+      std::vector<int64_t> k, d, pad;
+      if (!I.to_int_list(ks, k) || !I.to_int_list(dil, d) || k.size() != d.size()) unsupported("Conv2d with string padding");
+      for (size_t i = 0; i < k.size(); ++i) {
+        const int64_t total = how == "same" ? d[i] * (k[i] - 1) : 0;
+        if (total % 2) unsupported("Conv2d with padding='same' and an even kernel (uneven padding)");
+        pad.push_back(total / 2);
+      }
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(pad.size()));
+      for (size_t i = 0; i < pad.size(); ++i) PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(pad[i]));
+      padding = Var::steal_constant(t);
+    }
     return fn(I, "torch.nn.functional.conv2d",
               {args[0], I.module_attr(mod, "weight"), I.module_attr(mod, "bias"), I.module_attr(mod, "stride"), padding,
                I.module_attr(mod, "dilation"), I.module_attr(mod, "groups")});
