@@ -501,7 +501,7 @@ def test_an_indexed_assignment_at_a_python_int_position_compiles_once_more(devic
     assert s["graphs_compiled"] == 2 and s["recompiles"] == 1, s
 
 
-class _Block(nn.Module):
+class _WidthBlock(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.conv = nn.Conv2d(c, c, 3, padding=1)
@@ -512,11 +512,11 @@ class _Block(nn.Module):
         return x + y.relu()
 
 
-class _Stage(nn.Module):
+class _WidthStage(nn.Module):
     def __init__(self, cin, cout):
         super().__init__()
         self.down = nn.Conv2d(cin, cout, 2, stride=2)
-        self.blocks = nn.Sequential(_Block(cout), _Block(cout))
+        self.blocks = nn.Sequential(_WidthBlock(cout), _WidthBlock(cout))
 
     def forward(self, x):
         return self.blocks(self.down(x))
@@ -530,7 +530,7 @@ def test_automatic_dynamic_leaves_parameters_static():
 
     kiln.reset()
     torch.manual_seed(0)
-    model = nn.Sequential(_Stage(3, 8), _Stage(8, 16), _Stage(16, 32))
+    model = nn.Sequential(_WidthStage(3, 8), _WidthStage(8, 16), _WidthStage(16, 32))
     x = torch.randn(1, 3, 32, 32)
     with contextlib.redirect_stdout(io.StringIO()):
         out = kiln.compile(model)(x)

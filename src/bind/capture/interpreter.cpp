@@ -536,6 +536,8 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
         if (auto w = root()->written_back_.find(n); w != root()->written_back_.end()) {
           // the view's layout is relative to the updated value's; the caller's tensor must have it
           const ir::TensorMeta& in = g_->inputs()[w->second]->meta;
+          if (form != PyForm::Tensor || root()->out_.input_sources[w->second]->kind == Source::Kind::Array)
+            unsupported("a view of an input ndarray updated in place is handed out: not captured yet");
           if (in.strides != n->meta.strides)  // offsets count from each tensor's first element
             unsupported("a view of an input updated in place is handed out, the input laid out otherwise: not captured yet");
           return input_view_spec(v, caller_object(root()->out_.input_sources[w->second]));
