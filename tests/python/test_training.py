@@ -779,6 +779,21 @@ def test_an_input_autograd_keeps_changed_in_place_raises_in_backward():
     _raises_like_eager(matmul_of_views_then_setitem, lambda: (torch.randn(4, requires_grad=True),))
     _raises_like_eager(sin_then_update_through_a_view, lambda: (torch.randn(4, 5, requires_grad=True),))
 
+    def square_then_update(x):
+        t = x.sum()
+        y = torch.square(t)  # a torch call: torch's node keeps its input (fuzz_grad seed 499835)
+        t.clamp_(min=100)
+        return y
+
+    def pow_result_then_update(x):
+        t = x.sqrt()
+        y = torch.pow(t, t)  # keeps its result for the exponent's gradient (seed 499984)
+        y.add_(t)
+        return y
+
+    _raises_like_eager(square_then_update, lambda: (torch.rand(4, 5, requires_grad=True),))
+    _raises_like_eager(pow_result_then_update, lambda: (torch.rand(7, requires_grad=True).add(0.5),))
+
 
 def test_inputs_autograd_does_not_keep_may_change_in_place():
     def g(x, w):
@@ -792,8 +807,23 @@ def test_inputs_autograd_does_not_keep_may_change_in_place():
         v.mul_(3)  # changed before the product reads it
         return x @ v
 
+    def own_update(c):
+        t = c * -1.5
+        t.mul_(c)  # mul_ keeps t as it was before its own update (fuzz_grad seed 500090)
+        u = t.clone()
+        u[:1, -1] = 3.25
+        u.abs_()  # abs_ likewise (seed 130116)
+        return u
+
+    def own_update_through_a_view(c):
+        t = c * 2
+        t[:, 0].mul_(c[:, 1])  # a view's update: the scatter of mul_'s own result
+        return t
+
     for fn, make in ((g, lambda: (torch.randn(4, 5, requires_grad=True), torch.randn(4, 5))),
-                     (k, lambda: (torch.randn(3, 4, requires_grad=True), torch.randn(4, 5)))):
+                     (k, lambda: (torch.randn(3, 4, requires_grad=True), torch.randn(4, 5))),
+                     (own_update, lambda: (torch.randn(4, 5, requires_grad=True),)),
+                     (own_update_through_a_view, lambda: (torch.randn(4, 5, requires_grad=True),))):
         inputs = make()
         twins = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
         kiln.compile(fn)(*inputs).sum().backward()

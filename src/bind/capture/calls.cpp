@@ -2020,6 +2020,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // And which results torch's backward reads (its node keeps `_saved_result`: logsumexp's,
   // cumprod's): changed in place before backward(), eager's backward raises, and kiln's must.
   std::vector<bool> saves_result(results.size(), false);
+  std::set<int64_t> kept_inputs;  // inputs torch's backward keeps (OpDef::keeps_inputs, found)
   bool tracked_input = false;
   for (ir::Node* n : inputs) tracked_input |= root()->needs_grad_.count(n) > 0;
   if (root()->grad_mode_ && tracked_input) {
@@ -2042,7 +2043,22 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
         if (rq) tracked[k] = rq == Py_True;
         Py_XDECREF(rq);
         PyObject* node = t ? PyObject_GetAttrString(t, "grad_fn") : nullptr;
-        if (node && node != Py_None) saves_result[k] = PyObject_HasAttrString(node, "_saved_result") == 1;
+        if (node && node != Py_None) {
+          saves_result[k] = PyObject_HasAttrString(node, "_saved_result") == 1;
+          // and which inputs it keeps (`_saved_self`, `_saved_other`, ...: the meta inputs themselves)
+          PyObject* names = PyObject_Dir(node);
+          for (Py_ssize_t i = 0; names && i < PyList_GET_SIZE(names); ++i) {
+            const char* attr = PyUnicode_AsUTF8(PyList_GET_ITEM(names, i));
+            if (!attr || std::strncmp(attr, "_saved_", 7) != 0 || std::strcmp(attr, "_saved_result") == 0) continue;
+            PyObject* saved = PyObject_GetAttrString(node, attr);
+            for (size_t j = 0; saved && j < leaves.size(); ++j)
+              if (saved == leaves[j]) kept_inputs.insert(static_cast<int64_t>(j));
+            Py_XDECREF(saved);
+            clear_error();
+          }
+          Py_XDECREF(names);
+          clear_error();
+        }
         Py_XDECREF(node);
       }
       Py_XDECREF(rg);
@@ -2074,6 +2090,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     a.set("out_dtype", info.dtype);
     if (deterministic_torch_function(f)) a.set("deterministic", true);
     if (saves_result[k]) a.set("saves_result", true);
+    if (!kept_inputs.empty()) a.set("kept_inputs", std::vector<int64_t>(kept_inputs.begin(), kept_inputs.end()));
     if (factory_device) {
       PyObject* type = PyObject_GetAttrString(factory_device, "type");
       PyObject* index = PyObject_GetAttrString(factory_device, "index");

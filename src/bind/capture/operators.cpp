@@ -233,6 +233,9 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
     // Autograd may have saved the old value (exp's result, mm's input): eager's backward would
     // then raise. autodiff's version_facts decides whether a derivative reads it.
     a->node()->attrs.set("result_modified", true);
+    // by whom: an in-place op's own formula reads the value before its update (torch saves
+    // that original, `self.clone()`), so its own update never makes it stale
+    a->node()->attrs.set("modified_by", static_cast<int64_t>(result->id));
   }
   a->node() = result;
   root()->trackers_[result].push_back(a);

@@ -69,13 +69,46 @@ const Node* memory_root(const Node* n) {
 
 // An input torch's backward of `n` keeps (OpDef::keeps_inputs, given which inputs need a
 // gradient), whose memory was changed in place after `n` read it; nullptr if none.
-const Node* stale_kept_input(const Node& n, const std::set<const Node*>& active) {
+// Whether torch keeps input k of `n` for its backward, given which inputs need a gradient: its
+// registry entry says so, or, for a torch_call, capture found torch's node keeping it.
+bool keeps_input(const Node& n, size_t k, const std::set<const Node*>& active) {
+  if (n.attrs.has("kept_inputs")) {
+    for (int64_t i : n.attrs.get_ints("kept_inputs"))
+      if (static_cast<size_t>(i) == k) return true;
+    return false;
+  }
   const auto& keeps = n.op->keeps_inputs;
-  for (size_t k = 0; k < keeps.size() && k < n.inputs.size(); ++k) {
-    bool kept = false;
-    for (size_t j : keeps[k]) kept = kept || (j < n.inputs.size() && n.inputs[j] && active.count(n.inputs[j]));
-    const Node* root = kept ? memory_root(n.inputs[k]) : nullptr;
-    if (root && root->attrs.get_bool("result_modified")) return n.inputs[k];
+  if (k >= keeps.size()) return false;
+  for (size_t j : keeps[k])
+    if (j < n.inputs.size() && n.inputs[j] && active.count(n.inputs[j])) return true;
+  return false;
+}
+
+// Whether torch keeps n's result: always for some ops (saves_result), for others while an input
+// needs a gradient (pow's exponent: result * log(self)).
+bool keeps_result(const Node& n, const std::set<const Node*>& active) {
+  if (saves_result(n)) return true;
+  for (size_t j : n.op->keeps_result_for)
+    if (j < n.inputs.size() && n.inputs[j] && active.count(n.inputs[j])) return true;
+  return false;
+}
+
+// Whether the update that replaced `root` is `n`'s own (an in-place op: x.mul_(c) is mul(x, c)
+// taking x's place, or, through a view, the view_scatter of n's result): torch's in-place op
+// keeps the value before its update, so that one is not stale.
+bool own_update(const Node& n, const Node& root, const std::map<int64_t, const Node*>& by_id) {
+  auto it = by_id.find(root.attrs.get_int("modified_by", -1));
+  if (it == by_id.end()) return false;
+  const Node* by = it->second;
+  return by == &n || (by->attrs.get_bool("view_scatter") && by->inputs.size() > 1 && by->inputs[1] == &n);
+}
+
+// An input torch's backward of `n` keeps, whose memory was changed in place after `n` read it;
+// nullptr if none.
+const Node* stale_kept_input(const Node& n, const std::set<const Node*>& active, const std::map<int64_t, const Node*>& by_id) {
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    const Node* root = n.inputs[k] && keeps_input(n, k, active) ? memory_root(n.inputs[k]) : nullptr;
+    if (root && root->attrs.get_bool("result_modified") && !own_update(n, *root, by_id)) return n.inputs[k];
   }
   return nullptr;
 }
@@ -84,18 +117,20 @@ VersionFacts version_facts(const ir::Graph& g, const std::vector<Node*>& wrt) {
   VersionFacts f;
   // eager's backward raises once a gradient reaches a stale result or kept input
   std::set<const Node*> active(wrt.begin(), wrt.end()), reach, kept_memory;
+  std::map<int64_t, const Node*> by_id;
+  for (const auto& n : g.nodes()) by_id[n->id] = n.get();
   for (const auto& n : g.nodes()) {
     bool on_path = false, reached = false;
     for (const Node* in : n->inputs) on_path = on_path || (in && active.count(in)), reached = reached || (in && reach.count(in));
     if (on_path) active.insert(n.get());
-    for (size_t k = 0; on_path && k < n->op->keeps_inputs.size() && k < n->inputs.size(); ++k)
-      for (size_t j : n->op->keeps_inputs[k])
-        if (j < n->inputs.size() && n->inputs[j] && active.count(n->inputs[j])) kept_memory.insert(memory_root(n->inputs[k]));
-    if (on_path && saves_result(*n) && n->attrs.get_bool("result_modified")) {
+    for (size_t k = 0; on_path && k < n->inputs.size(); ++k)
+      if (n->inputs[k] && keeps_input(*n, k, active)) kept_memory.insert(memory_root(n->inputs[k]));
+    if (on_path && keeps_result(*n, active)) kept_memory.insert(n.get());
+    if (on_path && keeps_result(*n, active) && n->attrs.get_bool("result_modified")) {
       if (f.stale_error.empty()) f.stale_error = modified_message(*n, "result of " + n->op_name());
       reached = true;
     }
-    if (const Node* kept = on_path ? stale_kept_input(*n, active) : nullptr) {
+    if (const Node* kept = on_path ? stale_kept_input(*n, active, by_id) : nullptr) {
       if (f.stale_error.empty()) f.stale_error = modified_message(*kept, "an input of " + n->op_name());
       reached = true;
     }

@@ -573,6 +573,7 @@ std::vector<OpDef> pointwise_ops() {
       return std::vector<Node*>{dx, de};
     };
     pow.keeps_inputs = {{0, 1}, {0}};  // self for both gradients, the exponent for self's
+    pow.keeps_result_for = {1};         // the exponent's gradient: grad * result * log(self)
     ops.push_back(pow);
   }
   for (bool is_max : {true, false}) {

@@ -133,6 +133,9 @@ struct OpDef {
   // before backward() makes eager's backward raise, and kiln's too. Empty: none kept (add), or
   // not listed.
   std::vector<std::vector<size_t>> keeps_inputs;
+  // The result is kept while one of these inputs needs a gradient (pow: its exponent's reads the
+  // result); saves_result keeps it always.
+  std::vector<size_t> keeps_result_for;
   std::vector<std::string> python;
   std::string doc;
   // The result may share memory with the first input in eager (views, and composites such as
