@@ -1604,6 +1604,20 @@ def test_autograd_function_apply_with_a_tracked_input_keeps_its_backward():
     torch.testing.assert_close(ours, x.grad)
 
 
+def contiguity_answers(x):
+    # torch's rule: one-element dims index nothing, an empty tensor is contiguous
+    flags = []
+    for t in (x, x[:, None], x.t(), x[:1].t(), x.new_zeros(0, 3).t(), x.view(2, 3, 1, 2).permute(0, 2, 3, 1)):
+        flags.append(t.is_contiguous())
+        if t.dim() == 4:
+            flags.append(t.is_contiguous(memory_format=torch.channels_last))
+    return x * (1 + sum(f << i for i, f in enumerate(flags)))
+
+
+def test_is_contiguous_answers_as_torch_does():
+    check(contiguity_answers, lambda: (torch.randn(4, 3),))
+
+
 def enumerate_scales(a, b):
     out = a * 0
     for i, t in enumerate((a, b)):

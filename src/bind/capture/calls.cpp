@@ -1387,7 +1387,31 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   }
   if (name == "dim" || name == "ndimension") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
   if (name == "numel" || name == "nelement") return size_const(m.numel());
-  if (name == "is_contiguous") return Var::constant(m.strides == ir::contiguous_strides(m.sizes) ? Py_True : Py_False);
+  if (name == "is_contiguous" && args.size() + kwargs.size() <= 1 && (kwargs.empty() || kwargs[0].first == "memory_format")) {
+    // torch's rule: dims of one element index nothing, an empty tensor is contiguous; with
+    // memory_format=torch.channels_last, the order C, W, H, N
+    static PyObject* channels_last = object_at("torch.channels_last");
+    static PyObject* contiguous_format = object_at("torch.contiguous_format");
+    PyObject* fmt = args.empty() && kwargs.empty() ? contiguous_format
+                                                  : const_obj(args.empty() ? kwargs[0].second : args[0], "memory_format");
+    if (fmt == channels_last && m.dim() != 4)
+      unsupported("is_contiguous(torch.channels_last) of a tensor of other than 4 dims: RuntimeError");
+    if (fmt == contiguous_format || fmt == channels_last) {
+      std::vector<size_t> order;  // innermost first
+      if (fmt == channels_last) order = {1, 3, 2, 0};
+      else for (size_t d = m.dim(); d-- > 0;) order.push_back(d);
+      bool yes = true;
+      for (const sym::Expr& e : m.sizes) yes = yes && !e.is_const(0);
+      if (!yes) return Var::constant(Py_True);
+      sym::Expr expect = 1;
+      for (size_t d : order) {
+        if (m.sizes[d].is_const(1)) continue;
+        yes = yes && m.strides[d] == expect;
+        expect = expect * m.sizes[d];
+      }
+      return Var::constant(yes ? Py_True : Py_False);
+    }
+  }
   if (name == "element_size") return Var::steal_constant(PyLong_FromLong(dtype_size(m.dtype)));
   if (name == "is_floating_point" && args.empty()) return Var::constant(is_floating(m.dtype) ? Py_True : Py_False);
   if (name == "is_complex" && args.empty()) return Var::constant(Py_False);
