@@ -297,10 +297,13 @@ struct CallRules {
       // zip(a, b, strict=True) (torch's RNN modules): Python's ValueError where lengths differ
       PyObject* strict = kwargs[0].second->known();
       if (!PyBool_Check(strict)) return nullptr;
-      for (size_t i = 1; strict == Py_True && i < args.size(); ++i)
-        if (args[i]->kind() == Var::Kind::Record || args[0]->kind() == Var::Kind::Record) return nullptr;  // __iter__ runs once
-        else if (I.items_of(args[i]).size() != I.items_of(args[0]).size())
-          unsupported("zip(strict=True) of iterables of different lengths: ValueError");
+      if (strict == Py_True && !args.empty()) {
+        for (const VarPtr& a : args)
+          if (a->kind() == Var::Kind::Record) return nullptr;  // its __iter__ runs once, in the zip
+        const size_t n = I.items_of(args[0]).size();
+        for (size_t i = 1; i < args.size(); ++i)
+          if (I.items_of(args[i]).size() != n) unsupported("zip(strict=True) of iterables of different lengths: ValueError");
+      }
       return I.iteration_builtin(fn->obj(), args);
     }
     return nullptr;

@@ -1397,19 +1397,12 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     if (fmt == channels_last && m.dim() != 4)
       unsupported("is_contiguous(torch.channels_last) of a tensor of other than 4 dims: RuntimeError");
     if (fmt == contiguous_format || fmt == channels_last) {
-      std::vector<size_t> order;  // innermost first
-      if (fmt == channels_last) order = {1, 3, 2, 0};
-      else for (size_t d = m.dim(); d-- > 0;) order.push_back(d);
-      bool yes = true;
-      for (const sym::Expr& e : m.sizes) yes = yes && !e.is_const(0);
-      if (!yes) return Var::constant(Py_True);
-      sym::Expr expect = 1;
-      for (size_t d : order) {
-        if (m.sizes[d].is_const(1)) continue;
-        yes = yes && m.strides[d] == expect;
-        expect = expect * m.sizes[d];
+      std::vector<sym::Expr> sizes = m.sizes, strides = m.strides;
+      if (fmt == channels_last) {  // row-major over N, H, W, C
+        sizes = {m.sizes[0], m.sizes[2], m.sizes[3], m.sizes[1]};
+        strides = {m.strides[0], m.strides[2], m.strides[3], m.strides[1]};
       }
-      return Var::constant(yes ? Py_True : Py_False);
+      return Var::constant(ir::is_contiguous(sizes, strides) ? Py_True : Py_False);
     }
   }
   if (name == "element_size") return Var::steal_constant(PyLong_FromLong(dtype_size(m.dtype)));

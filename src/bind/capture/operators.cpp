@@ -108,30 +108,19 @@ OutSpec Interpreter::input_view_spec(const VarPtr& v, OutSpec base) {
     if (!retakeable(chain[i])) offset.reset();
   if (!offset) unsupported("a view at a symbolic offset of an input updated in place is handed out: not captured yet");
   if (root()->needs_grad_.count(v->node())) unsupported("a view of an input updated in place is handed out, tracked by autograd: not captured yet");
-  auto number = [&](const sym::Expr& e) {
-    OutSpec n;
-    if (auto c = e.as_const()) {
-      n.value = PyLong_FromLongLong(*c);
-      return n;
-    }
-    n.kind = OutSpec::Kind::Int;  // evaluated with this call's sizes
-    n.expr = e;
-    root()->symbolic_outputs_ = true;
-    return n;
-  };
-  auto numbers = [&](const std::vector<sym::Expr>& es) {
-    OutSpec t;
-    t.kind = OutSpec::Kind::Tuple;
-    for (const sym::Expr& e : es) t.items.push_back(number(e));
-    return t;
+  // sizes, strides and offset as output_spec gives ints: constants, or evaluated per call
+  auto ints = [&](const std::vector<sym::Expr>& es) {
+    std::vector<VarPtr> items;
+    for (const sym::Expr& e : es) items.push_back(size_const(e));
+    return output_spec(Var::tuple(std::move(items)));
   };
   OutSpec kw;
   kw.kind = OutSpec::Kind::Dict;
   kw.value = Py_BuildValue("(ssss)", "base", "size", "stride", "offset");
   kw.items.push_back(std::move(base));
-  kw.items.push_back(numbers(v->node()->meta.sizes));
-  kw.items.push_back(numbers(v->node()->meta.strides));
-  kw.items.push_back(number(sym::Expr(*offset)));
+  kw.items.push_back(ints(v->node()->meta.sizes));
+  kw.items.push_back(ints(v->node()->meta.strides));
+  kw.items.push_back(output_spec(size_const(sym::Expr(*offset))));
   OutSpec s;
   s.kind = OutSpec::Kind::Construct;
   s.value = Py_NewRef(view_of());

@@ -115,6 +115,7 @@ struct ExternPlan {
   // A torch_call's registered call: its in-place form where the graph lets it update an input
   // where it lies (passes::reinplace_input_updates), resolved once here rather than per call.
   const TorchCall* call = nullptr;
+  std::vector<Expr> sym_args;  // its symbolic int arguments (`sym_args`), evaluated per call
   // A gradient node (aten_vjp, or a torch_call with `vjp_input`): the nodes made for one
   // forward call share `vjp_group`; the first of them to run computes the gradients of every
   // input in `vjp_wanted` (the group's nodes this program kept) from one forward and one
@@ -256,12 +257,11 @@ at::Tensor vjp_leaf(const at::Tensor& t, int64_t i, const std::vector<int64_t>& 
 // Calls a torch_call's registered function with `ins` in its tensor slots; `out` gets the
 // result (the element `call.output` of a tuple). False with a Python error set.
 bool call_registered(const loop::Extern& e, const TorchCall& call, const std::vector<at::Tensor>& tensors,
-                     const SymbolValues& symbols, at::Tensor& out) {
+                     const std::vector<Expr>& sym_args, const SymbolValues& symbols, at::Tensor& out) {
   std::vector<PyObject*> ins;
   for (const at::Tensor& t : tensors) ins.push_back(THPVariable_Wrap(t));
   std::vector<int64_t> syms;  // the call's symbolic ints (an indexed assignment's position)
-  if (e.attrs.has("sym_args"))
-    for (const sym::Expr& x : e.attrs.get_exprs("sym_args")) syms.push_back(symbols(x));
+  for (const Expr& x : sym_args) syms.push_back(symbols(x));
   PyObject* args = substitute(call.args, ins.data(), syms.data());
   PyObject* kwargs = args && call.kwargs ? substitute(call.kwargs, ins.data(), syms.data()) : nullptr;
   PyObject* r = args && (kwargs || !call.kwargs) ? PyObject_Call(call.fn, args, kwargs) : nullptr;
@@ -282,12 +282,12 @@ bool call_registered(const loop::Extern& e, const TorchCall& call, const std::ve
 
 // A torch_call: the operator called from Python with this run's tensors, its sizes checked
 // against what capture inferred.
-bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternViews& plan,
-                    const std::vector<at::Tensor>& tensors, const SymbolValues& symbols,
+bool run_torch_call(const loop::Extern& e, const TorchCall& call, const std::vector<Expr>& sym_args,
+                    const ExternViews& plan, const std::vector<at::Tensor>& tensors, const SymbolValues& symbols,
                     const std::vector<int64_t>& expect_sizes, at::Tensor& out) {
   std::vector<at::Tensor> ins;
   for (const ViewPlan& v : plan.inputs) ins.push_back(view_of(tensors[v.buffer], v));
-  if (!call_registered(e, call, ins, symbols, out)) return false;
+  if (!call_registered(e, call, ins, sym_args, symbols, out)) return false;
   if (out.sizes() != c10::IntArrayRef(expect_sizes)) {
     // Capture inferred these sizes from the operator's behaviour at other sizes (sym/fit.h):
     // a result that breaks the inference stops the call rather than being misread.
@@ -304,7 +304,7 @@ bool run_torch_call(const loop::Extern& e, const TorchCall& call, const ExternVi
 // The gradients of a torch_call's inputs `wanted` (the nodes' `vjp_input`s): the call's inputs
 // are followed by the result's gradient; the call runs again with grad on, and autograd gives
 // every wanted gradient from that one forward.
-bool torch_call_vjp(const loop::Extern& e, const TorchCall& call, const ExternViews& plan,
+bool torch_call_vjp(const loop::Extern& e, const TorchCall& call, const std::vector<Expr>& sym_args, const ExternViews& plan,
                     const std::vector<at::Tensor>& tensors, const SymbolValues& symbols,
                     const std::vector<int64_t>& wanted, std::vector<at::Tensor>& grads) {
   std::vector<at::Tensor> ins, wrt(wanted.size());
@@ -313,7 +313,7 @@ bool torch_call_vjp(const loop::Extern& e, const TorchCall& call, const ExternVi
   at::Tensor out;
   {
     torch::autograd::AutoGradMode grad_on(true);
-    if (!call_registered(e, call, ins, symbols, out)) return false;
+    if (!call_registered(e, call, ins, sym_args, symbols, out)) return false;
   }
   const ViewPlan& g = plan.inputs.back();
   grads = gradients_of(out, wrt, view_of(tensors[g.buffer], g));
@@ -625,6 +625,7 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
       if (conv && reorder) plan.packed = std::make_shared<ExternPlan::PackedConv>(ExternPlan::PackedConv{*conv, *reorder});
     }
     if (!handle) plan.call = &torch_call(static_cast<int>(e.attrs.get_int(e.attrs.get_bool("in_place") ? "inplace_fn" : "fn")));
+    if (!handle && e.attrs.has("sym_args")) plan.sym_args = e.attrs.get_exprs("sym_args");
     else plan.result = static_cast<size_t>(e.attrs.get_int("result", 0));
     plan.vjp_input = e.attrs.get_int("vjp_input", -1);
     if (plan.vjp_input >= 0) plan.vjp_group = e.attrs.get_int("vjp_group", -1);
@@ -813,7 +814,7 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
         if (it == vjp_stash.end()) {
           std::vector<at::Tensor> grads;
           if (!plan.op) {
-            if (!torch_call_vjp(e, *plan.call, views, tensors, rs.symbols, plan.vjp_wanted, grads)) return false;
+            if (!torch_call_vjp(e, *plan.call, plan.sym_args, views, tensors, rs.symbols, plan.vjp_wanted, grads)) return false;
           } else {
             grads = kernel_vjp(*plan.op, *plan.def, e.attrs, views, tensors, plan.vjp_wanted);
           }
@@ -830,7 +831,7 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
                                          vb ? c10::IValue(view_of(tensors[vb->buffer], *vb)) : c10::IValue());
         r = laid_out(std::move(out), views.out_strides, p.buffers[e.output].aligned, e);
       } else if (!plan.op) {
-        if (!run_torch_call(e, *plan.call, views, tensors, rs.symbols, rs.sizes[e.output], r)) return false;
+        if (!run_torch_call(e, *plan.call, plan.sym_args, views, tensors, rs.symbols, rs.sizes[e.output], r)) return false;
         r = laid_out(std::move(r), views.out_strides, p.buffers[e.output].aligned, e);
       } else {
         torch::jit::Stack stack;
