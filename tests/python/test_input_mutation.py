@@ -530,3 +530,48 @@ def test_in_place_updates_through_views_with_shared_elements_run_as_eager(fn):
     else:
         torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_x, want_x)
+
+
+def _clamp_then_divide(a, d):
+    a.clamp_(max=4)  # an input updated in place before the op that raises
+    q = a % d  # an integer remainder by a zero in d raises ZeroDivisionError on the CPU
+    a.add_(1)  # after the raise: eager never gets here
+    return q
+
+
+def test_an_error_raised_mid_graph_leaves_eagers_earlier_updates_and_not_later_ones():
+    f = kiln.compile(_clamp_then_divide)
+    for _ in range(2):  # the first call captures, the second runs the cached entry
+        a = torch.randint(-9, 9, (6,))
+        d = torch.randint(1, 5, (6,))
+        d[torch.randint(0, 6, ()).item()] = 0
+        ours, ref = a.clone(), a.clone()
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            _clamp_then_divide(ref, d)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            f(ours, d)
+        assert torch.equal(ours, ref)  # clamped, not incremented
+    # a call that does not raise still runs the compiled entry, with every update made
+    a, d = torch.randint(-9, 9, (6,)), torch.randint(1, 5, (6,))
+    ours, ref = a.clone(), a.clone()
+    torch.testing.assert_close(f(ours, d), _clamp_then_divide(ref, d))
+    assert torch.equal(ours, ref)
+    assert _one_graph(_clamp_then_divide, a.clone(), d).graph_count == 1
+
+
+def _fill_then_torch_call_raises(a, b):
+    b.t().fill_(3)
+    return b.float() + 1, torch.argmin(b > 0)  # argmin raises for a bool tensor, after capture
+
+
+def test_a_torch_call_that_raises_after_an_update_leaves_the_update_made():
+    f = kiln.compile(_fill_then_torch_call_raises)
+    for _ in range(2):
+        a, b = torch.randn(3), torch.zeros(2, 3)
+        ours, ref = b.clone(), b.clone()
+        with pytest.raises(RuntimeError, match="bool") as e_ref:
+            _fill_then_torch_call_raises(a, ref)
+        with pytest.raises(RuntimeError, match="bool") as e_ours:
+            f(a, ours)
+        assert str(e_ours.value) == str(e_ref.value)
+        assert torch.equal(ours, ref)

@@ -175,8 +175,10 @@ PyObject* on_frame(PyObject* func, PyObject* const* args, PyObject** trampoline,
     return nullptr;
   }
   if (e->passthrough && !e->capture.graph_break) return nullptr;
-  *trampoline = c->trampoline;
-  return run_entry(*e, func, bound);
+  bool rerun = false;
+  PyObject* result = run_entry(*e, func, bound, &rerun);
+  if (!rerun) *trampoline = c->trampoline;  // else the frame runs as it is, raising eager's error
+  return result;
 }
 
 }  // namespace

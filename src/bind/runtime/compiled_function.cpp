@@ -732,6 +732,26 @@ PyObject* binary_op(const std::string& name, PyObject* a, PyObject* b) {
   return it->second(a, b);
 }
 
+// Whether a call of `e` changes state the caller sees beyond its result: inputs updated in
+// place, an optimizer's step counter, attribute stores.
+bool has_side_effects(const Entry& e, const std::vector<PyObject*>& counters) {
+  return !e.capture.writebacks.empty() || !counters.empty() || !e.capture.replays.empty();
+}
+
+// The pending exception as "Type: message", left pending.
+std::string current_error_text() {
+  PyObject *t, *v, *tb;
+  PyErr_Fetch(&t, &v, &tb);
+  std::string text = t ? reinterpret_cast<PyTypeObject*>(t)->tp_name : "error";
+  if (PyObject* s = v ? PyObject_Str(v) : nullptr) {
+    if (const char* c = PyUnicode_AsUTF8(s)) text += std::string(": ") + c;
+    Py_DECREF(s);
+  }
+  PyErr_Clear();
+  PyErr_Restore(t, v, tb);
+  return text;
+}
+
 // After the graph: rebuild the frame, run the instruction kiln could not capture, and go on
 // in the resume function (itself compiled when first called).
 // Breaks nest in C (a resume function that breaks again calls the next one): bounded here, as
@@ -886,7 +906,7 @@ PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, con
 
 }  // namespace
 
-PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
+PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound, bool* rerun_eagerly) {
   const auto& sources = e.capture.input_sources;
   FrameView fv{bound.locals.data(), PyFunction_GET_GLOBALS(fn), PyEval_GetBuiltins(), PyFunction_GET_CLOSURE(fn), bound.memo};
   PyObject* stack_inputs[16];
@@ -966,6 +986,21 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound) {
                                                               scalars.data(), scalars.size())
                     : e.cudagraphs ? e.cudagraphs->run(*e.compiled, *e.prepared, program_inputs, outs, scalars.data())
                                    : run_program(*e.compiled, *e.prepared, program_inputs, outs, scalars.data()));
+    }
+    // The graph raised (an integer division by zero, a torch call's error) before any of its
+    // effects reached the caller: eager would have made the in-place updates and stores that
+    // come before the failing op, and raised there. The call runs again eagerly to do exactly
+    // that, with eager's error and traceback.
+    if (!ran && rerun_eagerly && !e.passthrough && !e.torch_program && !e.compiled->program.writes_inputs() &&
+        has_side_effects(e, counters) && PyErr_ExceptionMatches(PyExc_Exception)) {
+      log("fallback", "kiln: " + e.location + ": the compiled graph raised (" + current_error_text() +
+                          "); the call runs again eagerly for eager's effects before the error");
+      PyErr_Clear();
+      *rerun_eagerly = true;
+      for (PyObject* o : outs) Py_XDECREF(o);
+      for (size_t i = 0; i < fetched; ++i) Py_XDECREF(inputs[i]);
+      for (PyObject* c : counters) Py_DECREF(c);
+      return nullptr;
     }
     for (size_t k = 0; ran && k < e.capture.detached_outputs.size(); ++k) {
       PyObject*& o = outs[static_cast<size_t>(e.capture.detached_outputs[k])];
@@ -1182,8 +1217,12 @@ PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
       record_eager_call(*st, e, e != nullptr);  // the cache limit warned already
       result = eager(st, args, nargsf, kwnames);
     } else {
-      HookPause pause;
-      result = run_entry(*e, st->fn, bound);
+      bool rerun = false;
+      {
+        HookPause pause;
+        result = run_entry(*e, st->fn, bound, &rerun);
+      }
+      if (rerun) result = eager(st, args, nargsf, kwnames);
     }
   }
   for (PyObject* o : owned) Py_DECREF(o);

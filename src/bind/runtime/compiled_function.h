@@ -77,8 +77,10 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& graph_
                        std::vector<PyObject*>* memo = nullptr);
 
 // Runs a compiled (not eager) entry for the bound arguments: its graph, then any graph break
-// and the resume function after it (new reference, or nullptr with an error set).
-PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound);
+// and the resume function after it (new reference, or nullptr with an error set). Where the
+// graph raises and the entry updates inputs or stores attributes, nullptr with no error and
+// `*rerun_eagerly` set when given: the caller runs the call eagerly for eager's partial effects.
+PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound, bool* rerun_eagerly = nullptr);
 
 // The entries of one code object: a compiled function's, or a frame's the hook took.
 struct CodeCache {

@@ -97,4 +97,17 @@ std::string Program::str() const {
   return s;
 }
 
+bool Program::writes_inputs() const {
+  std::vector<bool> is_input(buffers.size(), false);
+  for (int b : inputs)
+    if (b >= 0) is_input[static_cast<size_t>(b)] = true;
+  for (const Extern& e : externs)
+    if (e.attrs.get_bool("in_place") || (e.output >= 0 && is_input[static_cast<size_t>(e.output)])) return true;
+  for (const Kernel& k : kernels)
+    for (const Stage& st : k.stages)
+      for (const Store& x : st.stores)
+        if (x.buffer >= 0 && is_input[static_cast<size_t>(x.buffer)]) return true;
+  return false;
+}
+
 }  // namespace kiln::loop

@@ -147,6 +147,9 @@ struct Program {
 
   int add_buffer(Buffer b);
   std::string str() const;       // readable dump (KILN_DEBUG)
+  // Whether a step writes a graph input's memory (an update stored in place, a torch call
+  // made in place): then a call that fails midway has changed what the caller holds.
+  bool writes_inputs() const;
 };
 
 // The scalar arguments (SOp::Arg indices) kernel `k` reads, ascending: a CUDA kernel takes
