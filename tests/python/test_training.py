@@ -710,7 +710,11 @@ def _raises_like_eager(fn, make_inputs, after_call=None):
     import re
     errors = []
     for run in (fn, kiln.compile(fn)):
+        before = _counters()
         out = run(*make_inputs())
+        if run is not fn:  # kiln compiled the call, with its backward, in one graph
+            after = _counters()
+            assert after == (before[0] + 1, before[1], before[2]), kiln.stats()["fallback_reasons"]
         if after_call:
             after_call(out)
         with pytest.raises(RuntimeError, match=re.escape("modified by an inplace operation")):
@@ -793,6 +797,49 @@ def test_an_input_autograd_keeps_changed_in_place_raises_in_backward():
 
     _raises_like_eager(square_then_update, lambda: (torch.rand(4, 5, requires_grad=True),))
     _raises_like_eager(pow_result_then_update, lambda: (torch.rand(7, requires_grad=True).add(0.5),))
+
+
+@pytest.mark.parametrize("op", [
+    lambda h: F.softplus(h), lambda h: F.gelu(h), lambda h: F.gelu(h, approximate="tanh"), lambda h: F.silu(h),
+    lambda h: F.elu(h), lambda h: F.leaky_relu(h, 0.2), lambda h: F.hardtanh(h), lambda h: F.relu6(h),
+    lambda h: F.hardswish(h), lambda h: F.hardsigmoid(h), lambda h: h.clamp(-0.5, 0.5),
+    lambda h: torch.maximum(h, h.flip(0)), lambda h: torch.remainder(h.detach() + 3, h)],
+    ids=["softplus", "gelu", "gelu_tanh", "silu", "elu", "leaky_relu", "hardtanh", "relu6", "hardswish",
+         "hardsigmoid", "clamp", "maximum", "remainder"])
+def test_an_activations_input_changed_in_place_raises_in_backward(op):
+    # each of these backward ops reads its input (fuzz_grad seed 501519: softplus)
+    def f(x):
+        h = x * 1.5
+        y = op(h)
+        h[0].fill_(0.25)
+        return y
+
+    _raises_like_eager(f, lambda: (torch.randn(4, 5, requires_grad=True),))
+
+
+def test_wheres_condition_changed_in_place_raises_in_backward():
+    def f(x):
+        c = x > 0
+        y = torch.where(c, x, x * 2)  # where's backward reads the condition
+        c[0] = True
+        return y
+
+    _raises_like_eager(f, lambda: (torch.randn(4, 5, requires_grad=True),))
+
+
+def test_relus_input_changed_in_place_does_not_raise():
+    # relu keeps its result, not its input: eager's backward runs
+    def f(x):
+        h = x * 1.5
+        y = torch.relu(h)
+        h.mul_(2)
+        return y + h
+
+    x = torch.randn(4, 5, requires_grad=True)
+    twin = x.detach().clone().requires_grad_()
+    kiln.compile(f)(x).sum().backward()
+    f(twin).sum().backward()
+    torch.testing.assert_close(x.grad, twin.grad)
 
 
 def test_inputs_autograd_does_not_keep_may_change_in_place():

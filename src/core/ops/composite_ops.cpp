@@ -273,6 +273,7 @@ std::vector<OpDef> composite_ops() {
   // torch's clamp backward with Python-number bounds: the gradient where min < x < max, zero
   // outside and at NaN; at the bounds themselves torch 2.11 passes it and 2.14 does not
   // (torch_facts()). maximum and minimum would halve it there.
+  ops.back().keeps_inputs = {{0}};  // clamp_backward(grad, self, min, max)
   ops.back().derivative = [](Graph& g, Node* n, Node* grad) {
     Node* x = n->inputs[0];
     Node* inside = nullptr;

@@ -324,14 +324,18 @@ std::vector<OpDef> pointwise_ops() {
       Node* pdf = scaled(gr, unary(gr, "exp", scaled(gr, mul(gr, x, x), -0.5)), 0.3989422804014327);
       return std::vector<Node*>{mul(gr, grad, add(gr, cdf, mul(gr, x, pdf)))};
     };
+    g.keeps_inputs = {{0}};  // gelu_backward(grad, self)
     ops.push_back(g);
   }
 
-  // Activations, as torch's kernels compute them.
+  // Activations, as torch's kernels compute them. Each one's backward reads its input (torch's
+  // *_backward(grad, self, ...) keeps self; the in-place forms keep the result, which is the
+  // input after the op's own update: both are stale after a later in-place change).
   auto activation = [&](const char* name, const char* schema, std::vector<std::string> py, ScalarFn body,
                         DerivativeFn derivative) {
     OpDef d;
     d.derivative = std::move(derivative);
+    d.keeps_inputs = {{0}};
     d.name = name;
     d.schema = Schema::parse(schema);
     d.kind = OpKind::Pointwise;
@@ -539,6 +543,7 @@ std::vector<OpDef> pointwise_ops() {
         Node* q = g.must_add("div", {n->inputs[0], n->inputs[1]}, floor);
         return std::vector<Node*>{grad, grad_ops::neg(g, grad_ops::mul(g, grad, q))};
       };
+    if (d.name == "remainder") d.keeps_inputs = {{1}, {1}};  // both, for the divisor's gradient
     ops.push_back(d);
   }
   {
@@ -590,6 +595,7 @@ std::vector<OpDef> pointwise_ops() {
       return std::vector<Node*>{g.must_add("where", {tie, half, only_where(g, a_wins, grad)}),
                                 g.must_add("where", {tie, half, only_where(g, b_wins, grad)})};
     };
+    d.keeps_inputs = {{0, 1}, {0, 1}};  // both operands, for either gradient
     ops.push_back(d);
   }
   ops.push_back(binary("eq", SOp::Eq, Promotion::AlwaysBool, {"torch.eq", "Tensor.eq", "Tensor.__eq__"}));
@@ -629,6 +635,7 @@ std::vector<OpDef> pointwise_ops() {
       return std::vector<Node*>{nullptr, grad_ops::only_where(g, c, grad),
                                 g.must_add("where", {c, grad_ops::num(g, 0.0), grad})};
     };
+    w.keeps_inputs = {{1, 2}, {}, {}};  // the condition, for either operand's gradient
     ops.push_back(w);
   }
   {
