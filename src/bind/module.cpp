@@ -9,6 +9,7 @@
 #include "bind/capture/capture.h"
 #include "bind/runtime/compiled_function.h"
 #include "bind/runtime/eager_backend.h"
+#include "bind/runtime/executor.h"
 #include "bind/runtime/stats.h"
 #include "core/compile/disk_cache.h"
 #include "core/ops/registry.h"
@@ -191,6 +192,11 @@ NB_MODULE(_C, m) {
   m.def("explain", &explain, nb::arg("fn"), nb::arg("args"), nb::arg("kwargs"), nb::arg("like") = nb::none());
   m.def("reset", &reset_all);
   m.def("stats", &stats_dict);
+  m.def("_profile_steps", [](bool on) {
+    nb::list out;
+    for (const StepTime& t : profile_steps(on)) out.append(nb::make_tuple(t.label, t.seconds, t.runs));
+    return out;
+  }, nb::arg("on"));
   m.def("ops", &ops_list);
   m.def("is_compiled", [](nb::handle o) { return is_compiled_function(o.ptr()); });
   m.def("target", [](nb::handle o) { return nb::borrow(compiled_function_target(o.ptr())); });

@@ -817,6 +817,21 @@ def test_an_activations_input_changed_in_place_raises_in_backward(op):
     _raises_like_eager(f, lambda: (torch.randn(4, 5, requires_grad=True),))
 
 
+def test_an_in_place_op_reading_its_own_target_as_another_input_raises_in_backward():
+    def square_in_place(x):
+        t = x * 2
+        t *= t  # mul_ keeps `other`, which is t itself, and then updates t (fuzz_grad seed 503098)
+        return t
+
+    def row_times_row(x):
+        t = x * 2
+        t[0].mul_(t[1])  # other is a view of the target's memory
+        return t
+
+    _raises_like_eager(square_in_place, lambda: (torch.randn(3, requires_grad=True),))
+    _raises_like_eager(row_times_row, lambda: (torch.randn(3, 4, requires_grad=True),))
+
+
 def test_wheres_condition_changed_in_place_raises_in_backward():
     def f(x):
         c = x > 0

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <unordered_map>
@@ -27,6 +28,33 @@
 #include "core/compile/cuda_driver.h"
 
 namespace kiln::bind {
+
+namespace {
+
+// profile_steps' state. Read once per program run when off; the GIL guards it.
+struct StepProfile {
+  bool on = false;
+  std::vector<StepTime> times;
+  std::unordered_map<std::string, size_t> index;
+  void add(const std::string& label, double seconds) {
+    auto [it, fresh] = index.emplace(label, times.size());
+    if (fresh) times.push_back({label, 0, 0});
+    times[it->second].seconds += seconds;
+    times[it->second].runs += 1;
+  }
+};
+StepProfile& step_profile() {
+  static StepProfile p;
+  return p;
+}
+
+std::string step_label(const loop::Program& p, const pipeline::CompiledGraph& cg, const loop::Step& st) {
+  if (st.kind == loop::Step::Kind::Kernel) return "kernel " + cg.kernels[st.index].name;
+  const loop::Extern& e = p.externs[st.index];
+  return !e.aten.empty() ? e.aten : e.attrs.has("target") ? e.attrs.get_str("target") : e.op;
+}
+
+}  // namespace
 
 using sym::Expr;
 
@@ -880,6 +908,7 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
       }
       return true;
     };
+    const bool profiling = step_profile().on && p.device.type == DeviceType::CPU;
     for (size_t si = 0; si < p.steps.size(); ++si) {
       make_once(si);
       const loop::Step& st = p.steps[si];
@@ -890,6 +919,10 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
           for (size_t m = 1; m < g.kernels.size() && si + m < p.steps.size(); ++m) make_once(si + m);
           if (!run_group(gi)) return false;
         }
+      } else if (profiling) {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (!run_step(st)) return false;
+        step_profile().add(step_label(p, cg, st), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       } else if (!run_step(st)) {
         return false;
       }
@@ -923,6 +956,14 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
 }
 
 }  // namespace
+
+std::vector<StepTime> profile_steps(bool on) {
+  std::vector<StepTime> out;
+  out.swap(step_profile().times);
+  step_profile().index.clear();
+  step_profile().on = on;
+  return out;
+}
 
 bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
                  std::vector<PyObject*>& outputs, const int64_t* scalars) {

@@ -56,6 +56,17 @@ bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObj
 bool run_program_consuming(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
                            std::vector<PyObject*>& outputs, const int64_t* scalars = nullptr);
 
+// Step profiling of CPU programs (bench/profile_cpu.py): while on, each step's wall time is
+// summed under its label ("kernel <name>" or the torch operator an extern calls). Turning it
+// on or off hands back the totals so far, as (label, seconds, runs) in first-run order, and
+// clears them.
+struct StepTime {
+  std::string label;
+  double seconds = 0;
+  int64_t runs = 0;
+};
+std::vector<StepTime> profile_steps(bool on);
+
 // Whether the program copies an input to its device per call (a CPU tensor a GPU kernel reads).
 bool moves_inputs(const PreparedProgram& prep);
 

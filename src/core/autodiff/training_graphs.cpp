@@ -95,8 +95,11 @@ bool keeps_result(const Node& n, const std::set<const Node*>& active) {
 
 // Whether the update that replaced `root` is `n`'s own (an in-place op: x.mul_(c) is mul(x, c)
 // taking x's place, or, through a view, the view_scatter of n's result): torch's in-place op
-// keeps the value before its update, so that one is not stale.
-bool own_update(const Node& n, const Node& root, const std::map<int64_t, const Node*>& by_id) {
+// keeps the value of its target (input 0) before its update, so that one is not stale. Another
+// input in the same memory (x.mul_(x), x[0].mul_(x[1])) is kept as it was, and the op's own
+// update makes it stale (fuzz_grad seed 503098).
+bool own_update(const Node& n, size_t k, const Node& root, const std::map<int64_t, const Node*>& by_id) {
+  if (k != 0) return false;
   auto it = by_id.find(root.attrs.get_int("modified_by", -1));
   if (it == by_id.end()) return false;
   const Node* by = it->second;
@@ -108,7 +111,7 @@ bool own_update(const Node& n, const Node& root, const std::map<int64_t, const N
 const Node* stale_kept_input(const Node& n, const std::set<const Node*>& active, const std::map<int64_t, const Node*>& by_id) {
   for (size_t k = 0; k < n.inputs.size(); ++k) {
     const Node* root = n.inputs[k] && keeps_input(n, k, active) ? memory_root(n.inputs[k]) : nullptr;
-    if (root && root->attrs.get_bool("result_modified") && !own_update(n, *root, by_id)) return n.inputs[k];
+    if (root && root->attrs.get_bool("result_modified") && !own_update(n, k, *root, by_id)) return n.inputs[k];
   }
   return nullptr;
 }
