@@ -521,6 +521,7 @@ def measure_kiln(kiln, name, fn, args, ref, mode, device, repeat, sync, cache_ro
 def worker_kiln(rows, device, repeat, cache_root, modes) -> None:
     """kiln; the parent restarts it past a row that crashes it."""
     import kiln
+    emit(event="env", vector_math=kiln._C._vector_math())
     sync = make_sync(device)
     warm_up_libraries(device)
     for mode in modes:  # one-time start-up of every mode, outside the first-call numbers
@@ -887,7 +888,8 @@ def render(opts, rows, results, errors, env_info, started: str, load: str, elaps
     out = [f"## {title} ({device}), {started}", ""]
     out.append(f"- torch {env_info.get('torch', '?')}, kiln {kiln_version()}, Python {env_info.get('python', '?')}")
     out.append(f"- device `{device}`; torch intra-op threads: {env_info.get('threads', '?')}; "
-               f"load average at start: {load}")
+               f"load average at start: {load}" +
+               (f"; kiln's CPU vector math: {env_info['vector_math']}" if "vector_math" in env_info else ""))
     out.append(f"- `{bench_command(opts)}` ({elapsed:.0f} s in all)")
     out.append("")
     notes = []

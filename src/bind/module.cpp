@@ -11,6 +11,8 @@
 #include "bind/runtime/eager_backend.h"
 #include "bind/runtime/executor.h"
 #include "bind/runtime/stats.h"
+#include "bind/torch/vector_math.h"
+#include "core/compile/cpu_compiler.h"
 #include "core/compile/disk_cache.h"
 #include "core/ops/registry.h"
 
@@ -183,6 +185,7 @@ nb::dict stats_dict() {
 
 NB_MODULE(_C, m) {
   m.doc() = "kiln's C++ engine: capture, guards, compilation and execution.";
+  provide_torch_vector_math();
   PyTypeObject* t = compiled_function_type();
   if (!t) throw nb::python_error();
   m.attr("CompiledFunction") = nb::borrow(reinterpret_cast<PyObject*>(t));
@@ -201,6 +204,7 @@ NB_MODULE(_C, m) {
   m.def("is_compiled", [](nb::handle o) { return is_compiled_function(o.ptr()); });
   m.def("target", [](nb::handle o) { return nb::borrow(compiled_function_target(o.ptr())); });
   m.def("cache_dir", [] { return kiln::compile::cache_dir(); });
+  m.def("_vector_math", [] { return kiln::compile::vector_math_in_use(); });
   m.def("_register_polyfill", [](nb::handle original, nb::handle model, bool always) {
     kiln::bind::register_polyfill(original.ptr(), model.ptr(), always);
   }, nb::arg("original"), nb::arg("model"), nb::arg("always") = false);

@@ -2,9 +2,11 @@
 subnormals, huge arguments, the edges of exp's and log's ranges, and a spread of ordinary values,
 in an odd-length tensor so that both a kernel's vector loop and its scalar remainder run.
 
-kiln's kernels call glibc's libmvec through one vector entry point per function (so a value
-computed twice is the same number: codegen/prelude/cpu_prelude.h); eager calls Sleef or its own
-vectorized code. Each function has a stated bound in ULPs (units in the last place) between the
+kiln's kernels call glibc's libmvec, else torch's Sleef (eager's own), else kiln's own float
+functions (computed in double, rounded once), through one vector entry point per function (so a
+value computed twice is the same number: codegen/prelude/cpu_prelude.h); this file runs for the
+machine's choice and, in subprocesses, for the other two ($KILN_VECTOR_MATH). Eager calls Sleef
+or its own vectorized code. Each function has a stated bound in ULPs (units in the last place) between the
 two: libmvec's documented accuracy is 4 ULPs, Sleef's 1, and the bounds below are what the
 functions meet (float32 and float64). In float16 and bfloat16 both compute in float32 and round,
 so the bound is 1 ULP of the narrow type. Where they differ by more, kiln must be at least as
@@ -14,6 +16,9 @@ results are the right ones there). NaN where eager has NaN, infinities and the s
 exactly.
 """
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -109,3 +114,23 @@ def test_the_functions_run_in_kiln_kernels_not_torch_calls():
     out = kiln.explain(fn)(x)
     assert out.graph_count == 1 and "torch_call" not in out.graphs[0]
     assert any("exp" in k.name for k in out.kernels)
+
+
+def test_the_chosen_vector_math_library_is_the_one_kernels_call():
+    forced = os.environ.get("KILN_VECTOR_MATH")
+    assert kiln._C._vector_math() == (forced or kiln._C._vector_math())
+    assert kiln._C._vector_math() in ("libmvec", "sleef", "own")
+
+
+@pytest.mark.skipif(bool(os.environ.get("KILN_VECTOR_MATH")), reason="the run for one library")
+@pytest.mark.parametrize("library", ["libmvec", "sleef", "own"])
+def test_each_vector_math_library_meets_the_bounds(library, tmp_path):
+    # a machine without glibc's libmvec gets Sleef (torch exports it), and one without either
+    # kiln's own functions: each is checked here whichever this machine uses by default
+    if library == "libmvec" and kiln._C._vector_math() != "libmvec":
+        pytest.skip("this machine has no libmvec")
+    env = dict(os.environ, KILN_VECTOR_MATH=library, KILN_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout

@@ -30,16 +30,36 @@ namespace kiln::compile {
 
 namespace {
 
+std::vector<void*>& sleef_table() {
+  static std::vector<void*> t;
+  return t;
+}
+
+std::string vector_math_choice() {
+  const char* v = std::getenv("KILN_VECTOR_MATH");
+  return v ? v : "";
+}
+
 // glibc's libmvec has SIMD versions of exp, tanh, sin... The kernel prelude declares them
 // `omp declare simd` when it is there, so loops over transcendental functions vectorize.
+// Preferred to Sleef where both are there: the same accuracy class, and faster on the machines
+// measured (erf over 24,576 floats on an AMD EPYC: 22 µs against Sleef's 79 µs).
 bool have_libmvec() {
   static const bool have = [] {
+    const std::string choice = vector_math_choice();
+    if (choice == "own" || choice == "sleef") return false;
     void* h = dlopen("libmvec.so.1", RTLD_NOW | RTLD_LOCAL);
     bool ok = h && dlsym(h, "_ZGVdN8v_tanhf") && dlsym(h, "_ZGVdN4v_exp") && dlsym(h, "_ZGVbN4v_erff");
     if (h) dlclose(h);
     return ok;
   }();
   return have;
+}
+
+bool use_sleef() {
+  static const bool use = sleef_table().size() == 2 * vector_math_functions().size() && !have_libmvec() &&
+                          vector_math_choice() != "own" && vector_math_choice() != "libmvec";
+  return use;
 }
 
 const std::vector<std::string>& compile_flags() {
@@ -51,6 +71,7 @@ const std::vector<std::string>& compile_flags() {
     std::vector<std::string> f = {"-O3", "-march=native", "-mtune=generic", "-fopenmp", "-shared", "-fPIC",
                                   "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
                                   "-fwrapv"};  // signed overflow wraps, as torch's integer kernels do
+    if (use_sleef()) f.push_back("-DKILN_SLEEF");
     if (have_libmvec()) f.push_back("-DKILN_HAVE_MVEC");
     return f;
   }();
@@ -287,6 +308,19 @@ bool run_compilers(const std::vector<std::string>& srcs, const std::string& out,
 
 }  // namespace
 
+const std::vector<std::string>& vector_math_functions() {
+  static const std::vector<std::string> fns = {"exp", "exp2", "expm1", "log", "log2", "log1p", "sin", "cos", "tan", "tanh", "erf"};
+  return fns;
+}
+
+std::string vector_math_in_use() { return have_libmvec() ? "libmvec" : use_sleef() ? "sleef" : "own"; }
+
+void set_vector_math(std::vector<void*> table) {
+  for (void* p : table)
+    if (!p) return;
+  sleef_table() = std::move(table);
+}
+
 std::shared_ptr<SharedLibrary> SharedLibrary::open(const std::string& path, std::string& error) {
   // RTLD_NOW: an unresolved symbol should fail here, not at the first call of a kernel.
   // RTLD_LOCAL: every generated library exports the same entry-point names.
@@ -302,6 +336,15 @@ std::shared_ptr<SharedLibrary> SharedLibrary::open(const std::string& path, std:
   // RTLD_NOLOAD | RTLD_NODELETE pins the copy already loaded, whichever it is.
   static bool pinned = false;
   if (!pinned) pinned = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) != nullptr;
+  // Kernels built to call Sleef find its functions in this table (prelude: kiln_sleef).
+  if (auto* set = reinterpret_cast<void (*)(void* const*)>(dlsym(handle, "kiln_set_sleef"))) {
+    if (sleef_table().empty()) {
+      dlclose(handle);
+      error = "kiln: " + path + " was built to call Sleef, which this process has not given kiln";
+      return nullptr;
+    }
+    set(sleef_table().data());
+  }
   return std::shared_ptr<SharedLibrary>(new SharedLibrary(handle, path));
 }
 

@@ -44,6 +44,18 @@ CpuCompileResult compile_cpp(const std::string& source, const std::function<bool
 // unit's (the others lie beside it, `<key>.<i>.cpp`).
 CpuCompileResult compile_cpp_units(const std::vector<std::string>& sources, const std::function<bool()>& cancel = {});
 
+// Vector math for CPU kernels: SIMD versions of exp, exp2, expm1, log, log2, log1p, sin, cos,
+// tan, tanh and erf, float (8 lanes) then double (4 lanes), in `vector_math_functions()` order,
+// as Sleef's Sleef_<fn>f8_u10 / Sleef_<fn>d4_u10 (what eager's own CPU kernels call; torch's
+// library exports them). Given before the first compile, kernels on AVX2 machines call them
+// through a table each loaded library receives where glibc's libmvec is not there (libmvec is
+// preferred), else kiln's own float functions (codegen/prelude/cpu_prelude.h).
+// $KILN_VECTOR_MATH=sleef, =libmvec or =own picks one (tests).
+const std::vector<std::string>& vector_math_functions();
+void set_vector_math(std::vector<void*> float8_then_double4);
+// "libmvec", "sleef" or "own": what CPU kernels compiled now call.
+std::string vector_math_in_use();
+
 // Identification of the compiler used (path + first line of --version), computed once.
 const std::string& cpu_compiler_id();
 

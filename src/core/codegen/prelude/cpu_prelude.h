@@ -16,8 +16,16 @@ KILN_LIBM(sin) KILN_LIBM(cos) KILN_LIBM(tan) KILN_LIBM(tanh) KILN_LIBM(erf)
 }
 #undef KILN_LIBM
 
-#ifdef KILN_HAVE_MVEC
-// With glibc's libmvec, transcendental functions vectorize. A vectorized loop runs its body
+// Vector math: glibc's libmvec (KILN_HAVE_MVEC), else torch's Sleef (KILN_SLEEF, on AVX2
+// machines: the functions eager's kernels call, reached through a table of pointers the runtime
+// hands each loaded library), else kiln's own float functions below (compile/cpu_compiler.h).
+#if defined(KILN_HAVE_MVEC)
+#define KILN_VECTOR_MATH 2
+#elif defined(KILN_SLEEF) && defined(__AVX2__)
+#define KILN_VECTOR_MATH 1
+#endif
+#ifdef KILN_VECTOR_MATH
+// With a vector library, transcendental functions vectorize. A vectorized loop runs its body
 // through the SIMD version and its remainder through a scalar one, and the two round
 // differently (libmvec's expf and libm's expf differ in the last bit for some inputs). A value
 // that kiln recomputes in two loops (a softmax's max pass and its output pass) must be the
@@ -32,7 +40,23 @@ typedef float kiln_v16sf __attribute__((vector_size(64)));
 typedef double kiln_v2df __attribute__((vector_size(16)));
 typedef double kiln_v4df __attribute__((vector_size(32)));
 typedef double kiln_v8df __attribute__((vector_size(64)));
-#ifdef __AVX2__
+#if KILN_VECTOR_MATH == 1
+typedef kiln_v8sf kiln_mv_vf;
+typedef kiln_v4df kiln_mv_vd;
+enum { kiln_sleef_exp, kiln_sleef_exp2, kiln_sleef_expm1, kiln_sleef_log, kiln_sleef_log2, kiln_sleef_log1p,
+       kiln_sleef_sin, kiln_sleef_cos, kiln_sleef_tan, kiln_sleef_tanh, kiln_sleef_erf, kiln_sleef_count };
+// Float functions, then double ones; one table for the library (as kiln_error_flag below).
+extern "C" __attribute__((visibility("hidden"))) void* kiln_sleef[2 * kiln_sleef_count];
+#ifndef KILN_SECONDARY_UNIT
+void* kiln_sleef[2 * kiln_sleef_count];
+extern "C" void kiln_set_sleef(void* const* t) {
+  for (int i = 0; i < 2 * kiln_sleef_count; ++i) kiln_sleef[i] = t[i];
+}
+#endif
+#define KILN_MV_F(fn) ((kiln_mv_vf(*)(kiln_mv_vf))kiln_sleef[kiln_sleef_##fn])
+#define KILN_MV_D(fn) ((kiln_mv_vd(*)(kiln_mv_vd))kiln_sleef[kiln_sleef_count + kiln_sleef_##fn])
+#define KILN_MV_DECLARE_CANON(fn)
+#elif defined(__AVX2__)
 #define KILN_MV_F(fn) _ZGVdN8v_##fn##f
 #define KILN_MV_D(fn) _ZGVdN4v_##fn
 typedef kiln_v8sf kiln_mv_vf;
@@ -84,9 +108,11 @@ typedef kiln_v2df kiln_mv_vd;
 // Declared for every function (cheap); the scalar version and the clones are defined only
 // for the functions a file uses (`KILN_MVEC_DEFINE`, written after this prelude by the code
 // generator), since compiling them costs more than a small kernel does.
+#ifndef KILN_MV_DECLARE_CANON
+#define KILN_MV_DECLARE_CANON(fn) extern "C" kiln_mv_vf KILN_MV_F(fn)(kiln_mv_vf); extern "C" kiln_mv_vd KILN_MV_D(fn)(kiln_mv_vd);
+#endif
 #define KILN_MVEC_DECLARE(fn)                                                                         \
-  extern "C" kiln_mv_vf KILN_MV_F(fn)(kiln_mv_vf);                                                    \
-  extern "C" kiln_mv_vd KILN_MV_D(fn)(kiln_mv_vd);                                                    \
+  KILN_MV_DECLARE_CANON(fn)                                                                           \
   extern "C" __attribute__((simd("notinbranch"), const, nothrow)) KILN_MV_HIDDEN float kiln_mv_##fn##f(float); \
   extern "C" __attribute__((simd("notinbranch"), const, nothrow)) KILN_MV_HIDDEN double kiln_mv_##fn(double);
 #define KILN_MVEC_DEFINE(fn)                                                                          \
@@ -104,23 +130,122 @@ KILN_MVEC_DECLARE(tan) KILN_MVEC_DECLARE(tanh) KILN_MVEC_DECLARE(erf)
 #define KILN_MVEC_DEFINE(fn)
 #endif
 
+// Without a vector library: kiln's own float32 exp, expm1, exp2, log, log2, log1p, tanh, erf
+// and sigmoid (float16 and bfloat16 compute through them too). Each is computed in double from
+// branch-free code, so a loop over it vectorizes on any x86 machine, and rounds once to float: the result is the correctly rounded one but for a double's error of about 1e-12 of
+// a float ulp (within 1 ulp of Sleef's, which eager runs). Plain multiplies and adds, no fma:
+// the vector and the scalar remainder of a loop compute the same number.
+static inline double kiln_d_of_bits(long long b) { double d; __builtin_memcpy(&d, &b, 8); return d; }
+static inline long long kiln_bits_of_d(double d) { long long b; __builtin_memcpy(&b, &d, 8); return b; }
+// e^x for |x| <= 150 (float arguments, clamped there): x = n ln2 + r with |r| <= ln2/2 (n by the
+// 1.5 * 2^52 shift, whose low mantissa bits then hold n), e^r by its Taylor series to r^9
+// (error below 1e-11), times 2^n through the exponent bits.
+static inline double kiln_exp_core(double x) {
+  const double shift = 0x1.8p52;
+  double t = x * 0x1.71547652b82fep0 + shift;
+  double n = t - shift;
+  double r = (x - n * 0x1.62e42feep-1) - n * 0x1.a39ef35793c76p-33;  // ln2 split: n * hi is exact
+  double p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (1.0 / 720 +
+             r * (1.0 / 5040 + r * (1.0 / 40320 + r * (1.0 / 362880)))))))));
+  return kiln_d_of_bits(kiln_bits_of_d(p) + (long long)((unsigned long long)kiln_bits_of_d(t) << 52));
+}
+static inline double kiln_clamp150(double x) { return x > 150.0 ? 150.0 : (x < -150.0 ? -150.0 : x); }
+// e^x - 1 for |x| <= 150, accurate near 0 (Taylor to x^10 below 1/4).
+static inline double kiln_expm1_core(double x) {
+  double small = x * (1.0 + x * (0.5 + x * (1.0 / 6 + x * (1.0 / 24 + x * (1.0 / 120 + x * (1.0 / 720 +
+                 x * (1.0 / 5040 + x * (1.0 / 40320 + x * (1.0 / 362880 + x * (1.0 / 3628800))))))))));
+  double a = x < 0 ? -x : x;
+  return a < 0.25 ? small : kiln_exp_core(x) - 1.0;
+}
+// log(x) for a positive finite double: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) as
+// 2 atanh(s), s = (m - 1)/(m + 1), |s| < 0.172, to s^17. e reaches a double through the
+// 2^52 trick (no int64 -> double conversion, which AVX2 lacks).
+static inline double kiln_log_core(double x) {
+  long long b = kiln_bits_of_d(x);
+  double m = kiln_d_of_bits((b & 0x000fffffffffffffLL) | 0x3ff0000000000000LL);
+  double e = kiln_d_of_bits(((b >> 52) & 0x7ff) | 0x4330000000000000LL) - 0x1p52 - 1023.0;
+  bool big = m > 0x1.6a09e667f3bcdp0;
+  m = big ? m * 0.5 : m;
+  e = big ? e + 1.0 : e;
+  double s = (m - 1.0) / (m + 1.0), s2 = s * s;
+  double q = 1.0 + s2 * (1.0 / 3 + s2 * (1.0 / 5 + s2 * (1.0 / 7 + s2 * (1.0 / 9 + s2 * (1.0 / 11 + s2 * (1.0 / 13 +
+             s2 * (1.0 / 15 + s2 * (1.0 / 17))))))));
+  return e * 0x1.62e42fefa39efp-1 + 2.0 * s * q;
+}
+// log of a float's value with IEEE's special cases (nan below 0, -inf at 0, inf at inf).
+static inline float kiln_log_special(float x, double r) {
+  return x != x ? x : (x < 0.0f ? __builtin_nanf("") : (x == 0.0f ? -__builtin_inff() : (x == __builtin_inff() ? x : (float)r)));
+}
+static inline float kiln_f_exp(float x) { return x != x ? x : (float)kiln_exp_core(kiln_clamp150(x)); }
+static inline float kiln_f_exp2(float x) { return x != x ? x : (float)kiln_exp_core(kiln_clamp150((double)x * 0x1.62e42fefa39efp-1)); }
+static inline float kiln_f_expm1(float x) { return x != x ? x : (float)kiln_expm1_core(kiln_clamp150(x)); }
+static inline float kiln_f_log(float x) {
+  double d = x > 0.0f ? (double)x : 1.0;
+  return kiln_log_special(x, kiln_log_core(d));
+}
+static inline float kiln_f_log2(float x) {
+  double d = x > 0.0f ? (double)x : 1.0;
+  return kiln_log_special(x, kiln_log_core(d) * 0x1.71547652b82fep0);
+}
+static inline float kiln_f_log1p(float x) {
+  double d = x, a = d < 0 ? -d : d;
+  double small = d * (1.0 - d * (0.5 - d * (1.0 / 3 - d * 0.25)));  // |x| < 1e-5: to x^4
+  double u = x > -1.0f ? 1.0 + d : 1.0;
+  double r = a < 1e-5 ? small : kiln_log_core(u == __builtin_inf() ? 1.0 : u);
+  return x != x ? x : (x < -1.0f ? __builtin_nanf("") : (x == -1.0f ? -__builtin_inff() : (x == __builtin_inff() ? x : (float)r)));
+}
+// tanh(x) = t / (t + 2), t = e^(2x) - 1; 1 in float past |x| = 9.1.
+static inline float kiln_f_tanh(float x) {
+  double d = x > 20.0f ? 20.0 : (x < -20.0f ? -20.0 : (double)x);
+  double t = kiln_expm1_core(2.0 * d);
+  return x != x ? x : (float)(t / (t + 2.0));
+}
+static inline float kiln_f_sigmoid(float x) { return x != x ? x : (float)(1.0 / (1.0 + kiln_exp_core(kiln_clamp150(-(double)x)))); }
+// erf: below 1, x times its Taylor series in x^2 (to x^31, error below 1e-13); from 1 on,
+// 1 - e^(-x^2) g(x) with g(x) = erfc(x) e^(x^2) as a degree-16 polynomial in (x - 2.5)/1.5,
+// fitted on [1, 4] (relative error 7e-12). Past 4 the float result is 1.
+static inline float kiln_f_erf(float x) {
+  double d = x, a = d < 0 ? -d : d, z = d * d;
+  double small = d * (0x1.20dd750429b6dp+0 + z * (-0x1.812746b0379e7p-2 + z * (0x1.ce2f21a042be2p-4 + z * (-0x1.b82ce31288b51p-6 +
+                 z * (0x1.565bcd0e6a53fp-8 + z * (-0x1.c02db40040b86p-11 + z * (0x1.f9a326f9b89b7p-14 + z * (-0x1.f4d25c3e0c2ebp-17 +
+                 z * (0x1.b9e6c9dc651a3p-20 + z * (-0x1.5f742ec43e71ap-23 + z * (0x1.fcc5720624c1cp-27 + z * (-0x1.51d7181c5d36dp-30 +
+                 z * (0x1.9e6ad5e55a730p-34 + z * (-0x1.d8453cb0c46eap-38 + z * (0x1.f683ae4a97007p-42 + z * -0x1.f56f071a885cfp-46)))))))))))))));
+  double c = a > 4.0 ? 4.0 : (a < 1.0 ? 1.0 : a);
+  double u = (c - 2.5) * (1.0 / 1.5);
+  double g = 0x1.afbb3f3b74e1ap-3 + u * (-0x1.c8ca43e6defbfp-4 + u * (0x1.cba83bc5cef02p-5 + u * (-0x1.ba746d74a108dp-6 +
+             u * (0x1.994077dca7b93p-7 + u * (-0x1.6d14bbc0b9f4ep-8 + u * (0x1.3b0cc3fd8e3a7p-9 + u * (-0x1.07b15b2b7d3e9p-10 +
+             u * (0x1.acffbb216246cp-12 + u * (-0x1.533c6ab904985p-13 + u * (0x1.05fee2786847cp-14 + u * (-0x1.93dfcbc73d33dp-16 +
+             u * (0x1.2aa9f23f95f77p-17 + u * (-0x1.66489deb43f50p-19 + u * (0x1.f5ca031f2c5dep-21 + u * (-0x1.55fce53c38f43p-21 +
+             u * 0x1.d7907eace176fp-23)))))))))))))));
+  double large = 1.0 - kiln_exp_core(-c * c) * g;
+  large = d < 0 ? -large : large;
+  return x != x ? x : (float)(a < 1.0 ? small : large);
+}
+
+#ifdef KILN_VECTOR_MATH
+#define KILN_OWN_OR_M(fn) KILN_M(fn##f)(x)
+#define KILN_SIGMOID_F 1.0f / (1.0f + KILN_M(expf)(-x))
+#else
+#define KILN_OWN_OR_M(fn) kiln_f_##fn(x)
+#define KILN_SIGMOID_F kiln_f_sigmoid(x)
+#endif
 #define KILN_UNARY_F(name, fexpr, dexpr) \
   static inline float name(float x) { return fexpr; } \
   static inline double name(double x) { return dexpr; }
-KILN_UNARY_F(kiln_exp, KILN_M(expf)(x), KILN_M(exp)(x))
-KILN_UNARY_F(kiln_exp2, KILN_M(exp2f)(x), KILN_M(exp2)(x))
-KILN_UNARY_F(kiln_expm1, KILN_M(expm1f)(x), KILN_M(expm1)(x))
-KILN_UNARY_F(kiln_log, KILN_M(logf)(x), KILN_M(log)(x))
-KILN_UNARY_F(kiln_log2, KILN_M(log2f)(x), KILN_M(log2)(x))
-KILN_UNARY_F(kiln_log1p, KILN_M(log1pf)(x), KILN_M(log1p)(x))
+KILN_UNARY_F(kiln_exp, KILN_OWN_OR_M(exp), KILN_M(exp)(x))
+KILN_UNARY_F(kiln_exp2, KILN_OWN_OR_M(exp2), KILN_M(exp2)(x))
+KILN_UNARY_F(kiln_expm1, KILN_OWN_OR_M(expm1), KILN_M(expm1)(x))
+KILN_UNARY_F(kiln_log, KILN_OWN_OR_M(log), KILN_M(log)(x))
+KILN_UNARY_F(kiln_log2, KILN_OWN_OR_M(log2), KILN_M(log2)(x))
+KILN_UNARY_F(kiln_log1p, KILN_OWN_OR_M(log1p), KILN_M(log1p)(x))
 KILN_UNARY_F(kiln_sin, KILN_M(sinf)(x), KILN_M(sin)(x))
 KILN_UNARY_F(kiln_cos, KILN_M(cosf)(x), KILN_M(cos)(x))
 KILN_UNARY_F(kiln_tan, KILN_M(tanf)(x), KILN_M(tan)(x))
-KILN_UNARY_F(kiln_tanh, KILN_M(tanhf)(x), KILN_M(tanh)(x))
-KILN_UNARY_F(kiln_erf, KILN_M(erff)(x), KILN_M(erf)(x))
+KILN_UNARY_F(kiln_tanh, KILN_OWN_OR_M(tanh), KILN_M(tanh)(x))
+KILN_UNARY_F(kiln_erf, KILN_OWN_OR_M(erf), KILN_M(erf)(x))
 KILN_UNARY_F(kiln_sqrt, __builtin_sqrtf(x), __builtin_sqrt(x))
 KILN_UNARY_F(kiln_rsqrt, 1.0f / __builtin_sqrtf(x), 1.0 / __builtin_sqrt(x))
-KILN_UNARY_F(kiln_sigmoid, 1.0f / (1.0f + KILN_M(expf)(-x)), 1.0 / (1.0 + KILN_M(exp)(-x)))
+KILN_UNARY_F(kiln_sigmoid, KILN_SIGMOID_F, 1.0 / (1.0 + KILN_M(exp)(-x)))
 KILN_UNARY_F(kiln_floor, __builtin_floorf(x), __builtin_floor(x))
 KILN_UNARY_F(kiln_ceil, __builtin_ceilf(x), __builtin_ceil(x))
 KILN_UNARY_F(kiln_trunc, __builtin_truncf(x), __builtin_trunc(x))
