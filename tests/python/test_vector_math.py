@@ -134,3 +134,20 @@ def test_each_vector_math_library_meets_the_bounds(library, tmp_path):
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_select_over_math_results_keeps_every_bit(dtype):
+    # floating selects are bit blends in CPU kernels (kiln_select): -0.0, infinities and NaN
+    # payloads come through as the chosen operand has them, and so do the math results
+    x = _inputs(dtype)
+    cond = torch.rand(x.shape) > 0.5
+    fn = lambda c, t: torch.where(c, torch.erf(t), torch.where(t < 0, -t * 0.0, t.exp()))
+    out = kiln.explain(fn)(cond, x)
+    assert out.graph_count == 1 and "kiln_select" in out.kernels[0].source
+    got, want = kiln.compile(fn)(cond, x), fn(cond, x)
+    assert torch.equal(got.isnan(), want.isnan())
+    ok = ~want.isnan()
+    assert torch.equal(got[ok].signbit(), want[ok].signbit())
+    bound = BOUNDS["erf"] + BOUNDS["exp"]
+    assert (_ulps(got[ok], want[ok]) <= bound).all()

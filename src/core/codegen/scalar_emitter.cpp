@@ -189,7 +189,15 @@ std::string ScalarEmitter::expr(SRef r, const std::string& indent) {
     }
     case SOp::Where: {
       std::string c = expr(n.a, indent), a = expr(n.b, indent), b = expr(n.c, indent);
-      e = "(" + c + " ? " + a + " : " + b + ")";
+      // Floating selects as the preludes' kiln_select (a bit blend on the CPU): g++ leaves a
+      // ?: whose operand calls a vector math function as control flow, and the loop then runs
+      // scalar, one vector call per element (gelu's inf test over erf on torch 2.11).
+      if (n.dtype == DType::Float32 || n.dtype == DType::Float64) {
+        const std::string t = register_ctype(n.dtype);
+        e = "kiln_select(" + c + ", (" + t + ")" + a + ", (" + t + ")" + b + ")";
+      } else {
+        e = "(" + c + " ? " + a + " : " + b + ")";
+      }
       break;
     }
     case SOp::Neg:

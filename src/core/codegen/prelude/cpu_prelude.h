@@ -275,6 +275,19 @@ static inline float kiln_round_bf16(float x) {
   return kiln_u2f(kiln_pick((u & 0x7fffffffu) > 0x7f800000u, u, (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u));  // nan as it is
 }
 
+// c ? a : b as a bit blend, which g++ vectorizes where a ?: over a vector math call's result
+// stays a branch (scalar_emitter's floating selects).
+static inline float kiln_select(bool c, float a, float b) { return kiln_u2f(kiln_pick(c, kiln_f2u(a), kiln_f2u(b))); }
+static inline double kiln_select(bool c, double a, double b) {
+  unsigned long long m = 0ULL - (unsigned long long)c, ua, ub;
+  __builtin_memcpy(&ua, &a, 8);
+  __builtin_memcpy(&ub, &b, 8);
+  unsigned long long r = (ua & m) | (ub & ~m);
+  double d;
+  __builtin_memcpy(&d, &r, 8);
+  return d;
+}
+
 // float16 / bfloat16 in memory. Kernels compute in float: a 16-bit buffer's element converts
 // to float when read and rounds (to nearest even) when written. The conversions are selects
 // over integer arithmetic, with no branch and no table, so loops over them vectorize.

@@ -103,6 +103,7 @@ __device__ __forceinline__ long long kiln_imod(long long a, long long b) {
   long long r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
+template <typename T> __device__ __forceinline__ T kiln_select(bool c, T a, T b) { return c ? a : b; }
 template <typename T> __device__ __forceinline__ T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? b : a)); }
 template <typename T> __device__ __forceinline__ T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (b < a ? b : a)); }
 // Integer division by zero does not trap on the GPU; like torch's CUDA kernels, kiln's give
