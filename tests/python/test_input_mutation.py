@@ -575,3 +575,41 @@ def test_a_torch_call_that_raises_after_an_update_leaves_the_update_made():
             f(a, ours)
         assert str(e_ours.value) == str(e_ref.value)
         assert torch.equal(ours, ref)
+
+
+def test_a_flatten_that_copies_is_not_a_view_of_the_updated_input():
+    # flatten of a transposed tensor copies in eager: neither handed out as a view of the
+    # caller's tensor nor a path for updates back into it (fuzz seed 505253)
+    def hand_out(a, b):
+        t = b.t()
+        t.sub_(b.sum())
+        return a @ b[..., 0], t.flatten()
+
+    def update_through(b):
+        f = b.t().flatten()
+        f.add_(1)  # a copy's update: b stays as it is
+        return f * 2
+
+    def flatten_view(b):
+        f = b.flatten()  # row-major: a view, updates reach b
+        f.mul_(3)
+        return f
+
+    a = torch.randn(7, 3)
+    for fn, args in ((hand_out, (a, torch.randn(3, 5))), (update_through, (torch.randn(3, 5),)),
+                     (flatten_view, (torch.randn(3, 5),))):
+        out, _ = _same_effects(fn, *args)
+        _one_graph(fn, *[x.clone() for x in args])
+
+
+def test_a_division_by_zero_raises_before_a_later_torch_calls_own_error():
+    # eager stops at the division; the std of an integer tensor after it never runs
+    def f(a, c):
+        q = torch.div(a.bool(), c, rounding_mode="trunc")
+        return q.std(-1)
+
+    a, c = torch.randint(0, 3, (2, 4), dtype=torch.int32), torch.randint(0, 3, (4,))
+    c[1] = 0
+    for run in (f, kiln.compile(f)):
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            run(a, c)

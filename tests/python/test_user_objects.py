@@ -388,3 +388,48 @@ def test_a_user_module_live_at_a_graph_break_or_handed_out_is_made_each_call():
     torch.testing.assert_close(cf(x), stored(x))
     cf(x)
     assert hold.m is not first and hold.m.calls == 1
+
+
+class _GuardedConfig:
+    """A config whose class overrides __getattribute__ and reads through object's own lookup,
+    as Hugging Face's PreTrainedConfig does (its heterogeneity check)."""
+
+    def __init__(self, scale):
+        self.scale = scale
+        self.frozen = ("offset",)
+
+    def __getattribute__(self, key):
+        if key in super().__getattribute__("__dict__").get("frozen", ()):
+            raise AttributeError(key)
+        return super().__getattribute__(key)
+
+    def scaled(self, x):
+        return x * self.__getattribute__("scale")
+
+
+def test_object_getattribute_past_a_class_override_is_captured():
+    def direct(x, cfg):
+        return x * object.__getattribute__(cfg, "scale") + 1
+
+    def through_the_override(x, cfg):
+        return cfg.scaled(x) + type(cfg).__getattribute__(cfg, "scale")
+
+    x = torch.randn(3, 4)
+    for fn in (direct, through_the_override):
+        cfg = _GuardedConfig(2.0)
+        _one_graph(fn, x, cfg)
+        f = kiln.compile(fn)
+        torch.testing.assert_close(f(x, cfg), fn(x, cfg))
+        cfg.scale = 3.0  # the value read is guarded: a change is seen
+        torch.testing.assert_close(f(x, cfg), fn(x, cfg))
+
+
+def test_object_getattribute_of_a_missing_attribute_raises_as_eager():
+    def f(x, cfg):
+        return x * type(cfg).__getattribute__(cfg, "offset")
+
+    cfg = _GuardedConfig(2.0)
+    with pytest.raises(AttributeError):
+        f(torch.ones(2), cfg)
+    with pytest.raises(AttributeError):
+        kiln.compile(f)(torch.ones(2), cfg)

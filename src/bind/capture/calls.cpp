@@ -303,6 +303,7 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
       if (m.fn) {
         static PyObject* object_init = PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__init__");
         if (m.fn == object_init && args.empty() && kwargs.empty()) return Var::constant(Py_None);  // super().__init__()
+        if (VarPtr r = generic_getattr(m.fn, m.self, args, kwargs)) return r;  // super().__getattribute__(key)
         if (m.self->kind() == Var::Kind::Record)
           unsupported("call of " + m.name + " of an object made during capture (not a Python function)");
         args.insert(args.begin(), m.self);  // a C method through super(): called with the receiver
@@ -849,6 +850,8 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     }
     return Var::steal_constant(member);
   }
+  if (!args.empty())  // object.__getattribute__(obj, key)
+    if (VarPtr r = generic_getattr(f, args[0], std::vector<VarPtr>(args.begin() + 1, args.end()), kwargs)) return r;
   if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);
   // An iterator object (a generator the caller made: model.parameters()) would be used up by
   // the call (list, sum, sorted, ...) here, and then be empty when the code runs for real after

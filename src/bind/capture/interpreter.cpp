@@ -531,7 +531,12 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       }
       // A view of an input updated in place is a view of the caller's tensor, taken after the
       // write-back (a view of the graph's copy would miss later writes through it).
-      for (const ir::Node* n = v->node(); (n->op->aliases() || n->attrs.get_bool("view")) && !n->inputs.empty();) {
+      // A reshape that copies (flatten of a transposed tensor) ends the chain: its result is
+      // the graph's own tensor (fuzz seed 505253).
+      auto shares_memory = [](const ir::Node* n) {
+        return (n->op->aliases() || n->attrs.get_bool("view")) && !n->inputs.empty() && !(n->op->copies && n->op->copies(*n));
+      };
+      for (const ir::Node* n = v->node(); shares_memory(n);) {
         n = n->inputs[0];
         if (auto w = root()->written_back_.find(n); w != root()->written_back_.end()) {
           // the view's layout is relative to the updated value's; the caller's tensor must have it

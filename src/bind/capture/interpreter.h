@@ -323,6 +323,9 @@ class Interpreter {
   VarPtr super_attr(const VarPtr& sup, const std::string& name);
 
   VarPtr getattr(VarPtr base, const std::string& name);
+  // object.__getattribute__(obj, name), as a class's own __getattribute__ calls it through
+  // super(): the generic lookup, past the class's override (nullptr: not that call).
+  VarPtr generic_getattr(PyObject* f, const VarPtr& obj, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   // Methods of lists and tuples. A list only this frame can see changes in the trackers; one the
   // caller can see (a global, an argument) changes for real, so that call runs in Python.

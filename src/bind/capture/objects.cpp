@@ -136,6 +136,31 @@ VarPtr Interpreter::super_attr(const VarPtr& sup, const std::string& name) {
   return real(PyObject_GetAttrString(sup->obj(), name.c_str()));
 }
 
+VarPtr Interpreter::generic_getattr(PyObject* f, const VarPtr& obj, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  static PyObject* object_getattribute =
+      PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__getattribute__");
+  if (f != object_getattribute || args.size() != 1 || !kwargs.empty() || !args[0]->is_const() ||
+      !PyUnicode_Check(args[0]->obj()))
+    return nullptr;
+  const std::string name = PyUnicode_AsUTF8(args[0]->obj());
+  if (obj->kind() == Var::Kind::Record) return getattr(obj, name);  // kiln's own model of the object
+  if (!obj->is_const() || !obj->obj()) return nullptr;
+  if (const AttrStore* st = logged_attr(obj->obj(), name)) {
+    if (!st->value) unsupported("read of attribute " + name + " deleted during capture: AttributeError");
+    return st->value;
+  }
+  PyObject* v = PyObject_GenericGetAttr(obj->obj(), args[0]->obj());
+  if (!v) return real(nullptr);  // AttributeError, as eager raises it
+  // Guarded through the object's source: reading it there goes through the class's override,
+  // which hands this same lookup back.
+  if (obj->source) {
+    VarPtr r = wrap(v, Source::attr(obj->source, name));
+    Py_DECREF(v);
+    return r;
+  }
+  return Var::steal_constant(v);
+}
+
 VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
   if ((base->is_const() || base->kind() == Var::Kind::Module) && base->obj())
     if (const AttrStore* st = logged_attr(base->obj(), name)) {

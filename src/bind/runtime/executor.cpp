@@ -818,8 +818,16 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
         if (ck.cpu_fn) {
           if (prep.symbolic) args.push_back(const_cast<int64_t*>(rs.symbols.values.data()));
           if (scalar_args) args.push_back(const_cast<int64_t*>(scalar_args));
-          GilRelease unlocked;  // other Python threads run while the kernel does
-          ck.cpu_fn(args.data());
+          {
+            GilRelease unlocked;  // other Python threads run while the kernel does
+            ck.cpu_fn(args.data());
+          }
+          // An integer division by zero raises here, before any later step's own error, in
+          // eager's order (fuzz seed 505050: a torch call's dtype error came first).
+          if (cg.take_error && cg.take_error()) {
+            PyErr_SetString(PyExc_RuntimeError, "ZeroDivisionError");
+            return false;
+          }
           return true;
         }
         argp.clear();

@@ -244,6 +244,7 @@ std::vector<OpDef> composite_ops() {
       },
       {"torch.flatten", "Tensor.flatten"}));
   ops.back().may_alias = true;
+  ops.back().copies = reshape_copies;  // a flatten of a transposed tensor copies (fuzz seed 505253)
   ops.push_back(composite_op(
       "clamp", "clamp(Tensor self, Scalar? min=None, Scalar? max=None)",
       [](Graph& g, Node* n) -> Node* {

@@ -144,7 +144,7 @@ struct OpDef {
   bool aliases() const { return may_alias || kind == OpKind::View; }
   // A view op whose result is a copy for some layouts (reshape of memory no strides can
   // describe): true for those nodes. nullptr: every node of the op is a view in eager.
-  bool (*copies)(const Node& n) = nullptr;
+  bool (*copies)(const Node& n) = nullptr;  // reshape_copies for reshape and flatten
   // Operand dtypes torch has no kernel for (eager raises NotImplementedError there).
   enum class Operands { Any, NoBool, FloatOnly } operands = Operands::Any;
   // Tensor parameters that take no Python number (torch.maximum(x, 2) is a TypeError).
@@ -160,6 +160,10 @@ struct OpDef {
   bool (*keep_unused)(const Node& n) = nullptr;
   AutocastPolicy autocast_cuda = AutocastPolicy::None, autocast_cpu = AutocastPolicy::None;
 };
+
+// Whether reshape node `n` (or a flatten, which is one) copies: no strides view its input's
+// memory at its sizes, as torch's reshape decides.
+bool reshape_copies(const ir::Node& n);
 
 const OpDef* find_op(const std::string& name);
 std::vector<const OpDef*> all_ops();

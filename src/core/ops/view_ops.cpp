@@ -158,11 +158,7 @@ OpDef reshape_like(const std::string& name, bool must_view, std::vector<std::str
       r[j] = j == 0 ? sym::floordiv(lin, in_cs[j]) : sym::mod(sym::floordiv(lin, in_cs[j]), in_sizes[j]);
     return r;
   };
-  if (!must_view)
-    d.copies = [](const Node& n) {
-      const TensorMeta& x = n.inputs[0]->meta;
-      return !view_strides(x.sizes, x.strides, n.meta.sizes).has_value();
-    };
+  if (!must_view) d.copies = reshape_copies;
   d.python = std::move(py);
   return d;
 }
@@ -196,6 +192,11 @@ std::vector<bool> squeeze_mask(const TensorMeta& x, const Attrs& a) {
 }
 
 }  // namespace
+
+bool reshape_copies(const Node& n) {
+  const TensorMeta& x = n.inputs[0]->meta;
+  return !view_strides(x.sizes, x.strides, n.meta.sizes).has_value();
+}
 
 std::vector<OpDef> view_ops() {
   std::vector<OpDef> ops;
