@@ -49,7 +49,6 @@ CASES, case = registry(_xy)
 
 
 # Why kiln fails the cases marked xfail (kiln's break reason in quotes).
-TENSOR_KEY = "tensor as dict key / set item: 'expected a Python value for dict key/set item, got a tensor'"
 MODULE_BUILT = "nn.Module built in the function: 'call to torch.nn.modules...'"
 
 
@@ -248,13 +247,24 @@ def dict_reversed_and_items(x, y):
     return torch.stack([d[k] for k in order]), [k for k, _ in d.items()]
 
 
-@case(xfail=TENSOR_KEY)
+@case()
 def tensor_as_dict_key(x, y):
     weights = {x: 2.0, y: 3.0}
     return sum(t * w for t, w in weights.items()) + x * weights[y]
 
 
-@case(xfail=TENSOR_KEY)
+@case()
+def tensor_keys_iterated_and_looked_up(x, y):
+    scales = {x: 2.0, y: 3.0}
+    scales[x * 1] = 5.0  # a new tensor: a new key, even with equal values
+    out = sum(t * w for t, w in scales.items())
+    for t in scales:
+        out = out + t * scales[t]
+    seen = set(scales)
+    return out + (x if x in scales else y) * len(seen) + (y if y in seen else x)
+
+
+@case()
 def set_of_tensors_dedups_by_identity(x, y):
     seen = {x, y, x}
     return x * len(seen) + (y if y in seen else x)
@@ -1617,3 +1627,15 @@ def numpy_linalg_norm(a, y):
 def test_capture_matches_eager_and_dynamo(name):
     c = CASES[name]
     compare_with_eager_and_dynamo(c.fn, c.inputs)
+
+
+def test_a_dict_keyed_by_tensors_handed_out_is_the_callers_and_equals_eager():
+    # handing out tensor keys is not captured: the call runs as Python (never kiln's key objects)
+    def f(x, y):
+        return {x: x * 2, y: y + 1}
+
+    x, y = torch.randn(3), torch.randn(3)
+    out = kiln.compile(f)(x, y)
+    assert list(out.keys())[0] is x and list(out.keys())[1] is y
+    torch.testing.assert_close(out[x], x * 2)
+    torch.testing.assert_close(out[y], y + 1)

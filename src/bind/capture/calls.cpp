@@ -432,7 +432,7 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
   if (auto* it = v->get_if<IteratorV>()) return it->items;
   if (is_dict(v)) {
     std::vector<VarPtr> keys;
-    for (auto& [k, unused] : dict_entries(v)) keys.push_back(Var::constant(k));
+    for (auto& [k, unused] : dict_entries(v)) keys.push_back(key_var(k));
     return keys;
   }
   if (v->is_const() && (PyAnySet_Check(v->obj()) || PyUnicode_Check(v->obj()) || PyDictViewSet_Check(v->obj()) ||
@@ -442,7 +442,7 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
     if (!fast) real(nullptr);
     keep_.push_back(fast);
     std::vector<VarPtr> out;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fast); ++i) out.push_back(Var::constant(PyList_GET_ITEM(fast, i)));
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fast); ++i) out.push_back(key_var(PyList_GET_ITEM(fast, i)));
     return out;
   }
   if (auto* r = v->get_if<RecordV>(); r && r->plain) {
@@ -974,7 +974,7 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
       for (const VarPtr& pair : items_of(a)) {
         std::vector<VarPtr> kv = items_of(pair);
         if (kv.size() != 2) unsupported("dict() of items that are not pairs");
-        dict_set(d, const_obj(kv[0], "dict key"), kv[1]);
+        dict_set(d, key_obj(kv[0], "dict key"), kv[1]);
       }
     }
     return d;

@@ -8,6 +8,43 @@
 
 namespace kiln::bind::detail {
 
+PyObject* Interpreter::key_obj(const VarPtr& v, const char* what) {
+  if (!v->is_tensor()) return const_obj(v, what);
+  Interpreter* r = root();
+  auto [it, fresh] = r->tensor_keys_.emplace(v->node(), nullptr);
+  if (fresh) {
+    it->second = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+    if (!it->second) real(nullptr);
+    r->keep_.push_back(it->second);
+    r->key_tensors_.emplace(it->second, v);
+  }
+  return it->second;
+}
+
+VarPtr Interpreter::key_var(PyObject* k) {
+  Interpreter* r = root();
+  auto it = r->key_tensors_.find(k);
+  return it != r->key_tensors_.end() ? it->second : Var::constant(k);
+}
+
+bool Interpreter::holds_tensor_key(PyObject* o) {
+  Interpreter* r = root();
+  if (r->key_tensors_.empty() || !o) return false;
+  if (r->key_tensors_.count(o)) return true;
+  if (PyAnySet_Check(o) || PyDict_Check(o) || PyTuple_Check(o) || PyList_Check(o)) {
+    PyObject* items = PySequence_List(o);  // a dict's keys
+    if (!items) {
+      clear_error();
+      return false;
+    }
+    bool found = false;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items) && !found; ++i) found = holds_tensor_key(PyList_GET_ITEM(items, i));
+    Py_DECREF(items);
+    return found;
+  }
+  return false;
+}
+
 Py_ssize_t Interpreter::dict_find(const VarPtr& d, PyObject* key) {
   for (size_t i = 0; i < d->entries().keys.size(); ++i) {
     int eq = PyObject_RichCompareBool(d->entries().keys[i], key, Py_EQ);
@@ -53,7 +90,7 @@ void Interpreter::dict_merge(const VarPtr& d, const VarPtr& other) {
   for (const VarPtr& pair : items_of(other)) {  // an iterable of (key, value) pairs
     std::vector<VarPtr> kv = items_of(pair);
     if (kv.size() != 2) unsupported("dict update sequence element of length " + std::to_string(kv.size()) + ": ValueError");
-    dict_set(d, const_obj(kv[0], "dict key"), kv[1]);
+    dict_set(d, key_obj(kv[0], "dict key"), kv[1]);
   }
 }
 
@@ -99,8 +136,8 @@ void Interpreter::refresh_dict_view(const VarPtr& view) {
   const DictView dv = *l.view;
   l.items.clear();
   for (auto& [k, v] : dict_entries(dv.dict)) {
-    if (dv.which == "items") l.items.push_back(Var::tuple({Var::constant(k), v}));
-    else l.items.push_back(dv.which == "keys" ? Var::constant(k) : v);
+    if (dv.which == "items") l.items.push_back(Var::tuple({key_var(k), v}));
+    else l.items.push_back(dv.which == "keys" ? key_var(k) : v);
   }
 }
 
@@ -121,7 +158,6 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     return call_dict_method(d, name, std::move(args), {});
   }
   if (!kwargs.empty()) unsupported("dict." + name + "() with keyword arguments");
-  auto key_var = [&](PyObject* k) { return Var::constant(k); };
   if (name == "items" || name == "keys" || name == "values") {
     VarPtr view = Var::tuple({}, true);
     view->as<ListV>().view = DictView{d, name};
@@ -130,7 +166,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
   }
   if (name == "get" && (args.size() == 1 || args.size() == 2)) {
     // Reading every entry guards the dict's exact key set, so a missing key stays missing.
-    PyObject* key = const_obj(args[0], "dict key");
+    PyObject* key = key_obj(args[0], "dict key");
     for (auto& [k, v] : dict_entries(d)) {
       int eq = PyObject_RichCompareBool(k, key, Py_EQ);
       if (eq < 0) real(nullptr);
@@ -156,7 +192,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     return Var::constant(Py_None);
   }
   if (name == "pop" && (args.size() == 1 || args.size() == 2)) {
-    Py_ssize_t i = dict_find(d, const_obj(args[0], "dict key"));
+    Py_ssize_t i = dict_find(d, key_obj(args[0], "dict key"));
     if (i < 0) {
       if (args.size() == 2) return args[1];
       unsupported("KeyError in dict.pop");
@@ -180,7 +216,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
   }
   if (name == "move_to_end" && (args.size() == 1 || args.size() == 2) && d->as<DictV>().cls) {
     const bool last = args.size() == 1 || truth(args[1]);
-    Py_ssize_t i = dict_find(d, const_obj(args[0], "dict key"));
+    Py_ssize_t i = dict_find(d, key_obj(args[0], "dict key"));
     if (i < 0) unsupported("move_to_end of a missing key: KeyError");
     Entries& e = d->entries();
     PyObject* k = e.keys[i];
@@ -192,7 +228,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     return Var::constant(Py_None);
   }
   if (name == "setdefault" && (args.size() == 1 || args.size() == 2)) {
-    PyObject* key = const_obj(args[0], "dict key");
+    PyObject* key = key_obj(args[0], "dict key");
     Py_ssize_t i = dict_find(d, key);
     if (i >= 0) return d->entries().values[i];
     VarPtr v = args.size() == 2 ? args[1] : Var::constant(Py_None);
@@ -272,7 +308,7 @@ void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, co
   }
   if (container->kind() == Var::Kind::Record) return record_store(container, const_obj(key, "key"), value, true);
   if (container->kind() == Var::Kind::Dict && !container->source) {
-    dict_set(container, const_obj(key, "dict key"), value);
+    dict_set(container, key_obj(key, "dict key"), value);
     return;
   }
   if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PySlice_Check(key->obj())) {

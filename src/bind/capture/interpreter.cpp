@@ -581,12 +581,15 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       }
       if (is_private(v->known())) unsupported("hands out an object kiln copied during capture");
       if (structural(v) || bound_to_structure(v)) return source_spec(v->source);  // this call's object, not capture's
+      if (holds_tensor_key(v->obj())) unsupported("a set or dict holding tensors as keys is handed out: not captured yet");
       s.kind = OutSpec::Kind::Const;
       Py_INCREF(v->obj());
       s.value = v->obj();
       return s;
     case Var::Kind::Dict:
       if (v->source) return source_spec(v->source);
+      for (PyObject* k : v->entries().keys)
+        if (holds_tensor_key(k)) unsupported("a dict with tensors as keys is handed out: not captured yet");
       return typed_dict_spec(v->as<DictV>(), false);
     case Var::Kind::Record: {
       if (!v->as<RecordV>().plain) return record_spec(v, false);

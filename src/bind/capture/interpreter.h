@@ -140,6 +140,15 @@ class Interpreter {
   // Python value of a constant, or capture stops.
   PyObject* const_obj(const VarPtr& v, const char* what);
 
+  // ---- tensors as dict keys and set items (hashed by identity, as eager's are) ----
+  // A key object standing for tensor `v` (one per graph node: the same tensor, the same key);
+  // other values as const_obj gives them.
+  PyObject* key_obj(const VarPtr& v, const char* what);
+  // The value a dict key or set item stands for: the tensor behind a key object, else k.
+  VarPtr key_var(PyObject* k);
+  // Whether a Python value holds a key object (a set or dict handed out would show it).
+  bool holds_tensor_key(PyObject* o);
+
   // ---- dicts made in the frame: constant keys, tracked values ----
   static Py_ssize_t dict_find(const VarPtr& d, PyObject* key);
 
@@ -672,6 +681,8 @@ class Interpreter {
   // by keep_): one object met again by another path is the same tracker.
   std::unordered_map<PyObject*, VarPtr> structured_;
   std::unordered_map<const ir::Node*, size_t> written_back_;  // root: final value of a mutated input -> input
+  std::unordered_map<const ir::Node*, PyObject*> tensor_keys_;  // root: key_obj's objects (owned by keep_)
+  std::unordered_map<PyObject*, VarPtr> key_tensors_;           // root: and the tensors they stand for
   bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
   AutocastState autocast_;            // root: torch.autocast's state where capture is
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded

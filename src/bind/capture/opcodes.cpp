@@ -215,7 +215,7 @@ int Interpreter::op_build_set(const Instr& in, const CodeInfo& ci) {
   for (int i = in.arg - 1; i >= 0; --i) items[i] = pop();
   PyObject* set = PySet_New(nullptr);
   for (auto& v : items)
-    if (PySet_Add(set, const_obj(v, "set item")) < 0) {
+    if (PySet_Add(set, key_obj(v, "set item")) < 0) {
       Py_DECREF(set);
       real(nullptr);
     }
@@ -229,11 +229,11 @@ int Interpreter::op_set_add(const Instr& in, const CodeInfo& ci) {
   if (!set->is_const() || !PySet_Check(set->obj()) || set->source) unsupported("update of a set the caller can see");
   int rc;
   if (in.op == OP_SET_ADD) {
-    rc = PySet_Add(set->obj(), const_obj(v, "set item"));
+    rc = PySet_Add(set->obj(), key_obj(v, "set item"));
   } else {
     rc = 0;
     for (const VarPtr& x : items_of(v))
-      if (PySet_Add(set->obj(), const_obj(x, "set item")) < 0) rc = -1;
+      if (PySet_Add(set->obj(), key_obj(x, "set item")) < 0) rc = -1;
   }
   if (rc < 0) real(nullptr);
   return -1;
@@ -243,7 +243,7 @@ int Interpreter::op_map_add(const Instr& in, const CodeInfo& ci) {
   VarPtr value = pop(), key = pop();
   VarPtr& d = peek(in.arg);
   if (d->kind() != Var::Kind::Dict) unsupported("dict comprehension into a non-dict");
-  dict_set(d, const_obj(key, "dict key"), value);
+  dict_set(d, key_obj(key, "dict key"), value);
   return -1;
 }
 
@@ -351,7 +351,7 @@ int Interpreter::op_store_slice(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_delete_subscr(const Instr& in, const CodeInfo& ci) {
   VarPtr key = pop(), container = pop();
   if (container->kind() == Var::Kind::Dict && !container->source) {
-    Py_ssize_t i = dict_find(container, const_obj(key, "dict key"));
+    Py_ssize_t i = dict_find(container, key_obj(key, "dict key"));
     if (i < 0) unsupported("KeyError in del");
     Entries& e = container->entries();
     Py_DECREF(e.keys[i]);
@@ -464,7 +464,7 @@ int Interpreter::op_build_map(const Instr& in, const CodeInfo& ci) {
   std::vector<VarPtr> kv(2 * in.arg);
   for (int i = 2 * in.arg - 1; i >= 0; --i) kv[i] = pop();
   VarPtr d = Var::dict();
-  for (int i = 0; i < in.arg; ++i) dict_set(d, const_obj(kv[2 * i], "dict key"), kv[2 * i + 1]);
+  for (int i = 0; i < in.arg; ++i) dict_set(d, key_obj(kv[2 * i], "dict key"), kv[2 * i + 1]);
   push(d);
   return -1;
 }
@@ -560,7 +560,7 @@ int Interpreter::op_contains_op(const Instr& in, const CodeInfo& ci) {
   if (b->kind() == Var::Kind::Dict || b->kind() == Var::Kind::Tuple || b->kind() == Var::Kind::List) {
     bool found = false;
     if (b->kind() == Var::Kind::Dict) {
-      found = dict_find(b, const_obj(a, "key")) >= 0;
+      found = dict_find(b, key_obj(a, "key")) >= 0;
     } else {
       for (const VarPtr& x : b->seq()) {
         if (found) break;  // Python stops at the first item that is (or equals) the value
@@ -578,7 +578,9 @@ int Interpreter::op_contains_op(const Instr& in, const CodeInfo& ci) {
     push(Var::constant((found != (in.arg == 1)) ? Py_True : Py_False));
     return -1;
   }
-  int r = PySequence_Contains(const_obj(b, "container"), const_obj(a, "item"));
+  PyObject* container = const_obj(b, "container");
+  // a tensor in a set or dict of keys: by identity, through its key object
+  int r = PySequence_Contains(container, (PyAnySet_Check(container) || PyDict_Check(container)) ? key_obj(a, "item") : const_obj(a, "item"));
   if (r < 0) real(nullptr);
   push(Var::constant(((r == 1) != (in.arg == 1)) ? Py_True : Py_False));
   return -1;

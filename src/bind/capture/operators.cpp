@@ -539,7 +539,7 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
     unsupported("subscript of a container with a non-constant index");
   }
   if (base->kind() == Var::Kind::Dict) {
-    PyObject* key = const_obj(index, "dict key");
+    PyObject* key = key_obj(index, "dict key");
     Py_ssize_t i = dict_find(base, key);
     if (auto* dv = base->get_if<DictV>();
         i < 0 && dv && ((dv->factory && dv->factory != Py_None) || dv->made_factory) && !base->source) {
