@@ -995,3 +995,31 @@ def test_abs_gradient_at_zero_and_nan_is_eagers_grad_times_sgn(dtype):
     assert kiln.stats()["backward_graphs_compiled"] == before + 1
     torch.testing.assert_close(b.grad, a.grad, equal_nan=True, rtol=0, atol=0)
     assert torch.equal(b.grad.signbit(), a.grad.signbit())
+
+
+def test_copy_into_a_tensor_autograd_tracks_keeps_it_tracked():
+    # eager: the result of copy_ still requires grad, and passes zeros back to the old value
+    # (fuzz_grad seed 509203); a source that needs grad gets the gradient
+    def of_number(b):
+        t = torch.erf(b)
+        t.copy_(0.0)
+        return torch.std(t, -1).sum() + b.sum()
+
+    def of_tensor(b, w):
+        t = b * 2
+        t[:, :2].copy_(w)
+        return (t * t).sum()
+
+    for fn, make in ((of_number, lambda: (torch.randn(2, 5, requires_grad=True),)),
+                     (of_tensor, lambda: (torch.randn(3, 4, requires_grad=True), torch.randn(3, 2, requires_grad=True)))):
+        inputs = make()
+        twins = [t.detach().clone().requires_grad_() for t in inputs]
+        before = _counters()
+        ours = kiln.compile(fn)(*inputs)
+        assert _counters()[0] == before[0] + 1 and _counters()[1] == before[1], kiln.stats()["fallback_reasons"]
+        ref = fn(*twins)
+        assert ours.requires_grad and ref.requires_grad
+        ours.backward()
+        ref.backward()
+        for a, b in zip(inputs, twins):
+            torch.testing.assert_close(a.grad, b.grad)

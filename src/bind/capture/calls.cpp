@@ -1535,7 +1535,12 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
         a.set("dtype", m.dtype);
         src = add_node("convert", {src}, a);
       }
-      return mutate(self, add_node("clone", {src}));  // a copy, not `src + 0`: -0.0 stays -0.0
+      ir::Node* copied = add_node("clone", {src});  // a copy, not `src + 0`: -0.0 stays -0.0
+      // On a tensor autograd tracks, eager's result still requires grad and passes zeros back
+      // to the old value (CopyBackwards), as fill_ below (fuzz_grad seed 509203)
+      if (root()->grad_mode_ && root()->needs_grad_.count(self->node()))
+        copied = add_node("where", {as_node(Var::constant(Py_True), "copy_"), copied, self->node()});
+      return mutate(self, copied);
     }
     if (base == "zero" && args.empty() && kwargs.empty())  // x.zero_() is x.fill_(0) (NaNs too)
       return call_tensor_method(self, "fill_", {Var::steal_constant(PyLong_FromLong(0))}, {});
