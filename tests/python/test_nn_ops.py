@@ -298,3 +298,22 @@ def test_conv2d_module_with_string_padding(device, padding, kernel, dilation):
     model = nn.Sequential(nn.Conv2d(4, 6, kernel, padding=padding, dilation=dilation), nn.ReLU()).to(device).eval()
     with torch.no_grad():
         check(model, torch.randn(1, 4, 9, 9, device=device), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
+def test_recurrent_modules_are_one_graph_and_see_replaced_weights(cls):
+    # torch's RNN modules test their weights' identity through weakrefs (_weights_have_changed):
+    # a weakref call is its referent, guarded through the weakref's source
+    m = cls(8, 16, num_layers=2, batch_first=True).eval()
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        e = kiln.explain(m)(x)
+        assert e.graph_count == 1 and e.graph_break_count == 0, e.break_reasons
+        f = kiln.compile(m)
+        torch.testing.assert_close(f(x)[0], m(x)[0])
+        old = m.weight_ih_l0  # kept alive, so its weakref still answers
+        m.weight_ih_l0 = nn.Parameter(torch.randn_like(old))
+        torch.testing.assert_close(f(x)[0], m(x)[0])
+        del old
+        m.weight_hh_l1 = nn.Parameter(torch.randn_like(m.weight_hh_l1))
+        torch.testing.assert_close(f(x)[0], m(x)[0])

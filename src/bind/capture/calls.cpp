@@ -850,6 +850,12 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     }
     return Var::steal_constant(member);
   }
+  if (PyWeakref_CheckRef(f) && args.empty() && kwargs.empty()) {
+    // ref(): the object it refers to (torch's RNN modules test their weights' identity so),
+    // read through the weakref's source and guarded like any read
+    PyObject* referent = PyWeakref_GetObject(f);  // borrowed; None once dead
+    return fn->source ? wrap(referent, Source::deref(fn->source)) : Var::constant(referent);
+  }
   if (!args.empty())  // object.__getattribute__(obj, key)
     if (VarPtr r = generic_getattr(f, args[0], std::vector<VarPtr>(args.begin() + 1, args.end()), kwargs)) return r;
   if (!pure_callable(f) && !(!fn->source && private_container_method(f))) unsupported("call to " + name);

@@ -80,6 +80,12 @@ SourcePtr Source::made(PyObject* obj) {
   return s;
 }
 
+SourcePtr Source::deref(SourcePtr base) {
+  auto s = std::make_shared<Source>(Source{Kind::Deref});
+  s->base = std::move(base);
+  return s;
+}
+
 SourcePtr Source::array(SourcePtr base) {
   auto s = std::make_shared<Source>(Source{Kind::Array});
   s->base = std::move(base);
@@ -115,6 +121,7 @@ std::string Source::str() const {
     case Kind::Seed: return "<a fresh seed from torch's default generator>";
     case Kind::Made: return "<a " + name + " made in the frame>";
     case Kind::Array: return "torch.from_numpy(" + base->str() + ")";
+    case Kind::Deref: return base->str() + "()";
   }
   return "?";
 }
@@ -342,6 +349,9 @@ PyObject* read_from_base(const Source& s, PyObject* base) {
       // A new tensor per call over the caller's array (torch.from_numpy): its guards (type of
       // the base, then dtype, shape and strides) say whether the graph still reads it right.
       return is_ndarray(base) ? tensor_from_ndarray(base) : nullptr;
+    case Source::Kind::Deref:
+      // A weakref's referent (None once it died), read without running Python code
+      return PyWeakref_CheckRef(base) ? Py_NewRef(PyWeakref_GetObject(base)) : nullptr;
     default: return nullptr;
   }
   if (!v) clear_error();

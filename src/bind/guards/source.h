@@ -20,7 +20,7 @@ struct Source {
   // read from it is the same at every call, so nothing under it is guarded, and it cannot be
   // read back from a frame (a graph break or a result that hands it out is not captured).
   // Array: torch.from_numpy(base) of the np.ndarray at `base` (an input of NumPy code).
-  enum class Kind { Local, Global, Attr, Item, Closure, Key, Seed, Made, Array } kind;
+  enum class Kind { Local, Global, Attr, Item, Closure, Key, Seed, Made, Array, Deref } kind;
   int local = -1;            // Local: the slot in the bound arguments
   std::string name;          // Local/Global/Attr: the name
   PyObject* key = nullptr;   // Global/Attr: interned name string; Key: the key; Item: str(index) (owned)
@@ -38,6 +38,7 @@ struct Source {
   static SourcePtr seed();
   static SourcePtr made(PyObject* obj);  // names the object's type
   static SourcePtr array(SourcePtr base);
+  static SourcePtr deref(SourcePtr base);  // base(): the object a weakref refers to (None once dead)
   ~Source();
 
   bool made_in_frame() const;  // this source, or one it is read from, is Made
