@@ -1639,3 +1639,35 @@ def test_a_dict_keyed_by_tensors_handed_out_is_the_callers_and_equals_eager():
     assert list(out.keys())[0] is x and list(out.keys())[1] is y
     torch.testing.assert_close(out[x], x * 2)
     torch.testing.assert_close(out[y], y + 1)
+
+
+def test_a_0d_tensor_of_python_numbers_is_a_size_where_one_is_wanted():
+    # LED/Longformer: torch.div of Python ints is a 0-d tensor in eager, used as view and
+    # as_strided sizes and in arithmetic; capture knows its value, as torch's fake tensors do
+    def chunk(x):
+        n = torch.div(x.size(1), 4, rounding_mode="trunc")
+        y = x.view(x.size(0), n, 4)
+        z = y.new_zeros((2, n + 1))
+        s = x.as_strided(size=(x.size(0), n - 1, 8), stride=(x.stride(0), 4, 1))
+        return y * 2, z, s, n - 1, n * 2.5, torch.stack([n, n + 1])
+
+    x = torch.randn(2, 16)
+    e = kiln.explain(chunk)(x)
+    assert e.graph_count == 1 and e.graph_break_count == 0, e.break_reasons
+    got, want = kiln.compile(chunk)(x), chunk(x)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b)
+    x2 = torch.randn(2, 24)  # another size: another value, recompiled or generic, never stale
+    for a, b in zip(kiln.compile(chunk)(x2), chunk(x2)):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b)
+
+
+def test_a_0d_tensor_of_python_numbers_that_raises_raises_as_eager():
+    def f(x):
+        return x * torch.div(x.size(0), 0, rounding_mode="trunc")
+
+    for run in (f, kiln.compile(f)):
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):  # torch's, for integers
+            run(torch.ones(3))

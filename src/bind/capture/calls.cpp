@@ -97,6 +97,21 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
       inputs.push_back(as_node(v, p.name.c_str()));
       continue;
     }
+    if (p.is_int_list() || p.type.rfind("SymInt", 0) == 0 || p.type.rfind("int", 0) == 0) {
+      // a size given as a 0-d tensor capture knows the value of (view(B, torch.div(T, w), w))
+      if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) {
+        std::vector<VarPtr> items = v->seq();
+        bool changed = false;
+        for (VarPtr& x : items) {
+          VarPtr k = known_int(x);
+          changed |= k != x;
+          x = k;
+        }
+        if (changed) v = Var::tuple(std::move(items));
+      } else {
+        v = known_int(v);
+      }
+    }
     if (p.is_sym_int_list()) {  // sizes that may be symbolic: view(B, T, -1)
       std::vector<VarPtr> items;
       if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) items = v->seq();
@@ -653,6 +668,41 @@ VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<Var
   return nullptr;
 }
 
+VarPtr Interpreter::pointwise_of_numbers(PyObject* f, const OpBinding& b, const std::vector<VarPtr>& args,
+                                         const KwArgs& kwargs) {
+  if (b.op->kind != ops::OpKind::Pointwise || !b.fixed.items().empty()) return nullptr;
+  // Python numbers, strings (rounding_mode) and None; tensors only where capture knows them
+  auto plain = [&](const VarPtr& v) -> PyObject* {
+    if (PyObject* k = known_value(v)) return k;
+    if (!v->is_const() || v->symint().valid()) return nullptr;
+    PyObject* o = v->known();
+    return (is_python_scalar(o) || PyUnicode_Check(o) || o == Py_None) ? o : nullptr;
+  };
+  bool any_number = false;
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+  PyObject* kw = PyDict_New();
+  bool ok = t && kw;
+  for (size_t i = 0; ok && i < args.size(); ++i) {
+    PyObject* o = plain(args[i]);
+    ok = o != nullptr;
+    if (ok) PyTuple_SET_ITEM(t, i, Py_NewRef(o)), any_number |= is_python_scalar(o) || is_tensor(o);
+  }
+  for (const auto& [k, v] : kwargs) {
+    PyObject* o = ok ? plain(v) : nullptr;
+    ok = o && PyDict_SetItemString(kw, k.c_str(), o) == 0;
+  }
+  PyObject* r = ok && any_number ? PyObject_Call(f, t, kw) : nullptr;
+  Py_XDECREF(t);
+  Py_XDECREF(kw);
+  if (!r) {
+    clear_error();  // an error eager raises: the usual path reports it
+    return nullptr;
+  }
+  VarPtr out = known_tensor(r);
+  Py_DECREF(r);
+  return out;
+}
+
 VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
   PyObject* f = fn->obj();
   if (ModeChange m; mode_setter_modes(f, m)) {
@@ -662,8 +712,10 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     return Var::constant(Py_False);
   }
   if (VarPtr r = numpy_call(fn, args, kwargs)) return r;  // numpy.cpp: NumPy functions, torch.from_numpy
-  if (const OpBinding* b = function_binding(f))
+  if (const OpBinding* b = function_binding(f)) {
+    if (VarPtr r = pointwise_of_numbers(f, *b, args, kwargs)) return r;
     if (VarPtr r = call_op(*b, args, kwargs)) return r;  // else a call the entry leaves to torch
+  }
   if (VarPtr r = call_rule(fn, args, kwargs)) return r;  // call_rules.cpp: by the callee object
   if (VarPtr r = optimizer_method(fn, args, kwargs)) return r;  // optimizers.cpp: torch.optim's steps
   // ---- by category ----
@@ -1378,6 +1430,16 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   if (name == "new_ones" || name == "new_zeros" || name == "new_full") {
     // x.new_ones(B, T) with a symbolic size: a `full` node in x's dtype and on x's device
     std::vector<VarPtr> size = args;
+    for (VarPtr& a : args) {  // a size capture knows as a 0-d tensor: its int
+      if (a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List) {
+        std::vector<VarPtr> items = a->seq();
+        for (VarPtr& x : items) x = known_int(x);
+        a = Var::tuple(std::move(items));
+      } else if (name != "new_full" || &a == &args.front()) {
+        a = known_int(a);
+      }
+    }
+    size = args;
     VarPtr fill = Var::steal_constant(PyLong_FromLong(name == "new_ones"));
     if (name == "new_full") {
       if (args.size() != 2) size.clear();
@@ -1765,7 +1827,27 @@ static bool cuda_float32_loss(PyObject* f) {
   return losses.count(f) > 0;
 }
 
-VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args_in, const KwArgs& kwargs_in) {
+  // A size tuple holding 0-d tensors capture knows (as_strided(size=(B, n + 1, w, d))): their
+  // ints, as torch reads them through __index__. Only in a tuple or list whose other items
+  // are Python ints, so that a list of tensors (torch.stack([a, b])) stays one.
+  auto sizes_of_known = [&](const VarPtr& v) -> VarPtr {
+    if (v->kind() != Var::Kind::Tuple && v->kind() != Var::Kind::List) return v;
+    std::vector<VarPtr> items = v->seq();
+    bool known = false, ints = false;
+    for (const VarPtr& x : items) {
+      if (known_value(x)) known = true;
+      else if ((x->is_const() && PyLong_CheckExact(x->known())) || x->symint().valid()) ints = true;
+      else return v;
+    }
+    if (!known || !ints) return v;
+    for (VarPtr& x : items) x = known_int(x);
+    return Var::tuple(std::move(items));
+  };
+  std::vector<VarPtr> args = args_in;
+  KwArgs kwargs = kwargs_in;
+  for (VarPtr& a : args) a = sizes_of_known(a);
+  for (auto& kv : kwargs) kv.second = sizes_of_known(kv.second);
   // F.relu6(x, inplace=True) and the other functions with an `inplace` parameter: the call out
   // of place, then the input takes the result (as a registry op's inplace=True does). Left in
   // the call, the update would land in a buffer that other nodes, or a backward, still read.

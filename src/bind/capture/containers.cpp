@@ -8,6 +8,58 @@
 
 namespace kiln::bind::detail {
 
+VarPtr Interpreter::known_tensor(PyObject* real) {
+  if (!real || !is_tensor(real)) return nullptr;
+  PyObject* dim = PyObject_CallMethod(real, "dim", nullptr);
+  PyObject* rg = PyObject_GetAttrString(real, "requires_grad");
+  PyObject* cpu = PyObject_GetAttrString(real, "is_cpu");
+  const bool scalar = dim && PyLong_Check(dim) && PyLong_AsLong(dim) == 0 && rg == Py_False && cpu == Py_True;
+  Py_XDECREF(dim), Py_XDECREF(rg), Py_XDECREF(cpu);
+  clear_error();
+  PyObject* dt = scalar ? PyObject_GetAttrString(real, "dtype") : nullptr;
+  DType t;
+  const bool typed = dt && dtype_from_object(dt, t);
+  Py_XDECREF(dt);
+  PyObject* item = typed ? PyObject_CallMethod(real, "item", nullptr) : nullptr;
+  if (!item) {
+    clear_error();
+    return nullptr;
+  }
+  const double value = PyFloat_Check(item) ? PyFloat_AsDouble(item) : static_cast<double>(PyLong_AsLongLong(item));
+  const bool exact = PyFloat_Check(item) || PyBool_Check(item) ||
+                     (PyLong_AsLongLong(item) < (1LL << 53) && PyLong_AsLongLong(item) > -(1LL << 53));
+  Py_DECREF(item);
+  clear_error();
+  if (!exact || (!is_floating(t) && !is_integral(t, true))) return nullptr;
+  ir::Attrs a;
+  a.set("size", std::vector<sym::Expr>{});
+  a.set("value", value);
+  a.set("dtype", t);
+  a.set("device", std::string("cpu"));
+  ir::Node* n = add_node("full", {}, a);
+  Interpreter* r = root();
+  r->keep_.push_back(Py_NewRef(real));
+  r->known_values_[n] = real;
+  return Var::tensor(n);
+}
+
+PyObject* Interpreter::known_value(const VarPtr& v) {
+  if (!v || !v->is_tensor()) return nullptr;
+  auto it = root()->known_values_.find(v->node());
+  return it == root()->known_values_.end() ? nullptr : it->second;
+}
+
+VarPtr Interpreter::known_int(const VarPtr& v) {
+  PyObject* real = known_value(v);
+  if (!real || (v->node()->meta.dtype != DType::Int64 && v->node()->meta.dtype != DType::Int32)) return v;
+  PyObject* i = PyNumber_Index(real);
+  if (!i) {
+    clear_error();
+    return v;
+  }
+  return Var::steal_constant(i);
+}
+
 PyObject* Interpreter::key_obj(const VarPtr& v, const char* what) {
   if (!v->is_tensor()) return const_obj(v, what);
   Interpreter* r = root();

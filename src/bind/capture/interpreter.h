@@ -140,6 +140,14 @@ class Interpreter {
   // Python value of a constant, or capture stops.
   PyObject* const_obj(const VarPtr& v, const char* what);
 
+  // ---- 0-d tensors of known value: an op on Python numbers alone (LED's
+  // torch.div(seq_len, w, rounding_mode="trunc")) runs at capture, as torch's fake tensors keep
+  // such small constants, and its result is a `full` node whose value capture knows: where a
+  // size is wanted (view, new_zeros), the Python int it holds ----
+  VarPtr known_tensor(PyObject* real);     // a node holding real (a CPU 0-d tensor); nullptr: not one
+  PyObject* known_value(const VarPtr& v);  // the real 0-d tensor behind tracker v, or nullptr
+  VarPtr known_int(const VarPtr& v);       // v, or the Python int a known integral 0-d tensor holds
+
   // ---- tensors as dict keys and set items (hashed by identity, as eager's are) ----
   // A key object standing for tensor `v` (one per graph node: the same tensor, the same key);
   // other values as const_obj gives them.
@@ -224,6 +232,9 @@ class Interpreter {
   static bool is_torch_internal(PyObject* f);
 
   VarPtr call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs);
+  // torch.div(16, 4, rounding_mode="trunc"): a pointwise registry op on Python numbers alone
+  // (and 0-d tensors capture knows), run now; its 0-d result a known_tensor (nullptr: not such a call)
+  VarPtr pointwise_of_numbers(PyObject* f, const OpBinding& b, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   // The rule for this callee object, if call_rules.cpp has one that takes these arguments.
   VarPtr call_rule(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs);
@@ -683,6 +694,7 @@ class Interpreter {
   std::unordered_map<const ir::Node*, size_t> written_back_;  // root: final value of a mutated input -> input
   std::unordered_map<const ir::Node*, PyObject*> tensor_keys_;  // root: key_obj's objects (owned by keep_)
   std::unordered_map<PyObject*, VarPtr> key_tensors_;           // root: and the tensors they stand for
+  std::unordered_map<const ir::Node*, PyObject*> known_values_;  // root: known_tensor's values (owned by keep_)
   bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
   AutocastState autocast_;            // root: torch.autocast's state where capture is
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded

@@ -1,4 +1,5 @@
 #include "bind/capture/interpreter.h"
+#include "bind/interrupts.h"
 #include "core/sym/shape_env.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
@@ -339,6 +340,25 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
   std::string base = inplace ? nb.substr(11) : nb.substr(3);
   if (a->is_array() || b->is_array()) return array_binary(base, inplace, a, b);  // numpy.cpp
   if (VarPtr r = object_operator(base, inplace, a, b)) return r;  // __add__ of an object made in the frame
+  if (!inplace && (known_value(a) || known_value(b))) {
+    // n - 1 with n a 0-d tensor capture knows the value of: computed now, known too
+    static const std::unordered_map<std::string, binaryfunc> fold = {
+        {"ADD", PyNumber_Add}, {"SUBTRACT", PyNumber_Subtract}, {"MULTIPLY", PyNumber_Multiply},
+        {"TRUE_DIVIDE", PyNumber_TrueDivide}, {"FLOOR_DIVIDE", PyNumber_FloorDivide}, {"REMAINDER", PyNumber_Remainder}};
+    auto value = [&](const VarPtr& v) -> PyObject* {
+      if (PyObject* k = known_value(v)) return k;
+      return v->is_const() && !v->symint().valid() && is_python_scalar(v->known()) ? v->known() : nullptr;
+    };
+    auto it = fold.find(base);
+    PyObject *x = value(a), *y = value(b);
+    if (it != fold.end() && x && y) {
+      PyObject* r = it->second(x, y);
+      if (!r) clear_error();  // an error eager raises (a division by zero): the usual path gives it
+      VarPtr out = r ? known_tensor(r) : nullptr;
+      Py_XDECREF(r);
+      if (out) return out;
+    }
+  }
   if (a->is_tensor() || b->is_tensor()) {
     if (inplace && a->is_tensor()) check_inplace_target(a, base);
     static const std::unordered_map<std::string, std::string> ops = {
