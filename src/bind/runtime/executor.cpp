@@ -49,9 +49,7 @@ StepProfile& step_profile() {
 }
 
 std::string step_label(const loop::Program& p, const pipeline::CompiledGraph& cg, const loop::Step& st) {
-  if (st.kind == loop::Step::Kind::Kernel) return "kernel " + cg.kernels[st.index].name;
-  const loop::Extern& e = p.externs[st.index];
-  return !e.aten.empty() ? e.aten : e.attrs.has("target") ? e.attrs.get_str("target") : e.op;
+  return st.kind == loop::Step::Kind::Kernel ? "kernel " + cg.kernels[st.index].name : p.externs[st.index].label();
 }
 
 }  // namespace
@@ -937,11 +935,6 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
       drop(si);
     }
     make(p.steps.size());  // outputs no step writes
-
-    if (cg.take_error && cg.take_error()) {
-      PyErr_SetString(PyExc_RuntimeError, "ZeroDivisionError");
-      return false;
-    }
     outputs.clear();
     for (size_t i = 0; i < p.outputs.size(); ++i) {
       int alias = p.outputs[i].input_alias;

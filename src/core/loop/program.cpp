@@ -61,8 +61,7 @@ std::string Program::str() const {
   for (const Step& st : steps) {
     if (st.kind == Step::Kind::Extern) {
       const Extern& e = externs[st.index];
-      // torch's operator, or the torch callable a torch_call runs (its `target`), in place or not
-      std::string what = !e.aten.empty() ? e.aten : e.attrs.has("target") ? e.attrs.get_str("target") : e.op;
+      std::string what = e.label();
       if (e.attrs.get_bool("in_place")) what += " (in place)";
       s += "extern " + what + "(";
       for (size_t i = 0; i < e.inputs.size(); ++i) {
@@ -95,6 +94,19 @@ std::string Program::str() const {
     s += "\n";
   }
   return s;
+}
+
+std::string Extern::label() const {
+  return !aten.empty() ? aten : attrs.has("target") ? attrs.get_str("target") : op;
+}
+
+bool Program::may_raise() const {
+  if (device.type != DeviceType::CPU) return false;
+  for (size_t r = 0; r < exprs.size(); ++r) {
+    const SNode& n = exprs[static_cast<SRef>(r)];
+    if ((n.op == SOp::FloorDiv || n.op == SOp::Mod || n.op == SOp::TruncDiv) && is_integral(n.dtype, true)) return true;
+  }
+  return false;
 }
 
 bool Program::writes_inputs() const {

@@ -87,6 +87,7 @@ struct Extern {
   std::vector<BufferView> inputs;
   int output = -1;
   ir::Attrs attrs;
+  std::string label() const;  // torch's operator, or the torch callable a torch_call runs
 };
 
 struct Step {
@@ -150,6 +151,9 @@ struct Program {
   // Whether a step writes a graph input's memory (an update stored in place, a torch call
   // made in place): then a call that fails midway has changed what the caller holds.
   bool writes_inputs() const;
+  // Whether a kernel may find a CPU integer division or remainder by zero (recorded in the
+  // library's flag, raised by the executor after that kernel as torch's ZeroDivisionError).
+  bool may_raise() const;
 };
 
 // The scalar arguments (SOp::Arg indices) kernel `k` reads, ascending: a CUDA kernel takes

@@ -221,7 +221,7 @@ bool compile_graph(ir::Graph& g, const CompileOptions& options, CompiledGraph& o
     out.library = r.library;
     out.disk_cache_hit = r.cache_hit;
     out.source_path = r.source_path;
-    out.take_error = reinterpret_cast<int (*)()>(r.library->symbol("kiln_take_error"));
+    if (p.may_raise()) out.take_error = reinterpret_cast<int (*)()>(r.library->symbol("kiln_take_error"));
     for (const loop::Kernel& k : p.kernels) {
       CompiledKernel ck;
       ck.name = k.name;

@@ -49,7 +49,7 @@ struct CompiledGraph {
   std::string source_path;       // where it lies on disk
   std::vector<CompiledKernel> kernels;
   std::vector<CompiledKernel> foreach;  // one per Program::foreach_groups entry (its members have no cuda_fn)
-  int (*take_error)() = nullptr;  // CPU: reports (and clears) an integer division by zero
+  int (*take_error)() = nullptr;  // CPU programs that may raise (Program::may_raise): reports and clears the flag
   std::shared_ptr<compile::SharedLibrary> library;
   std::vector<std::shared_ptr<compile::CudaModule>> cuda_modules;  // one per distinct kernel
   bool disk_cache_hit = false;

@@ -26,22 +26,12 @@ bool same_layout(const loop::Buffer& a, const loop::Buffer& b) {
          a.offset == b.offset;
 }
 
-// A CPU integer division or remainder records a zero divisor and the executor raises after the
-// program: eager raises at that op, with the input updates before it made and none after. The
-// runtime reruns such a call eagerly, which needs the inputs untouched by the program.
-bool may_raise_after_running(const loop::Program& p) {
-  if (p.device.type != DeviceType::CPU) return false;
-  for (size_t r = 0; r < p.exprs.size(); ++r) {
-    const SNode& n = p.exprs[static_cast<SRef>(r)];
-    if ((n.op == SOp::FloorDiv || n.op == SOp::Mod || n.op == SOp::TruncDiv) && is_integral(n.dtype, true)) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 void write_updates_in_place(loop::Program& p) {
-  if (may_raise_after_running(p)) return;
+  // A program that may raise midway leaves inputs alone: the runtime then reruns the call
+  // eagerly, which makes eager's updates before the failing op and none after.
+  if (p.may_raise()) return;
   std::vector<std::pair<int, int>> redirects;  // (output buffer, input buffer)
   for (const auto& [input, output] : p.input_updates) {
     if (output < 0 || output >= static_cast<int>(p.outputs.size()) || input >= static_cast<int>(p.inputs.size())) continue;
