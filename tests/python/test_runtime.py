@@ -841,3 +841,71 @@ def test_kept_cpu_temporaries_under_inference_mode_and_no_grad_in_turn():
             out, ref = f(x), net(x)
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
         assert out.is_inference() == bool(i % 2)
+
+
+def test_large_cpu_outputs_reuse_the_memory_of_dropped_results():
+    """A CPU program's large outputs come from its output pool (output_pool.h): a result the
+    caller dropped gives its memory to the next call's result, and a result the caller keeps
+    is never written by a later call."""
+    torch.manual_seed(0)
+    fn = lambda x: torch.softmax(x * 2.0, dim=-1)  # noqa: E731
+    f = kiln.compile(fn, fullgraph=True)
+    x = torch.randn(512, 512)  # 1 MiB result: above the pool's threshold
+    first = f(x)
+    torch.testing.assert_close(first, fn(x))
+    address = first.data_ptr()
+    del first
+    other_tensor = torch.empty(512, 512)  # would get the freed block, had it gone back to glibc
+    again_x = torch.randn(512, 512)
+    again = f(again_x)
+    assert again.data_ptr() == address != other_tensor.data_ptr()  # the dropped result's block
+    kept = again.clone()
+    other = f(torch.randn(512, 512))  # `again` is alive: fresh memory
+    assert other.data_ptr() != again.data_ptr()
+    torch.testing.assert_close(again, kept, rtol=0, atol=0)
+    torch.testing.assert_close(again, fn(again_x))
+    assert kiln.stats()["graphs_compiled"] == 1
+
+
+def test_pooled_outputs_behave_as_torchs_own_tensors():
+    """resize_, in-place updates, autograd flags, inference mode, numpy views, and a result that
+    outlives its compiled function and dies on another thread."""
+    import gc
+    import threading
+    torch.manual_seed(1)
+    fn = lambda x: torch.tanh(x) * 2 + x.sigmoid()  # noqa: E731
+    f = kiln.compile(fn, fullgraph=True)
+    x = torch.randn(300, 400)
+    out = f(x)
+    torch.testing.assert_close(out, fn(x))
+    assert out.is_contiguous() and not out.requires_grad and out.grad_fn is None
+    assert out._version == 0
+    out.add_(1)  # in place: a normal tensor with a version counter
+    assert out._version == 1
+    out.resize_(1000, 1000)  # grows through torch's allocator
+    out.fill_(2.0)
+    assert out.sum().item() == 2.0 * 1e6
+    arr = f(x).numpy()
+    np_ref = fn(x).numpy()
+    assert (abs(arr - np_ref) < 1e-5).all()
+    with torch.inference_mode():
+        inf = f(x)
+    assert inf.is_inference()
+    torch.testing.assert_close(inf, fn(x))
+    y = torch.randn(300, 400, requires_grad=True)
+    g = f(y)
+    (ref := fn(y)).sum().backward()
+    grad = y.grad.clone()
+    y.grad = None
+    g.sum().backward()
+    torch.testing.assert_close(y.grad, grad)
+    torch.testing.assert_close(g, ref)
+    late = f(x)
+    del f
+    gc.collect()
+    box = [late]
+    del late
+    t = threading.Thread(target=box.clear)  # freed on another thread, after its pool's program
+    t.start()
+    t.join()
+    assert box == []

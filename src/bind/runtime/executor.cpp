@@ -1,5 +1,6 @@
 // The other place (with torch/tensor_bridge.cpp) that sees torch's C++ API.
 #include "bind/runtime/executor.h"
+#include "bind/runtime/output_pool.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -476,6 +477,8 @@ struct PreparedProgram {
   bool keeps_memory = false;
   std::atomic<bool> busy{false};
   std::vector<at::Tensor> kept_buffers, kept_slots;
+  // Outputs' memory comes back here when the caller drops them (CPU; output_pool.h).
+  std::shared_ptr<OutputPool> output_pool;
 };
 
 namespace {
@@ -665,6 +668,11 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
   prep->keeps_memory = p.device.type == DeviceType::CPU;
   prep->kept_buffers.resize(p.buffers.size());
   prep->kept_slots.resize(static_cast<size_t>(p.num_slots));
+  if (prep->keeps_memory) {
+    size_t outputs = 0;
+    for (const loop::Buffer& b : p.buffers) outputs += b.kind == loop::BufferKind::Output;
+    if (outputs) prep->output_pool = std::make_shared<OutputPool>(outputs);
+  }
   return prep;
 }
 
@@ -766,6 +774,8 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
           if (!reuse(k, rs.sizes[id], rs.strides[id]))
             k = at::empty_strided(rs.sizes[id], rs.strides[id], options.dtype(scalar_type(b.dtype)));
           tensors[id] = k;
+        } else if (b.kind == loop::BufferKind::Output && prep.output_pool) {
+          tensors[id] = prep.output_pool->empty_strided(rs.sizes[id], rs.strides[id], scalar_type(b.dtype));
         } else {
           tensors[id] = at::empty_strided(rs.sizes[id], rs.strides[id], options.dtype(scalar_type(b.dtype)));
         }
