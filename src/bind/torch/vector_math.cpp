@@ -14,7 +14,7 @@ void provide_torch_vector_math() {
   void* torch_cpu = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
   if (!torch_cpu) return;
   std::vector<void*> table;
-  for (const char* width : {"f8_u10", "d4_u10"})
+  for (const char* width : {"f8_u10", "d4_u10", "f16_u10", "d8_u10"})
     for (const std::string& fn : compile::vector_math_functions())
       table.push_back(dlsym(torch_cpu, ("Sleef_" + fn + width).c_str()));
   compile::set_vector_math(std::move(table));  // ignored unless every function is there

@@ -56,8 +56,22 @@ bool have_libmvec() {
   return have;
 }
 
+// The 512-bit libmvec functions (glibc 2.35 has them all), called on AVX-512 machines.
+bool have_libmvec_512() {
+  static const bool have = [] {
+    if (!have_libmvec()) return false;
+    void* h = dlopen("libmvec.so.1", RTLD_NOW | RTLD_LOCAL);
+    bool ok = h;
+    for (const std::string& fn : vector_math_functions())
+      ok = ok && dlsym(h, ("_ZGVeN16v_" + fn + "f").c_str()) && dlsym(h, ("_ZGVeN8v_" + fn).c_str());
+    if (h) dlclose(h);
+    return ok;
+  }();
+  return have;
+}
+
 bool use_sleef() {
-  static const bool use = sleef_table().size() == 2 * vector_math_functions().size() && !have_libmvec() &&
+  static const bool use = sleef_table().size() >= 2 * vector_math_functions().size() && !have_libmvec() &&
                           vector_math_choice() != "own" && vector_math_choice() != "libmvec";
   return use;
 }
@@ -72,7 +86,9 @@ const std::vector<std::string>& compile_flags() {
                                   "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
                                   "-fwrapv"};  // signed overflow wraps, as torch's integer kernels do
     if (use_sleef()) f.push_back("-DKILN_SLEEF");
+    if (use_sleef() && sleef_table().size() == 4 * vector_math_functions().size()) f.push_back("-DKILN_SLEEF_512");
     if (have_libmvec()) f.push_back("-DKILN_HAVE_MVEC");
+    if (have_libmvec_512()) f.push_back("-DKILN_HAVE_MVEC_512");
     return f;
   }();
   return flags;
@@ -316,8 +332,13 @@ const std::vector<std::string>& vector_math_functions() {
 std::string vector_math_in_use() { return have_libmvec() ? "libmvec" : use_sleef() ? "sleef" : "own"; }
 
 void set_vector_math(std::vector<void*> table) {
-  for (void* p : table)
-    if (!p) return;
+  const size_t half = 2 * vector_math_functions().size();
+  if (table.size() < half) return;
+  for (size_t i = 0; i < half; ++i)
+    if (!table[i]) return;
+  bool wide = table.size() == 2 * half;
+  for (size_t i = half; wide && i < table.size(); ++i) wide = table[i] != nullptr;
+  table.resize(wide ? 2 * half : half);
   sleef_table() = std::move(table);
 }
 

@@ -47,12 +47,13 @@ CpuCompileResult compile_cpp_units(const std::vector<std::string>& sources, cons
 // Vector math for CPU kernels: SIMD versions of exp, exp2, expm1, log, log2, log1p, sin, cos,
 // tan, tanh and erf, float (8 lanes) then double (4 lanes), in `vector_math_functions()` order,
 // as Sleef's Sleef_<fn>f8_u10 / Sleef_<fn>d4_u10 (what eager's own CPU kernels call; torch's
-// library exports them). Given before the first compile, kernels on AVX2 machines call them
+// library exports them), optionally followed by the 512-bit ones (f16, d8; kernels on AVX-512
+// machines call those when all are there). Given before the first compile, kernels on AVX2 machines call them
 // through a table each loaded library receives where glibc's libmvec is not there (libmvec is
 // preferred), else kiln's own float functions (codegen/prelude/cpu_prelude.h).
 // $KILN_VECTOR_MATH=sleef, =libmvec or =own picks one (tests).
 const std::vector<std::string>& vector_math_functions();
-void set_vector_math(std::vector<void*> float8_then_double4);
+void set_vector_math(std::vector<void*> float8_double4_then_float16_double8);
 // "libmvec", "sleef" or "own": what CPU kernels compiled now call.
 std::string vector_math_in_use();
 

@@ -41,21 +41,40 @@ typedef double kiln_v2df __attribute__((vector_size(16)));
 typedef double kiln_v4df __attribute__((vector_size(32)));
 typedef double kiln_v8df __attribute__((vector_size(64)));
 #if KILN_VECTOR_MATH == 1
+// The table holds the 256-bit functions (float, then double) and, where torch exports them
+// (KILN_SLEEF_512), the 512-bit ones after them: on an AVX-512 machine, whose loops GCC's generic
+// tuning vectorizes 16 floats wide, one call does a vector's work instead of two.
+#if defined(__AVX512F__) && defined(KILN_SLEEF_512)
+typedef kiln_v16sf kiln_mv_vf;
+typedef kiln_v8df kiln_mv_vd;
+#define KILN_SLEEF_WIDTHS 4
+#define KILN_SLEEF_BASE (2 * kiln_sleef_count)
+#else
 typedef kiln_v8sf kiln_mv_vf;
 typedef kiln_v4df kiln_mv_vd;
+#define KILN_SLEEF_WIDTHS 2
+#define KILN_SLEEF_BASE 0
+#endif
 enum { kiln_sleef_exp, kiln_sleef_exp2, kiln_sleef_expm1, kiln_sleef_log, kiln_sleef_log2, kiln_sleef_log1p,
        kiln_sleef_sin, kiln_sleef_cos, kiln_sleef_tan, kiln_sleef_tanh, kiln_sleef_erf, kiln_sleef_count };
 // Float functions, then double ones; one table for the library (as kiln_error_flag below).
-extern "C" __attribute__((visibility("hidden"))) void* kiln_sleef[2 * kiln_sleef_count];
+extern "C" __attribute__((visibility("hidden"))) void* kiln_sleef[KILN_SLEEF_WIDTHS * kiln_sleef_count];
 #ifndef KILN_SECONDARY_UNIT
-void* kiln_sleef[2 * kiln_sleef_count];
+void* kiln_sleef[KILN_SLEEF_WIDTHS * kiln_sleef_count];
 extern "C" void kiln_set_sleef(void* const* t) {
-  for (int i = 0; i < 2 * kiln_sleef_count; ++i) kiln_sleef[i] = t[i];
+  for (int i = 0; i < KILN_SLEEF_WIDTHS * kiln_sleef_count; ++i) kiln_sleef[i] = t[i];
 }
 #endif
-#define KILN_MV_F(fn) ((kiln_mv_vf(*)(kiln_mv_vf))kiln_sleef[kiln_sleef_##fn])
-#define KILN_MV_D(fn) ((kiln_mv_vd(*)(kiln_mv_vd))kiln_sleef[kiln_sleef_count + kiln_sleef_##fn])
+#define KILN_MV_F(fn) ((kiln_mv_vf(*)(kiln_mv_vf))kiln_sleef[KILN_SLEEF_BASE + kiln_sleef_##fn])
+#define KILN_MV_D(fn) ((kiln_mv_vd(*)(kiln_mv_vd))kiln_sleef[KILN_SLEEF_BASE + kiln_sleef_count + kiln_sleef_##fn])
 #define KILN_MV_DECLARE_CANON(fn)
+#elif defined(__AVX512F__) && defined(KILN_HAVE_MVEC_512)
+// AVX-512: GCC's generic tuning vectorizes 16 floats wide, so the 512-bit functions are the
+// canonical ones (an 8-lane canonical made every 16-lane call two calls and a shuffle).
+#define KILN_MV_F(fn) _ZGVeN16v_##fn##f
+#define KILN_MV_D(fn) _ZGVeN8v_##fn
+typedef kiln_v16sf kiln_mv_vf;
+typedef kiln_v8df kiln_mv_vd;
 #elif defined(__AVX2__)
 #define KILN_MV_F(fn) _ZGVdN8v_##fn##f
 #define KILN_MV_D(fn) _ZGVdN4v_##fn
