@@ -218,3 +218,22 @@ TEST(Pipeline, CatFusesWithItsProducersAndConsumers) {
       ASSERT_EQ(bufs[out][r * 8 + c], ref) << r << "," << c;
     }
 }
+
+// Whether a kernel forks its thread team follows the cost of its body, not its point count
+// alone: an erf over 24,576 floats (BERT 1x8's gelu) is split across threads, an add of the
+// same size is not.
+TEST(Pipeline, CostlyBodiesSplitAcrossThreadsAtFewerPoints) {
+  auto source_of = [](const char* op) {
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", f32({8, 3072}));
+    ir::Node* y = std::string(op) == "add" ? g.must_add("add", {x, x}) : g.must_add(op, {x});
+    g.outputs().push_back(y);
+    pipeline::CompiledGraph cg;
+    std::string err;
+    EXPECT_TRUE(pipeline::compile_graph(g, {}, cg, err)) << err;
+    return cg.source;
+  };
+  EXPECT_NE(source_of("erf").find("#pragma omp parallel"), std::string::npos);
+  EXPECT_NE(source_of("exp").find("#pragma omp parallel"), std::string::npos);
+  EXPECT_EQ(source_of("add").find("#pragma omp parallel"), std::string::npos);
+}

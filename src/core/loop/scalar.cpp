@@ -189,6 +189,35 @@ size_t ScalarCtx::count(SRef r) const {
   return seen.size();
 }
 
+double ScalarCtx::cost(SRef r, std::unordered_set<SRef>& seen) const {
+  double total = 0;
+  std::vector<SRef> stack{r};
+  while (!stack.empty()) {
+    SRef x = stack.back();
+    stack.pop_back();
+    if (x < 0 || !seen.insert(x).second) continue;
+    const SNode& n = nodes_[x];
+    switch (n.op) {
+      case SOp::Const: case SOp::Acc: case SOp::Index: case SOp::Arg: break;
+      case SOp::Exp: case SOp::Log: case SOp::Sin: case SOp::Cos: case SOp::Tan: case SOp::Tanh:
+      case SOp::Sigmoid: case SOp::Erf: case SOp::Exp2: case SOp::Log2: case SOp::Expm1: case SOp::Log1p:
+      case SOp::Pow:
+        total += 8;
+        break;
+      case SOp::Div: case SOp::Sqrt: case SOp::Rsqrt: case SOp::Reciprocal: case SOp::FloorDiv:
+      case SOp::TruncDiv: case SOp::Mod:
+        total += 2;
+        break;
+      default:
+        total += 1;
+    }
+    stack.push_back(n.a);
+    stack.push_back(n.b);
+    stack.push_back(n.c);
+  }
+  return total;
+}
+
 SRef ScalarCtx::rewrite(SRef root, const std::function<SRef(ScalarCtx&, const SNode&, SRef)>& f,
                         std::unordered_map<SRef, SRef>& memo) {
   if (root < 0) return root;

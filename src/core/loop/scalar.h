@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/ir/dtype.h"
@@ -95,6 +96,10 @@ class ScalarCtx {
   size_t size() const { return nodes_.size(); }
   // Number of distinct nodes reachable from r (a cost estimate for inlining decisions).
   size_t count(SRef r) const;
+  // What evaluating the roots once costs, each distinct node counted once, in units of a load
+  // or an add: a division or square root 2, a transcendental function (exp, erf, tanh, pow...)
+  // 8, a constant nothing. `seen` spans calls (a kernel's stages share nodes).
+  double cost(SRef r, std::unordered_set<SRef>& seen) const;
   // Rewrites reachable nodes through f (called on each node with its new operands); used to
   // replace loads of a fused-away buffer by the value computed in the same kernel.
   SRef rewrite(SRef root, const std::function<SRef(ScalarCtx&, const SNode&, SRef self)>& f,
