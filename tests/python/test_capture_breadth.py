@@ -1145,6 +1145,29 @@ def module_dropout_p_zero(x, y):
     return nn.Dropout(p=0.0)(x) + nn.Dropout(0.5).eval()(y)
 
 
+class _Stacked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(5, 5), nn.GELU(), nn.Linear(5, 5), nn.Tanh())
+        self.blocks = nn.ModuleList([nn.Linear(5, 5) for _ in range(4)])
+
+
+_stacked = _Stacked().eval()
+
+
+@case()
+def module_sequential_slice_called(x, y):
+    stem = _stacked.body[:2]  # a new nn.Sequential in eager, called as one
+    return stem(x) + _stacked.body[2:](y) + _stacked.body[::2][1](x)
+
+
+@case()
+def module_list_slice_looped_and_returned(x, y):
+    for block in _stacked.blocks[1:]:
+        x = block(x).relu()
+    return x + len(_stacked.blocks[:-1]) * y, _stacked.blocks[2:], _stacked.body[-2:]
+
+
 @case(xfail=MODULE_BUILT)
 def module_linear_built_and_called(x, y):
     lin = nn.Linear(5, 3)  # random init: compared with eager under the same seed

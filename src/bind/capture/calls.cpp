@@ -368,6 +368,21 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
       unsupported("call of a context manager object");
     case Var::Kind::Const:
       return call_const(fn, std::move(args), kwargs);
+    case Var::Kind::List:
+      if (VarPtr base = fn->as<ListV>().sliced_module) {
+        // modules[a:b](x) of an nn.Sequential: Sequential.forward of the new container, each
+        // child called on the last one's result (the new container has no hooks of its own).
+        static PyObject* sequential = object_at("torch.nn.Sequential");
+        static PyObject* forward = PyUnicode_InternFromString("forward");
+        PyTypeObject* type = Py_TYPE(base->obj());
+        if (!sequential || args.size() != 1 || !kwargs.empty() ||
+            _PyType_Lookup(type, forward) != _PyType_Lookup(reinterpret_cast<PyTypeObject*>(sequential), forward))
+          unsupported("call of a slice of a module other than nn.Sequential(x)");
+        VarPtr v = args[0];
+        for (const VarPtr& child : fn->seq()) v = call(child, {v}, {});
+        return v;
+      }
+      unsupported("call of a non-callable value");
     default: unsupported("call of a non-callable value");
   }
 }

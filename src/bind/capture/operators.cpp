@@ -597,7 +597,12 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
     Py_ssize_t len = PySlice_AdjustIndices(n, &start, &stop, step);
     std::vector<VarPtr> items;
     for (Py_ssize_t k = 0; k < len; ++k) items.push_back(module_attr(base, names[start + k * step].c_str()));
-    return Var::tuple(std::move(items), true);
+    VarPtr sliced = Var::tuple(std::move(items), true);
+    sliced->as<ListV>().sliced_module = base;
+    // Handed out (or live at a graph break), it is eager's value: the caller's module sliced
+    // again, a new container of its class. A source also makes list updates on it breaks.
+    if (base->source) sliced->source = Source::key_of(base->source, index->obj());
+    return sliced;
   }
   if (base->kind() == Var::Kind::Module) {
     // self.layers[i] on a ModuleList/Sequential: the child module, guarded like any other.

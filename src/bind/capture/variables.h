@@ -73,6 +73,9 @@ struct ListV {
   std::optional<DictView> view;
   bool deque = false;      // a collections.deque made in the frame (its left end is items[0])
   Py_ssize_t maxlen = -1;  // a deque's maxlen (-1: unbounded)
+  // modules[a:b] of an nn.Sequential or ModuleList: its children, read as a list; eager's value
+  // is a new container of the module's class (rebuilt from the Var's source, base[slice]).
+  std::shared_ptr<Var> sliced_module;
 };
 struct NullV {};  // the NULL that CALL's calling convention pushes
 struct MethodV {  // a bound method: receiver + name
