@@ -1156,6 +1156,22 @@ _stacked = _Stacked().eval()
 
 
 @case()
+def loop_over_tensor_rows(x, y):
+    total = 0
+    for i, row in enumerate(x):  # Tensor.__iter__: the rows of x.unbind(0)
+        total = total + row.softmax(-1) * (i + 1)
+    return total + y.sum(0)
+
+
+@case()
+def loop_over_tensor_rows_updating_them(x, y):
+    out = [r for r in y]
+    for i, r in enumerate(x):
+        r.mul_(i)  # unbind's rows are views: x changes with them
+    return torch.stack(out[::-1]) + x
+
+
+@case()
 def module_sequential_slice_called(x, y):
     stem = _stacked.body[:2]  # a new nn.Sequential in eager, called as one
     return stem(x) + _stacked.body[2:](y) + _stacked.body[::2][1](x)

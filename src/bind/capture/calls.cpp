@@ -524,7 +524,16 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
     for (Py_ssize_t i = 0; i < n; ++i) out.push_back(Var::steal_constant(PySequence_GetItem(o, i)));
     return out;
   }
-  unsupported("iteration over a tensor is not captured yet");
+  if (v->is_tensor() && !v->is_array()) {
+    // for row in x: Tensor.__iter__ is iter(x.unbind(0)), unrolled over a first dim of fixed size
+    const ir::TensorMeta& m = v->node()->meta;
+    if (m.dim() == 0) unsupported("iteration over a 0-d tensor: TypeError");
+    auto n = m.sizes[0].as_const();
+    if (!n) unsupported("iteration over a tensor whose first dim is symbolic");
+    if (*n > 10000) unsupported("loop of more than 10000 iterations");
+    return items_of(call_tensor_method(v, "unbind", {}, {}));
+  }
+  unsupported("iteration over a value kiln does not know how to iterate");
 }
 
 VarPtr Interpreter::iteration_builtin(PyObject* f, const std::vector<VarPtr>& args) {
