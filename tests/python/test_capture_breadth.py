@@ -1171,6 +1171,35 @@ def loop_over_tensor_rows_updating_them(x, y):
     return torch.stack(out[::-1]) + x
 
 
+class _Scales(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scales = nn.ParameterList([nn.Parameter(torch.randn(5)) for _ in range(3)])
+
+
+_scales = _Scales()
+
+
+@case()
+def module_parameter_list_indexed_and_looped(x, y):
+    for p in _scales.scales:
+        x = x * p
+    return x + _scales.scales[-1] + _scales.scales[0] * y
+
+
+@case()
+def module_children_listed_then_called(x, y):
+    first, *rest = list(_stacked.body)
+    mods = tuple(_stacked.blocks)
+    return rest[-1](first(x)) + mods[1](y) + len(rest)
+
+
+@case()
+def torch_size_built_and_extended(x, y):
+    s = x.shape + (1,)
+    return x.reshape(s).squeeze(-1) + y.new_ones(torch.Size([4, 5])) * len(torch.Size((2, 3)))
+
+
 @case()
 def module_sequential_slice_called(x, y):
     stem = _stacked.body[:2]  # a new nn.Sequential in eager, called as one

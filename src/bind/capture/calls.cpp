@@ -1006,7 +1006,12 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
     }
   }
   if ((f == builtin("list") || f == builtin("tuple")) && args.empty()) return Var::tuple({}, f == builtin("list"));
-  auto is_object = [](const VarPtr& v) { return v->kind() == Var::Kind::Record && v->as<RecordV>().plain; };
+  // An object made in the frame, or a container module of the caller's (list(self.layers)):
+  // iterated through items_of, so a module's children keep their sources and guards.
+  auto is_object = [](const VarPtr& v) {
+    if (v->kind() == Var::Kind::Module) return v->source && is_container_module(v->obj());
+    return v->kind() == Var::Kind::Record && v->as<RecordV>().plain;
+  };
   if (std::any_of(args.begin(), args.end(), is_object)) {
     // builtins that iterate an object made in the frame: over the items its __iter__ gives
     bool consumer = false;
@@ -1187,6 +1192,8 @@ bool Interpreter::pure_callable(PyObject* f) {
   static PyObject* iinfo = resolve_torch("iinfo");
   static PyObject* promote_types = resolve_torch("promote_types");
   static PyObject* device = resolve_torch("device");
+  static PyObject* size = resolve_torch("Size");
+  if (f == size) return true;  // torch.Size((4, 6)): a tuple of ints
   if (f == finfo || f == iinfo || f == promote_types) return true;  // limits of a dtype, dtypes combined
   if (f == device) return true;  // torch.device("cuda", 0): a value, made from its arguments
   // Methods of strings, numbers and tuples (immutable receivers): "{}".format, "-".join, ...

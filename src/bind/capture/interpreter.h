@@ -300,14 +300,17 @@ class Interpreter {
   VarPtr split_tensor(const VarPtr& x, bool chunk, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   // ModuleDict and ParameterDict (and subclasses): containers whose iteration yields keys.
+  // ModuleList, Sequential, ParameterList or a keyed container: what iterating a module walks.
+  static bool is_container_module(PyObject* m);
   static bool is_keyed_container(PyObject* m);
 
   // Number of children of a container module, guarded.
   Py_ssize_t module_children(const VarPtr& mod);
 
   // The names of a container module's children (ModuleList, Sequential, ModuleDict,
-  // ParameterList, ParameterDict), in order; each read through module_attr, so guarded.
-  std::vector<std::string> module_keys(const VarPtr& mod);
+  // ParameterList, ParameterDict: its parameters), in order, their count guarded; each read
+  // through module_attr, so guarded, unless guard_children is false (the caller reads one).
+  std::vector<std::string> module_keys(const VarPtr& mod, bool guard_children = true);
 
   // self.helper(x) on a module: the class's function, inlined with the module as self.
   VarPtr call_module_method(VarPtr mod, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);

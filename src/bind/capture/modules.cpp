@@ -222,6 +222,10 @@ struct ModuleRules {
 
 bool Interpreter::is_keyed_container(PyObject* m) { return instance_of(m, "ModuleDict") || instance_of(m, "ParameterDict"); }
 
+bool Interpreter::is_container_module(PyObject* m) {
+  return instance_of(m, "ModuleList") || instance_of(m, "Sequential") || instance_of(m, "ParameterList") || is_keyed_container(m);
+}
+
 Py_ssize_t Interpreter::module_children(const VarPtr& mod) {
   const bool params = instance_of(mod->obj(), "ParameterList") || instance_of(mod->obj(), "ParameterDict");
   if (!params && !instance_of(mod->obj(), "ModuleList") && !instance_of(mod->obj(), "Sequential") &&
@@ -240,7 +244,7 @@ Py_ssize_t Interpreter::module_children(const VarPtr& mod) {
   return n;
 }
 
-std::vector<std::string> Interpreter::module_keys(const VarPtr& mod) {
+std::vector<std::string> Interpreter::module_keys(const VarPtr& mod, bool guard_children) {
   module_children(mod);
   const bool params = instance_of(mod->obj(), "ParameterList") || instance_of(mod->obj(), "ParameterDict");
   PyObject* children = PyObject_GetAttrString(mod->obj(), params ? "_parameters" : "_modules");
@@ -249,7 +253,8 @@ std::vector<std::string> Interpreter::module_keys(const VarPtr& mod) {
   Py_ssize_t pos = 0;
   while (PyDict_Next(children, &pos, &key, &value)) names.push_back(PyUnicode_AsUTF8(key));
   Py_DECREF(children);
-  for (const std::string& n : names) module_attr(mod, n.c_str());  // guards each child
+  if (guard_children)
+    for (const std::string& n : names) module_attr(mod, n.c_str());  // guards each child
   return names;
 }
 

@@ -606,18 +606,13 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
   }
   if (base->kind() == Var::Kind::Module) {
     // self.layers[i] on a ModuleList/Sequential: the child module, guarded like any other.
+    // (a ParameterList's items are its parameters, kept in _parameters: module_keys reads those)
     if (!index->is_const() || !PyLong_Check(index->obj())) unsupported("module indexed by a non-integer");
-    Py_ssize_t n = module_children(base), i = PyLong_AsSsize_t(index->obj());
+    const std::vector<std::string> names = module_keys(base, /*guard_children=*/false);  // the one read is guarded
+    Py_ssize_t n = static_cast<Py_ssize_t>(names.size()), i = PyLong_AsSsize_t(index->obj());
     if (i < 0) i += n;
     if (i < 0 || i >= n) unsupported("module index out of range");
-    PyObject* children = PyObject_GetAttrString(base->obj(), "_modules");
-    PyObject *key, *value;
-    Py_ssize_t pos = 0, k = 0;
-    std::string name;
-    while (PyDict_Next(children, &pos, &key, &value))
-      if (k++ == i) name = PyUnicode_AsUTF8(key);
-    Py_DECREF(children);
-    return module_attr(base, name.c_str());
+    return module_attr(base, names[i].c_str());
   }
   PyObject* container = const_obj(base, "container");
   PyObject* key = const_obj(index, "index");
