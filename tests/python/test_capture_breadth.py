@@ -1156,6 +1156,14 @@ _stacked = _Stacked().eval()
 
 
 @case()
+def namedtuple_class_made_in_the_function(x, y):
+    Out = collections.namedtuple("Out", ["logits", "loss"], defaults=[None])
+    out = Out(x @ y.t())  # (eager's class is a new one at every call: not handed out)
+    done = out._replace(loss=out.logits.sum())
+    return done.logits - done.loss, out.loss is None, type(done).__name__, Out._fields
+
+
+@case()
 def loop_over_tensor_rows(x, y):
     total = 0
     for i, row in enumerate(x):  # Tensor.__iter__: the rows of x.unbind(0)

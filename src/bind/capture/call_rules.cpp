@@ -45,6 +45,7 @@ struct CallRules {
       add(object_at("functools.partial"), partial);
       add(object_at("collections.Counter"), counter);
       add(object_at("collections.deque"), deque_);
+      add(object_at("collections.namedtuple"), namedtuple_class);
       add(PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyTuple_Type), "__new__"), tuple_new);
       add(I.resolve_torch("result_type"), torch_result_type);
       add(I.resolve_torch("can_cast"), on_python_values);
@@ -208,6 +209,17 @@ struct CallRules {
     return Var::constant(torch_dtype_object(result_type(ops)));
   }
 
+  // collections.namedtuple("Out", ["logits", "loss"], defaults=[None]) in the function: a class
+  // made from constants, once (eager makes an equal one at every call); its instances are
+  // tuple trackers (make_namedtuple).
+  static VarPtr namedtuple_class(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    // The class's __module__ is its caller's, as namedtuple reads it off the calling frame.
+    bool named = std::any_of(kwargs.begin(), kwargs.end(), [](const auto& kv) { return kv.first == "module"; });
+    PyObject* module = I.globals_ ? PyDict_GetItemString(I.globals_, "__name__") : nullptr;
+    if (!named && module) kwargs.emplace_back("module", Var::constant(module));
+    return I.real(I.call_for_real(fn->obj(), args, kwargs, "namedtuple argument"));  // lists of names made here too
+  }
+
   // torch functions that answer from Python values alone (torch.can_cast(torch.int32, dt)).
   static VarPtr on_python_values(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (!std::all_of(args.begin(), args.end(), [](const VarPtr& a) { return a->is_const(); }) || !kwargs.empty()) return nullptr;
@@ -236,6 +248,7 @@ struct CallRules {
     if (args.size() != 1) return nullptr;
     const VarPtr& a = args[0];
     if (auto* r = a->get_if<RecordV>()) return Var::constant(r->cls);
+    if (auto* t = a->get_if<TupleV>(); t && t->structseq && kwargs.empty()) return Var::constant(t->structseq);  // a namedtuple's class
     if (a->is_array() && kwargs.empty()) return Var::constant(I.array_type(a));
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (Interpreter::structural(a) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->obj())));
