@@ -561,3 +561,28 @@ def test_ops_doc_is_the_registry():
     assert (root / "docs" / "ops.md").read_text() == gen.render()
     names = {o["name"] for o in kiln._C.ops()}
     assert {"add", "softmax", "conv2d", "slice", "select", "torch_call"} <= names
+
+
+def test_a_compiled_function_carries_the_wrapped_functions_name_and_docs():
+    """As torch.compile's (functools.wraps): __name__, __qualname__, __module__, __doc__,
+    __wrapped__, and a __dict__ that functools.update_wrapper and users can write."""
+    import functools
+
+    def scaled(x, *, scale=2.0):
+        "Scales x."
+        return x * scale
+
+    f = kiln.compile(scaled)
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        assert getattr(f, attr) == getattr(scaled, attr), attr
+    assert f.__wrapped__ is scaled
+    f.tag = "kept"
+    assert f.__dict__["tag"] == "kept"
+
+    @functools.wraps(f)
+    def outer(x):
+        return f(x) + 1
+
+    assert outer.__name__ == "scaled" and outer.__doc__ == "Scales x."
+    x = torch.randn(5)
+    torch.testing.assert_close(outer(x), x * 2 + 1)

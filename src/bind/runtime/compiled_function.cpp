@@ -1257,7 +1257,25 @@ PyObject* cf_get_fn(PyObject* self, void*) {
   return fn;
 }
 
+// __name__, __qualname__, __module__ and __doc__ are the wrapped function's, as functools.wraps
+// gives torch.compile's result (logging, pytest ids and other decorators read them).
+PyObject* cf_get_wrapped_attr(PyObject* self, void* name) {
+  PyObject* fn = reinterpret_cast<CompiledFunctionObject*>(self)->state->fn;
+  PyObject* v = PyObject_GetAttrString(fn, static_cast<const char*>(name));
+  if (!v && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+    PyErr_Clear();
+    if (std::string(static_cast<const char*>(name)) == "__doc__") Py_RETURN_NONE;
+    PyErr_Format(PyExc_AttributeError, "'kiln._C.CompiledFunction' object has no attribute '%s'", static_cast<const char*>(name));
+  }
+  return v;
+}
+
 PyGetSetDef cf_getset[] = {
+    {"__name__", cf_get_wrapped_attr, nullptr, nullptr, const_cast<char*>("__name__")},
+    {"__qualname__", cf_get_wrapped_attr, nullptr, nullptr, const_cast<char*>("__qualname__")},
+    {"__module__", cf_get_wrapped_attr, nullptr, nullptr, const_cast<char*>("__module__")},
+    {"__doc__", cf_get_wrapped_attr, nullptr, nullptr, const_cast<char*>("__doc__")},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
     {"__wrapped__", cf_get_fn, nullptr, "the original function", nullptr},
     {"_torchdynamo_orig_callable", cf_get_fn, nullptr, nullptr, nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
