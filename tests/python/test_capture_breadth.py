@@ -1163,6 +1163,16 @@ def namedtuple_class_made_in_the_function(x, y):
     return done.logits - done.loss, out.loss is None, type(done).__name__, Out._fields
 
 
+def _ints():
+    return torch.randint(-100, 100, (4, 5), dtype=torch.int32), torch.randint(0, 6, (4, 5))
+
+
+@case(inputs=_ints)
+def integer_shift_operators(x, y):
+    packed = (x << 2) | (x >> 1) ^ (1 << y)
+    return packed + (x.to(torch.uint8) >> 3) + (y << y)
+
+
 @case()
 def loop_over_tensor_rows(x, y):
     total = 0

@@ -379,6 +379,11 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
       std::string fn = base == "AND" ? "bitwise_and" : base == "OR" ? "bitwise_or" : "bitwise_xor";
       return torch_extern(resolve_torch(fn), "torch." + fn, {a, b}, {});
     }
+    if (base == "LSHIFT" || base == "RSHIFT") {  // integer shifts: torch's kernels, extern
+      if (inplace) unsupported("in-place shift operator on tensors is not captured yet");
+      std::string fn = base == "LSHIFT" ? "bitwise_left_shift" : "bitwise_right_shift";
+      return torch_extern(resolve_torch(fn), "torch." + fn, {a, b}, {});
+    }
     auto it = ops.find(base);
     if (it == ops.end()) unsupported("operator " + base + " on tensors is not captured yet");
     if (a->kind() == Var::Kind::Tuple || b->kind() == Var::Kind::Tuple) unsupported("tensor operator with a tuple");
