@@ -84,3 +84,15 @@ def clamp_gradient_at_bounds() -> bool:
         x = torch.tensor([0.0, 1.0], requires_grad=True)
         x.clamp(0.0, 1.0).sum().backward()
         return bool((x.grad == 1).all())
+
+
+def cpu_attention_like_query() -> bool:
+    """Whether torch's CPU scaled_dot_product_attention gives its result the query's layout
+    (torch 2.14: a row-major query, a row-major result) rather than [B, L, H, E] transposed
+    to [B, H, L, E] (the flash kernel of earlier torch versions), for kiln's shape rule."""
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        q = torch.zeros(1, 2, 8, 4)
+        return F.scaled_dot_product_attention(q, q, q).stride() == q.stride()

@@ -106,10 +106,21 @@ TEST(FuseAttention, FusesFloat32AndFloat16Too) {
   }
 }
 
-TEST(FuseAttention, LeavesWhatTheFusedOpWouldComputeDifferently) {
+// On the CPU the fused op's result is laid out as torch's kernel gives it: as the query with
+// torch 2.14 (no copy back to eager's row-major result), [B, L, H, E] transposed before.
+TEST(FuseAttention, OnTheCpuTheResultLayoutFollowsTorchsVersion) {
   Spec cpu;
-  cpu.device = DeviceType::CPU;  // only on the GPU, where torch has the fused kernels
-  EXPECT_NE(fused(cpu), kFused);
+  cpu.device = DeviceType::CPU;
+  bool& like_query = ops::torch_facts().cpu_attention_like_query;
+  const bool saved = like_query;
+  like_query = true;
+  EXPECT_EQ(fused(cpu), kFused);
+  like_query = false;
+  EXPECT_EQ(fused(cpu), kFusedCopied);
+  like_query = saved;
+}
+
+TEST(FuseAttention, LeavesWhatTheFusedOpWouldComputeDifferently) {
   Spec bool_mask;
   bool_mask.mask = true;
   bool_mask.mask_dtype = DType::Bool;  // a bool mask means "keep" to the fused op, not "add"
@@ -138,11 +149,18 @@ TEST(FuseAttention, ResultLayoutFollowsTorchsKernels) {
     return g.must_add("scaled_dot_product_attention", {q, k, v})->meta.strides;
   };
   const std::vector<sym::Expr> row_major = ir::contiguous_strides({2, 4, 16, 8}), blhe = {512, 8, 32, 1};
+  bool& like_query = ops::torch_facts().cpu_attention_like_query;
+  const bool saved = like_query;
   for (DType t : {DType::BFloat16, DType::Float16}) {
     EXPECT_EQ(result_strides(t, DeviceType::CUDA, false), row_major);
     EXPECT_EQ(result_strides(t, DeviceType::CUDA, true), blhe);
+    like_query = false;  // torch 2.11's CPU kernel
     EXPECT_EQ(result_strides(t, DeviceType::CPU, false), blhe);
+    like_query = true;  // torch 2.14's
+    EXPECT_EQ(result_strides(t, DeviceType::CPU, false), row_major);
+    EXPECT_EQ(result_strides(t, DeviceType::CPU, true), blhe);
   }
+  like_query = saved;
   EXPECT_EQ(result_strides(DType::Float32, DeviceType::CUDA, false), blhe);
   EXPECT_EQ(result_strides(DType::Float32, DeviceType::CUDA, true), blhe);
   // A graph output of a fused bfloat16 attention over row-major inputs needs no copy back.

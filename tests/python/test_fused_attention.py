@@ -100,3 +100,27 @@ def test_attention_gradients_over_a_packed_projection_need_no_copies(device, mas
     torch.testing.assert_close(gw, ww, rtol=1e-4, atol=1e-5)
     copies = [line for line in capfd.readouterr().err.splitlines() if "aten_vjp" in line]
     assert not copies, copies
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_attention_is_torchs_operator_with_its_gradients(device, causal):
+    """F.scaled_dot_product_attention(..., enable_gqa=True), as Hugging Face's Llama, Mistral and
+    Qwen2 call it: kiln's extern op (not a torch_call through Python), with eager's result,
+    layout and gradients."""
+    def fn(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    q = torch.randn(2, 8, 32, 16, device=device, requires_grad=True)
+    k, v = (torch.randn(2, 2, 32, 16, device=device, requires_grad=True) for _ in range(2))
+    graphs = "".join(kiln.explain(fn)(q, k, v).graphs)
+    assert "scaled_dot_product_attention(" in graphs and "torch_call" not in graphs, graphs
+    mine = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    want, got = fn(q, k, v), kiln.compile(fn)(*mine)
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(want)
+    want.backward(grad)
+    got.backward(grad)
+    for a, b in zip(mine, (q, k, v)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5)

@@ -33,6 +33,27 @@ bool Interpreter::to_int_list(PyObject* o, std::vector<int64_t>& out) {
   return true;
 }
 
+// torch.cat's legacy rule: 1-d empty tensors beside tensors of another rank are skipped. They
+// are left out here where that changes nothing else: they are of the others' dtype and device
+// and autograd does not track them (else the call stays torch's).
+std::vector<ir::Node*> Interpreter::without_skipped_empties(const std::vector<ir::Node*>& items) {
+  auto empty_1d = [](const ir::Node* n) { return n->meta.dim() == 1 && n->meta.sizes[0].is_const(0); };
+  const ir::Node* kept = nullptr;
+  for (const ir::Node* n : items)
+    if (!empty_1d(n)) kept = n;
+  if (!kept || kept->meta.dim() == 1) return items;  // all empty, or 1-d tensors: cat's own rule applies
+  std::vector<ir::Node*> out;
+  for (ir::Node* n : items) {
+    if (!empty_1d(n)) {
+      out.push_back(n);
+      continue;
+    }
+    if (n->meta.dtype != kept->meta.dtype || !(n->meta.device == kept->meta.device) || root()->needs_grad_.count(n))
+      return items;
+  }
+  return out;
+}
+
 VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const std::vector<std::pair<std::string, VarPtr>>& kwargs) {
   bool inplace = false;
   const ops::Schema& s = b.op->schema;
@@ -78,10 +99,13 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
       // torch.cat((a, b)): each tensor an input. Anything else (numbers in the list, a tensor
       // in place of the list) is torch's operator's to take or refuse.
       if (v->kind() != Var::Kind::Tuple && v->kind() != Var::Kind::List) return nullptr;
+      std::vector<ir::Node*> items;
       for (const VarPtr& item : v->seq()) {
         if (!item->is_tensor()) return nullptr;
-        inputs.push_back(item->node());
+        items.push_back(item->node());
       }
+      if (b.op->skips_empty_1d) items = without_skipped_empties(items);
+      inputs.insert(inputs.end(), items.begin(), items.end());
       continue;
     }
     if (p.is_tensor()) {

@@ -183,6 +183,7 @@ class Interpreter {
   // ---- binding Python arguments to an op's schema ----
   bool to_int_list(PyObject* o, std::vector<int64_t>& out);
 
+  std::vector<ir::Node*> without_skipped_empties(const std::vector<ir::Node*>& items);
   VarPtr call_op(const OpBinding& b, std::vector<VarPtr> args, const std::vector<std::pair<std::string, VarPtr>>& kwargs);
   // F.batch_norm(training=True): the op on the batch's statistics, and the running statistics
   // updated in place (written back), as torch's kernel does.

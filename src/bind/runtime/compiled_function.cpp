@@ -171,7 +171,10 @@ void find_torch_facts() {
   PyObject* mod = PyImport_ImportModule("kiln._torch_kernels");
   PyObject* r = mod ? PyObject_CallMethod(mod, "clamp_gradient_at_bounds", nullptr) : nullptr;
   if (r) ops::torch_facts().clamp_gradient_at_bounds = r == Py_True;
-  found = r || !interrupt_pending();
+  PyObject* a = r ? PyObject_CallMethod(mod, "cpu_attention_like_query", nullptr) : nullptr;
+  if (a) ops::torch_facts().cpu_attention_like_query = a == Py_True;
+  found = (r && a) || !interrupt_pending();
+  Py_XDECREF(a);
   Py_XDECREF(r);
   Py_XDECREF(mod);
   if (PyErr_Occurred()) clear_error();
@@ -280,6 +283,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   auto e = std::make_unique<Entry>();
   e->cfg = cfg;
   auto t0 = std::chrono::steady_clock::now();
+  find_torch_facts();  // shape rules read them at capture (attention's result layout)
   e->capture = capture(fn, args);
   Stats& s = stats();
   ++s.frames_captured;

@@ -157,6 +157,7 @@ std::vector<OpDef> join_ops() {
   cat.covers = covered_cat;
   cat.gather = gather_cat;
   cat.python = {"torch.cat", "torch.concat"};
+  cat.skips_empty_1d = true;
   cat.doc = "tensors joined along a dim; an element read from the one input holding it";
   // Each input's stretch of the gradient.
   cat.derivative = [](Graph& g, Node* n, Node* grad) {

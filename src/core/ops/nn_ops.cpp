@@ -454,26 +454,38 @@ std::vector<OpDef> nn_ops() {
         if (r == 4) {
           const Expr &H = out.sizes[1], &L = out.sizes[2], &E = out.sizes[3];
           // torch 2.11's CUDA kernels for float16 and bfloat16 write the result in the query's
-          // layout (a row-major query gives a row-major result); the others write [B, L, H, E]
-          // transposed to [B, H, L, E]. A result laid out otherwise is copied by the executor.
-          const bool like_query = q.device.type == DeviceType::CUDA && (q.dtype == DType::Float16 || q.dtype == DType::BFloat16);
+          // layout (a row-major query gives a row-major result), and so do torch 2.14's CPU
+          // kernels (TorchFacts); the others write [B, L, H, E] transposed to [B, H, L, E]. A
+          // result laid out otherwise is copied by the executor.
+          const bool cpu = q.device.type != DeviceType::CUDA;
+          const bool like_query = cpu ? torch_facts().cpu_attention_like_query
+                                      : q.dtype == DType::Float16 || q.dtype == DType::BFloat16;
           out.strides = like_query ? dense_strides_like(q, out.sizes) : std::vector<Expr>{L * H * E, E, H * E, Expr(1)};
         }
         return true;
       },
       {"torch.nn.functional.scaled_dot_product_attention"}));
   ops.back().unit_stride_inputs = {3};  // attn_mask
-  // Random dropout, grouped query heads, broadcast or mismatched sizes, mixed dtypes: torch's
-  // operator (and its errors) as a torch_call.
+  // Random dropout, broadcast or mismatched sizes, mixed dtypes: torch's operator (and its
+  // errors) as a torch_call. Grouped query heads (enable_gqa: Hugging Face's Llama, Mistral,
+  // Qwen2 pass it) are the operator's own, given heads of query a whole multiple of key's.
   ops.back().covers = [](const std::vector<Node*>& in, const Attrs& a) {
-    if (a.get_float("dropout_p", 0.0) != 0.0 || a.get_bool("enable_gqa") || !in[0] || !in[1] || !in[2]) return false;
+    if (a.get_float("dropout_p", 0.0) != 0.0 || !in[0] || !in[1] || !in[2]) return false;
     const TensorMeta &q = in[0]->meta, &k = in[1]->meta, &v = in[2]->meta;
     const int64_t r = q.dim();
     if (r < 2 || k.dim() != r || v.dim() != r) return false;
     if (q.dtype != k.dtype || q.dtype != v.dtype || !is_floating(q.dtype)) return false;
     if (q.device != k.device || q.device != v.device) return false;
-    for (int64_t d = 0; d + 2 < r; ++d)
+    const bool gqa = a.get_bool("enable_gqa");
+    if (gqa && r < 3) return false;
+    for (int64_t d = 0; d + 2 < r; ++d) {
+      if (gqa && d == r - 3) {  // query's heads in groups, one per key/value head
+        auto hq = q.sizes[d].as_const(), hk = k.sizes[d].as_const(), hv = v.sizes[d].as_const();
+        if (!hq || !hk || !hv || *hk != *hv || *hk <= 0 || *hq % *hk != 0) return false;
+        continue;
+      }
       if (!sym::same_size(q.sizes[d], k.sizes[d]) || !sym::same_size(q.sizes[d], v.sizes[d])) return false;
+    }
     return sym::same_size(q.sizes[r - 1], k.sizes[r - 1]) && sym::same_size(k.sizes[r - 2], v.sizes[r - 2]);
   };
   // Convolution, pooling, embedding and attention: their gradients from torch's kernels.

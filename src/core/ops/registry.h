@@ -149,6 +149,10 @@ struct OpDef {
   enum class Operands { Any, NoBool, FloatOnly } operands = Operands::Any;
   // Tensor parameters that take no Python number (torch.maximum(x, 2) is a TypeError).
   bool tensors_only = false;
+  // The tensor list's 1-d empty tensors are skipped beside tensors of other ranks, as torch's
+  // cat skips them (legacy: a KV cache started as torch.tensor([]) and grown with cat); capture
+  // leaves them out of the op's inputs where they change nothing else (dtype, autograd).
+  bool skips_empty_1d = false;
   // Extern inputs torch's kernel wants with a unit innermost stride: a view of kiln's that
   // strides otherwise (a broadcast mask whose last dim strides by 0) is given as a row-major
   // copy. torch's fused attention on the GPU refuses such an attn_mask and takes its math
@@ -221,6 +225,9 @@ OpDef extern_op(const std::string& name, const std::string& schema, const std::s
 // that needs it is built.
 struct TorchFacts {
   bool clamp_gradient_at_bounds = false;  // clamp(x, lo, hi)'s gradient at x == lo or hi: 1, else 0
+  // torch's CPU scaled_dot_product_attention lays its result out as the query (torch 2.14),
+  // else as [B, L, H, E] transposed to [B, H, L, E] (the flash kernel of earlier versions).
+  bool cpu_attention_like_query = true;
 };
 TorchFacts& torch_facts();
 
