@@ -1757,3 +1757,21 @@ def test_a_0d_tensor_of_python_numbers_that_raises_raises_as_eager():
     for run in (f, kiln.compile(f)):
         with pytest.raises(RuntimeError, match="ZeroDivisionError"):  # torch's, for integers
             run(torch.ones(3))
+
+
+def test_cat_skips_a_one_d_empty_tensor_as_torch_does_in_the_graph():
+    """A cache started as torch.tensor([]) and grown with cat (transformers' DynamicCache): torch's
+    cat skips the 1-d empty tensor; kiln's cat does too, at capture, instead of handing the call
+    to torch through Python. Other dtypes, or a tracked empty tensor, stay torch's (promotion)."""
+    def grow(x, y):
+        keys = torch.tensor([], dtype=x.dtype)
+        keys = torch.cat([keys, x], dim=-2)
+        keys = torch.cat([keys, y], dim=-2)
+        return keys * 2, torch.cat([torch.tensor([]), x.double()], 0)
+
+    x, y = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    graphs = "".join(kiln.explain(grow)(x, y).graphs)
+    assert graphs.count("= cat(") == 2, graphs  # the float64 one is torch's: the empty tensor's float32 promotes
+    for got, want in zip(kiln.compile(grow)(x, y), grow(x, y)):
+        assert got.dtype == want.dtype and got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
