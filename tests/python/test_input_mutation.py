@@ -613,3 +613,27 @@ def test_a_division_by_zero_raises_before_a_later_torch_calls_own_error():
     for run in (f, kiln.compile(f)):
         with pytest.raises(RuntimeError, match="ZeroDivisionError"):
             run(a, c)
+
+
+def test_a_torch_call_that_raises_before_an_in_place_update_runs_leaves_eagers_update():
+    # the update of c is written where c lies (a kernel step), and the torch call that raises
+    # (a kernel torch lacks for float64, which its meta function accepts) runs before it in the
+    # program: nothing the caller holds was written, so the call runs again eagerly, which
+    # makes the update and raises (fuzz seed 522045)
+    def fn(a, b, c):
+        t0 = b.clamp(0.0)
+        t0[1:2] = -1
+        t2 = c.to(b.dtype)  # c itself
+        t2.fill_(2)
+        return t0, torch.bitwise_xor(a, a)
+
+    f = kiln.compile(fn)
+    for scale in (3.0, -1.0):
+        a, b = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+        ours, ref = torch.tensor(scale, dtype=torch.float64), torch.tensor(scale, dtype=torch.float64)
+        with pytest.raises(NotImplementedError) as e_ref:
+            fn(a, b, ref)
+        with pytest.raises(NotImplementedError) as e_ours:
+            f(a, b, ours)
+        assert str(e_ours.value) == str(e_ref.value)
+        assert torch.equal(ours, ref)

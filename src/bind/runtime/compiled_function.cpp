@@ -992,10 +992,14 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound, bool* rerun_
                                    : run_program(*e.compiled, *e.prepared, program_inputs, outs, scalars.data()));
     }
     // The graph raised (an integer division by zero, a torch call's error) before any of its
-    // effects reached the caller: eager would have made the in-place updates and stores that
-    // come before the failing op, and raised there. The call runs again eagerly to do exactly
-    // that, with eager's error and traceback.
-    if (!ran && rerun_eagerly && !e.passthrough && !e.torch_program && !e.compiled->program.writes_inputs() &&
+    // effects reached the caller (no step writing an input in place had run): eager would have
+    // made the in-place updates and stores that come before the failing op, and raised there.
+    // The call runs again eagerly to do exactly that, with eager's error and traceback.
+    auto untouched = [&] {
+      const int first_write = e.compiled->program.first_step_writing_inputs();
+      return first_write < 0 || (!e.backward && !e.cudagraphs && failed_step() >= 0 && failed_step() < first_write);
+    };
+    if (!ran && rerun_eagerly && !e.passthrough && !e.torch_program && e.compiled && untouched() &&
         has_side_effects(e, counters) && PyErr_ExceptionMatches(PyExc_Exception)) {
       log("fallback", "kiln: " + e.location + ": the compiled graph raised (" + current_error_text() +
                           "); the call runs again eagerly for eager's effects before the error");

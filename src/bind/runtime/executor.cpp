@@ -693,9 +693,12 @@ void* current_stream(int device) {
 
 namespace {
 
+thread_local int t_failed_step = -1;
+
 bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
          std::vector<PyObject*>& outputs, const int64_t* scalars, bool consume) {
   const loop::Program& p = cg.program;
+  t_failed_step = -1;
   // A consuming run holds the inputs as tensors only; those an output returns as they are, as
   // Python objects too, until the end.
   struct Returned {
@@ -926,6 +929,7 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
     };
     const bool profiling = step_profile().on && p.device.type == DeviceType::CPU;
     for (size_t si = 0; si < p.steps.size(); ++si) {
+      t_failed_step = static_cast<int>(si);  // until the step has run
       make_once(si);
       const loop::Step& st = p.steps[si];
       const int gi = st.kind == loop::Step::Kind::Kernel ? prep.group_of[st.index] : -1;
@@ -944,6 +948,7 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
       }
       drop(si);
     }
+    t_failed_step = -1;
     make(p.steps.size());  // outputs no step writes
     outputs.clear();
     for (size_t i = 0; i < p.outputs.size(); ++i) {
@@ -975,6 +980,8 @@ std::vector<StepTime> profile_steps(bool on) {
   step_profile().on = on;
   return out;
 }
+
+int failed_step() { return t_failed_step; }
 
 bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
                  std::vector<PyObject*>& outputs, const int64_t* scalars) {

@@ -49,6 +49,10 @@ std::shared_ptr<PreparedProgram> prepare_program(const pipeline::CompiledGraph& 
 bool run_program(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* const* inputs,
                  std::vector<PyObject*>& outputs, const int64_t* scalars = nullptr);
 
+// The step a failed run of this thread stopped at (an index into the program's steps), or -1:
+// what the caller of a failed run_program asks to know whether any input was written yet.
+int failed_step();
+
 // As run_program, but the program takes over the references in `inputs` (new ones the caller
 // gives up): each input is let go after the last step that reads it, as torch.compile's boxed
 // calling convention frees a backward's saved values while the backward runs. Memory nothing

@@ -109,17 +109,22 @@ bool Program::may_raise() const {
   return false;
 }
 
-bool Program::writes_inputs() const {
+int Program::first_step_writing_inputs() const {
   std::vector<bool> is_input(buffers.size(), false);
   for (int b : inputs)
     if (b >= 0) is_input[static_cast<size_t>(b)] = true;
-  for (const Extern& e : externs)
-    if (e.attrs.get_bool("in_place") || (e.output >= 0 && is_input[static_cast<size_t>(e.output)])) return true;
-  for (const Kernel& k : kernels)
-    for (const Stage& st : k.stages)
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    if (s.kind == Step::Kind::Extern) {
+      const Extern& e = externs[static_cast<size_t>(s.index)];
+      if (e.attrs.get_bool("in_place") || (e.output >= 0 && is_input[static_cast<size_t>(e.output)])) return static_cast<int>(i);
+      continue;
+    }
+    for (const Stage& st : kernels[static_cast<size_t>(s.index)].stages)
       for (const Store& x : st.stores)
-        if (x.buffer >= 0 && is_input[static_cast<size_t>(x.buffer)]) return true;
-  return false;
+        if (x.buffer >= 0 && is_input[static_cast<size_t>(x.buffer)]) return static_cast<int>(i);
+  }
+  return -1;
 }
 
 }  // namespace kiln::loop
