@@ -997,6 +997,25 @@ def test_abs_gradient_at_zero_and_nan_is_eagers_grad_times_sgn(dtype):
     assert torch.equal(b.grad.signbit(), a.grad.signbit())
 
 
+@pytest.mark.parametrize("mode", ["floor", "trunc"])
+def test_rounding_division_passes_zeros_back_even_for_a_nan_gradient(mode):
+    # torch's derivative of div(..., rounding_mode=...) is grad.zero_(): zeros where the
+    # incoming gradient is NaN or infinite too, not grad * 0 (gradient fuzzer seed 523030)
+    def fn(a, b):
+        return torch.div(a, b, rounding_mode=mode)
+
+    a, b = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64) + 3
+    g = torch.tensor([float("nan"), float("inf"), 1.0, -float("inf"), 2.0], dtype=torch.float64)
+    want = [t.clone().requires_grad_() for t in (a, b)]
+    fn(*want).backward(g)
+    got = [t.clone().requires_grad_() for t in (a, b)]
+    before = kiln.stats()["backward_graphs_compiled"]
+    kiln.compile(fn)(*got).backward(g)
+    assert kiln.stats()["backward_graphs_compiled"] == before + 1
+    for x, y in zip(got, want):
+        assert torch.equal(x.grad, y.grad), (x.grad, y.grad)
+
+
 def test_copy_into_a_tensor_autograd_tracks_keeps_it_tracked():
     # eager: the result of copy_ still requires grad, and passes zeros back to the old value
     # (fuzz_grad seed 509203); a source that needs grad gets the gradient

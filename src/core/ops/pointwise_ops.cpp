@@ -495,10 +495,11 @@ std::vector<OpDef> pointwise_ops() {
       return s.unary(SOp::Trunc, s.binary(SOp::Div, x[0], x[1]));
     };
     div.keep_unused = integer_division_on_cpu;
-    // Rounding divisions are steps: no gradient flows (torch gives zeros).
+    // Rounding divisions are steps: no gradient flows (torch's grad.zero_(): zeros where the
+    // incoming gradient is NaN too, grad_fuzz seed 523030).
     div.derivative = [](Graph& g, Node* n, Node* grad) {
       if (!n->attrs.get_str("rounding_mode", "").empty())
-        return std::vector<Node*>{grad_ops::scaled(g, grad, 0.0), grad_ops::scaled(g, grad, 0.0)};
+        return std::vector<Node*>{zeros_like(g, grad->meta), zeros_like(g, grad->meta)};
       Node* b = n->inputs[1];
       return std::vector<Node*>{grad_ops::div(g, grad, b), grad_ops::neg(g, grad_ops::div(g, grad_ops::mul(g, grad, n), b))};
     };
