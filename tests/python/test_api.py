@@ -260,7 +260,10 @@ def test_seed_attention_explain_captures_one_graph():
     e = kiln.explain(attention)(q, k, v)
     assert e.graph_count == 1
     assert e.break_reasons == []
-    assert len(e.kernels) >= 1
+    # torch's fused attention, and at most a copy into eager's row-major result (none where
+    # torch's CPU kernel gives the query's layout, as torch 2.14's does)
+    assert "scaled_dot_product_attention" in "".join(e.graphs)
+    assert len(e.kernels) <= 1, [k.name for k in e.kernels]
 
 
 # --------------------------------------------------------------------------------------------
