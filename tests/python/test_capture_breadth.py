@@ -1174,6 +1174,13 @@ def integer_shift_operators(x, y):
 
 
 @case()
+def empty_buffers_filled_before_use(x, y):
+    acc = x.new_empty(x.shape).fill_(0.5)  # uninitialized memory, overwritten before it is read
+    out = torch.empty(4, 5, dtype=torch.float64).copy_(y)
+    return acc * x + out.float() + torch.empty_like(y).zero_()
+
+
+@case()
 def loop_over_tensor_rows(x, y):
     total = 0
     for i, row in enumerate(x):  # Tensor.__iter__: the rows of x.unbind(0)

@@ -58,6 +58,7 @@ struct CallRules {
       add(I.resolve_torch("ones"), torch_full);
       add(I.resolve_torch("zeros"), torch_full);
       add(I.resolve_torch("full"), torch_full);
+      add(I.resolve_torch("empty"), torch_empty);
       add(I.resolve_torch("chunk"), torch_split);
       add(object_at("torch.utils.checkpoint.checkpoint"), checkpoint);
       add(object_at("torch.nn.utils.clip_grad_norm_"), clip_grad_norm);
@@ -485,6 +486,14 @@ struct CallRules {
     if (full && args.size() == 1 && fill) size_args = {args[0]};
     return I.full_node(size_args, full ? fill : Var::steal_constant(PyLong_FromLong(fn->known() == I.resolve_torch("ones"))),
                        full, dtype, device);
+  }
+
+  // torch.empty(...): torch.zeros(...), zeros being one of the values uninitialized memory may
+  // hold (a memory_format or other layout argument: torch's operator)
+  static VarPtr torch_empty(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    for (const auto& [k, v] : kwargs)
+      if (k != "dtype" && k != "device" && k != "requires_grad") return nullptr;
+    return I.call(Var::constant(I.resolve_torch("zeros")), args, kwargs);
   }
 
   // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, ...): fn's call, its

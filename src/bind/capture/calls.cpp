@@ -1482,6 +1482,8 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   }
   if (name == "split" || name == "chunk")
     if (VarPtr r = split_tensor(self, name == "chunk", args, kwargs)) return r;
+  // x.new_empty(...): zeros, one of the values its uninitialized memory may hold
+  if (name == "new_empty") return call_tensor_method(self, "new_zeros", std::move(args), kwargs);
   if (name == "new_ones" || name == "new_zeros" || name == "new_full") {
     // x.new_ones(B, T) with a symbolic size: a `full` node in x's dtype and on x's device
     std::vector<VarPtr> size = args;
