@@ -1016,6 +1016,19 @@ def test_rounding_division_passes_zeros_back_even_for_a_nan_gradient(mode):
         assert torch.equal(x.grad, y.grad), (x.grad, y.grad)
 
 
+def test_relu_passes_the_gradient_on_at_a_nan_input_as_torch_does():
+    # torch's threshold_backward: result <= 0 ? 0 : grad, so a NaN input's gradient flows (and
+    # is NaN after a NaN-making op before it); grad fuzz seed 531148
+    x = torch.tensor([float("nan"), -1.0, 0.0, 2.0, float("inf")], dtype=torch.float64)
+    g = torch.tensor([0.5, 1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.relu(a * 2).backward(g)
+    before = kiln.stats()["backward_graphs_compiled"]
+    kiln.compile(lambda t: torch.relu(t * 2))(b).backward(g)
+    assert kiln.stats()["backward_graphs_compiled"] == before + 1
+    torch.testing.assert_close(b.grad, a.grad, equal_nan=True, rtol=0, atol=0)
+
+
 def test_copy_into_a_tensor_autograd_tracks_keeps_it_tracked():
     # eager: the result of copy_ still requires grad, and passes zeros back to the old value
     # (fuzz_grad seed 509203); a source that needs grad gets the gradient

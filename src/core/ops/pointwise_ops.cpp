@@ -278,9 +278,11 @@ std::vector<OpDef> pointwise_ops() {
   {
     OpDef relu = unary("relu", SOp::Relu, D, {"torch.relu", "Tensor.relu", "torch.nn.functional.relu"});
     relu.schema = Schema::parse("relu(Tensor self, bool inplace=False)");
-    // Where the result is positive (torch's threshold_backward).
+    // Except where the result is at most 0, as torch's threshold_backward (result <= 0 ? 0 : grad):
+    // a NaN result passes the gradient on (grad fuzz seed 531148).
     relu.derivative = [](Graph& g, Node* n, Node* grad) {
-      return std::vector<Node*>{grad_ops::only_where(g, g.must_add("gt", {n, grad_ops::num(g, 0.0)}), grad)};
+      Node* passes = g.must_add("logical_not", {g.must_add("le", {n, grad_ops::num(g, 0.0)})});
+      return std::vector<Node*>{grad_ops::only_where(g, passes, grad)};
     };
     ops.push_back(relu);
     saves_result();
