@@ -227,10 +227,8 @@ bool Interpreter::is_container_module(PyObject* m) {
 }
 
 Py_ssize_t Interpreter::module_children(const VarPtr& mod) {
+  if (!is_container_module(mod->obj())) unsupported(std::string("len() or indexing of module ") + Py_TYPE(mod->obj())->tp_name);
   const bool params = instance_of(mod->obj(), "ParameterList") || instance_of(mod->obj(), "ParameterDict");
-  if (!params && !instance_of(mod->obj(), "ModuleList") && !instance_of(mod->obj(), "Sequential") &&
-      !instance_of(mod->obj(), "ModuleDict"))
-    unsupported(std::string("len() or indexing of module ") + Py_TYPE(mod->obj())->tp_name);
   const char* store = params ? "_parameters" : "_modules";
   PyObject* children = PyObject_GetAttrString(mod->obj(), store);
   if (!children || !PyDict_Check(children)) {

@@ -283,7 +283,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   auto e = std::make_unique<Entry>();
   e->cfg = cfg;
   auto t0 = std::chrono::steady_clock::now();
-  find_torch_facts();  // shape rules read them at capture (attention's result layout)
+  find_torch_facts();  // shape rules read them at capture (attention's result layout), derivatives after
   e->capture = capture(fn, args);
   Stats& s = stats();
   ++s.frames_captured;
@@ -383,7 +383,6 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
         wrt.push_back(graph_inputs[i]);
         bp->wrt.push_back(static_cast<int>(i));
       }
-    find_torch_facts();
     if (!autodiff::make_training_graphs(*forward, wrt, e->capture.tracked, training, error)) {
       e->eager = true;
       e->reason = "the backward cannot be built: " + error;

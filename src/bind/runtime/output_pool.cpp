@@ -47,11 +47,6 @@ void OutputPool::release(void* ctx) {
   block->pool->give_back(block->data, block->bytes);
 }
 
-size_t OutputPool::free_blocks() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return free_.size();
-}
-
 at::Tensor OutputPool::empty_strided(at::IntArrayRef sizes, at::IntArrayRef strides, at::ScalarType dtype) {
   const caffe2::TypeMeta meta = caffe2::TypeMeta::fromScalarType(dtype);
   const size_t bytes = at::detail::computeStorageNbytes(sizes, strides, meta.itemsize());

@@ -34,8 +34,6 @@ class OutputPool : public std::enable_shared_from_this<OutputPool> {
   // size is free there, else new.
   at::Tensor empty_strided(at::IntArrayRef sizes, at::IntArrayRef strides, at::ScalarType dtype);
 
-  size_t free_blocks();  // tests and the step profiler
-
  private:
   struct Block;
   static void release(void* block);

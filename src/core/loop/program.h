@@ -148,11 +148,9 @@ struct Program {
 
   int add_buffer(Buffer b);
   std::string str() const;       // readable dump (KILN_DEBUG)
-  // Whether a step writes a graph input's memory (an update stored in place, a torch call
-  // made in place): then a call that fails midway may have changed what the caller holds.
-  bool writes_inputs() const { return first_step_writing_inputs() >= 0; }
-  // The first such step (an index into `steps`), or -1: a call that fails at an earlier step
-  // has changed nothing the caller holds.
+  // The first step that writes a graph input's memory (an update stored in place, a torch call
+  // made in place; an index into `steps`), or -1: a call that fails at an earlier step has
+  // changed nothing the caller holds.
   int first_step_writing_inputs() const;
   // Whether a kernel may find a CPU integer division or remainder by zero (recorded in the
   // library's flag, raised by the executor after that kernel as torch's ZeroDivisionError).

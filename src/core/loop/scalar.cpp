@@ -174,29 +174,29 @@ SRef ScalarCtx::where(SRef cond, SRef a, SRef b) {
   return intern(n);
 }
 
-size_t ScalarCtx::count(SRef r) const {
-  std::unordered_set<SRef> seen;
+void ScalarCtx::walk(SRef r, std::unordered_set<SRef>& seen, const std::function<void(const SNode&)>& f) const {
   std::vector<SRef> stack{r};
   while (!stack.empty()) {
     SRef x = stack.back();
     stack.pop_back();
     if (x < 0 || !seen.insert(x).second) continue;
     const SNode& n = nodes_[x];
+    f(n);
     stack.push_back(n.a);
     stack.push_back(n.b);
     stack.push_back(n.c);
   }
+}
+
+size_t ScalarCtx::count(SRef r) const {
+  std::unordered_set<SRef> seen;
+  walk(r, seen, [](const SNode&) {});
   return seen.size();
 }
 
 double ScalarCtx::cost(SRef r, std::unordered_set<SRef>& seen) const {
   double total = 0;
-  std::vector<SRef> stack{r};
-  while (!stack.empty()) {
-    SRef x = stack.back();
-    stack.pop_back();
-    if (x < 0 || !seen.insert(x).second) continue;
-    const SNode& n = nodes_[x];
+  walk(r, seen, [&](const SNode& n) {
     switch (n.op) {
       case SOp::Const: case SOp::Acc: case SOp::Index: case SOp::Arg: break;
       case SOp::Exp: case SOp::Log: case SOp::Sin: case SOp::Cos: case SOp::Tan: case SOp::Tanh:
@@ -211,10 +211,7 @@ double ScalarCtx::cost(SRef r, std::unordered_set<SRef>& seen) const {
       default:
         total += 1;
     }
-    stack.push_back(n.a);
-    stack.push_back(n.b);
-    stack.push_back(n.c);
-  }
+  });
   return total;
 }
 

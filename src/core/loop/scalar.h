@@ -108,6 +108,8 @@ class ScalarCtx {
 
  private:
   SRef intern(const SNode& n);
+  // Calls f on each node reachable from r not in `seen` yet (and adds it there), once.
+  void walk(SRef r, std::unordered_set<SRef>& seen, const std::function<void(const SNode&)>& f) const;
   std::vector<SNode> nodes_;
   std::unordered_map<std::string, SRef> table_;
 };

@@ -281,8 +281,8 @@ std::vector<OpDef> pointwise_ops() {
     // Except where the result is at most 0, as torch's threshold_backward (result <= 0 ? 0 : grad):
     // a NaN result passes the gradient on (grad fuzz seed 531148).
     relu.derivative = [](Graph& g, Node* n, Node* grad) {
-      Node* passes = g.must_add("logical_not", {g.must_add("le", {n, grad_ops::num(g, 0.0)})});
-      return std::vector<Node*>{grad_ops::only_where(g, passes, grad)};
+      Node* blocked = g.must_add("le", {n, grad_ops::num(g, 0.0)});
+      return std::vector<Node*>{g.must_add("where", {blocked, grad_ops::num(g, 0.0), grad})};
     };
     ops.push_back(relu);
     saves_result();
