@@ -25,6 +25,9 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true",
                     help="kiln only: name each kiln kernel launch (forward, then backward) after kiln.explain's lists "
                          "and list the kernels by device time")
+    ap.add_argument("--host", action="store_true",
+                    help="kiln only: the host time of each program step (a kernel's launch, a torch operator's "
+                         "call) summed over 10 steps, against the step's wall time")
     a = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -67,6 +70,8 @@ def main() -> None:
         sync()
         times.append(time.perf_counter() - t0)
     print(f"median step {sorted(times)[5] * 1e3:.2f} ms")
+    if a.host and a.system == "kiln":
+        print_host_steps(step, sync, a.top)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
     with profile(activities=acts) as prof:
         for _ in range(3):
@@ -76,6 +81,25 @@ def main() -> None:
     print(prof.key_averages().table(sort_by=key, row_limit=a.top, max_name_column_width=70))
     if a.kernels and a.system == "kiln" and not a.whole and a.device == "cuda":
         print_kiln_kernels(prof, model, inputs, amp, a.device, a.top)
+
+
+def print_host_steps(step, sync, top: int) -> None:
+    """Host time inside kiln's programs (kiln._C._profile_steps) against a step's wall time; the
+    rest is the call path around them: guards, autograd, the optimizer, Python."""
+    import kiln
+    sync()
+    kiln._C._profile_steps(True)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        step()
+    host = (time.perf_counter() - t0) / 10
+    sync()
+    steps = kiln._C._profile_steps(False)
+    inside = sum(s for _, s, _ in steps) / 10
+    print(f"\nhost: {host * 1e3:.2f} ms a step until the last launch, {inside * 1e3:.2f} ms of it in program steps "
+          f"({sum(n for _, _, n in steps) / 10:.0f} a step)")
+    for label, s, n in sorted(steps, key=lambda t: -t[1])[:top]:
+        print(f"  {s / 10 * 1e6:9.1f} µs  x{n / 10:<5.0f} {label}")
 
 
 def print_kiln_kernels(prof, model, inputs, amp, device: str, top: int) -> None:

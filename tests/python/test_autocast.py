@@ -178,3 +178,36 @@ def test_autocast_dtype_default_is_guarded():
         assert cf(x, w).dtype == _region_default_dtype(x, w).dtype == torch.float16
     finally:
         torch.set_autocast_dtype("cpu", torch.bfloat16)
+
+
+_LOSSES = {
+    "cross_entropy": lambda z, t, w: F.cross_entropy(z, t),
+    "nll_loss": lambda z, t, w: F.nll_loss(F.log_softmax(z, -1), t),
+    "mse_loss": lambda z, t, w: F.mse_loss(z, w),
+    "smooth_l1_loss": lambda z, t, w: F.smooth_l1_loss(z, w),
+    "bce_with_logits": lambda z, t, w: F.binary_cross_entropy_with_logits(z, w.sigmoid()),
+    "kl_div": lambda z, t, w: F.kl_div(F.log_softmax(z, -1), w.softmax(-1), reduction="batchmean"),
+}
+
+
+@pytest.mark.parametrize("device,dtype", _devices())
+@pytest.mark.parametrize("loss", list(_LOSSES))
+def test_losses_under_autocast_compute_in_float32_in_one_graph(device, dtype, loss):
+    """autocast casts a loss's inputs to float32 on the CPU as on CUDA: a 16-bit linear layer's
+    output goes into the loss in one graph, with eager's float32 result and gradients."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 5).to(device)
+    t = torch.randint(0, 5, (8,), device=device)
+    w = torch.randn(8, 5, device=device)
+    fn = lambda x: _LOSSES[loss](lin(x), t, w)  # noqa: E731
+    x = torch.randn(8, 16, device=device)
+    with torch.autocast(device, dtype=dtype):
+        e = kiln.explain(fn)(x)
+        assert e.graph_count == 1 and not e.break_reasons, e.break_reasons
+        want = fn(x)
+        got = kiln.compile(fn)(x)
+    assert got.dtype == want.dtype == torch.float32
+    assert_same(got, want, rtol=2e-2, atol=2e-2)
+    gw = torch.autograd.grad(got, lin.weight)[0]
+    ww = torch.autograd.grad(want, lin.weight)[0]
+    assert_same(gw, ww, rtol=3e-2, atol=3e-2)

@@ -1769,16 +1769,32 @@ def test_a_0d_tensor_of_python_numbers_that_raises_raises_as_eager():
 def test_cat_skips_a_one_d_empty_tensor_as_torch_does_in_the_graph():
     """A cache started as torch.tensor([]) and grown with cat (transformers' DynamicCache): torch's
     cat skips the 1-d empty tensor; kiln's cat does too, at capture, instead of handing the call
-    to torch through Python. Other dtypes, or a tracked empty tensor, stay torch's (promotion)."""
+    to torch through Python. The empty tensor still takes part in the result's dtype (a float32
+    cache grown with bfloat16 values under autocast is float32), and the unused torch.tensor([])
+    calls leave the graph."""
     def grow(x, y):
         keys = torch.tensor([], dtype=x.dtype)
         keys = torch.cat([keys, x], dim=-2)
         keys = torch.cat([keys, y], dim=-2)
-        return keys * 2, torch.cat([torch.tensor([]), x.double()], 0)
+        values = torch.cat([torch.tensor([]), y.bfloat16()], dim=-2)  # float32 by promotion
+        wide = torch.cat([torch.tensor([], dtype=torch.float64), x], 0)  # float64
+        return keys * 2, values, wide, torch.cat([torch.tensor([]), x.double()], 0)
 
     x, y = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
     graphs = "".join(kiln.explain(grow)(x, y).graphs)
-    assert graphs.count("= cat(") == 2, graphs  # the float64 one is torch's: the empty tensor's float32 promotes
+    assert graphs.count("= cat(") == 5 and "torch_call" not in graphs, graphs
     for got, want in zip(kiln.compile(grow)(x, y), grow(x, y)):
         assert got.dtype == want.dtype and got.stride() == want.stride()
         torch.testing.assert_close(got, want)
+
+
+def test_a_tracked_empty_tensor_in_cat_stays_torchs():
+    """An empty tensor that needs grad is not skipped at capture (autograd tracks it): the call
+    stays torch's, with eager's result and gradient."""
+    def f(x, e):
+        return torch.cat([e, x], 0) * 2
+
+    x, e = torch.randn(2, 3, requires_grad=True), torch.zeros(0, requires_grad=True)
+    got, want = kiln.compile(f)(x, e), f(x, e)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])

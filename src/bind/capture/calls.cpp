@@ -34,22 +34,32 @@ bool Interpreter::to_int_list(PyObject* o, std::vector<int64_t>& out) {
 }
 
 // torch.cat's legacy rule: 1-d empty tensors beside tensors of another rank are skipped. They
-// are left out here where that changes nothing else: they are of the others' dtype and device
-// and autograd does not track them (else the call stays torch's).
+// are left out here where that changes nothing else: they are on the others' device and
+// autograd does not track them (else the call stays torch's). They still take part in the
+// result's dtype (Hugging Face's cache starts float32 before bfloat16 values): where they
+// promote it, the kept tensors are converted to it first.
 std::vector<ir::Node*> Interpreter::without_skipped_empties(const std::vector<ir::Node*>& items) {
   auto empty_1d = [](const ir::Node* n) { return n->meta.dim() == 1 && n->meta.sizes[0].is_const(0); };
   const ir::Node* kept = nullptr;
   for (const ir::Node* n : items)
     if (!empty_1d(n)) kept = n;
   if (!kept || kept->meta.dim() == 1) return items;  // all empty, or 1-d tensors: cat's own rule applies
+  DType all = items[0]->meta.dtype, rest = kept->meta.dtype;
+  for (const ir::Node* n : items) {
+    all = promote_types(all, n->meta.dtype);
+    if (!empty_1d(n)) rest = promote_types(rest, n->meta.dtype);
+  }
+  for (const ir::Node* n : items)
+    if (empty_1d(n) && (!(n->meta.device == kept->meta.device) || root()->needs_grad_.count(n))) return items;
   std::vector<ir::Node*> out;
   for (ir::Node* n : items) {
-    if (!empty_1d(n)) {
-      out.push_back(n);
-      continue;
+    if (empty_1d(n)) continue;
+    if (all != rest && n->meta.dtype != all) {
+      ir::Attrs a;
+      a.set("dtype", all);
+      n = add_node("convert", {n}, a);
     }
-    if (n->meta.dtype != kept->meta.dtype || !(n->meta.device == kept->meta.device) || root()->needs_grad_.count(n))
-      return items;
+    out.push_back(n);
   }
   return out;
 }
@@ -1868,7 +1878,9 @@ static bool deterministic_torch_function(PyObject* f) {
   return it->second = ok;
 }
 
-static bool cuda_float32_loss(PyObject* f) {
+// The losses autocast computes in float32 on both CUDA and the CPU (autocast_mode.cpp's fp32
+// lists; the CPU's casts checked against torch 2.11 and 2.14).
+static bool float32_loss(PyObject* f) {
   static const std::unordered_set<PyObject*> losses = [] {
     std::unordered_set<PyObject*> m;
     for (const char* name : {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
@@ -2036,11 +2048,11 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // (add_node refuses them).
   bool cast_as_entry = false;
   if (root()->autocast_.any() && !inputs.empty()) {
-    if (cuda_float32_loss(f)) {
-      // a loss torch's CUDA autocast computes in float32 (its own kernel, or log_softmax and
-      // nll_loss for cross_entropy, both on that list): its floating inputs cast to float32
+    if (float32_loss(f)) {
+      // a loss torch's autocast computes in float32 (its own kernel, or log_softmax and
+      // nll_loss for cross_entropy, both on the list): its floating inputs cast to float32
       ir::Attrs unused;
-      autocast_inputs(ops::AutocastPolicy::Float32, ops::AutocastPolicy::Unknown, name, inputs, unused);
+      autocast_inputs(ops::AutocastPolicy::Float32, ops::AutocastPolicy::Float32, name, inputs, unused);
       cast_as_entry = true;
     } else if (const OpBinding* b = function_binding(f)) {
       const bool cuda = inputs.front()->meta.device.type == DeviceType::CUDA;

@@ -456,10 +456,12 @@ std::vector<OpDef> nn_ops() {
           // torch 2.11's CUDA kernels for float16 and bfloat16 write the result in the query's
           // layout (a row-major query gives a row-major result), and so do torch 2.14's CPU
           // kernels (TorchFacts); the others write [B, L, H, E] transposed to [B, H, L, E]. A
-          // result laid out otherwise is copied by the executor.
+          // result laid out otherwise is copied by the executor. Grouped heads in float32 on
+          // CUDA take torch's math path (its fused float32 kernel has no groups): row-major.
           const bool cpu = q.device.type != DeviceType::CUDA;
+          const bool grouped = a.get_bool("enable_gqa") && !sym::same_size(H, in[1]->meta.sizes[1]);
           const bool like_query = cpu ? torch_facts().cpu_attention_like_query
-                                      : q.dtype == DType::Float16 || q.dtype == DType::BFloat16;
+                                      : q.dtype == DType::Float16 || q.dtype == DType::BFloat16 || grouped;
           out.strides = like_query ? dense_strides_like(q, out.sizes) : std::vector<Expr>{L * H * E, E, H * E, Expr(1)};
         }
         return true;

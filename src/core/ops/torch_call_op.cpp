@@ -100,8 +100,14 @@ std::vector<OpDef> torch_call_ops() {
       },
       {});
   // One node per call is enough to raise: the first of a call's results (later ones may be
-  // tensors the kernel leaves undefined when unused, as attention's weights).
-  d.keep_unused = [](const Node& n) { return !n.attrs.has("vjp_input") && n.attrs.get_int("result", -1) <= 0; };
+  // tensors the kernel leaves undefined when unused, as attention's weights). A deterministic
+  // call that reads no tensor (torch.tensor([]) as a cache starts) raised nothing at capture and
+  // reads only what the guards hold: unused, it is dropped.
+  d.keep_unused = [](const Node& n) {
+    if (n.attrs.has("vjp_input") || n.attrs.get_int("result", -1) > 0) return false;
+    return !n.attrs.get_bool("deterministic") ||
+           std::any_of(n.inputs.begin(), n.inputs.end(), [](const Node* i) { return i != nullptr; });
+  };
   // Any operator's gradient, through torch's own autograd: the same call with its inputs and the
   // result's gradient, marked `vjp_input` = k, which the runtime answers with the gradient of
   // input k (it calls the operator again with grad on and asks autograd, once for every input
