@@ -82,3 +82,38 @@ TEST(Partition, SmallResultsAreSavedInsteadOfLargeInputs) {
   EXPECT_NE(p.saved[0], x);
   EXPECT_EQ(p.saved_bytes, 64 * 4);
 }
+
+// A reduction to a small result (a norm's row statistics) is saved, not recomputed: the
+// backward would read its whole input again, and chained norms (each layer's reads the last
+// one's output) would rebuild every layer's statistics in one serial backward kernel.
+TEST(Partition, RowStatisticsAreSavedNotRecomputed) {
+  ir::Graph g;
+  ir::Node* x = g.placeholder("x", f32({64, 4096}));
+  ir::Attrs rows;
+  rows.set("dim", std::vector<int64_t>{1});
+  rows.set("keepdim", true);
+  ir::Node* s = g.must_add("sum", {x}, rows);
+  ir::Node* y = g.must_add("mul", {x, s});
+  ir::Node* z = g.must_add("tanh", {y});
+  g.outputs().push_back(z);
+  autodiff::Partition p = partition(g, {x});
+  EXPECT_EQ(p.recomputed.count(s), 0u);
+  std::vector<std::string> saved = names(p.saved);
+  EXPECT_TRUE(std::count(saved.begin(), saved.end(), s->name)) << saved.size();
+}
+
+// Between cuts of equal bytes, the one nearer the backward: a value the backward reads is
+// saved itself, not rebuilt through a chain of ops from a product far back in the forward.
+TEST(Partition, EqualCutsPreferTheValueNearTheBackward) {
+  ir::Graph g;
+  ir::Node* a = g.placeholder("a", f32({64, 32}));
+  ir::Node* w = g.placeholder("w", f32({32, 64}));
+  ir::Node* v = g.must_add("mm", {a, w});
+  for (int i = 0; i < 6; ++i) v = g.must_add("neg", {v});
+  ir::Node* e = g.must_add("exp", {v});
+  g.outputs().push_back(e);
+  autodiff::Partition p = partition(g, {a, w});
+  std::vector<std::string> saved = names(p.saved);
+  EXPECT_TRUE(std::count(saved.begin(), saved.end(), e->name)) << saved.size();
+  EXPECT_EQ(saved.size(), 3u);  // a, w, and exp's result
+}

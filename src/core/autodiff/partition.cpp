@@ -1,6 +1,7 @@
 #include "core/autodiff/partition.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <queue>
@@ -97,9 +98,18 @@ bool checkpointed(const Node& n) { return n.attrs.get_bool("checkpoint"); }
 
 bool recomputable(const Node& n) {
   switch (n.op->kind) {
+    case ops::OpKind::Reduction: {
+      // A reduction to less than a quarter of what it reads (a norm's row statistics) is kept:
+      // recomputing it reads its whole input again, and a chain of them (each layer's norm reads
+      // the last one's output) would put every layer's statistics in one serial backward
+      // kernel. Its small result is cheap to save (AOTAutograd bans the same reductions).
+      int64_t read = 0;
+      for (const Node* u : n.inputs)
+        if (u) read += bytes_of(*u);
+      return bytes_of(n) * 4 >= read;
+    }
     case ops::OpKind::Pointwise:
     case ops::OpKind::View:
-    case ops::OpKind::Reduction:
     case ops::OpKind::Gather:
     case ops::OpKind::Composite:  // kept whole only when it has a derivative of its own: clamp
       return true;
@@ -130,13 +140,32 @@ Partition partition_joint(const ir::Graph& g, const JointGraph& jg) {
     if (!checkpointed(*n))
       for (const Node* u : n->inputs)
         if (u) leaves.insert(u);
+  // Each forward node's distance from the backward: 1 for a value the backward reads, else one
+  // more than its nearest user's. Saving a value costs its bytes times 1.1 per step of distance
+  // (at most 100), as AOTAutograd weighs them: between cuts of equal bytes, the one nearer the
+  // backward wins, so that the backward does not rebuild a value through a long chain of
+  // recomputation from far back in the forward. Graph inputs cost their bytes alone: their
+  // owner keeps them alive anyway.
+  std::vector<int> distance(forward.size(), 100);
+  for (size_t i = forward.size(); i-- > 0;)
+    if (read.count(forward[i])) distance[i] = 1;
+  for (size_t i = forward.size(); i-- > 0;)
+    for (const Node* u : forward[i]->inputs)
+      if (u && index.count(u)) {
+        int& d = distance[index[u]];
+        d = std::min(d, distance[i] + 1);
+      }
+  auto weight = [&](size_t i) {
+    if (forward[i]->op_name() == "placeholder") return bytes_of(*forward[i]);
+    return static_cast<int64_t>(static_cast<double>(bytes_of(*forward[i])) * std::pow(1.1, distance[i]));
+  };
   // Vertices: each forward node's in (2i) and out (2i + 1), then source and sink.
   const size_t source = 2 * forward.size(), sink = source + 1;
   MaxFlow flow(sink + 1);
   for (size_t i = 0; i < forward.size(); ++i) {
     const Node* n = forward[i];
     const bool interior = checkpointed(*n) && !leaves.count(n);
-    flow.edge(2 * i, 2 * i + 1, constant(*n) || interior ? kInf : bytes_of(*n));
+    flow.edge(2 * i, 2 * i + 1, constant(*n) || interior ? kInf : weight(i));
     if (n->op_name() == "placeholder" || (!recomputable(*n) && !checkpointed(*n))) flow.edge(source, 2 * i, kInf);
     for (const Node* u : n->inputs)
       if (u && index.count(u)) flow.edge(2 * index[u] + 1, 2 * i, kInf);

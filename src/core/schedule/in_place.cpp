@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/schedule/schedule.h"
 
@@ -32,7 +33,37 @@ void write_updates_in_place(loop::Program& p) {
   // A program that may raise midway leaves inputs alone: the runtime then reruns the call
   // eagerly, which makes eager's updates before the failing op and none after.
   if (p.may_raise()) return;
-  std::vector<std::pair<int, int>> redirects;  // (output buffer, input buffer)
+  // What each step reads and writes, found once: an optimizer's program has hundreds of
+  // updates over hundreds of kernels.
+  struct Access {
+    std::unordered_set<int> reads, writes;
+  };
+  std::vector<Access> access(p.steps.size());
+  for (size_t si = 0; si < p.steps.size(); ++si) {
+    const loop::Step& st = p.steps[si];
+    Access& a = access[si];
+    if (st.kind == loop::Step::Kind::Extern) {
+      const loop::Extern& e = p.externs[st.index];
+      a.writes.insert(e.output);
+      for (const loop::BufferView& v : e.inputs) a.reads.insert(v.buffer);
+      continue;
+    }
+    std::set<SRef> seen;
+    auto read = [&](const SNode& n) { a.reads.insert(n.buffer); };
+    for (const Stage& s : p.kernels[st.index].stages) {
+      if (s.kind == Stage::Kind::Reduce) loop::visit_loads(p.exprs, s.value, seen, read);
+      for (const loop::Store& x : s.stores) {
+        loop::visit_loads(p.exprs, x.value, seen, read);
+        a.writes.insert(x.buffer);
+      }
+    }
+  }
+  std::unordered_map<int, int> output_uses;  // buffer (or -2 - input for an alias) -> outputs naming it
+  for (const loop::Output& x : p.outputs) {
+    if (x.view.buffer >= 0) ++output_uses[x.view.buffer];
+    if (x.input_alias >= 0) ++output_uses[-2 - x.input_alias];
+  }
+  std::unordered_map<int, int> redirects;  // output buffer -> input buffer
   for (const auto& [input, output] : p.input_updates) {
     if (output < 0 || output >= static_cast<int>(p.outputs.size()) || input >= static_cast<int>(p.inputs.size())) continue;
     const loop::Output& o = p.outputs[output];
@@ -43,35 +74,26 @@ void write_updates_in_place(loop::Program& p) {
     if (BO.kind != loop::BufferKind::Output || !same_layout(BO, BI) || !(o.view.sizes == BO.sizes) ||
         !(o.view.strides == BO.strides) || !(o.view.offset == BO.offset))
       continue;
-    int uses = 0;
-    for (const loop::Output& x : p.outputs) uses += x.view.buffer == bo || x.view.buffer == bi || x.input_alias == input;
-    if (uses != 1) continue;
+    auto uses_of = [&](int key) {
+      auto it = output_uses.find(key);
+      return it == output_uses.end() ? 0 : it->second;
+    };
+    if (uses_of(bo) + (bi != bo ? uses_of(bi) : 0) + uses_of(-2 - input) != 1) continue;
     // One pointwise kernel writes it; the steps after that kernel never read the input.
     int writer = -1;
     bool ok = true;
     for (size_t si = 0; si < p.steps.size() && ok; ++si) {
-      const loop::Step& st = p.steps[si];
-      if (st.kind == loop::Step::Kind::Extern) {
-        const loop::Extern& e = p.externs[st.index];
-        if (e.output == bo || e.output == bi) ok = false;
-        for (const loop::BufferView& v : e.inputs) ok &= !(writer >= 0 && v.buffer == bi);
+      const Access& a = access[si];
+      const bool reads_in = a.reads.count(bi) > 0;
+      if (p.steps[si].kind == loop::Step::Kind::Extern) {
+        ok = !a.writes.count(bo) && !a.writes.count(bi) && !(writer >= 0 && reads_in);
         continue;
       }
-      const Kernel& k = p.kernels[st.index];
-      std::set<SRef> seen;
-      bool touches_in = false;
-      auto reads_in = [&](const SNode& n) { touches_in |= n.buffer == bi; };
-      for (const Stage& s : k.stages) {
-        if (s.kind == Stage::Kind::Reduce) loop::visit_loads(p.exprs, s.value, seen, reads_in);
-        for (const loop::Store& x : s.stores) loop::visit_loads(p.exprs, x.value, seen, reads_in);
-      }
-      bool stores_out = false;
-      for (const Stage& s : k.stages)
-        for (const loop::Store& x : s.stores) stores_out |= x.buffer == bo, ok &= x.buffer != bi;
-      if (stores_out) {
+      ok = !a.writes.count(bi);
+      if (a.writes.count(bo)) {
         if (writer >= 0) ok = false;
         writer = static_cast<int>(si);
-      } else if (touches_in && writer >= 0) {
+      } else if (reads_in && writer >= 0) {
         ok = false;
       }
     }
@@ -101,28 +123,32 @@ void write_updates_in_place(loop::Program& p) {
         else ok &= read_before.count(n.dtype) > 0;
       });
     }
-    if (ok) redirects.emplace_back(bo, bi);
+    if (ok) redirects.emplace(bo, bi);
   }
-  for (const auto& [bo, bi] : redirects) {
-    for (Kernel& k : p.kernels) {
-      // (a kernel's buffer list is made later, by plan_buffers, from what it touches)
-      std::unordered_map<SRef, SRef> memo;
-      auto rename = [&](loop::ScalarCtx& c, const SNode& n, SRef self) {
-        return n.op == SOp::Load && n.buffer == bo ? c.load(bi, n.index, n.dtype) : self;
-      };
-      for (Stage& st : k.stages) {
-        if (st.kind == Stage::Kind::Reduce) st.value = p.exprs.rewrite(st.value, rename, memo);
-        for (loop::Store& s : st.stores) {
-          s.value = p.exprs.rewrite(s.value, rename, memo);
-          if (s.buffer == bo) s.buffer = bi;
-        }
+  if (redirects.empty()) return;
+  auto target = [&](int b) {
+    auto it = redirects.find(b);
+    return it == redirects.end() ? b : it->second;
+  };
+  for (Kernel& k : p.kernels) {
+    // (a kernel's buffer list is made later, by plan_buffers, from what it touches)
+    std::unordered_map<SRef, SRef> memo;
+    auto rename = [&](loop::ScalarCtx& c, const SNode& n, SRef self) {
+      return n.op == SOp::Load && redirects.count(n.buffer) ? c.load(target(n.buffer), n.index, n.dtype) : self;
+    };
+    for (Stage& st : k.stages) {
+      if (st.kind == Stage::Kind::Reduce) st.value = p.exprs.rewrite(st.value, rename, memo);
+      for (loop::Store& s : st.stores) {
+        s.value = p.exprs.rewrite(s.value, rename, memo);
+        s.buffer = target(s.buffer);
       }
     }
-    for (loop::Extern& e : p.externs)
-      for (loop::BufferView& v : e.inputs)
-        if (v.buffer == bo) v.buffer = bi;
-    for (loop::Output& o : p.outputs)
-      if (o.view.buffer == bo) o.view.buffer = bi;
+  }
+  for (loop::Extern& e : p.externs)
+    for (loop::BufferView& v : e.inputs) v.buffer = target(v.buffer);
+  for (loop::Output& o : p.outputs)
+    if (o.view.buffer >= 0) o.view.buffer = target(o.view.buffer);
+  for (const auto& [bo, bi] : redirects) {
     p.buffers[bo].live = false;
     p.buffers[bo].kind = loop::BufferKind::Temp;
   }
