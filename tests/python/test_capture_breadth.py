@@ -1244,10 +1244,36 @@ def module_linear_built_and_called(x, y):
     return lin(x) + lin(y)
 
 
-@case(xfail=MODULE_BUILT + ", 'returns a value kiln cannot rebuild'")
+@case()
 def module_returned_to_caller(x, y):
     act = nn.Softmax(dim=1)
     return act(x) + y, act
+
+
+@case()
+def module_returned_twice_is_one_object(x, y):
+    drop = nn.Dropout(p=0.0, inplace=False)
+    pair = (drop, drop)
+    return drop(x) * 2, pair, pair[0] is pair[1]
+
+
+@case()
+def module_identity_in_a_loop(x, y):
+    # `is` between modules compares the objects (it was always False: the last layer's branch
+    # was silently skipped)
+    for block in _stacked.blocks:
+        x = block(x)
+        if block is _stacked.blocks[-1]:
+            x = x * 2
+        if block is not _stacked.blocks[0] and block is _stacked.blocks[1]:
+            x = x + y
+    return x
+
+
+@case()
+def module_of_the_caller_returned(x, y):
+    block = _stacked.blocks[1]
+    return block(x) + y, block, _stacked.body
 
 
 # =============================================================================================
@@ -1786,6 +1812,36 @@ def test_cat_skips_a_one_d_empty_tensor_as_torch_does_in_the_graph():
     for got, want in zip(kiln.compile(grow)(x, y), grow(x, y)):
         assert got.dtype == want.dtype and got.stride() == want.stride()
         torch.testing.assert_close(got, want)
+
+
+def test_a_module_changed_after_it_was_built_is_handed_out_as_eager_makes_it():
+    """A module the function builds and then changes (an attribute set, .eval()) cannot be built
+    again by its constructor call: the call runs eagerly, with the changed module handed out."""
+    def f(x):
+        act = torch.nn.Softmax(dim=1)
+        act.dim = 0
+        return act(x), act
+
+    x = torch.randn(3, 4)
+    with pytest.warns(UserWarning, match="cannot build again"):
+        got = kiln.compile(f)(x)
+    want = f(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert type(got[1]) is type(want[1]) and got[1].dim == 0
+
+
+def test_a_module_handed_out_is_built_anew_at_every_call():
+    """As in eager, each call hands out a new module object, equal to the first."""
+    def f(x):
+        act = torch.nn.Softmax(dim=-1)
+        return act(x), act
+
+    cf = kiln.compile(f)
+    x = torch.randn(3, 4)
+    (a, m1), (b, m2) = cf(x), cf(x)
+    assert kiln.explain(f)(x).graph_count == 1
+    assert m1 is not m2 and type(m1) is torch.nn.Softmax and m1.dim == m2.dim == -1
+    torch.testing.assert_close(a, torch.softmax(x, -1))
 
 
 def test_a_tracked_empty_tensor_in_cat_stays_torchs():

@@ -602,6 +602,7 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       return s;
     }
     case Var::Kind::Function: return function_spec(v, false);
+    case Var::Kind::Module: return module_spec(v);
     default: unsupported("returns a value kiln cannot rebuild");
   }
 }

@@ -517,6 +517,10 @@ class Interpreter {
   // A function made in the frame: itself, or for a closure, a new function per call around
   // cells of this call's values.
   OutSpec function_spec(const VarPtr& v, bool at_break);
+  // A module handed out: the caller's, re-read from where the frame found it; one of torch.nn's
+  // built in the frame from constants and not changed after, built again by the same call (one
+  // object however often the program hands it out).
+  OutSpec module_spec(const VarPtr& v);
 
   // x[...] with ints, slices, None and Ellipsis: a chain of select / slice / unsqueeze views.
   // Tensor and list indices (advanced indexing) are not captured yet.
@@ -704,6 +708,9 @@ class Interpreter {
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded
   std::unordered_set<const ir::Node*> needs_grad_;  // root: nodes autograd would track
   std::vector<AttrStore> attr_stores_;  // root: the attribute-store log, in program order
+  // root: each torch.nn module built in the frame from constants alone -> its constructor call
+  // (functools.partial of its class, owned by keep_), which builds it again where it is handed out
+  std::unordered_map<PyObject*, PyObject*> module_makers_;
   std::unordered_map<std::string, ir::Node*> scalar_input_nodes_;  // root: scalar_input node by its source
   const DynamicDims* dynamic_ = nullptr;  // root: which input dims get size symbols
   std::vector<std::pair<int64_t, sym::Expr>> duck_;  // root: size -> its symbol (equal sizes share one)

@@ -424,8 +424,10 @@ VarPtr Interpreter::make_torch_module(PyObject* cls, const std::vector<VarPtr>& 
   const std::string name = reinterpret_cast<PyTypeObject*>(cls)->tp_name;
   // The arguments as Python objects (new references): constants, modules made here, and lists
   // or tuples of them (nn.ModuleList([...])).
+  bool constants_only = true;  // no module in the arguments: the call can be made again per call
   std::function<PyObject*(const VarPtr&)> value = [&](const VarPtr& a) -> PyObject* {
     if (a->kind() == Var::Kind::Module) {
+      constants_only = false;
       // Only modules made here too: a caller's module read through the new one's Made source
       // would have its attributes unguarded.
       if (!a->source || !a->source->made_in_frame()) unsupported("nn." + name + " built in the function around a module of the caller's");
@@ -480,7 +482,47 @@ VarPtr Interpreter::make_torch_module(PyObject* cls, const std::vector<VarPtr>& 
   keep_.push_back(m);
   if (const char* owned = fresh_state(m, false))
     unsupported("nn." + name + " built in the function owns " + owned + " (made afresh at every call)");
+  if (constants_only) {
+    static PyObject* partial = object_at("functools.partial");
+    PyObject* call_args = PyTuple_New(static_cast<Py_ssize_t>(args.size()) + 1);
+    PyTuple_SET_ITEM(call_args, 0, Py_NewRef(cls));
+    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(call_args, static_cast<Py_ssize_t>(i) + 1, value(args[i]));
+    PyObject* kw_again = PyDict_New();
+    for (const auto& [k, v] : kwargs) {
+      PyObject* o = value(v);
+      PyDict_SetItemString(kw_again, k.c_str(), o);
+      Py_DECREF(o);
+    }
+    PyObject* maker = partial ? PyObject_Call(partial, call_args, kw_again) : nullptr;
+    Py_DECREF(call_args);
+    Py_DECREF(kw_again);
+    if (!maker) real(nullptr);
+    keep_.push_back(maker);
+    root()->module_makers_[m] = maker;
+  }
   return Var::module(m, Source::made(m));
+}
+
+OutSpec Interpreter::module_spec(const VarPtr& v) {
+  if (v->source && !v->source->made_in_frame()) return source_spec(v->source);
+  Interpreter* r = root();
+  auto maker = r->module_makers_.find(v->obj());
+  bool changed = false;
+  for (const AttrStore& st : r->attr_stores_) changed |= st.obj == v->obj();
+  if (maker == r->module_makers_.end() || changed)
+    unsupported("hands out a module built in the function that kiln cannot build again (built around other modules, "
+                "or changed after construction)");
+  OutSpec kw;
+  kw.kind = OutSpec::Kind::Dict;
+  kw.value = PyTuple_New(0);
+  OutSpec s;
+  s.kind = OutSpec::Kind::Construct;
+  s.value = Py_NewRef(maker->second);
+  s.items.push_back(std::move(kw));
+  auto [it, fresh] = r->break_memo_.emplace(v.get(), static_cast<int>(r->break_memo_.size()));
+  s.memo = it->second;
+  r->out_.output_memo_slots = static_cast<int>(r->break_memo_.size());
+  return s;
 }
 
 const char* Interpreter::fresh_state(PyObject* m, bool tensor_attributes) {

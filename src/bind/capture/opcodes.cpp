@@ -543,6 +543,9 @@ int Interpreter::op_is_op(const Instr& in, const CodeInfo& ci) {
     same = a->known() == b->obj();
   } else if (a->in_graph() && b->in_graph()) same = a->node() == b->node() && a->is_array() == b->is_array();
   else if (a->kind() == Var::Kind::Record || b->kind() == Var::Kind::Record) same = a == b;  // one tracker per object made in the frame
+  else if ((a->kind() == Var::Kind::Module && (b->kind() == Var::Kind::Module || b->is_const())) ||
+           (b->kind() == Var::Kind::Module && a->is_const()))
+    same = a->obj() == b->obj();  // modules are guarded by identity (`layer is self.layers[-1]`)
   else same = false;  // a tensor is never None, a module never a number
   push(Var::constant((same != (in.arg == 1)) ? Py_True : Py_False));
   return -1;
