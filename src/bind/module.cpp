@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 
 #include <cstdlib>
+#include <set>
 
 #include "bind/capture/polyfills.h"
 #include "bind/capture/capture.h"
@@ -67,9 +68,17 @@ nb::dict explain(nb::handle fn, nb::tuple args, nb::dict kwargs, nb::handle like
   size_t op_count = 0, graph_count = 0, breaks = 0;
   std::string loop_ir, source, captured, source_path, device;
   double compile_seconds = 0;
+  // A break inside a helper that the caller cannot resume around (a helper called in a loop)
+  // shows twice: the caller's frame runs eagerly for it, and the helper's own frame breaks
+  // there. It is one break, as Dynamo counts it.
+  std::set<std::pair<std::string, std::string>> break_sites;
+  for (const ExplainRecord& r : records)
+    if (r.graph_break && !r.eager) break_sites.emplace(r.reason, r.location);
   for (const ExplainRecord& r : records) {
     for (const std::string& g : r.guards) guards.append(g);
-    if (r.eager || r.graph_break) {
+    if (r.eager && !r.graph_break && break_sites.count({r.reason, r.location})) {
+      // counted at the helper's break
+    } else if (r.eager || r.graph_break) {
       ++breaks;
       nb::dict br;
       br["reason"] = r.reason;

@@ -1576,7 +1576,7 @@ def break_in_try_except(x, y):
     return a + y
 
 
-@case(xfail="Dynamo's 2 graphs, but 2 breaks counted (caller's fallback and helper's) vs Dynamo's 1")
+@case()
 def break_in_helper_called_in_loop(x, y):
     def step(t):
         t = t * 0.5

@@ -4,6 +4,7 @@ Each case runs against eager on fresh random inputs, and where the issue names a
 graph and break counts are compared with torch._dynamo.explain on the same code in the same run.
 """
 import threading
+import warnings
 
 import pytest
 import torch
@@ -635,3 +636,28 @@ def test_a_break_inside_a_tensor_methods_arguments_calls_this_calls_tensor(fn):
         for _ in range(3):
             x = torch.randn(8, 16, 2)
             torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_a_helper_made_per_call_resumes_around_this_calls_closure():
+    """A helper defined inside the function reads the caller's arguments through closure cells,
+    new at every call. Its resume functions, made at the first call, must read each call's cells:
+    they read the first call's `y` (a wrong result at every later call, the guards passing)."""
+    def f(x, y):
+        def step(t):
+            t = t * 0.5
+            print("", end="")  # a break inside the helper
+            t = t + y
+            print("", end="")  # and a second one
+            return t * y
+        out = x
+        for _ in range(2):
+            out = step(out)
+        return out, step(x)
+
+    cf = kiln.compile(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            x, y = torch.randn(3), torch.randn(3)
+            for got, want in zip(cf(x, y), f(x, y)):
+                torch.testing.assert_close(got, want)

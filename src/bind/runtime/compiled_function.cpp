@@ -784,6 +784,7 @@ bool replay_stores(const Entry& e, const std::vector<PyObject*>& outs, const Fra
   return true;
 }
 
+PyObject* call_with_closure(PyObject* compiled, PyObject* closure, PyObject* const* args, size_t nargs);
 PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame);
 
 PyObject* run_break(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame) {
@@ -904,6 +905,10 @@ PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, con
     }
     resume_fn = e.resume[0];
   }
+  // The resume function was made at capture around that call's closure cells; a helper defined
+  // anew at every call of its caller has cells of its own, which the resume function must read
+  // (the guards did).
+  if (frame.closure) return done(call_with_closure(resume_fn, frame.closure, resume_args.data(), resume_args.size()));
   return done(PyObject_Vectorcall(resume_fn, resume_args.data(), resume_args.size(), nullptr));
 }
 
@@ -1187,18 +1192,23 @@ std::set<CompiledFunctionObject*>& live() {
 }
 
 // Runs the function itself; frames it calls are offered to kiln (the frame hook).
-PyObject* eager(State* st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  if (!PyFunction_Check(st->fn)) return PyObject_Vectorcall(st->fn, args, nargsf, kwnames);
+PyObject* eager(State* st, PyObject* fn, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  if (!PyFunction_Check(fn)) return PyObject_Vectorcall(fn, args, nargsf, kwnames);
   HookScope hook(st->cfg);
-  kiln_hook_skip_next(PyFunction_GET_CODE(st->fn));
-  PyObject* r = PyObject_Vectorcall(st->fn, args, nargsf, kwnames);
+  kiln_hook_skip_next(PyFunction_GET_CODE(fn));
+  PyObject* r = PyObject_Vectorcall(fn, args, nargsf, kwnames);
   kiln_hook_skip_next(nullptr);
   return r;
 }
 
-PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  State* st = reinterpret_cast<CompiledFunctionObject*>(self)->state;
-  if (st->cfg.disable || !PyFunction_Check(st->fn)) return PyObject_Vectorcall(st->fn, args, nargsf, kwnames);
+PyObject* eager(State* st, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  return eager(st, st->fn, args, nargsf, kwnames);
+}
+
+// A call of the compiled function as the function `fn`: its own target, or the target's code
+// around other closure cells (call_with_closure), with the entries of its code.
+PyObject* call_as(State* st, PyObject* fn, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  if (st->cfg.disable || !PyFunction_Check(fn)) return PyObject_Vectorcall(fn, args, nargsf, kwnames);
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   SourceMemo memo;
   FetchedValues fetched;
@@ -1208,32 +1218,55 @@ PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
   std::vector<PyObject*> owned;
   if (st->simple && !kwnames && nargs == st->argcount) {
     bound.locals.assign(args, args + nargs);
-  } else if (!bind_arguments(st->fn, args, nargs, kwnames, bound, owned)) {
+  } else if (!bind_arguments(fn, args, nargs, kwnames, bound, owned)) {
     PyErr_Clear();  // the real call raises the same TypeError, from the right frame
-    return eager(st, args, nargsf, kwnames);
+    return eager(st, fn, args, nargsf, kwnames);
   }
   bool failed;
   Entry* e;
   {
     HookPause pause;  // a compiled function called from code the hook watches: kiln's own work
-    e = select_entry(*st, st->fn, bound, failed);
+    e = select_entry(*st, fn, bound, failed);
   }
   PyObject* result = nullptr;
   if (!failed) {
     if (!e || e->eager) {
       record_eager_call(*st, e, e != nullptr);  // the cache limit warned already
-      result = eager(st, args, nargsf, kwnames);
+      result = eager(st, fn, args, nargsf, kwnames);
     } else {
       bool rerun = false;
       {
         HookPause pause;
-        result = run_entry(*e, st->fn, bound, &rerun);
+        result = run_entry(*e, fn, bound, &rerun);
       }
-      if (rerun) result = eager(st, args, nargsf, kwnames);
+      if (rerun) result = eager(st, fn, args, nargsf, kwnames);
     }
   }
   for (PyObject* o : owned) Py_DECREF(o);
   return result;
+}
+
+PyObject* cf_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  State* st = reinterpret_cast<CompiledFunctionObject*>(self)->state;
+  return call_as(st, st->fn, args, nargsf, kwnames);
+}
+
+// A resume function (compiled) called for a frame whose closure cells are not the ones it was
+// made around: a helper defined anew at every call of its caller. Its code runs around this
+// call's cells, as the guards read them, with the entries compiled for that code.
+PyObject* call_with_closure(PyObject* compiled, PyObject* closure, PyObject* const* args, size_t nargs) {
+  State* st = reinterpret_cast<CompiledFunctionObject*>(compiled)->state;
+  if (!PyFunction_Check(st->fn) || PyFunction_GET_CLOSURE(st->fn) == closure) return PyObject_Vectorcall(compiled, args, nargs, nullptr);
+  auto* f = reinterpret_cast<PyFunctionObject*>(st->fn);
+  PyObject* fn = PyFunction_NewWithQualName(f->func_code, f->func_globals, f->func_qualname);
+  if (!fn) return nullptr;
+  if (PyFunction_SetClosure(fn, closure) < 0) {
+    Py_DECREF(fn);
+    return nullptr;
+  }
+  PyObject* r = call_as(st, fn, args, nargs, nullptr);
+  Py_DECREF(fn);
+  return r;
 }
 
 PyObject* cf_call(PyObject* self, PyObject* args, PyObject* kwargs) { return PyVectorcall_Call(self, args, kwargs); }
