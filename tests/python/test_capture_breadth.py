@@ -1271,6 +1271,20 @@ def module_identity_in_a_loop(x, y):
 
 
 @case()
+def identity_of_containers_and_functions_made_here(x, y):
+    # `is` between aliases of one list, dict or function (it was always False), and between
+    # distinct ones
+    items, table, scale = [x], {"y": y}, lambda t: t * 2
+    alias, view, same = items, table, scale
+    other = [x]
+
+    def helper(t):
+        return t + 1
+    flags = (alias is items, view is table, same is scale, helper is helper, other is items, items is not alias)
+    return scale(x) * sum(flags) + helper(y), flags
+
+
+@case()
 def module_of_the_caller_returned(x, y):
     block = _stacked.blocks[1]
     return block(x) + y, block, _stacked.body

@@ -546,7 +546,14 @@ int Interpreter::op_is_op(const Instr& in, const CodeInfo& ci) {
   else if ((a->kind() == Var::Kind::Module && (b->kind() == Var::Kind::Module || b->is_const())) ||
            (b->kind() == Var::Kind::Module && a->is_const()))
     same = a->obj() == b->obj();  // modules are guarded by identity (`layer is self.layers[-1]`)
-  else same = false;  // a tensor is never None, a module never a number
+  else if (a == b) same = true;     // one tracker is one object: a list, dict or function aliased
+  else if (a->in_graph() || b->in_graph() || a->is_const() || b->is_const() ||
+           a->kind() == Var::Kind::Module || b->kind() == Var::Kind::Module)
+    same = false;  // a tensor is never None, a module never a number, a list never a constant
+  else if (a->source && b->source)  // two reads of the caller's objects: the same place, or ask
+    same = a->source->str() == b->source->str() ? true
+                                                : (unsupported("`is` between values read from different places"), false);
+  else same = false;  // made in the frame, each its own tracker: distinct objects
   push(Var::constant((same != (in.arg == 1)) ? Py_True : Py_False));
   return -1;
 }
