@@ -466,6 +466,17 @@ VarPtr Interpreter::make_torch_module(PyObject* cls, const std::vector<VarPtr>& 
   if (!rng) real(nullptr);
   PyObject* m = PyObject_Call(cls, t, kw);
   if (!m) clear_error();  // reported below; eager raises it again
+  // The same call, kept to build the module again where the program hands it out.
+  PyObject* maker = nullptr;
+  if (m && constants_only) {
+    static PyObject* partial = object_at("functools.partial");
+    PyObject* head = PyTuple_Pack(1, cls);
+    PyObject* call_args = head ? PySequence_Concat(head, t) : nullptr;
+    maker = partial && call_args ? PyObject_Call(partial, call_args, kw) : nullptr;
+    Py_XDECREF(head);
+    Py_XDECREF(call_args);
+    if (!maker) clear_error();  // then it is not handed out
+  }
   PyObject* restored = PyObject_CallMethod(torch_mod, "set_rng_state", "O", rng);
   Py_DECREF(rng);
   Py_XDECREF(restored);
@@ -473,8 +484,10 @@ VarPtr Interpreter::make_torch_module(PyObject* cls, const std::vector<VarPtr>& 
   Py_DECREF(kw);
   if (!restored) {
     Py_XDECREF(m);
+    Py_XDECREF(maker);
     real(nullptr);
   }
+  if (maker) keep_.push_back(maker);
   if (!m) {
     clear_error();
     unsupported("nn." + name + " raised when built");  // eager raises it again
@@ -482,24 +495,7 @@ VarPtr Interpreter::make_torch_module(PyObject* cls, const std::vector<VarPtr>& 
   keep_.push_back(m);
   if (const char* owned = fresh_state(m, false))
     unsupported("nn." + name + " built in the function owns " + owned + " (made afresh at every call)");
-  if (constants_only) {
-    static PyObject* partial = object_at("functools.partial");
-    PyObject* call_args = PyTuple_New(static_cast<Py_ssize_t>(args.size()) + 1);
-    PyTuple_SET_ITEM(call_args, 0, Py_NewRef(cls));
-    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(call_args, static_cast<Py_ssize_t>(i) + 1, value(args[i]));
-    PyObject* kw_again = PyDict_New();
-    for (const auto& [k, v] : kwargs) {
-      PyObject* o = value(v);
-      PyDict_SetItemString(kw_again, k.c_str(), o);
-      Py_DECREF(o);
-    }
-    PyObject* maker = partial ? PyObject_Call(partial, call_args, kw_again) : nullptr;
-    Py_DECREF(call_args);
-    Py_DECREF(kw_again);
-    if (!maker) real(nullptr);
-    keep_.push_back(maker);
-    root()->module_makers_[m] = maker;
-  }
+  if (maker) root()->module_makers_[m] = maker;
   return Var::module(m, Source::made(m));
 }
 

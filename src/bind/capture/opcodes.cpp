@@ -541,19 +541,21 @@ int Interpreter::op_is_op(const Instr& in, const CodeInfo& ci) {
     // this other object of its own type? Only identity can say: both are pinned.
     if ((structural(a) || structural(b)) && Py_TYPE(a->obj()) == Py_TYPE(b->obj())) const_obj(a, "operand"), const_obj(b, "operand");
     same = a->known() == b->obj();
-  } else if (a->in_graph() && b->in_graph()) same = a->node() == b->node() && a->is_array() == b->is_array();
-  else if (a->kind() == Var::Kind::Record || b->kind() == Var::Kind::Record) same = a == b;  // one tracker per object made in the frame
-  else if ((a->kind() == Var::Kind::Module && (b->kind() == Var::Kind::Module || b->is_const())) ||
-           (b->kind() == Var::Kind::Module && a->is_const()))
-    same = a->obj() == b->obj();  // modules are guarded by identity (`layer is self.layers[-1]`)
-  else if (a == b) same = true;     // one tracker is one object: a list, dict or function aliased
-  else if (a->in_graph() || b->in_graph() || a->is_const() || b->is_const() ||
-           a->kind() == Var::Kind::Module || b->kind() == Var::Kind::Module)
-    same = false;  // a tensor is never None, a module never a number, a list never a constant
-  else if (a->source && b->source)  // two reads of the caller's objects: the same place, or ask
-    same = a->source->str() == b->source->str() ? true
-                                                : (unsupported("`is` between values read from different places"), false);
-  else same = false;  // made in the frame, each its own tracker: distinct objects
+  } else if (a->in_graph() && b->in_graph()) {
+    same = a->node() == b->node() && a->is_array() == b->is_array();
+  } else if (a == b) {
+    same = true;  // one tracker is one object: a list, dict, function or object aliased
+  } else if (a->kind() == Var::Kind::Module || b->kind() == Var::Kind::Module) {
+    // modules are guarded by identity (`layer is self.layers[-1]`); never a tensor or a list
+    auto held = [](const VarPtr& v) { return v->kind() == Var::Kind::Module || v->is_const(); };
+    same = held(a) && held(b) && a->obj() == b->obj();
+  } else if (a->in_graph() || b->in_graph() || a->is_const() || b->is_const() || !a->source || !b->source) {
+    same = false;  // a tensor is never None, a list never a constant; made in the frame: distinct
+  } else if (a->source->str() == b->source->str()) {
+    same = true;  // two reads of one place of the caller's
+  } else {
+    unsupported("`is` between values read from different places");
+  }
   push(Var::constant((same != (in.arg == 1)) ? Py_True : Py_False));
   return -1;
 }

@@ -61,9 +61,9 @@ bool run_program_consuming(const pipeline::CompiledGraph& cg, PreparedProgram& p
                            std::vector<PyObject*>& outputs, const int64_t* scalars = nullptr);
 
 // Step profiling (bench/profile_cpu.py, bench/train_profile.py --host): while on, each step's
-// host wall time (a CPU step's run, a CUDA step's launch) is summed under its label ("kernel <name>" or the torch operator an extern calls). Turning it
-// on or off hands back the totals so far, as (label, seconds, runs) in first-run order, and
-// clears them.
+// host wall time (a CPU step's run, a CUDA step's launch) is summed under its label ("kernel
+// <name>" or the torch operator an extern calls). Turning it on or off hands back the totals so
+// far, as (label, seconds, runs) in first-run order, and clears them.
 struct StepTime {
   std::string label;
   double seconds = 0;

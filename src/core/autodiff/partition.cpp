@@ -147,14 +147,12 @@ Partition partition_joint(const ir::Graph& g, const JointGraph& jg) {
   // recomputation from far back in the forward. Graph inputs cost their bytes alone: their
   // owner keeps them alive anyway.
   std::vector<int> distance(forward.size(), 100);
-  for (size_t i = forward.size(); i-- > 0;)
+  for (size_t i = forward.size(); i-- > 0;) {  // users come after: a node's distance is final here
     if (read.count(forward[i])) distance[i] = 1;
-  for (size_t i = forward.size(); i-- > 0;)
     for (const Node* u : forward[i]->inputs)
-      if (u && index.count(u)) {
-        int& d = distance[index[u]];
-        d = std::min(d, distance[i] + 1);
-      }
+      if (auto it = u ? index.find(u) : index.end(); it != index.end())
+        distance[it->second] = std::min(distance[it->second], distance[i] + 1);
+  }
   auto weight = [&](size_t i) {
     if (forward[i]->op_name() == "placeholder") return bytes_of(*forward[i]);
     return static_cast<int64_t>(static_cast<double>(bytes_of(*forward[i])) * std::pow(1.1, distance[i]));
