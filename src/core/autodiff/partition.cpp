@@ -145,7 +145,8 @@ Partition partition_joint(const ir::Graph& g, const JointGraph& jg) {
   // (at most 100), as AOTAutograd weighs them: between cuts of equal bytes, the one nearer the
   // backward wins, so that the backward does not rebuild a value through a long chain of
   // recomputation from far back in the forward. Graph inputs cost their bytes alone: their
-  // owner keeps them alive anyway.
+  // owner keeps them alive anyway (not those the graph updates in place: their old value is
+  // not kept, and a saved one would be at another version by the backward).
   std::vector<int> distance(forward.size(), 100);
   for (size_t i = forward.size(); i-- > 0;) {  // users come after: a node's distance is final here
     if (read.count(forward[i])) distance[i] = 1;
@@ -153,8 +154,11 @@ Partition partition_joint(const ir::Graph& g, const JointGraph& jg) {
       if (auto it = u ? index.find(u) : index.end(); it != index.end())
         distance[it->second] = std::min(distance[it->second], distance[i] + 1);
   }
+  std::set<int64_t> updated;
+  for (const auto& [input, output] : g.input_updates) updated.insert(input);
   auto weight = [&](size_t i) {
-    if (forward[i]->op_name() == "placeholder") return bytes_of(*forward[i]);
+    if (forward[i]->op_name() == "placeholder" && !updated.count(forward[i]->attrs.get_int("index", -1)))
+      return bytes_of(*forward[i]);
     return static_cast<int64_t>(static_cast<double>(bytes_of(*forward[i])) * std::pow(1.1, distance[i]));
   };
   // Vertices: each forward node's in (2i) and out (2i + 1), then source and sink.
