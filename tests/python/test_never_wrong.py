@@ -592,3 +592,32 @@ def test_a_view_of_a_copy_of_an_input_owns_its_memory(fn):
         assert_same(g, w)
         assert g.stride() == w.stride()
         assert g.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+
+
+@pytest.fixture
+def default_dtype_restored():
+    before = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(before)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a: a * 2.5,  # an integer tensor with a Python float: the default dtype
+    lambda a: a / 2,  # true division of integers
+    lambda a: torch.sigmoid(a),  # a float-only op of integers
+    lambda a: a + torch.ones(3),  # a factory without a dtype
+    lambda a: a + torch.tensor([0.5, 1.5, 2.5]),
+    lambda a: torch.full((3,), 1.5) * a,
+    lambda a: a.float() + torch.arange(3.0),  # float32 + float64 factory: default float64 wins
+], ids=["int_times_float", "int_true_div", "sigmoid_of_int", "ones", "tensor_literal", "full", "arange"])
+@pytest.mark.parametrize("order", [(torch.float32, torch.float64), (torch.float64, torch.float32)])
+def test_a_change_of_the_default_dtype_recompiles(fn, order, default_dtype_restored):
+    """torch.set_default_dtype between calls: the entry built under the other default is not
+    reused (a global guard), and the new capture promotes as torch does under the new default."""
+    compiled = kiln.compile(fn)
+    for dtype in order + order[:1]:
+        torch.set_default_dtype(dtype)
+        a = torch.randint(-5, 5, (3,))
+        want, got = fn(a), compiled(a)
+        assert got.dtype == want.dtype, (dtype, got.dtype, want.dtype)
+        torch.testing.assert_close(got, want)

@@ -16,6 +16,9 @@ void Interpreter::run(const BoundArgs& args) {
   out_.guards.add_grad_mode(grad_mode_);
   autocast_ = autocast_state();
   out_.guards.add_autocast(autocast_);
+  // Python floats mixed with integer tensors, factories and modules built here take their dtype
+  // from it, as torch.compile's global-state guard covers.
+  out_.guards.add_default_dtype(default_dtype());
   for (size_t i = 0; i < args.locals.size(); ++i) {
     if (!args.locals[i]) continue;
     locals_[i] = wrap(args.locals[i], Source::local_(static_cast<int>(i), args.names[i]));

@@ -31,6 +31,7 @@ std::string Guard::str() const {
     case Kind::Length: return "LENGTH_CHECK: len(" + s + ") == " + std::to_string(length);
     case Kind::GradMode: return std::string("GRAD_MODE: torch.is_grad_enabled() == ") + (flag ? "True" : "False");
     case Kind::Autocast: return "AUTOCAST: " + autocast.str();
+    case Kind::DefaultDtype: return std::string("DEFAULT_DTYPE: torch.get_default_dtype() == ") + dtype_name(dtype);
     case Kind::HasAttr:
       return std::string("HASATTR: ") + (flag ? "" : "not ") + "hasattr(" + s + ", '" + PyUnicode_AsUTF8(expected) + "')";
     case Kind::Same: return "SAME_OBJECT: " + s + " is " + sources[0]->str();
@@ -134,6 +135,12 @@ void GuardSet::add_hasattr(SourcePtr s, PyObject* name, bool present) {
 void GuardSet::add_autocast(const AutocastState& state) {
   Guard g{Guard::Kind::Autocast, nullptr};
   g.autocast = state;
+  if (needed(g)) guards_.push_back(std::move(g));
+}
+
+void GuardSet::add_default_dtype(DType dtype) {
+  Guard g{Guard::Kind::DefaultDtype, nullptr};
+  g.dtype = dtype;
   if (needed(g)) guards_.push_back(std::move(g));
 }
 
@@ -279,6 +286,7 @@ bool Guard::holds_globally() const {
   switch (kind) {
     case Kind::Autocast: return autocast_state() == autocast;
     case Kind::GradMode: return grad_enabled() == flag;
+    case Kind::DefaultDtype: return default_dtype() == dtype;
     default: return false;
   }
 }

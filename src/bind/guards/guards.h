@@ -26,6 +26,7 @@ struct Guard {
     Length,    // len(value) == length, for tuples/lists
     GradMode,  // torch.is_grad_enabled() == flag
     Autocast,  // torch.autocast's state (on/off and dtype, per device type) == autocast
+    DefaultDtype,  // torch.get_default_dtype() == dtype (factories, int tensor * float)
     HasAttr,   // hasattr(value, expected) == flag (an attribute capture found absent, or present)
     NoAlias,   // the tensors at `sources` flagged in `mutated` share storage with none of the others
     IntSymbol, // an exact int >= 2 (not bool), the value of size symbol `length` (binds it)
@@ -37,6 +38,7 @@ struct Guard {
   Py_ssize_t length = 0;
   bool flag = false;
   AutocastState autocast;
+  DType dtype = DType::Float32;    // DefaultDtype
   std::vector<SourcePtr> sources;  // NoAlias: every tensor input of the graph
   std::vector<bool> mutated;       // NoAlias: those the graph updates in place (written back)
 
@@ -45,7 +47,9 @@ struct Guard {
   // values at `sources`, in order; Same compares two values and is checked by its caller. The
   // others hold for `v`, the value at `source` (a shape-generic tensor or an int symbol binds
   // its symbols in `bindings`); `detail` (if given) says what differed.
-  bool is_global() const { return kind == Kind::Autocast || kind == Kind::GradMode; }  // no source to read
+  bool is_global() const {  // no source to read
+    return kind == Kind::Autocast || kind == Kind::GradMode || kind == Kind::DefaultDtype;
+  }
   bool holds_globally() const;
   bool holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail) const;
   bool no_alias_holds(PyObject* const* values) const;
@@ -67,6 +71,7 @@ class GuardSet {
   void add_length(SourcePtr s, Py_ssize_t n);
   void add_grad_mode(bool enabled);
   void add_autocast(const AutocastState& state);
+  void add_default_dtype(DType dtype);
   void add_hasattr(SourcePtr s, PyObject* name, bool present);  // name: a str (borrowed)
   // The inputs an entry updates in place (written back after its graph) share memory with no
   // other input: the graph reads each input as it was before the call.

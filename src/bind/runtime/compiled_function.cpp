@@ -19,6 +19,7 @@
 #include "bind/runtime/prologue.h"
 #include "bind/runtime/stats.h"
 #include "core/autodiff/training_graphs.h"
+#include "core/ops/registry.h"
 #include "core/support/log.h"
 
 namespace kiln::bind {
@@ -512,6 +513,8 @@ std::unique_ptr<Entry> build_entry_interruptible(PyObject* fn, const BoundArgs& 
 std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg, const std::string& name) {
   const Stats before = stats();
   const size_t explained = explain_log() ? explain_log()->size() : 0;
+  // Capture guards it (Interpreter::run); shape rules read it while capture and compilation run.
+  ops::DefaultFloatScope default_float(default_dtype());
   std::unique_ptr<Entry> e = build_entry_interruptible(fn, args, cfg, name);
   // A shape-generic entry must compile: if capture or compilation with symbolic sizes stopped
   // (a shape rule that needs constant sizes, a graph that runs through torch), capture again

@@ -301,6 +301,12 @@ PyObject* wrapped_number_tensor(PyObject* number) {
 
 bool grad_enabled() { return c10::GradMode::is_enabled(); }
 
+DType default_dtype() {
+  DType out = DType::Float32;
+  to_kiln(c10::typeMetaToScalarType(c10::get_default_dtype()), out);
+  return out;
+}
+
 bool set_grad_enabled(bool on) {
   const bool was = c10::GradMode::is_enabled();
   c10::GradMode::set_enabled(on);

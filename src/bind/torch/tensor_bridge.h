@@ -57,6 +57,8 @@ bool dtype_from_object(PyObject* obj, DType& out);
 PyObject* wrapped_number_tensor(PyObject* number);
 
 bool grad_enabled();
+// torch.get_default_dtype() (Float32 where torch's is one kiln lacks).
+DType default_dtype();
 // Turns grad mode on or off for this thread; returns what it was.
 bool set_grad_enabled(bool on);
 

@@ -1,6 +1,8 @@
 #include "core/sym/shape_env.h"
 #include "core/ops/registry.h"
 
+#include <utility>
+
 #include <algorithm>
 #include <cctype>
 #include <map>
@@ -140,7 +142,12 @@ std::vector<const OpDef*> all_ops() {
   return out;
 }
 
-DType default_float() { return DType::Float32; }
+namespace {
+thread_local DType t_default_float = DType::Float32;
+}
+DType default_float() { return t_default_float; }
+DefaultFloatScope::DefaultFloatScope(DType t) : before_(std::exchange(t_default_float, t)) {}
+DefaultFloatScope::~DefaultFloatScope() { t_default_float = before_; }
 
 OpDef extern_op(const std::string& name, const std::string& schema, const std::string& aten, InferFn infer,
                 std::vector<std::string> python) {

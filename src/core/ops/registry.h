@@ -202,7 +202,20 @@ bool has_matmul_kernel(const TensorMeta& a, const std::string& op, std::string& 
 const char* torch_dtype_name(DType t);
 // The dtype a pointwise op computes in, from its inputs' promotion.
 DType pointwise_common_dtype(const std::vector<Node*>& in);
+// torch.get_default_dtype() of the graph being built: what integer inputs promote to with a
+// Python float, and what true division and float-only ops of integers give. Float32 unless a
+// DefaultFloatScope on this thread says otherwise (the binding sets one per entry it builds).
 DType default_float();
+class DefaultFloatScope {
+ public:
+  explicit DefaultFloatScope(DType t);
+  ~DefaultFloatScope();
+  DefaultFloatScope(const DefaultFloatScope&) = delete;
+  DefaultFloatScope& operator=(const DefaultFloatScope&) = delete;
+
+ private:
+  DType before_;
+};
 
 // The tables, one per family of ops (ops/*_ops.cpp); the registry fills itself from them on
 // first use, so no table can be dropped by the linker.
