@@ -48,10 +48,6 @@ def _xy():
 CASES, case = registry(_xy)
 
 
-# Why kiln fails the cases marked xfail (kiln's break reason in quotes).
-MODULE_BUILT = "nn.Module built in the function: 'call to torch.nn.modules...'"
-
-
 # =============================================================================================
 # Part 1: containers and standard-library helpers with tensors inside
 
@@ -1238,10 +1234,25 @@ def module_list_slice_looped_and_returned(x, y):
     return x + len(_stacked.blocks[:-1]) * y, _stacked.blocks[2:], _stacked.body[-2:]
 
 
-@case(xfail=MODULE_BUILT)
+@case()
 def module_linear_built_and_called(x, y):
     lin = nn.Linear(5, 3)  # random init: compared with eager under the same seed
     return lin(x) + lin(y)
+
+
+@case()
+def module_linears_built_in_a_loop(x, y):
+    out = x
+    for _ in range(2):  # two modules, two draws, in eager's order
+        out = torch.tanh(nn.Linear(5, 5, bias=False)(out))
+    return out + y
+
+
+@case()
+def module_norms_and_embedding_built_and_called(x, y):
+    ids = (x.abs() * 3).long().clamp(max=9)
+    emb = nn.Embedding(10, 5)(ids).sum(1)
+    return nn.LayerNorm(5)(y) + nn.BatchNorm1d(5)(x) + emb
 
 
 @case()

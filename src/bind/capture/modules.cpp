@@ -493,8 +493,12 @@ VarPtr Interpreter::make_torch_module(PyObject* cls, const std::vector<VarPtr>& 
     unsupported("nn." + name + " raised when built");  // eager raises it again
   }
   keep_.push_back(m);
-  if (const char* owned = fresh_state(m, false))
-    unsupported("nn." + name + " built in the function owns " + owned + " (made afresh at every call)");
+  if (const char* owned = fresh_state(m, false)) {
+    // Its parameters and buffers are drawn or filled afresh at every call: the call builds it
+    // again, as eager does, and the graph reads them as inputs (Source::built).
+    if (!maker) unsupported("nn." + name + " built in the function around other modules owns " + owned);
+    return Var::module(m, Source::built(m, maker));
+  }
   if (maker) root()->module_makers_[m] = maker;
   return Var::module(m, Source::made(m));
 }
@@ -502,12 +506,14 @@ VarPtr Interpreter::make_torch_module(PyObject* cls, const std::vector<VarPtr>& 
 OutSpec Interpreter::module_spec(const VarPtr& v) {
   if (v->source && !v->source->made_in_frame()) return source_spec(v->source);
   Interpreter* r = root();
+  // (A module built at every call that owns parameters has no maker here: building it again
+  // would draw other parameters than the graph used.)
   auto maker = r->module_makers_.find(v->obj());
   bool changed = false;
   for (const AttrStore& st : r->attr_stores_) changed |= st.obj == v->obj();
   if (maker == r->module_makers_.end() || changed)
     unsupported("hands out a module built in the function that kiln cannot build again (built around other modules, "
-                "or changed after construction)");
+                "changed after construction, or owning parameters drawn at every call)");
   OutSpec kw;
   kw.kind = OutSpec::Kind::Dict;
   kw.value = PyTuple_New(0);

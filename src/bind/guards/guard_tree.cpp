@@ -58,7 +58,10 @@ GuardTree::GuardTree(const GuardSet& guards, const std::vector<SourcePtr>& fetch
     for (const SourcePtr& s : g.sources) late.nodes.push_back(node_for(s));
     late_.push_back(std::move(late));
   }
-  for (size_t i = 0; i < fetch.size(); ++i) fetch_.emplace_back(static_cast<int>(i), node_for(fetch[i]));
+  // A per-call source (a seed, a module built at every call) is read once the guards held: its
+  // slot stays empty, and the call reads it (run_entry).
+  for (size_t i = 0; i < fetch.size(); ++i)
+    if (!fetch[i]->per_call()) fetch_.emplace_back(static_cast<int>(i), node_for(fetch[i]));
   fetch_count_ = fetch.size();
   index_.clear();
 
@@ -91,7 +94,8 @@ int GuardTree::node_for(const SourcePtr& s) {
   const int parent = s->base ? node_for(s->base) : -1;
   // Two source objects for one place (capture builds L['self'].fc separately for a guard and
   // an input) share a node: same parent and the same step from it.
-  const bool named = s->kind == Source::Kind::Global || s->kind == Source::Kind::Attr;
+  // (Each Made source names one object the frame builds: its name is unique.)
+  const bool named = s->kind == Source::Kind::Global || s->kind == Source::Kind::Attr || s->kind == Source::Kind::Made;
   StepKey key{parent,
               static_cast<int>(s->kind),
               s->kind == Source::Kind::Local ? s->local : static_cast<int64_t>(s->index),

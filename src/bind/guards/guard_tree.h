@@ -60,7 +60,8 @@ class GuardTree {
   GuardTree& operator=(const GuardTree&) = delete;
 
   // True when every guard of `guards` (the set this tree was built from) holds for the call in
-  // `f`; `out` then holds the values at the fetch sources, in order. False: `out` holds nothing.
+  // `f`; `out` then holds the values at the fetch sources, in order, with the per-call ones
+  // (Source::per_call) left null. False: `out` holds nothing.
   bool check(const GuardSet& guards, const FrameView& f, FetchedValues& out) const;
   size_t nodes() const { return nodes_.size(); }
 

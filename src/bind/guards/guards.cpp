@@ -118,8 +118,13 @@ void GuardSet::add_int_symbol(SourcePtr s, const sym::Expr& symbol) {
 void GuardSet::add_no_alias(std::vector<SourcePtr> inputs, std::vector<bool> mutated) {
   tree_.reset();
   Guard g{Guard::Kind::NoAlias, nullptr};
-  g.sources = std::move(inputs);
-  g.mutated = std::move(mutated);
+  // What a call builds afresh (a module's parameters drawn at every call) shares memory with
+  // nothing of the caller's; reading it here would build it before the guards held.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i] && inputs[i]->per_call()) continue;
+    g.sources.push_back(std::move(inputs[i]));
+    g.mutated.push_back(mutated[i]);
+  }
   guards_.push_back(std::move(g));
 }
 

@@ -48,6 +48,7 @@ Source::~Source() {
   if (!Py_IsInitialized()) return;
   Py_XDECREF(key);
   Py_XDECREF(globals);
+  Py_XDECREF(maker);
 }
 
 SourcePtr Source::key_of(SourcePtr base, PyObject* key) {
@@ -80,6 +81,12 @@ SourcePtr Source::made(PyObject* obj) {
   return s;
 }
 
+SourcePtr Source::built(PyObject* obj, PyObject* maker) {
+  auto s = std::const_pointer_cast<Source>(made(obj));
+  s->maker = Py_NewRef(maker);
+  return s;
+}
+
 SourcePtr Source::deref(SourcePtr base) {
   auto s = std::make_shared<Source>(Source{Kind::Deref});
   s->base = std::move(base);
@@ -90,6 +97,12 @@ SourcePtr Source::array(SourcePtr base) {
   auto s = std::make_shared<Source>(Source{Kind::Array});
   s->base = std::move(base);
   return s;
+}
+
+bool Source::per_call() const {
+  for (const Source* s = this; s; s = s->base.get())
+    if (s->kind == Kind::Seed || (s->kind == Kind::Made && s->maker)) return true;
+  return false;
 }
 
 bool Source::made_in_frame() const {
@@ -317,6 +330,12 @@ PyObject* read_root(const Source& s, const FrameView& f) {
       return Py_XNewRef(v);
     }
     case Source::Kind::Seed: return fresh_seed();
+    case Source::Kind::Made: {
+      if (!s.maker) return nullptr;
+      PyObject* v = PyObject_CallNoArgs(s.maker);
+      if (!v) clear_error();  // eager raised nothing when capture built it: the call reruns eagerly
+      return v;
+    }
     case Source::Kind::Closure:
       if (!f.closure || s.index >= PyTuple_GET_SIZE(f.closure)) return nullptr;
       return Py_XNewRef(PyCell_GET(PyTuple_GET_ITEM(f.closure, s.index)));

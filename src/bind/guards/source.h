@@ -18,7 +18,11 @@ struct Source {
   // read (the input of a graph that draws random numbers). Made: an object the frame builds
   // from constants at every call (a module without parameters, nn.Softmax(dim=-1)): what is
   // read from it is the same at every call, so nothing under it is guarded, and it cannot be
-  // read back from a frame (a graph break or a result that hands it out is not captured).
+  // read back from a frame (a graph break or a result that hands it out is not captured). A
+  // Made source with a `maker` (nn.Linear(5, 3): parameters drawn at every call) is read by
+  // calling the maker: the call builds the object afresh, as eager does, and the graph reads
+  // its parameters as inputs. Seeds and makers draw from torch's generator, so a call reads
+  // them once (SourceMemo), after every guard held (per_call()).
   // Array: torch.from_numpy(base) of the np.ndarray at `base` (an input of NumPy code).
   enum class Kind { Local, Global, Attr, Item, Closure, Key, Seed, Made, Array, Deref } kind;
   int local = -1;            // Local: the slot in the bound arguments
@@ -27,6 +31,7 @@ struct Source {
   Py_ssize_t index = 0;      // Item; Closure: the cell's position in fn.__closure__
   SourcePtr base;            // Attr/Item
   PyObject* globals = nullptr;  // Global: the dict it is read from, when not the frame's (owned)
+  PyObject* maker = nullptr;    // Made: builds the object again at every call, if it owns tensors (owned)
 
   static SourcePtr local_(int slot, const std::string& name);
   // `globals`: the module dict of an inlined function from another module (else the frame's).
@@ -37,11 +42,16 @@ struct Source {
   static SourcePtr key_of(SourcePtr base, PyObject* key);  // base[key] for any hashable key (dicts)
   static SourcePtr seed();
   static SourcePtr made(PyObject* obj);  // names the object's type
+  // The object `maker()` builds at every call (a new reference to maker is taken).
+  static SourcePtr built(PyObject* obj, PyObject* maker);
   static SourcePtr array(SourcePtr base);
   static SourcePtr deref(SourcePtr base);  // base(): the object a weakref refers to (None once dead)
   ~Source();
 
   bool made_in_frame() const;  // this source, or one it is read from, is Made
+  // Read anew at every call, drawing from torch's generator: a Seed, or under a Made source
+  // with a maker. Fetched after the guards, never by their walk.
+  bool per_call() const;
 
   std::string module_name() const;
   std::string str() const;  // "L['x']", "G['torch']", "L['self'].fc1.weight", "L['xs'][0]"

@@ -930,10 +930,15 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound, bool* rerun_
   // The guards' walk read the inputs (then the int scalars) already, or they are read here.
   const auto& scalar_sources = e.capture.scalar_sources;
   const bool walked = bound.fetched && bound.fetched->size() == sources.size() + scalar_sources.size();
+  // Per-call sources (a seed, a module built at every call) are read here, once each: a call's
+  // parameters of one built module come from one build.
+  SourceMemo own_memo;
+  if (!fv.memo) fv.memo = &own_memo;
   size_t fetched = 0;
   bool ok = true;
   for (; fetched < sources.size(); ++fetched) {
-    inputs[fetched] = walked ? bound.fetched->take(fetched) : eval_source(*sources[fetched], fv);
+    inputs[fetched] = walked ? bound.fetched->take(fetched) : nullptr;
+    if (!inputs[fetched]) inputs[fetched] = eval_source(*sources[fetched], fv);
     if (!inputs[fetched]) {
       ok = false;
       break;
