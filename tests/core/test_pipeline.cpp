@@ -186,6 +186,68 @@ TEST(Pipeline, KernelsSplitOverTranslationUnitsLinkIntoOneLibrary) {
   EXPECT_EQ(cg.take_error(), 0) << "taken once";
 }
 
+// Two layers (row sums scaling their input) with a matrix product between them, as a model's
+// layers have: the second layer's kernel is the same code over other buffers, defined once as
+// the first's alias (kernel_identity.h), and each computes over its own buffers.
+TEST(Pipeline, KernelsOfRepeatedLayersAreDefinedOnce) {
+  ir::Graph g;
+  ir::Node* x = g.placeholder("x", f32({8, 33}));
+  ir::Node* w = g.placeholder("w", f32({33, 33}));
+  ir::Attrs rows;
+  rows.set("dim", std::vector<int64_t>{1});
+  rows.set("keepdim", true);
+  auto layer = [&](ir::Node* in) { return g.must_add("mul", {g.must_add("sum", {g.must_add("exp", {in})}, rows), in}); };
+  g.outputs().push_back(layer(g.must_add("mm", {layer(x), w})));
+  pipeline::CompiledGraph cg;
+  std::string err;
+  ASSERT_TRUE(pipeline::compile_graph(g, {}, cg, err)) << err;
+  const loop::Program& p = cg.program;
+  ASSERT_EQ(cg.kernels.size(), 2u) << cg.source;
+  ASSERT_EQ(p.externs.size(), 1u) << cg.source;
+  EXPECT_NE(cg.source.find("__attribute__((alias(\"" + p.kernels[0].name + "\")))"), std::string::npos) << cg.source;
+  // explain's code of the alias: its declaration, then the code it shares
+  EXPECT_EQ(cg.kernels[1].source.find("// " + p.kernels[1].name + ": the same code as " + p.kernels[0].name), 0u) << cg.kernels[1].source;
+  EXPECT_NE(cg.kernels[1].source.find(cg.kernels[0].source), std::string::npos) << cg.kernels[1].source;
+  std::vector<std::vector<float>> mem(p.buffers.size());
+  for (const loop::Buffer& buf : p.buffers) mem[buf.id].resize(static_cast<size_t>(*buf.bytes().as_const()) / 4 + 4);
+  for (int i = 0; i < 8 * 33; ++i) mem[p.inputs[0]][i] = std::sin(i * 0.1f) * 0.2f;
+  for (int i = 0; i < 33 * 33; ++i) mem[p.inputs[1]][i] = std::cos(i * 0.3f) * 0.01f;
+  auto ref_layer = [](const std::vector<double>& in) {
+    std::vector<double> out(in.size());
+    for (int r = 0; r < 8; ++r) {
+      double s = 0;
+      for (int k = 0; k < 33; ++k) s += std::exp(in[r * 33 + k]);
+      for (int c = 0; c < 33; ++c) out[r * 33 + c] = s * in[r * 33 + c];
+    }
+    return out;
+  };
+  for (const loop::Step& st : p.steps) {
+    if (st.kind == loop::Step::Kind::Kernel) {
+      std::vector<void*> args;
+      for (int b : p.kernels[st.index].buffers) args.push_back(mem[b].data());
+      cg.kernels[st.index].cpu_fn(args.data());
+      continue;
+    }
+    const loop::Extern& e = p.externs[st.index];  // the matrix product, by hand
+    const float* a = mem[e.inputs[0].buffer].data();
+    const float* b = mem[e.inputs[1].buffer].data();
+    for (int r = 0; r < 8; ++r)
+      for (int c = 0; c < 33; ++c) {
+        float acc = 0;
+        for (int k = 0; k < 33; ++k) acc += a[r * 33 + k] * b[k * 33 + c];
+        mem[e.output][r * 33 + c] = acc;
+      }
+  }
+  std::vector<double> h(mem[p.inputs[0]].begin(), mem[p.inputs[0]].begin() + 8 * 33);
+  h = ref_layer(h);
+  std::vector<double> m(8 * 33, 0.0);
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 33; ++c)
+      for (int k = 0; k < 33; ++k) m[r * 33 + c] += h[r * 33 + k] * mem[p.inputs[1]][k * 33 + c];
+  const std::vector<double> want = ref_layer(m);
+  for (int i = 0; i < 8 * 33; ++i) EXPECT_NEAR(mem[p.outputs[0].view.buffer][i], want[i], 1e-4 * (1 + std::abs(want[i]))) << i;
+}
+
 // cat as a gather: rotate_half(x) * 2 (cat(-x[.., 4:], x[.., :4]) over the last dim) is one
 // kernel reading x, with each output element taken from the input that holds it.
 TEST(Pipeline, CatFusesWithItsProducersAndConsumers) {

@@ -111,6 +111,13 @@ bool compile_cuda_units(const codegen::CudaSource& cs, const loop::Program& p, c
 std::string kernel_source(const std::string& tu, const std::string& name) {
   auto start = tu.find("// " + name + ":");
   if (start == std::string::npos) return "";
+  // A kernel defined as another's alias (cpp_codegen.cpp): its two lines, then that kernel's code.
+  const auto line2 = tu.find('\n', start) + 1, line2_end = tu.find('\n', line2);
+  const auto alias = tu.find("__attribute__((alias(\"", line2);
+  if (alias != std::string::npos && alias < line2_end) {
+    const auto target = alias + 22;
+    return tu.substr(start, line2_end + 1 - start) + kernel_source(tu, tu.substr(target, tu.find('"', target) - target));
+  }
   auto end = tu.find("\n}\n", start);
   return tu.substr(start, end == std::string::npos ? std::string::npos : end + 3 - start);
 }
