@@ -1,6 +1,8 @@
 """Capture of the Python objects model code builds around its tensors: dataclass outputs,
 attribute stores it undoes, registries, factories, imports, signature checks."""
+import collections.abc
 import dataclasses
+import functools
 import inspect
 from collections import OrderedDict
 from typing import Optional
@@ -410,3 +412,106 @@ def test_a_module_built_around_a_callers_module_sees_its_changes():
     torch.testing.assert_close(compiled(x), holder(x))
     holder.act.negative_slope = 0.7  # read through the Sequential at the next call
     torch.testing.assert_close(compiled(x), holder(x))
+
+
+class _Implementations(collections.abc.MutableMapping):
+    """Hugging Face's GeneralInterface: a class-wide mapping and an instance's overrides."""
+    _global = {"doubled": lambda self, x: (x @ self.w) * 2}
+
+    def __init__(self):
+        self._local = {}
+
+    def __getitem__(self, key):
+        return self._local[key] if key in self._local else self._global[key]
+
+    def __setitem__(self, key, value):
+        self._local[key] = value
+
+    def __delitem__(self, key):
+        del self._local[key]
+
+    def __iter__(self):
+        return iter({**self._global, **self._local})
+
+    def __len__(self):
+        return len(self._global.keys() | self._local.keys())
+
+    def get_interface(self, name, default):
+        return super().get(name, default)
+
+
+_IMPLEMENTATIONS = _Implementations()
+
+
+def _dispatched(interface=_IMPLEMENTATIONS):
+    """HF's use_experts_implementation: the class's forward replaced by a closure that asks the
+    interface it closed over for the implementation the module's config names."""
+    def wrap(cls):
+        original = cls.forward
+
+        @functools.wraps(original)
+        def forward(self, *args, **kwargs):
+            return interface.get_interface(self.implementation, original)(self, *args, **kwargs)
+
+        cls.forward = forward
+        return cls
+    return wrap
+
+
+@_dispatched()
+class _Experts(torch.nn.Module):
+    def __init__(self, implementation):
+        super().__init__()
+        self.implementation = implementation
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return x @ self.w
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, implementation):
+        super().__init__()
+        self.experts = _Experts(implementation)
+
+    def forward(self, x):
+        return self.experts(x).relu()
+
+
+@pytest.mark.parametrize("implementation", ["eager", "doubled", "registered later"])
+def test_a_forward_dispatching_through_the_interface_it_closed_over_is_one_graph(implementation):
+    """The experts' forward (inlined from its parent's) reads its closure through its source, so
+    the interface's method is inlined and guarded: one graph, and an implementation registered
+    after the first call is the one the next call runs."""
+    block = _Block("doubled" if implementation == "registered later" else implementation).eval()
+    x = torch.randn(3, 4)
+    e = kiln.explain(block)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    compiled = kiln.compile(block)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), block(x))
+        if implementation == "registered later":
+            _IMPLEMENTATIONS["doubled"] = lambda self, x: (x @ self.w) * 3
+            try:
+                torch.testing.assert_close(compiled(x), block(x))
+                torch.testing.assert_close(compiled(x), (x @ block.experts.w * 3).relu())
+            finally:
+                del _IMPLEMENTATIONS["doubled"]
+
+
+def test_subscript_of_a_callers_mapping_follows_its_state():
+    """obj[key] on an object whose class defines __getitem__ in Python runs that __getitem__
+    inlined: what it reads is guarded, so a later change of the object's state is seen (called for
+    real at capture, its answer was kept)."""
+    table = _Implementations()
+
+    def fn(x):
+        return x * (3.0 if table.get("scale") is not None else 2.0)
+
+    compiled = kiln.compile(fn)
+    x = torch.ones(3)
+    torch.testing.assert_close(compiled(x), fn(x))
+    table["scale"] = 1
+    torch.testing.assert_close(compiled(x), fn(x))
+    del table["scale"]
+    torch.testing.assert_close(compiled(x), fn(x))

@@ -905,7 +905,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
       Py_DECREF(t);
       return real(r);
     }
-    if (!fn->source) unsupported("bound method with no known source");
+    if (!fn->source) unsupported("bound method " + callable_name(f) + " with no known source");
     VarPtr self = wrap(PyMethod_GET_SELF(f), Source::attr(fn->source, "__self__"));
     args.insert(args.begin(), self);
     return inline_call(PyMethod_GET_FUNCTION(f), Source::attr(fn->source, "__func__"), std::move(args), kwargs);

@@ -657,7 +657,13 @@ VarPtr Interpreter::call_module_body(VarPtr mod, std::vector<VarPtr> args, const
   // Any other module (torch.nn's own without a rule included): its forward inlined with the
   // module as self; the torch functions it calls become ops or extern calls.
   args.insert(args.begin(), mod);
-  return inline_call(forward, nullptr, std::move(args), kwargs);
+  // A forward with a closure (a decorator's wrapper: HF's experts dispatch through an interface
+  // object it closed over) reads its cells through its source, so what it calls on them is
+  // guarded and inlined; a plain forward needs none (the module is held by identity).
+  SourcePtr source = PyFunction_GET_CLOSURE(forward) && mod->source
+                         ? Source::attr(Source::attr(mod->source, "__class__"), "forward")
+                         : nullptr;
+  return inline_call(forward, std::move(source), std::move(args), kwargs);
 }
 
 }  // namespace kiln::bind::detail

@@ -620,6 +620,17 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
     return module_attr(base, names[i].c_str());
   }
   PyObject* container = const_obj(base, "container");
+  // An object whose class defines __getitem__ in Python (a Mapping of the caller's, Hugging
+  // Face's GeneralInterface): its __getitem__ inlined, so what it reads of the object is
+  // guarded; called for real here, its answer would outlive a change of the object's state.
+  if (!PyDict_CheckExact(container) && !PyList_CheckExact(container) && !PyTuple_CheckExact(container)) {
+    static PyObject* getitem = PyUnicode_InternFromString("__getitem__");
+    PyObject* f = _PyType_Lookup(Py_TYPE(container), getitem);
+    if (f && PyFunction_Check(f)) {
+      keep_.push_back(Py_NewRef(f));
+      return inline_call(f, nullptr, {base, index}, {});
+    }
+  }
   PyObject* key = const_obj(index, "index");
   PyObject* v = PyObject_GetItem(container, key);
   if (!v) return real(nullptr);
