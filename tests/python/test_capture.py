@@ -2196,3 +2196,44 @@ def test_inplace_method_that_casts_its_result_back_falls_back():
     # float32 += float64 computes in float64 and casts back in eager; kiln leaves that to eager.
     assert_falls_back(inplace_method_casting_back, lambda: (torch.randn(4, 8), torch.randn(8, dtype=torch.float64)),
                       "in-place", "inplace-method-dtype")
+
+
+class _Finder:
+    """setuptools' _distutils_hack.DistutilsMetaFinder.find_spec: str.format(**locals())."""
+
+    def find_spec(self, fullname, path, target=None):
+        if path is not None and not fullname.startswith("test."):
+            return None
+        return "spec_for_{fullname}".format(**locals())
+
+
+_FINDER = _Finder()
+
+
+def test_locals_in_an_inlined_function_are_its_own():
+    """locals() (and vars()) is the frame's own dict of its bound variables, in CPython's order:
+    as a break, it ran in the frame that runs the break and missed the function's arguments
+    (a KeyError where eager has none)."""
+    def fn(x, y):
+        scale = 2.0
+        names = list(locals())
+        spec = _FINDER.find_spec("abc", None)
+        return x * scale + y, (names, spec, sorted(vars()))
+
+    check(lambda x, y: fn(x, y)[0], lambda: (torch.randn(3), torch.randn(3)))
+    x, y = torch.randn(3), torch.randn(3)
+    assert kiln.compile(fn)(x, y)[1] == fn(x, y)[1] == (["x", "y", "scale"], "spec_for_abc", ["names", "scale", "spec", "x", "y"])
+
+
+def test_locals_sees_closure_variables_and_skips_unbound_ones():
+    offset = 1.5
+
+    def fn(x):
+        if x.shape[0] > 100:
+            unused = 1  # noqa: F841 - unbound at the locals() call
+        d = locals()
+        return x + offset * d["offset"], sorted(d)
+
+    check(lambda x: fn(x)[0], lambda: (torch.randn(3),))
+    x = torch.randn(3)
+    assert kiln.compile(fn)(x)[1] == fn(x)[1] == ["offset", "x"]

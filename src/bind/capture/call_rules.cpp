@@ -34,6 +34,8 @@ struct CallRules {
       add(I.builtin("type"), type_);
       add(I.builtin("len"), len_);
       add(I.builtin("callable"), callable_);
+      add(I.builtin("locals"), locals_);
+      add(I.builtin("vars"), locals_);
       add(I.builtin("abs"), abs_);
       add(I.builtin("zip"), iteration);
       add(I.builtin("enumerate"), iteration);
@@ -68,6 +70,11 @@ struct CallRules {
       return m;
     }();
     return t;
+  }
+
+  // locals() and vars() without arguments: the frame's locals as a dict made here.
+  static VarPtr locals_(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    return args.empty() && kwargs.empty() ? I.frame_locals() : nullptr;
   }
 
   static VarPtr super_(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {

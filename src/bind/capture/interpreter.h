@@ -333,6 +333,10 @@ class Interpreter {
 
   // A free variable of a real closure (the root function's, or an inlined real function's).
   VarPtr read_free_var(const Instr& in);
+  // locals() (and vars()) in this frame: a new dict of its bound locals, cells and free
+  // variables by name, in the order CPython's snapshot has them. (Run at a graph break instead,
+  // the call would read the locals of the frame that runs the break.)
+  VarPtr frame_locals();
 
   // def / lambda / comprehension inside the frame. The real function object carries code,
   // globals and constant defaults; the cells stay trackers (their contents may be tensors).

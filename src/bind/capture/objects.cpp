@@ -30,6 +30,27 @@ VarPtr Interpreter::read_free_var(const Instr& in) {
   return wrap(v, src);
 }
 
+VarPtr Interpreter::frame_locals() {
+  auto* co = reinterpret_cast<PyCodeObject*>(code_);
+  VarPtr d = Var::dict();
+  const int first_free = co->co_nlocalsplus - co->co_nfreevars;
+  for (int i = 0; i < co->co_nlocalsplus; ++i) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(co->co_localspluskinds))[i] & CO_FAST_HIDDEN)
+      continue;  // an inlined comprehension's variable: not in locals()
+#endif
+    VarPtr slot = locals_.at(i);
+    if (!slot && i >= first_free) {
+      Instr in{};
+      in.arg = i;
+      slot = locals_.at(i) = read_free_var(in);
+    }
+    VarPtr v = slot && slot->kind() == Var::Kind::Cell ? slot->as<CellV>().content : slot;
+    if (v) dict_set(d, PyTuple_GET_ITEM(co->co_localsplusnames, i), v);
+  }
+  return d;
+}
+
 VarPtr Interpreter::make_function(const VarPtr& code, const VarPtr& defaults, const VarPtr& kwdefaults, const VarPtr& closure) {
   PyObject* co = const_obj(code, "code");
   if (!PyCode_Check(co)) unsupported("MAKE_FUNCTION without a code object");
