@@ -2237,3 +2237,77 @@ def test_locals_sees_closure_variables_and_skips_unbound_ones():
     check(lambda x: fn(x)[0], lambda: (torch.randn(3),))
     x = torch.randn(3)
     assert kiln.compile(fn)(x)[1] == fn(x)[1] == ["offset", "x"]
+
+
+def test_in_place_update_of_a_result_viewing_memory_the_torch_call_made():
+    """einsum's result is a permuted view of the product it made (its `_base` is none of its
+    inputs): an update in place is an update of a fresh tensor (Funnel's `positional_attn *=
+    cls_mask`, LongT5's `scores += position_bias`), not a break."""
+    def funnel(q, r, mask):
+        b, i, n, h = q.shape
+        pa = torch.einsum("binh,tnh->bnit", q, r)
+        pa = torch.reshape(pa, [b, n, pa.shape[-1], i])[:, :, 1:, :]
+        pa = torch.reshape(pa, [b, n, i, -1])[..., :i]
+        pa *= mask
+        return pa
+
+    def longt5(q, k, bias):
+        scores = torch.einsum("bnqd,bnkd->bnqk", q, k)
+        scores += bias
+        return scores.softmax(-1)
+
+    check(funnel, lambda: (torch.randn(2, 8, 4, 8), torch.randn(17, 4, 8), torch.randn(8, 8)))
+    check(longt5, lambda: (torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16), torch.randn(1, 4, 8, 8)))
+
+
+def test_in_place_update_through_a_torch_call_that_views_its_input_reaches_the_input():
+    """movedim's result views its input (`_base` is the input): the update reaches it, as in eager."""
+    def fn(a):
+        x = a * 2
+        y = torch.movedim(x, 0, 1)
+        y += 1
+        return x, y
+
+    check(fn, lambda: (torch.randn(3, 4),))
+
+
+def test_numpy_names_of_arguments_are_taken_as_torch_takes_them():
+    """axis= for dim=, keepdims= for keepdim=, x= for the input (I-BERT's x.mean(axis=2),
+    Funnel's torch.cat(..., axis=1))."""
+    def fn(x, y):
+        m = x.mean(axis=2, keepdim=True)
+        v = torch.mean((x - m) ** 2, axis=2, keepdims=True)
+        s = torch.sum(x, axis=2, keepdim=True)
+        c = torch.cat([y[:, :1], y], axis=1)
+        return (x - m) / torch.sqrt(1e-5 + v) + s, c, torch.sin(input=y)
+
+    check(fn, lambda: (torch.randn(2, 8, 32), torch.randn(2, 8, 32)))
+
+
+class _WithDevice(torch.nn.Module):
+    """Hugging Face's PreTrainedModel.device: a property that builds a new torch.device."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    @property
+    def device(self):
+        return next(p.device for p in self.parameters())
+
+    def forward(self, x):
+        return torch.ones(4, device=self.device) + x * self.w
+
+
+def test_a_device_read_afresh_at_every_call_is_guarded_by_value():
+    """`self.device` is a new torch.device object per read: guarded by identity, every call
+    recompiled (XLNet) until the cache limit sent the module to eager."""
+    m = _WithDevice()
+    compiled = kiln.compile(m)
+    before = kiln.stats()
+    with torch.no_grad():
+        for _ in range(10):
+            x = torch.randn(4)
+            torch.testing.assert_close(compiled(x), m(x))
+    after = kiln.stats()
+    assert after["recompiles"] == before["recompiles"] and after["eager_fallbacks"] == before["eager_fallbacks"]

@@ -88,8 +88,14 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
       }
     } else {
       for (size_t k = 0; k < kwargs.size(); ++k) {
-        bool alias = (p.name == "self" && kwargs[k].first == "input");
-        if (kwargs[k].first == p.name || alias) {
+        // torch's argument parser takes NumPy's names too: axis= for dim=, keepdims= for
+        // keepdim=, x=/a=/x1= for the input, x2= for other (x.mean(axis=2), cat(..., axis=1)).
+        const std::string& kw = kwargs[k].first;
+        const bool input = p.name == "self" || p.name == "input";
+        const bool alias = (input && (kw == "input" || kw == "x" || kw == "a" || kw == "x1")) ||
+                           (p.name == "dim" && kw == "axis") || (p.name == "keepdim" && kw == "keepdims") ||
+                           (p.name == "other" && kw == "x2");
+        if (kw == p.name || alias) {
           v = kwargs[k].second;
           used_kw[k] = true;
         }
@@ -2159,6 +2165,27 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // that tensor's memory, its storage offset from the meta input's start (sizes all constant:
   // an offset fixed for the entry), so that an in-place update through it can be written back.
   std::vector<std::optional<int64_t>> view_offsets;
+  // Which results view one of the call's tensors. torch's `_base` is the root of a chain of
+  // views: a result whose base is none of the meta inputs views memory the call made itself
+  // (einsum's permuted product), which an in-place update may change like a fresh tensor's.
+  std::vector<bool> views_an_input;
+  if (r) {
+    const Py_ssize_t n = PyTuple_Check(r) ? PyTuple_GET_SIZE(r) : 1;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* t = PyTuple_Check(r) ? PyTuple_GET_ITEM(r, i) : r;
+      PyObject* base = is_tensor(t) ? PyObject_GetAttrString(t, "_base") : nullptr;
+      bool views = base && base != Py_None && metas.empty();  // no meta run to tell: as before
+      for (PyObject* m : metas) {
+        // (a meta input made as a view of other memory, for its strides or offset: its root)
+        PyObject* root = is_tensor(m) ? PyObject_GetAttrString(m, "_base") : nullptr;
+        views |= base == m || (root && root != Py_None && base == root);
+        Py_XDECREF(root);
+      }
+      views_an_input.push_back(views || !base);
+      Py_XDECREF(base);
+      clear_error();
+    }
+  }
   bool fixed_first = !inputs.empty() && inputs[0];
   for (size_t i = 0; fixed_first && i < inputs[0]->meta.sizes.size(); ++i)
     fixed_first = inputs[0]->meta.sizes[i].as_const() && inputs[0]->meta.strides[i].as_const();
@@ -2285,7 +2312,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
       a.set("out_device", cuda ? at : int64_t{-1});
     }
     PyObject* is_view = PyObject_CallMethod(results[k], "_is_view", nullptr);
-    if (is_view == Py_True) a.set("view", true);
+    if (is_view == Py_True && (k >= views_an_input.size() || views_an_input[k])) a.set("view", true);
     if (is_view == Py_True && k < view_offsets.size() && view_offsets[k]) a.set("view_offset", *view_offsets[k]);
     Py_XDECREF(is_view);
     clear_error();

@@ -282,6 +282,13 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     out_.guards.add_identity(src, v);
     return Var::constant(v, src);
   }
+  // A torch.device is a value: `param.device` (Hugging Face's `self.device`) is a new object at
+  // every read, so an identity guard failed at every call and recompiled until the cache limit.
+  static PyObject* device_type = resolve_torch("device");
+  if (device_type && Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(device_type)) {
+    out_.guards.add_equals(src, v);
+    return Var::constant(v, src);
+  }
   if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
     Py_ssize_t n = PySequence_Size(v);
