@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import os
 import re
@@ -2311,3 +2312,37 @@ def test_a_device_read_afresh_at_every_call_is_guarded_by_value():
             torch.testing.assert_close(compiled(x), m(x))
     after = kiln.stats()
     assert after["recompiles"] == before["recompiles"] and after["eager_fallbacks"] == before["eager_fallbacks"]
+
+
+_PROBES = []
+
+
+@torch._dynamo.assume_constant_result
+def _probe_installed():
+    """A package probe as Hugging Face writes them: what it walks (importlib's machinery) is not
+    traceable, and the marker says its answer does not change."""
+    import importlib.util
+    _PROBES.append(1)
+    return importlib.util.find_spec("a_package_that_is_not_installed") is not None
+
+
+def _lru_probe_body():
+    import importlib.util
+    return importlib.util.find_spec("another_package_not_installed") is not None
+
+
+_lru_probe_body._dynamo_marked_constant = True  # what transformers' _make_compile_constant sets
+_lru_probe = functools.lru_cache(_lru_probe_body)
+
+
+def test_functions_marked_constant_are_called_once_at_capture():
+    def fn(x):
+        if _probe_installed() or _lru_probe():
+            return x + 1
+        return x * 2
+
+    compiled = check(fn, lambda: (torch.randn(3),))
+    calls = len(_PROBES)
+    compiled(torch.randn(3))
+    compiled(torch.randn(3))
+    assert len(_PROBES) == calls, "a marked function runs at capture only, as TorchDynamo runs it"

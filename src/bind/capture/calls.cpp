@@ -667,6 +667,34 @@ namespace {
 }  // namespace
 
 // torch calls whose answer capture knows (questions about how the code runs, checks, no-ops).
+VarPtr Interpreter::assumed_constant_call(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  // torch._dynamo.assume_constant_result (Hugging Face's is_*_available probes, under their
+  // lru_cache too): the marker promises the result is the same at every call, so it is taken
+  // now, as TorchDynamo takes it, and not traced (the probes walk importlib's machinery).
+  static PyObject* marker = PyUnicode_InternFromString("_dynamo_marked_constant");
+  auto marked = [](PyObject* o) {
+    PyObject* m = o ? PyObject_GetAttr(o, marker) : nullptr;
+    const bool yes = m && PyObject_IsTrue(m) == 1;
+    Py_XDECREF(m);
+    clear_error();
+    return yes;
+  };
+  if (!PyCallable_Check(f) || PyType_Check(f)) return nullptr;
+  bool is_marked = marked(f);
+  if (!is_marked && !PyFunction_Check(f)) {
+    PyObject* wrapped = PyObject_GetAttrString(f, "__wrapped__");
+    clear_error();
+    is_marked = wrapped && PyFunction_Check(wrapped) && marked(wrapped);
+    Py_XDECREF(wrapped);
+  }
+  if (!is_marked) return nullptr;
+  for (const VarPtr& a : args)
+    if (!a->is_const() || a->symint().valid()) return nullptr;
+  for (const auto& [k, v] : kwargs)
+    if (!v->is_const() || v->symint().valid()) return nullptr;
+  return real(call_for_real(f, args, kwargs));
+}
+
 const std::unordered_map<PyObject*, Interpreter::Known>& Interpreter::known_torch_calls() {
   static const auto* table = [] {
     auto* t = new std::unordered_map<PyObject*, Known>();
@@ -870,6 +898,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
                              ? args[0]->known() : nullptr;
     if (receiver && is_private(receiver)) return real(call_for_real(f, args, kwargs));
   }
+  if (VarPtr r = assumed_constant_call(f, args, kwargs)) return r;
   if (PyFunction_Check(f) && !is_torch_internal(f)) return inline_call(f, fn->source, std::move(args), kwargs);
   if (VarPtr r = autograd_function_apply(fn, args, kwargs)) return r;
   if (PyFunction_Check(f) && !args.empty() && args[0]->get_if<ModuleV>() && own_forward_of(args[0]->get_if<ModuleV>()->module, f))

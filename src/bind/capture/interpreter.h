@@ -333,6 +333,9 @@ class Interpreter {
 
   // A free variable of a real closure (the root function's, or an inlined real function's).
   VarPtr read_free_var(const Instr& in);
+  // A call of a function marked torch._dynamo.assume_constant_result, with constant
+  // arguments: run now, its result a constant; nullptr for any other call.
+  VarPtr assumed_constant_call(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // locals() (and vars()) in this frame: a new dict of its bound locals, cells and free
   // variables by name, in the order CPython's snapshot has them. (Run at a graph break instead,
   // the call would read the locals of the frame that runs the break.)
