@@ -515,3 +515,50 @@ def test_subscript_of_a_callers_mapping_follows_its_state():
     torch.testing.assert_close(compiled(x), fn(x))
     del table["scale"]
     torch.testing.assert_close(compiled(x), fn(x))
+
+
+class _LayerView(collections.abc.Sequence):
+    """Hugging Face's _PerLayerConfigView: a Sequence whose iteration is Sequence.__iter__'s
+    self[i] until IndexError."""
+
+    def __init__(self, config):
+        self._config = config
+
+    def __len__(self):
+        return self._config.layers
+
+    def __getitem__(self, i):
+        if i < 0 or i >= len(self):
+            raise IndexError("list index out of range")
+        return self._config
+
+
+class _LayeredConfig:
+    def __init__(self):
+        self.layers = 3
+        self.scale = 0.5
+
+    @property
+    def per_layer_config(self):
+        return _LayerView(self)
+
+
+_LAYERED = _LayeredConfig()
+
+
+def test_iterating_a_sequence_of_a_config_copied_in_the_function():
+    """Whisper's decoder deep-copies its config and builds its cache from the copy, iterating the
+    copy's per-layer view (a Sequence made in the frame): Sequence.__iter__ is inlined."""
+    import copy
+
+    def fn(x):
+        c = copy.deepcopy(_LAYERED)
+        c.layers = 2
+        for layer in c.per_layer_config:
+            x = x * layer.scale + 1
+        return x
+
+    e = kiln.explain(fn)(torch.randn(3))
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(fn)(x), fn(x))

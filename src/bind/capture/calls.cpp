@@ -557,7 +557,18 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
   }
   if (v->is_const()) {
     PyObject* o = v->obj();
-    if (!(PyRange_Check(o) || PyTuple_Check(o) || PyList_Check(o))) unsupported("iteration over a " + std::string(Py_TYPE(o)->tp_name));
+    if (!(PyRange_Check(o) || PyTuple_Check(o) || PyList_Check(o))) {
+      // An object whose class iterates in Python (collections.abc.Sequence's __iter__ over its
+      // __getitem__ until IndexError: a config's per-layer view): that __iter__ inlined, a
+      // generator run to its end.
+      static PyObject* iter_name = PyUnicode_InternFromString("__iter__");
+      PyObject* iter = _PyType_Lookup(Py_TYPE(o), iter_name);
+      if (iter && PyFunction_Check(iter)) {
+        keep_.push_back(Py_NewRef(iter));
+        return items_of(inline_call(iter, nullptr, {v}, {}));
+      }
+      unsupported("iteration over a " + std::string(Py_TYPE(o)->tp_name));
+    }
     Py_ssize_t n = PySequence_Size(o);
     if (n > 10000) unsupported("loop of more than 10000 iterations");
     std::vector<VarPtr> out;
