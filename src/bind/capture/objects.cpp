@@ -36,7 +36,8 @@ VarPtr Interpreter::frame_locals() {
   const int first_free = co->co_nlocalsplus - co->co_nfreevars;
   for (int i = 0; i < co->co_nlocalsplus; ++i) {
 #if PY_VERSION_HEX >= 0x030C0000
-    if (reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(co->co_localspluskinds))[i] & CO_FAST_HIDDEN)
+    constexpr unsigned char kHidden = 0x10;  // CO_FAST_HIDDEN (CPython's internal pycore_code.h)
+    if (reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(co->co_localspluskinds))[i] & kHidden)
       continue;  // an inlined comprehension's variable: not in locals()
 #endif
     VarPtr slot = locals_.at(i);
