@@ -621,3 +621,18 @@ def test_a_change_of_the_default_dtype_recompiles(fn, order, default_dtype_resto
         want, got = fn(a), compiled(a)
         assert got.dtype == want.dtype, (dtype, got.dtype, want.dtype)
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 4), (3, 0)])
+def test_an_empty_tensor_returned_with_its_stack(shape):
+    """stack([t, t]) computes t into the stacked buffer and hands t out as a view of it; for an
+    empty t the index arithmetic put that view before the buffer (storage offset -1, fuzz seed
+    573143: RuntimeError where eager has none)."""
+    def fn(a):
+        t = a + 1
+        return torch.stack([t, t]), t
+
+    a = torch.zeros(shape)
+    got, want = kiln.compile(fn)(a), fn(a)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype

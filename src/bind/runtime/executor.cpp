@@ -133,7 +133,10 @@ ViewPlan plan_view(const loop::BufferView& v, const SymbolValues& sv) {
 // The tensor a view describes: the buffer's own tensor when the view covers it as it is.
 at::Tensor view_of(const at::Tensor& base, const ViewPlan& v) {
   if (v.offset == 0 && base.sizes().equals(v.sizes) && base.strides().equals(v.strides)) return base;
-  return base.as_strided(v.sizes, v.strides, base.storage_offset() + v.offset);
+  // An empty view reads nothing: where it starts is immaterial, and the index arithmetic of an
+  // empty iteration space can put it before the buffer (a stack of empty tensors: -1).
+  const bool empty = std::find(v.sizes.begin(), v.sizes.end(), 0) != v.sizes.end();
+  return base.as_strided(v.sizes, v.strides, base.storage_offset() + (empty ? 0 : v.offset));
 }
 
 struct ExternPlan {
