@@ -562,3 +562,35 @@ def test_iterating_a_sequence_of_a_config_copied_in_the_function():
     assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
     x = torch.randn(3)
     torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
+
+
+class _Router(torch.nn.Module):
+    """Switch Transformers' router: `self.classifier = self.classifier.to(self.dtype)` per call."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        self.classifier = torch.nn.Linear(8, 4, bias=False)
+        self.dtype = dtype
+
+    def forward(self, x):
+        x = x.to(self.dtype)
+        self.classifier = self.classifier.to(self.dtype)
+        return torch.softmax(self.classifier(x), dim=-1)
+
+
+def test_module_to_where_nothing_converts_is_the_module():
+    r = _Router()
+    x = torch.randn(2, 8)
+    e = kiln.explain(r)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    compiled = kiln.compile(r)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), r(x))
+        # the router now converts its classifier: eager's conversion happens, guards see it
+        r.dtype = torch.float64
+        want = _Router(torch.float64)
+        want.load_state_dict(r.state_dict())
+        got = compiled(x)
+        assert got.dtype == torch.float64 and r.classifier.weight.dtype == torch.float64
+        torch.testing.assert_close(got, want(x))
+        torch.testing.assert_close(compiled(x), want(x))

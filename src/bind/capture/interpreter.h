@@ -333,6 +333,7 @@ class Interpreter {
 
   // A free variable of a real closure (the root function's, or an inlined real function's).
   VarPtr read_free_var(const Instr& in);
+  VarPtr module_to_no_op(const VarPtr& mod, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // A call of a function marked torch._dynamo.assume_constant_result, with constant
   // arguments: run now, its result a constant; nullptr for any other call.
   VarPtr assumed_constant_call(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);

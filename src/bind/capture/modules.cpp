@@ -273,10 +273,68 @@ VarPtr Interpreter::call_module_method(VarPtr mod, const std::string& name, std:
   if (PyErr_Occurred()) clear_error();
   if (!f || !PyFunction_Check(f)) unsupported("method " + name + " of module " + Py_TYPE(mod->obj())->tp_name);
   if (VarPtr r = module_members(mod, f, args, kwargs)) return r;
+  if (VarPtr r = module_to_no_op(mod, f, args, kwargs)) return r;
   args.insert(args.begin(), mod);
   // type(self).<name>: the function itself, so its defaults and closure are guarded.
   SourcePtr src = mod->source ? Source::attr(Source::attr(mod->source, "__class__"), name) : nullptr;
   return inline_call(f, src, std::move(args), kwargs);
+}
+
+// module.to(dtype) / .to(device) where every parameter and buffer is there already (Switch
+// Transformers' router: `self.classifier = self.classifier.to(self.dtype)` in its forward): the
+// module itself, as Module.to returns it after converting nothing. The parameters and buffers
+// are read as graph inputs, so their dtypes and devices are guarded. nullptr: `f` is not
+// Module.to, or the call would convert something (then the call is inlined, and breaks).
+VarPtr Interpreter::module_to_no_op(const VarPtr& mod, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  static PyObject* module_to = [] {
+    PyObject* module = object_at("torch.nn.Module");
+    PyObject* to = module ? PyObject_GetAttrString(module, "to") : nullptr;
+    clear_error();
+    return to;
+  }();
+  if (!module_to || f != module_to || !mod->source || mod->source->made_in_frame()) return nullptr;
+  for (const VarPtr& a : args)
+    if (!a->is_const() || a->symint().valid()) return nullptr;
+  for (const auto& [k, v] : kwargs)
+    if (!v->is_const() || v->symint().valid()) return nullptr;
+  static PyObject* parse_to = object_at("torch._C._nn._parse_to");
+  if (!parse_to) return nullptr;
+  PyObject* parsed = call_for_real(parse_to, args, kwargs, "Module.to argument");
+  if (!parsed) {
+    clear_error();
+    return nullptr;  // eager raises it: the inlined call does too
+  }
+  keep_.push_back(parsed);
+  if (!PyTuple_Check(parsed) || PyTuple_GET_SIZE(parsed) < 4 || PyTuple_GET_ITEM(parsed, 3) != Py_None) return nullptr;
+  PyObject* device = PyTuple_GET_ITEM(parsed, 0);
+  PyObject* dtype = PyTuple_GET_ITEM(parsed, 1);
+  DType want_dtype;
+  if (dtype != Py_None && !dtype_from_object(dtype, want_dtype)) return nullptr;
+  std::string want_device;
+  if (device != Py_None) {
+    PyObject* str = PyObject_Str(device);
+    if (!str) {
+      clear_error();
+      return nullptr;
+    }
+    want_device = PyUnicode_AsUTF8(str);
+    Py_DECREF(str);
+  }
+  PyObject* module = object_at("torch.nn.Module");
+  for (const char* members : {"parameters", "buffers"}) {
+    PyObject* fn = module ? PyObject_GetAttrString(module, members) : nullptr;
+    clear_error();
+    VarPtr list = fn ? module_members(mod, fn, {}, {}) : nullptr;
+    Py_XDECREF(fn);
+    if (!list) return nullptr;
+    for (const VarPtr& t : items_of(list)) {
+      if (!t->is_tensor()) return nullptr;
+      const ir::TensorMeta& m = t->node()->meta;
+      if (!want_device.empty() && m.device.str() != want_device) return nullptr;
+      if (dtype != Py_None && is_floating(m.dtype) && m.dtype != want_dtype) return nullptr;
+    }
+  }
+  return mod;
 }
 
 // nn.Module's own generators over its tree: parameters(), named_parameters(), buffers(),
