@@ -677,7 +677,6 @@ namespace {
 
 }  // namespace
 
-// torch calls whose answer capture knows (questions about how the code runs, checks, no-ops).
 VarPtr Interpreter::assumed_constant_call(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   // torch._dynamo.assume_constant_result (Hugging Face's is_*_available probes, under their
   // lru_cache too): the marker promises the result is the same at every call, so it is taken
@@ -690,12 +689,14 @@ VarPtr Interpreter::assumed_constant_call(PyObject* f, const std::vector<VarPtr>
     clear_error();
     return yes;
   };
-  if (!PyCallable_Check(f) || PyType_Check(f)) return nullptr;
-  bool is_marked = marked(f);
-  if (!is_marked && !PyFunction_Check(f)) {
+  // Plain functions, and functools.lru_cache wrappers of them (marked on either): no other
+  // object's attribute lookup runs here.
+  static PyObject* lru_wrapper = object_at("functools._lru_cache_wrapper");
+  bool is_marked = PyFunction_Check(f) && marked(f);
+  if (!is_marked && lru_wrapper && PyObject_TypeCheck(f, reinterpret_cast<PyTypeObject*>(lru_wrapper))) {
     PyObject* wrapped = PyObject_GetAttrString(f, "__wrapped__");
     clear_error();
-    is_marked = wrapped && PyFunction_Check(wrapped) && marked(wrapped);
+    is_marked = marked(f) || (wrapped && PyFunction_Check(wrapped) && marked(wrapped));
     Py_XDECREF(wrapped);
   }
   if (!is_marked) return nullptr;
@@ -706,6 +707,7 @@ VarPtr Interpreter::assumed_constant_call(PyObject* f, const std::vector<VarPtr>
   return real(call_for_real(f, args, kwargs));
 }
 
+// torch calls whose answer capture knows (questions about how the code runs, checks, no-ops).
 const std::unordered_map<PyObject*, Interpreter::Known>& Interpreter::known_torch_calls() {
   static const auto* table = [] {
     auto* t = new std::unordered_map<PyObject*, Known>();
