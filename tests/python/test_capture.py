@@ -2346,3 +2346,22 @@ def test_functions_marked_constant_are_called_once_at_capture():
     compiled(torch.randn(3))
     compiled(torch.randn(3))
     assert len(_PROBES) == calls, "a marked function runs at capture only, as TorchDynamo runs it"
+
+
+def test_calls_that_read_their_frame_are_not_run_at_a_break():
+    """globals() (and dir(), sys._getframe()) in a helper of another module: run at a graph
+    break they read the frame that runs the break (a KeyError where eager has none); the call
+    runs eagerly instead."""
+    namespace = {"MARK": "helper's module", "sys": sys}
+    exec("def helper(x):\n"
+         "    g = globals()\n"
+         "    return x + 1, g['MARK'], sorted(dir()), sys._getframe().f_code.co_name\n", namespace)
+    helper = namespace["helper"]
+
+    def fn(x):
+        return helper(x * 2)
+
+    x = torch.randn(3)
+    want, got = fn(x), kiln.compile(fn)(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] == ("helper's module", ["g", "x"], "helper")

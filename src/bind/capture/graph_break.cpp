@@ -1,5 +1,6 @@
 #include "bind/capture/interpreter.h"
 #include "bind/interrupts.h"
+#include "bind/python_objects.h"
 #include "bind/capture/mode_setter.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
@@ -229,11 +230,19 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   }
   if (before.stack.size() < operands) return false;
   if (in.op == OP_CALL) {
-    // super() without arguments reads its frame: it cannot run from outside one.
+    // Calls that read the frame they run in (super() without arguments, globals(), dir(),
+    // sys._getframe()) cannot run from outside it: the whole call runs eagerly instead.
+    static PyObject* getframe = object_at("sys._getframe");
+    static PyObject* currentframe = object_at("inspect.currentframe");
     const VarPtr& f = before.stack[before.stack.size() - operands];
     const VarPtr& g = before.stack[before.stack.size() - operands + 1];
-    for (const VarPtr& c : {f, g})
-      if (c->is_const() && c->known() == builtin("super")) return false;
+    for (const VarPtr& c : {f, g}) {
+      if (!c->is_const()) continue;
+      PyObject* k = c->known();
+      if (k == builtin("super") || (k && (k == getframe || k == currentframe))) return false;
+      if (in.arg == 0 && (k == builtin("globals") || k == builtin("dir") || k == builtin("locals") || k == builtin("vars")))
+        return false;
+    }
   }
   const size_t below = before.stack.size() - operands;
   ResumeShape shape;
