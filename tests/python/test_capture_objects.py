@@ -594,3 +594,54 @@ def test_module_to_where_nothing_converts_is_the_module():
         assert got.dtype == torch.float64 and r.classifier.weight.dtype == torch.float64
         torch.testing.assert_close(got, want(x))
         torch.testing.assert_close(compiled(x), want(x))
+
+
+class _ClassInstantier(OrderedDict):
+    """transformers.activations.ClassInstantier (ACT2FN): each lookup builds a new module."""
+
+    def __getitem__(self, key):
+        content = super().__getitem__(key)
+        cls, kwargs = content if isinstance(content, tuple) else (content, {})
+        return cls(**kwargs)
+
+
+_ACT2FN = _ClassInstantier({"gelu": torch.nn.GELU, "leaky": (torch.nn.LeakyReLU, {"negative_slope": 0.2})})
+
+
+class _Doubling(dict):
+    def __getitem__(self, key):
+        return super().__getitem__(key) * 2
+
+
+_TABLE = _Doubling(scale=1.5)
+
+
+def test_a_dict_subclass_lookup_runs_its_own_getitem_over_guarded_storage():
+    """ACT2FN["gelu"](x) in a forward (DeBERTa-v2's pooler): its __getitem__ inlined, the module
+    it builds a module built in the function; read for real it was a new object per call,
+    guarded by identity, and every call recompiled until the cache limit."""
+    lin = torch.nn.Linear(8, 8)
+
+    def fn(x):
+        try:
+            missing = _TABLE["absent"]
+        except KeyError:
+            missing = 0.0
+        return _ACT2FN["gelu"](lin(x)) + _ACT2FN["leaky"](x) * _TABLE["scale"] + missing
+
+    compiled = kiln.compile(fn)
+    before = kiln.stats()
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(compiled(x), fn(x))
+        after = kiln.stats()
+        assert after["recompiles"] == before["recompiles"] and after["eager_fallbacks"] == before["eager_fallbacks"]
+        e = kiln.explain(fn)(x)
+        assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+        _TABLE["scale"], _TABLE["absent"] = 0.5, 2.0  # the storage changed: seen
+        try:
+            torch.testing.assert_close(compiled(x), fn(x))
+        finally:
+            _TABLE["scale"] = 1.5
+            del _TABLE["absent"]

@@ -623,9 +623,10 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
   // An object whose class defines __getitem__ in Python (a Mapping of the caller's, Hugging
   // Face's GeneralInterface): its __getitem__ inlined, so what it reads of the object is
   // guarded; called for real here, its answer would outlive a change of the object's state.
-  // (Subclasses of dict, list and tuple keep their storage in the builtin: read below, each
-  // item guarded where the container has a source.)
-  if (!PyDict_Check(container) && !PyList_Check(container) && !PyTuple_Check(container)) {
+  // (Subclasses of list and tuple keep their storage in the builtin: read below, each item
+  // guarded where the container has a source; a dict subclass's __getitem__ reads its storage
+  // through dict.__getitem__, a call rule.)
+  if (!PyDict_CheckExact(container) && !PyList_Check(container) && !PyTuple_Check(container)) {
     static PyObject* getitem = PyUnicode_InternFromString("__getitem__");
     PyObject* f = _PyType_Lookup(Py_TYPE(container), getitem);
     if (f && PyFunction_Check(f)) {

@@ -72,6 +72,12 @@ SourcePtr Source::key_of(SourcePtr base, PyObject* key) {
   return s;
 }
 
+SourcePtr Source::dict_key_of(SourcePtr base, PyObject* key) {
+  auto s = std::const_pointer_cast<Source>(key_of(std::move(base), key));
+  s->index = 1;
+  return s;
+}
+
 SourcePtr Source::seed() { return std::make_shared<Source>(Source{Kind::Seed}); }
 
 SourcePtr Source::made(PyObject* obj) {
@@ -130,7 +136,7 @@ std::string Source::str() const {
     case Kind::Attr: return base->str() + "." + name;
     case Kind::Item: return base->str() + "[" + std::to_string(index) + "]";
     case Kind::Closure: return "C['" + name + "']";
-    case Kind::Key: return base->str() + "[" + name + "]";
+    case Kind::Key: return index == 1 ? "dict.__getitem__(" + base->str() + ", " + name + ")" : base->str() + "[" + name + "]";
     case Kind::Seed: return "<a fresh seed from torch's default generator>";
     case Kind::Made: return "<a " + name + " made in the frame>";
     case Kind::Array: return "torch.from_numpy(" + base->str() + ")";
@@ -357,7 +363,7 @@ PyObject* read_from_base(const Source& s, PyObject* base) {
       if (!v) v = PySequence_GetItem(base, s.index);
       break;
     case Source::Kind::Key:
-      if (PyDict_CheckExact(base)) {
+      if (PyDict_CheckExact(base) || (s.index == 1 && PyDict_Check(base))) {
         v = PyDict_GetItemWithError(base, s.key);
         if (!v) clear_error();
         return Py_XNewRef(v);

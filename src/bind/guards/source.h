@@ -40,6 +40,9 @@ struct Source {
   static SourcePtr item(SourcePtr base, Py_ssize_t index);
   static SourcePtr closure(Py_ssize_t index, const std::string& name);
   static SourcePtr key_of(SourcePtr base, PyObject* key);  // base[key] for any hashable key (dicts)
+  // dict.__getitem__(base, key): the dict's own storage, for a dict subclass whose __getitem__
+  // does more (Hugging Face's ACT2FN builds a module per lookup). `index` 1 marks it.
+  static SourcePtr dict_key_of(SourcePtr base, PyObject* key);
   static SourcePtr seed();
   static SourcePtr made(PyObject* obj);  // names the object's type
   // The object `maker()` builds at every call (a new reference to maker is taken).
