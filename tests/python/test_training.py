@@ -1055,3 +1055,30 @@ def test_copy_into_a_tensor_autograd_tracks_keeps_it_tracked():
         ref.backward()
         for a, b in zip(inputs, twins):
             torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_a_saved_view_has_the_layout_the_backward_was_compiled_for():
+    """GPTBigCode's multi-query attention in training: k is a slice of one projection, grown by
+    a cat onto the cache's empty tensor and reshaped. Eager's cat makes a new contiguous k; kiln
+    reads the slice in place, and handed the saved k out with the slice's strides, which the
+    backward program read as contiguous: every gradient wrong, the loss right."""
+    torch.manual_seed(0)
+    weight = torch.randn(12, 12)
+    empty = torch.tensor([])
+
+    def fn(x):
+        y = x @ weight
+        q, k, v = y.unsqueeze(1).split((4, 4, 4), dim=3)
+        q = q.view(1, 4, 1, 4).transpose(1, 2)
+        k = torch.cat([empty, k], -2)
+        k = k[:, :, None].expand(1, 1, 1, 4, 4).reshape(1, 1, 4, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+    x0 = torch.randn(1, 4, 12)
+    x = x0.clone().requires_grad_()
+    (want,) = torch.autograd.grad(fn(x), x)
+    x = x0.clone().requires_grad_()
+    before = kiln.stats()["backward_graphs_compiled"]
+    (got,) = torch.autograd.grad(kiln.compile(fn)(x), x)
+    assert kiln.stats()["backward_graphs_compiled"] > before
+    torch.testing.assert_close(got, want)

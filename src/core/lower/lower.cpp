@@ -100,7 +100,14 @@ class Lowering {
         std::vector<const ir::Node*> chain;
         const ir::Node* base = o;
         for (; base->op->kind == ops::OpKind::View; base = base->inputs[0]) chain.push_back(base);
-        if (p_.buffers[out.view.buffer].kind == BufferKind::Input && base->op_name() != "placeholder") {
+        // The view's layout where it lies must be eager's (its meta strides): a backward
+        // program that reads it as a saved value was compiled for those. Where the base is a
+        // value eager makes anew but kiln reads in place (a cat of one tensor, whose input is a
+        // slice of a matrix product: Hugging Face's cache update of an empty cache), it is not.
+        bool strides_differ = false;
+        for (size_t d = 0; d < o->meta.sizes.size() && d < out.view.strides.size(); ++d)
+          if (!o->meta.sizes[d].is_const(1) && !(out.view.strides[d] - o->meta.strides[d]).is_const(0)) strides_differ = true;
+        if ((p_.buffers[out.view.buffer].kind == BufferKind::Input || strides_differ) && base->op_name() != "placeholder") {
           // A view of a new tensor that reads an input in place (contiguous() of an input,
           // then .mT): eager's result owns its memory, never the caller's input's. The base is
           // made, and the views are taken again on it.
