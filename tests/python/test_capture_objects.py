@@ -414,6 +414,12 @@ def test_a_module_built_around_a_callers_module_sees_its_changes():
     torch.testing.assert_close(compiled(x), holder(x))
 
 
+def _assert_one_graph(fn, *args):
+    """kiln.explain: one graph, no break."""
+    e = kiln.explain(fn)(*args)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+
+
 class _Implementations(collections.abc.MutableMapping):
     """Hugging Face's GeneralInterface: a class-wide mapping and an instance's overrides."""
     _global = {"doubled": lambda self, x: (x @ self.w) * 2}
@@ -485,8 +491,7 @@ def test_a_forward_dispatching_through_the_interface_it_closed_over_is_one_graph
     after the first call is the one the next call runs."""
     block = _Block("doubled" if implementation == "registered later" else implementation).eval()
     x = torch.randn(3, 4)
-    e = kiln.explain(block)(x)
-    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    _assert_one_graph(block, x)
     compiled = kiln.compile(block)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), block(x))
@@ -558,8 +563,7 @@ def test_iterating_a_sequence_of_a_config_copied_in_the_function():
             x = x * layer.scale + 1
         return x
 
-    e = kiln.explain(fn)(torch.randn(3))
-    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    _assert_one_graph(fn, torch.randn(3))
     x = torch.randn(3)
     torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
 
@@ -581,8 +585,7 @@ class _Router(torch.nn.Module):
 def test_module_to_where_nothing_converts_is_the_module():
     r = _Router()
     x = torch.randn(2, 8)
-    e = kiln.explain(r)(x)
-    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    _assert_one_graph(r, x)
     compiled = kiln.compile(r)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), r(x))
@@ -637,8 +640,7 @@ def test_a_dict_subclass_lookup_runs_its_own_getitem_over_guarded_storage():
             torch.testing.assert_close(compiled(x), fn(x))
         after = kiln.stats()
         assert after["recompiles"] == before["recompiles"] and after["eager_fallbacks"] == before["eager_fallbacks"]
-        e = kiln.explain(fn)(x)
-        assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+        _assert_one_graph(fn, x)
         _TABLE["scale"], _TABLE["absent"] = 0.5, 2.0  # the storage changed: seen
         try:
             torch.testing.assert_close(compiled(x), fn(x))

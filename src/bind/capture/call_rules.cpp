@@ -35,8 +35,8 @@ struct CallRules {
       add(I.builtin("len"), len_);
       add(I.builtin("callable"), callable_);
       add(I.builtin("locals"), locals_);
-      add(PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyDict_Type), "__getitem__"), dict_getitem);
       add(I.builtin("vars"), locals_);
+      add(PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyDict_Type), "__getitem__"), dict_getitem);
       add(I.builtin("abs"), abs_);
       add(I.builtin("zip"), iteration);
       add(I.builtin("enumerate"), iteration);
@@ -75,7 +75,7 @@ struct CallRules {
 
   // dict.__getitem__(d, key) on a dict of the caller's (a dict subclass's own __getitem__
   // calling super().__getitem__): the dict's storage read, the item guarded through its source
-  // (Source::dict_key_of); a missing key raises eager's KeyError, the key's absence guarded by
+  // (Source::dict_item); a missing key raises eager's KeyError, the key's absence guarded by
   // the dict's length. Dicts made in the frame are trackers: not this rule's.
   static VarPtr dict_getitem(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (args.size() != 2 || !kwargs.empty() || !args[0]->is_const() || !PyDict_Check(args[0]->obj())) return nullptr;
@@ -93,7 +93,7 @@ struct CallRules {
       I.raise(e);
     }
     if (!args[0]->source) return Var::constant(v);
-    return I.wrap(v, Source::dict_key_of(args[0]->source, key));
+    return I.wrap(v, Source::dict_item(args[0]->source, key));
   }
 
   // locals() and vars() without arguments: the frame's locals as a dict made here.

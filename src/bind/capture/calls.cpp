@@ -561,12 +561,7 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
       // An object whose class iterates in Python (collections.abc.Sequence's __iter__ over its
       // __getitem__ until IndexError: a config's per-layer view): that __iter__ inlined, a
       // generator run to its end.
-      static PyObject* iter_name = PyUnicode_InternFromString("__iter__");
-      PyObject* iter = _PyType_Lookup(Py_TYPE(o), iter_name);
-      if (iter && PyFunction_Check(iter)) {
-        keep_.push_back(Py_NewRef(iter));
-        return items_of(inline_call(iter, nullptr, {v}, {}));
-      }
+      if (VarPtr it = python_dunder(v, Py_TYPE(o), "__iter__", {})) return items_of(it);
       unsupported("iteration over a " + std::string(Py_TYPE(o)->tp_name));
     }
     Py_ssize_t n = PySequence_Size(o);
@@ -2212,21 +2207,28 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // (einsum's permuted product), which an in-place update may change like a fresh tensor's.
   std::vector<bool> views_an_input;
   if (r) {
+    // each meta input's root (one made as a view of other memory, for its strides or offset)
+    std::vector<PyObject*> roots;
+    for (PyObject* m : metas) {
+      PyObject* root = is_tensor(m) ? PyObject_GetAttrString(m, "_base") : nullptr;
+      clear_error();
+      if (!root || root == Py_None) {
+        Py_XDECREF(root);
+        root = Py_NewRef(m);
+      }
+      roots.push_back(root);
+    }
     const Py_ssize_t n = PyTuple_Check(r) ? PyTuple_GET_SIZE(r) : 1;
     for (Py_ssize_t i = 0; i < n; ++i) {
       PyObject* t = PyTuple_Check(r) ? PyTuple_GET_ITEM(r, i) : r;
       PyObject* base = is_tensor(t) ? PyObject_GetAttrString(t, "_base") : nullptr;
-      bool views = base && base != Py_None && metas.empty();  // no meta run to tell: as before
-      for (PyObject* m : metas) {
-        // (a meta input made as a view of other memory, for its strides or offset: its root)
-        PyObject* root = is_tensor(m) ? PyObject_GetAttrString(m, "_base") : nullptr;
-        views |= base == m || (root && root != Py_None && base == root);
-        Py_XDECREF(root);
-      }
-      views_an_input.push_back(views || !base);
-      Py_XDECREF(base);
       clear_error();
+      bool views = !base || (base != Py_None && metas.empty());  // no meta run to tell: as before
+      for (size_t j = 0; j < metas.size(); ++j) views |= base == metas[j] || base == roots[j];
+      views_an_input.push_back(views);
+      Py_XDECREF(base);
     }
+    for (PyObject* root : roots) Py_DECREF(root);
   }
   bool fixed_first = !inputs.empty() && inputs[0];
   for (size_t i = 0; fixed_first && i < inputs[0]->meta.sizes.size(); ++i)

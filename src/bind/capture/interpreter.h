@@ -316,6 +316,8 @@ class Interpreter {
   // self.helper(x) on a module: the class's function, inlined with the module as self.
   VarPtr call_module_method(VarPtr mod, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
   VarPtr module_members(const VarPtr& mod, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  // module.to(...) that converts nothing: the module itself; nullptr otherwise (modules.cpp).
+  VarPtr module_to_no_op(const VarPtr& mod, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
   VarPtr module_attr(const VarPtr& mod, const char* name);
 
@@ -333,7 +335,6 @@ class Interpreter {
 
   // A free variable of a real closure (the root function's, or an inlined real function's).
   VarPtr read_free_var(const Instr& in);
-  VarPtr module_to_no_op(const VarPtr& mod, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // A call of a function marked torch._dynamo.assume_constant_result, with constant
   // arguments: run now, its result a constant; nullptr for any other call.
   VarPtr assumed_constant_call(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
@@ -430,6 +431,9 @@ class Interpreter {
   void object_store(const VarPtr& rec, const std::string& name, VarPtr value);  // value nullptr: del
   // type(obj).name(obj, *args) inlined, or nullptr when the class has no such method.
   VarPtr object_dunder(const VarPtr& rec, const char* name, std::vector<VarPtr> args);
+  // The same for any value whose class is `type`: nullptr also where the method is not a
+  // Python function (a builtin's, called for real by the caller).
+  VarPtr python_dunder(const VarPtr& self, PyTypeObject* type, const char* name, std::vector<VarPtr> args);
   OutSpec object_spec(const VarPtr& rec, bool at_break);
 
   // ---- in-place updates ----

@@ -626,14 +626,8 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
   // (Subclasses of list and tuple keep their storage in the builtin: read below, each item
   // guarded where the container has a source; a dict subclass's __getitem__ reads its storage
   // through dict.__getitem__, a call rule.)
-  if (!PyDict_CheckExact(container) && !PyList_Check(container) && !PyTuple_Check(container)) {
-    static PyObject* getitem = PyUnicode_InternFromString("__getitem__");
-    PyObject* f = _PyType_Lookup(Py_TYPE(container), getitem);
-    if (f && PyFunction_Check(f)) {
-      keep_.push_back(Py_NewRef(f));
-      return inline_call(f, nullptr, {base, index}, {});
-    }
-  }
+  if (!PyDict_CheckExact(container) && !PyList_Check(container) && !PyTuple_Check(container))
+    if (VarPtr v = python_dunder(base, Py_TYPE(container), "__getitem__", {index})) return v;
   PyObject* key = const_obj(index, "index");
   PyObject* v = PyObject_GetItem(container, key);
   if (!v) return real(nullptr);

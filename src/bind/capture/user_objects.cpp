@@ -182,10 +182,15 @@ void Interpreter::object_store(const VarPtr& rec, const std::string& name, VarPt
 
 VarPtr Interpreter::object_dunder(const VarPtr& rec, const char* name, std::vector<VarPtr> args) {
   PyObject* f = class_lookup(type_of(rec), name);
-  if (!f) return nullptr;
-  if (!PyFunction_Check(f)) unsupported(std::string(name) + " of a " + type_of(rec)->tp_name + " is not a Python function");
+  if (f && !PyFunction_Check(f)) unsupported(std::string(name) + " of a " + type_of(rec)->tp_name + " is not a Python function");
+  return python_dunder(rec, type_of(rec), name, std::move(args));
+}
+
+VarPtr Interpreter::python_dunder(const VarPtr& self, PyTypeObject* type, const char* name, std::vector<VarPtr> args) {
+  PyObject* f = class_lookup(type, name);
+  if (!f || !PyFunction_Check(f)) return nullptr;
   keep_.push_back(Py_NewRef(f));
-  args.insert(args.begin(), rec);
+  args.insert(args.begin(), self);
   return inline_call(f, nullptr, std::move(args), {});
 }
 

@@ -101,7 +101,7 @@ int GuardTree::node_for(const SourcePtr& s) {
               s->kind == Source::Kind::Local ? s->local : static_cast<int64_t>(s->index),
               named ? s->name : std::string(),
               s->globals,
-              s->kind == Source::Kind::Key ? s->key : nullptr};
+              s->kind == Source::Kind::Key || s->kind == Source::Kind::DictItem ? s->key : nullptr};
   auto [it, added] = index_.emplace(std::move(key), static_cast<int>(nodes_.size()));
   if (added) {
     keep_.push_back(s);

@@ -72,9 +72,9 @@ SourcePtr Source::key_of(SourcePtr base, PyObject* key) {
   return s;
 }
 
-SourcePtr Source::dict_key_of(SourcePtr base, PyObject* key) {
+SourcePtr Source::dict_item(SourcePtr base, PyObject* key) {
   auto s = std::const_pointer_cast<Source>(key_of(std::move(base), key));
-  s->index = 1;
+  s->kind = Kind::DictItem;
   return s;
 }
 
@@ -136,7 +136,8 @@ std::string Source::str() const {
     case Kind::Attr: return base->str() + "." + name;
     case Kind::Item: return base->str() + "[" + std::to_string(index) + "]";
     case Kind::Closure: return "C['" + name + "']";
-    case Kind::Key: return index == 1 ? "dict.__getitem__(" + base->str() + ", " + name + ")" : base->str() + "[" + name + "]";
+    case Kind::Key: return base->str() + "[" + name + "]";
+    case Kind::DictItem: return "dict.__getitem__(" + base->str() + ", " + name + ")";
     case Kind::Seed: return "<a fresh seed from torch's default generator>";
     case Kind::Made: return "<a " + name + " made in the frame>";
     case Kind::Array: return "torch.from_numpy(" + base->str() + ")";
@@ -362,8 +363,12 @@ PyObject* read_from_base(const Source& s, PyObject* base) {
       v = modulelist_item(base, s.index, s.key);
       if (!v) v = PySequence_GetItem(base, s.index);
       break;
+    case Source::Kind::DictItem:
+      v = PyDict_Check(base) ? PyDict_GetItemWithError(base, s.key) : nullptr;
+      if (!v) clear_error();
+      return Py_XNewRef(v);
     case Source::Kind::Key:
-      if (PyDict_CheckExact(base) || (s.index == 1 && PyDict_Check(base))) {
+      if (PyDict_CheckExact(base)) {
         v = PyDict_GetItemWithError(base, s.key);
         if (!v) clear_error();
         return Py_XNewRef(v);

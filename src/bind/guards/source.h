@@ -24,7 +24,9 @@ struct Source {
   // its parameters as inputs. Seeds and makers draw from torch's generator, so a call reads
   // them once (SourceMemo), after every guard held (per_call()).
   // Array: torch.from_numpy(base) of the np.ndarray at `base` (an input of NumPy code).
-  enum class Kind { Local, Global, Attr, Item, Closure, Key, Seed, Made, Array, Deref } kind;
+  // DictItem: base[key] read from a dict's own storage (dict.__getitem__), for a dict subclass
+  // whose __getitem__ does more (Hugging Face's ACT2FN builds a module per lookup).
+  enum class Kind { Local, Global, Attr, Item, Closure, Key, DictItem, Seed, Made, Array, Deref } kind;
   int local = -1;            // Local: the slot in the bound arguments
   std::string name;          // Local/Global/Attr: the name
   PyObject* key = nullptr;   // Global/Attr: interned name string; Key: the key; Item: str(index) (owned)
@@ -40,9 +42,7 @@ struct Source {
   static SourcePtr item(SourcePtr base, Py_ssize_t index);
   static SourcePtr closure(Py_ssize_t index, const std::string& name);
   static SourcePtr key_of(SourcePtr base, PyObject* key);  // base[key] for any hashable key (dicts)
-  // dict.__getitem__(base, key): the dict's own storage, for a dict subclass whose __getitem__
-  // does more (Hugging Face's ACT2FN builds a module per lookup). `index` 1 marks it.
-  static SourcePtr dict_key_of(SourcePtr base, PyObject* key);
+  static SourcePtr dict_item(SourcePtr base, PyObject* key);  // dict.__getitem__(base, key)
   static SourcePtr seed();
   static SourcePtr made(PyObject* obj);  // names the object's type
   // The object `maker()` builds at every call (a new reference to maker is taken).
