@@ -655,7 +655,8 @@ def test_config_object_as_argument_with_property():
     torch.testing.assert_close(compiled(x, cfg), config_as_argument(x, cfg))
     other = Config(scale=-1.0)
     torch.testing.assert_close(compiled(x, other), config_as_argument(x, other))
-    assert recompiles() == n + 2
+    # the scale changed once: the recompiled entry reads it at each call (test_dynamic_floats)
+    assert recompiles() == n + 1
 
 
 def calls_config_method(x):

@@ -269,7 +269,7 @@ struct CallRules {
     else if (a->is_tensor()) of = I.resolve_torch("Tensor");
     else if (a->is_array()) of = I.array_type(a);
     else if (auto* l = a->get_if<ListV>(); l && l->deque) of = object_at("collections.deque");
-    else if (a->symint().valid() || a->symslice()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->known()));  // its type, not its value
+    else if (a->symint().valid() || a->symslice() || a->symfloat()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->known()));  // its type, not its value
     if (!of) return nullptr;
     int r = PyObject_IsSubclass(of, I.const_obj(args[1], "isinstance() class"));
     if (r < 0) I.real(nullptr);
@@ -284,7 +284,8 @@ struct CallRules {
     if (a->is_array() && kwargs.empty()) return Var::constant(I.array_type(a));
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (Interpreter::structural(a) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->obj())));
-    if ((a->symint().valid() || a->symslice()) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->known())));
+    if ((a->symint().valid() || a->symslice() || a->symfloat()) && kwargs.empty())
+      return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->known())));
     if (a->is_tensor() && a->node()->op_name() != "placeholder") return Var::constant(I.resolve_torch("Tensor"));
     if (a->is_tensor()) {  // an input: its class, which its tensor guard checks
       if (PyObject* t = I.input_type(a->node())) return Var::constant(t);

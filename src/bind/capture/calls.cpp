@@ -774,7 +774,7 @@ VarPtr Interpreter::pointwise_of_numbers(PyObject* f, const OpBinding& b, const 
   // Python numbers, strings (rounding_mode) and None; tensors only where capture knows them
   auto plain = [&](const VarPtr& v) -> PyObject* {
     if (PyObject* k = known_value(v)) return k;
-    if (!v->is_const() || v->symint().valid()) return nullptr;
+    if (!v->is_const() || v->symint().valid() || v->symfloat()) return nullptr;
     PyObject* o = v->known();
     return (is_python_scalar(o) || PyUnicode_Check(o) || o == Py_None) ? o : nullptr;
   };
@@ -1333,7 +1333,7 @@ VarPtr Interpreter::full_node(const std::vector<VarPtr>& size, const VarPtr& val
     if (!o || !PyLong_CheckExact(o)) return nullptr;
     sizes.push_back(sym::Expr(static_cast<int64_t>(PyLong_AsLongLong(o))));
   }
-  PyObject* fill = value->is_const() ? value->known() : nullptr;
+  PyObject* fill = value->is_const() ? value->obj() : nullptr;  // a symbolic float: specialized
   if (!symbolic || !fill || !is_python_scalar(fill)) return nullptr;
   DType t;
   if (dtype && dtype != Py_None) {

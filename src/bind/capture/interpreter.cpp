@@ -227,6 +227,44 @@ VarPtr Interpreter::symbolic_int(PyObject* v, const SourcePtr& src) {
   return r;
 }
 
+VarPtr Interpreter::symbolic_float(PyObject* v, const SourcePtr& src) {
+  // As torch.compile does (specialize_float=False): a float that changed between calls is read
+  // at each call, a kernel argument, instead of recompiling for each value. nan stays a
+  // constant: no equality guard ever held for it, so it never had a chance to change.
+  if (!PyFloat_CheckExact(v) || !dynamic_ || dynamic_->none) return nullptr;
+  auto it = dynamic_->by_source.find(src->str());
+  const bool dyn = (dynamic_->all && src->kind == Source::Kind::Local) ||
+                   (it != dynamic_->by_source.end() && it->second.count(-1));
+  if (!dyn) return nullptr;
+  out_.guards.add_type(src, reinterpret_cast<PyObject*>(&PyFloat_Type));
+  ir::Node* n = scalar_input(src, false);
+  if (!symfloat_values_.count(n)) {
+    keep_.push_back(Py_NewRef(v));
+    symfloat_values_[n] = v;
+  }
+  VarPtr r = Var::symfloat(n, PyFloat_AS_DOUBLE(v));
+  r->source = src;
+  return r;
+}
+
+void Interpreter::specialize_floats(const ir::Node* n) {
+  Interpreter* r = root();
+  std::vector<const ir::Node*> todo{n};
+  std::set<const ir::Node*> seen;
+  while (!todo.empty()) {
+    const ir::Node* m = todo.back();
+    todo.pop_back();
+    if (!m || !seen.insert(m).second) continue;
+    if (auto it = r->symfloat_values_.find(m); it != r->symfloat_values_.end()) {
+      const SourcePtr& src = r->out_.scalar_inputs[static_cast<size_t>(m->attrs.get_int("index"))].source;
+      if (log_enabled("guards")) log("guards", "specialized the float " + src->str() + " (read as a Python value) at " + location());
+      r->out_.guards.add_equals(src, it->second);
+      continue;
+    }
+    for (const ir::Node* i : m->inputs) todo.push_back(i);
+  }
+}
+
 std::string Interpreter::location() const { return g_ && !g_->source_loc.empty() ? g_->source_loc : filename_; }
 
 VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
@@ -272,6 +310,7 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     return r->input_vars_.back();
   }
   if (VarPtr s = root()->symbolic_int(v, src)) return s;
+  if (VarPtr f = root()->symbolic_float(v, src)) return f;
   if (VarPtr a = wrap_numpy(v, src)) return a;  // an ndarray or NumPy scalar (numpy.cpp)
   if (is_python_scalar(v) || v == Py_None || PyUnicode_CheckExact(v) || PyAnySet_CheckExact(v)) {
     out_.guards.add_equals(src, v);
@@ -466,6 +505,7 @@ ir::Node* Interpreter::add_node(const std::string& op, std::vector<ir::Node*> in
 ir::Node* Interpreter::as_node(const VarPtr& v, const char* what) {
   if (v->is_tensor()) return v->node();
   if (sym::Expr e = v->symint(); e.valid()) return g_->size_value(e, DType::Int64);  // x * x.shape[0]
+  if (ir::Node* f = v->symfloat()) return f;  // x * scale, the float read at each call
   if (v->is_const() && !is_python_scalar(v->obj()) && (PyLong_Check(v->obj()) || PyFloat_Check(v->obj()))) {
     // an IntEnum or a float subclass: the number it is
     PyObject* plain = PyLong_Check(v->obj()) ? PyNumber_Index(v->obj()) : PyFloat_FromDouble(PyFloat_AsDouble(v->obj()));
@@ -648,6 +688,13 @@ CaptureResult capture(PyObject* fn, const BoundArgs& args) {
   };
   auto* saved_hook = Var::specialize_hook();
   Var::specialize_hook() = &specialize;
+  std::function<void(const ir::Node*)> specialize_float = [&it](const ir::Node* n) { it.specialize_floats(n); };
+  auto* saved_float_hook = Var::specialize_float_hook();
+  Var::specialize_float_hook() = &specialize_float;
+  struct RestoreFloatHook {
+    std::function<void(const ir::Node*)>* saved;
+    ~RestoreFloatHook() { Var::specialize_float_hook() = saved; }
+  } restore_float{saved_float_hook};
   std::function<void(const VarPtr&)> note_view = [&it](const VarPtr& v) { it.note_tensor(v); };
   auto* saved_tensor_hook = Var::tensor_hook();
   Var::tensor_hook() = &note_view;

@@ -56,6 +56,9 @@ class Interpreter {
     if (is_view(v->node())) view_vars_.push_back(v);
     else trackers_[v->node()].push_back(v);
   }
+  // Guards the Python floats a symbolic float's node is made of by their values (its value was
+  // read as a Python object).
+  void specialize_floats(const ir::Node* n);
   // A node whose result shares its first input's memory in eager (a registry view, or a torch
   // call marked as returning a view).
   // (A reshape of memory no strides describe is a copy in eager: no view.)
@@ -293,6 +296,11 @@ class Interpreter {
                    PyObject* device);
   VarPtr symint_binary(const std::string& base, const VarPtr& a, const VarPtr& b);
   VarPtr symint_compare(const std::string& op, const VarPtr& a, const VarPtr& b);
+  // Python arithmetic with a symbolic float (s * 2, 1 - s, s / 4): a graph node, still symbolic.
+  // nullptr: not such an operation (the value is read instead, which specializes it).
+  VarPtr symfloat_binary(const std::string& base, const VarPtr& a, const VarPtr& b);
+  VarPtr symfloat_negative(const VarPtr& a);
+  ir::Node* as_double(ir::Node* n);  // a float64 0-d tensor (not a wrapped number) of a number
 
   VarPtr shape_tuple(const ir::TensorMeta& m);
 
@@ -734,6 +742,10 @@ class Interpreter {
   // A Python int argument as a size symbol (dynamic=True, or automatic dynamic after it changed),
   // or nullptr: guarded by value as any constant.
   VarPtr symbolic_int(PyObject* v, const SourcePtr& src);
+  // A Python float argument or attribute as a scalar_input node (dynamic=True, or automatic
+  // dynamic after its value changed), or nullptr: guarded by value as any constant.
+  VarPtr symbolic_float(PyObject* v, const SourcePtr& src);
+  std::unordered_map<const ir::Node*, PyObject*> symfloat_values_;  // root: a float's scalar_input -> its value now
 
  public:
   ~Interpreter() {

@@ -602,6 +602,7 @@ int Interpreter::op_unary_negative(const Instr& in, const CodeInfo& ci) {
   VarPtr a = pop();
   if (a->is_array()) push(array_unary("neg", a));
   else if (a->is_tensor()) push(Var::tensor(add_node("neg", {a->node()})));
+  else if (a->symfloat()) push(symfloat_negative(a));
   else if (VarPtr r = symint_binary("MULTIPLY", a, Var::steal_constant(PyLong_FromLong(-1)))) push(r);  // -T
   else push(real(PyNumber_Negative(const_obj(a, "operand"))));
   return -1;

@@ -335,6 +335,48 @@ VarPtr Interpreter::symint_compare(const std::string& op, const VarPtr& a, const
   return Var::constant(result ? Py_True : Py_False);
 }
 
+// + - * on a symbolic float and another Python number, and / by a nonzero constant: nodes on
+// wrapped Float64 values, which promote as Python floats do. Python raises where such a graph
+// would not (a float ** that overflows, a division by zero), so **, // and % and a division by
+// a symbolic value read the values instead (specializing them).
+// Two Python numbers promote to the default float dtype, as torch's wrapped numbers do; Python
+// computes in double. One operand a double 0-d tensor makes the op compute in double.
+ir::Node* Interpreter::as_double(ir::Node* n) {
+  ir::Attrs a;
+  a.set("dtype", DType::Float64);
+  return add_node("convert", {n}, a);
+}
+
+VarPtr Interpreter::symfloat_binary(const std::string& base, const VarPtr& a, const VarPtr& b) {
+  if (!a->symfloat() && !b->symfloat()) return nullptr;
+  auto number = [](const VarPtr& v) {
+    return v->symfloat() || v->symint().valid() || (v->is_const() && is_python_scalar(v->known()));
+  };
+  if (!number(a) || !number(b)) return nullptr;
+  static const std::unordered_map<std::string, std::pair<const char*, binaryfunc>> ops = {
+      {"ADD", {"add", PyNumber_Add}}, {"SUBTRACT", {"sub", PyNumber_Subtract}},
+      {"MULTIPLY", {"mul", PyNumber_Multiply}}, {"TRUE_DIVIDE", {"div", PyNumber_TrueDivide}}};
+  auto it = ops.find(base);
+  if (it == ops.end()) return nullptr;
+  if (base == "TRUE_DIVIDE") {
+    PyObject* d = b->symfloat() || b->symint().valid() ? nullptr : b->known();
+    if (!d || PyObject_IsTrue(d) != 1) return nullptr;
+  }
+  PyObject* hint = it->second.second(a->known(), b->known());
+  if (!hint) real(nullptr);
+  ir::Node* r = add_node(it->second.first, {as_double(as_node(a, "operand")), as_node(b, "operand")});
+  r->meta.wrapped_number = true;  // a Python float still
+  VarPtr out = Var::symfloat(r, PyFloat_AsDouble(hint));
+  Py_DECREF(hint);
+  return out;
+}
+
+VarPtr Interpreter::symfloat_negative(const VarPtr& a) {
+  ir::Node* r = add_node("neg", {as_double(a->symfloat())});
+  r->meta.wrapped_number = true;
+  return Var::symfloat(r, -PyFloat_AS_DOUBLE(a->known()));
+}
+
 VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
   bool inplace = nb.rfind("NB_INPLACE_", 0) == 0;
   std::string base = inplace ? nb.substr(11) : nb.substr(3);
@@ -347,7 +389,7 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
         {"TRUE_DIVIDE", PyNumber_TrueDivide}, {"FLOOR_DIVIDE", PyNumber_FloorDivide}, {"REMAINDER", PyNumber_Remainder}};
     auto value = [&](const VarPtr& v) -> PyObject* {
       if (PyObject* k = known_value(v)) return k;
-      return v->is_const() && !v->symint().valid() && is_python_scalar(v->known()) ? v->known() : nullptr;
+      return v->is_const() && !v->symint().valid() && !v->symfloat() && is_python_scalar(v->known()) ? v->known() : nullptr;
     };
     auto it = fold.find(base);
     PyObject *x = value(a), *y = value(b);
@@ -441,6 +483,7 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
     }
   }
   if (VarPtr r = symint_binary(base, a, b)) return r;
+  if (VarPtr r = symfloat_binary(base, a, b)) return r;
   static const std::unordered_map<std::string, binaryfunc> py = {
       {"ADD", PyNumber_Add}, {"SUBTRACT", PyNumber_Subtract}, {"MULTIPLY", PyNumber_Multiply},
       {"TRUE_DIVIDE", PyNumber_TrueDivide}, {"FLOOR_DIVIDE", PyNumber_FloorDivide}, {"REMAINDER", PyNumber_Remainder},

@@ -49,6 +49,10 @@ struct ConstV {  // a Python value known at capture time (guarded if it came fro
   // A slice whose bounds are symbolic ints (x[:, :T]): start, stop, step as expressions
   // (invalid: None), `value` the slice of their hints. Reading the value specializes them.
   mutable std::vector<sym::Expr> slice;
+  // A symbolic float (a Python float argument that changed between calls, or arithmetic on one):
+  // the graph node computing it (a wrapped Float64 0-d value), `value` its value for this call.
+  // Reading the value (Var::obj) specializes the floats it is made of, as for `sym`.
+  mutable ir::Node* symf = nullptr;
   bool by_type = false;  // from the frame, guarded by its type and the attributes read, not its
                          // identity (Interpreter::by_structure)
   VarPtr super_self;     // a super() object: the receiver tracker its methods bind to
@@ -196,6 +200,10 @@ struct Var {
         if (e.valid())
           if (auto* f = specialize_hook()) (*f)(e);
       c->slice.clear();
+      if (c->symf) {
+        if (auto* f = specialize_float_hook()) (*f)(c->symf);
+        c->symf = nullptr;
+      }
       return c->value;
     }
     if (auto* m = get_if<ModuleV>()) return m->module;
@@ -211,6 +219,21 @@ struct Var {
     thread_local std::function<void(const sym::Expr&)>* hook = nullptr;
     return hook;
   }
+  // The graph node a symbolic float stands for (nullptr: not one).
+  ir::Node* symfloat() const {
+    auto* c = get_if<ConstV>();
+    return c ? c->symf : nullptr;
+  }
+  // What reading a symbolic float's value does: capture guards the floats it is made of.
+  static std::function<void(const ir::Node*)>*& specialize_float_hook() {
+    thread_local std::function<void(const ir::Node*)>* hook = nullptr;
+    return hook;
+  }
+  static VarPtr symfloat(ir::Node* n, double hint) {
+    auto v = std::make_shared<Var>(ConstV{PyFloat_FromDouble(hint)});
+    v->as<ConstV>().symf = n;
+    return v;
+  }
   // A slice with symbolic bounds (empty: not one).
   const std::vector<sym::Expr>* symslice() const {
     auto* c = get_if<ConstV>();
@@ -222,7 +245,8 @@ struct Var {
     return v;
   }
   // The same, or nullptr for a tracker of another kind (for comparisons with known objects;
-  // a symbolic int is not specialized by this: identity says nothing about its value).
+  // a symbolic int or float is not specialized by this: identity says nothing about its value;
+  // code that reads a number's value through it checks symint() and symfloat() first).
   PyObject* known() const {
     if (auto* c = get_if<ConstV>()) return c->value;
     if (auto* m = get_if<ModuleV>()) return m->module;

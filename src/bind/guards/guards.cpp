@@ -178,11 +178,12 @@ bool GuardSet::specialized(const sym::Expr& symbol) const {
 
 void GuardSet::size_changes(const FrameView& f, std::map<std::string, std::set<int64_t>>& out) const {
   for (const Guard& g : guards_) {
-    if (g.kind == Guard::Kind::Equals && PyLong_CheckExact(g.expected)) {
+    if (g.kind == Guard::Kind::Equals && (PyLong_CheckExact(g.expected) || PyFloat_CheckExact(g.expected))) {
       // a Python int (an argument, a counter attribute) that changed: the int itself becomes a
-      // symbol (dim -1)
+      // symbol (dim -1); a float that changed, a value read at each call
       PyObject* v = eval_source(*g.source, f);
-      if (v && PyLong_CheckExact(v) && PyObject_RichCompareBool(v, g.expected, Py_EQ) == 0) out[g.source->str()].insert(-1);
+      if (v && Py_TYPE(v) == Py_TYPE(g.expected) && PyObject_RichCompareBool(v, g.expected, Py_EQ) == 0)
+        out[g.source->str()].insert(-1);
       Py_XDECREF(v);
       if (PyErr_Occurred()) clear_error();
       continue;

@@ -41,6 +41,9 @@ Node* NodeCopier::copy(const Node& n, std::string& why) {
   Node* c = to_.add(n.op, in, n.attrs, why);
   if (c) {
     c->source_loc = n.source_loc;
+    // Capture marks arithmetic on Python floats as a Python number again (a wrapped number),
+    // which no op's rule infers: the copy keeps the mark.
+    c->meta.wrapped_number = n.meta.wrapped_number;
     map[&n] = c;
   }
   return c;
