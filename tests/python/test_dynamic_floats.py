@@ -232,3 +232,14 @@ def test_a_float_scale_on_cuda(dtype):
         return torch.softmax(x * s, -1), x * (s * 0.5 + 1)
 
     _run(fn, lambda v, d: (torch.randn(32, 100, device=d, dtype=dtype), v), max_graphs=2, device="cuda")
+
+
+def test_the_eager_backend_keeps_floats_constant():
+    # its graphs run through torch's own callables, which take no per-call kernel arguments
+    kiln.reset()
+    cf = kiln.compile(lambda x, s: x * s + 1, backend="eager")
+    for v in [0.5, 1.5, 2.5]:
+        x = torch.randn(3)
+        assert_same(cf(x, v), x * v + 1)
+    s = kiln.stats()
+    assert s["eager_fallbacks"] == 0, s["fallback_reasons"]

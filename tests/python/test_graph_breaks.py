@@ -661,3 +661,71 @@ def test_a_helper_made_per_call_resumes_around_this_calls_closure():
             x, y = torch.randn(3), torch.randn(3)
             for got, want in zip(cf(x, y), f(x, y)):
                 torch.testing.assert_close(got, want)
+
+
+# --------------------------------------------------------------------------------------------
+# the cache limit counts entries per module instance
+
+
+class _LayerWithABreak(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.a(x).relu()
+        print("", end="")
+        return self.b(x) * 2
+
+
+class _TwelveLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([_LayerWithABreak() for _ in range(12)])
+
+    def forward(self, x):
+        for layer in self.layers:  # a break inside the loop: this frame runs eagerly, as in Dynamo
+            x = layer(x)
+        return x
+
+
+def test_a_break_inside_each_of_twelve_layers_compiles_every_layer():
+    """Each layer's forward (and its resume function) is guarded on that layer: twelve layers make
+    twelve entries of one code object. The cache limit (8) counts entries per module instance, as
+    TorchDynamo's does, so the ninth layer is compiled too instead of running eagerly."""
+    kiln.reset()
+    m = _TwelveLayers()
+    cm = kiln.compile(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the outer frame's one warning (a break in a loop)
+        with torch.no_grad():
+            for _ in range(3):
+                x = torch.randn(3, 8)
+                torch.testing.assert_close(cm(x), m(x))
+    s = kiln.stats()
+    assert s["graphs_compiled"] == 24, s["recompile_reasons"]
+    assert not any("cache limit" in r for r in s["fallback_reasons"]), s["fallback_reasons"]
+
+
+def test_the_cache_limit_still_holds_for_one_module_instance():
+    class Tagged(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.tag = ""
+
+        def forward(self, x):
+            return self.lin(x) * len(self.tag)  # a str attribute: guarded by value, never dynamic
+
+    kiln.reset()
+    m = Tagged()
+    cm = kiln.compile(m)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            for i in range(12):
+                m.tag = "t" * i
+                x = torch.randn(2, 4)
+                torch.testing.assert_close(cm(x), m(x))
+    assert kiln.stats()["graphs_compiled"] == 8
+    assert sum("hit the cache limit" in str(m.message) for m in w) == 1

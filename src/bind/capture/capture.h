@@ -140,6 +140,7 @@ struct CaptureResult {
     bool counter = false;
   };
   std::vector<ScalarInput> scalar_inputs;
+  bool dynamic_floats = false;  // some are Python floats made dynamic (Interpreter::symbolic_float)
   // Where each guard symbol's value is read at run time, for symbolic ints handed out (Int
   // specs): an input's dim, or a scalar source. Empty when no spec needs them.
   struct SymbolSource {

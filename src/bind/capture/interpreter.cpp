@@ -237,6 +237,7 @@ VarPtr Interpreter::symbolic_float(PyObject* v, const SourcePtr& src) {
                    (it != dynamic_->by_source.end() && it->second.count(-1));
   if (!dyn) return nullptr;
   out_.guards.add_type(src, reinterpret_cast<PyObject*>(&PyFloat_Type));
+  out_.dynamic_floats = true;
   ir::Node* n = scalar_input(src, false);
   if (!symfloat_values_.count(n)) {
     keep_.push_back(Py_NewRef(v));

@@ -13,6 +13,7 @@
 #include "bind/torch/tensor_bridge.h"
 #include "bind/hook/frame_policy.h"
 #include "bind/interrupts.h"
+#include "bind/python_objects.h"
 #include "bind/runtime/autograd_node.h"
 #include "bind/runtime/eager_backend.h"
 #include "bind/runtime/executor.h"
@@ -520,8 +521,9 @@ std::unique_ptr<Entry> build_entry(PyObject* fn, const BoundArgs& args, const Co
   // (a shape rule that needs constant sizes, a graph that runs through torch), capture again
   // with every size static. A graph break is no reason: what the break hands on (the resume
   // function's locals, the instruction's operands) evaluates its symbolic ints per call.
-  if (e && !e->capture.guards.symbols().empty() && e->eager) {
-    log("recompiles", name + ": a shape-generic entry failed (" + e->reason + "): captured with static sizes");
+  // The same for an entry that reads Python floats at each call (the eager backend refuses it).
+  if (e && (!e->capture.guards.symbols().empty() || e->capture.dynamic_floats) && e->eager) {
+    log("recompiles", name + ": a shape-generic entry failed (" + e->reason + "): captured with static sizes and floats");
     // The attempt counts as nothing but time: its breaks and fallbacks did not happen.
     Stats& s = stats();
     const double capture_s = s.capture_seconds, compile_s = s.compile_seconds;
@@ -1103,6 +1105,22 @@ bool config_flag(const char* name) {
 
 bool fallback_warnings_silenced() { return config_flag("suppress_fallback_warnings"); }
 
+// Whether an entry was made for the modules this call was handed: each identity guard on a
+// module in an argument slot (a forward's `self`) holds for this call. The cache limit counts
+// these entries only, as TorchDynamo counts entries per id-matched nn.Module, so that a graph
+// break inside a layer's forward gives each layer of a model entries of its own rather than
+// sending the ninth layer to eager. All entries of a code object stay under a second limit.
+bool for_these_modules(const Entry& e, const FrameView& f) {
+  static PyObject* module_type = object_at("torch.nn.Module");
+  for (const Guard& g : e.capture.guards.guards())
+    if (g.kind == Guard::Kind::Identity && g.source && g.source->kind == Source::Kind::Local && module_type &&
+        f.locals[g.source->local] != g.expected && PyObject_IsInstance(g.expected, module_type) == 1)
+      return false;
+  return true;
+}
+
+constexpr int kAccumulatedCacheLimit = 256;  // TorchDynamo's accumulated_recompile_limit
+
 Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) {
   failed = false;
   InterruptWatch watch;  // Ctrl-C in Python code that guards and capture run (see interrupts.h)
@@ -1125,10 +1143,17 @@ Entry* select_entry(CodeCache& c, PyObject* fn, BoundArgs& bound, bool& failed) 
     return nullptr;
   }
   if (c.eager_forever) return nullptr;
-  if (static_cast<int>(c.entries.size()) >= c.cfg.cache_limit) {
-    c.eager_forever = true;
-    std::string msg = "kiln: " + c.name + " hit the cache limit (" + std::to_string(c.cfg.cache_limit) +
-                      " entries, cache_limit) and now runs eagerly; the guards that failed: " + failed_guards(c, fv);
+  const bool all_full = static_cast<int>(c.entries.size()) >= std::max(c.cfg.cache_limit, kAccumulatedCacheLimit);
+  const bool full = all_full || std::count_if(c.entries.begin(), c.entries.end(), [&](const auto& e) {
+                                  return for_these_modules(*e, fv);
+                                }) >= c.cfg.cache_limit;
+  if (full) {
+    c.eager_forever = all_full;  // else only calls with these modules run eagerly
+    if (c.warned) return nullptr;
+    std::string msg = "kiln: " + c.name + " hit the cache limit (" +
+                      (all_full ? std::to_string(c.entries.size()) + " entries in all"
+                                : std::to_string(c.cfg.cache_limit) + " entries, cache_limit") +
+                      ") and now runs eagerly; the guards that failed: " + failed_guards(c, fv);
     log("recompiles", msg);
     if (!fallback_warnings_silenced() && PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) failed = true;
     c.warned = true;  // one warning for this code object
