@@ -250,6 +250,42 @@ def function_apply(cls, *args, **kwargs):
     return cls.forward(_FunctionCtx(), *args, **kwargs)
 
 
+class _GradFunctionCtx(_FunctionCtx):
+    """The ctx of an autograd.Function whose gradient kiln captures: what the forward saves
+    reaches the backward, captured after it. What changes autograd's own record of the outputs
+    ends the capture of the call (it then runs for real)."""
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors = ()
+        self.materialize_grads = True
+
+    def mark_non_differentiable(self, *args):
+        raise NotImplementedError("kiln: autograd.Function with mark_non_differentiable and a gradient is not captured yet")
+
+    def mark_dirty(self, *args):
+        raise NotImplementedError("kiln: autograd.Function that changes its inputs in place (mark_dirty) with a gradient is not captured yet")
+
+    def set_materialize_grads(self, value):
+        self.materialize_grads = value
+
+
+def function_forward(cls, needs_input_grad, *args):
+    """Function.apply's forward where a gradient is wanted (kiln captures it under no_grad, as
+    autograd runs it), and the ctx the backward reads."""
+    ctx = _GradFunctionCtx(needs_input_grad)
+    if cls.setup_context is not _function_setup_context:  # forward without ctx, then setup_context
+        out = cls.forward(*args)
+        cls.setup_context(ctx, args, out)
+        return out, ctx
+    return cls.forward(ctx, *args), ctx
+
+
+def function_backward(cls, ctx, *grads):
+    """The Function's backward, captured as the template of its gradient."""
+    return cls.backward(ctx, *grads)
+
+
 def _function_setup_context(ctx, inputs, output):  # replaced by torch's in register()
     raise NotImplementedError
 

@@ -94,7 +94,20 @@ BINARY = {
     "where": lambda a, b: torch.where(a > b, a, b),
     "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5),
 }
+class _CubeFunction(torch.autograd.Function):  # custom_vjp: an autograd.Function's own backward
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * g
+
+
 OTHERS = {
+    "custom_vjp": lambda: grads_match(lambda a, b: _CubeFunction.apply(a * b).sin(), rand(3, 4), rand(4)),
     "pow": lambda: grads_match(lambda a, b: a.abs().add(0.5) ** b + a ** 2, rand(3, 4), rand(4)),
     "convert": lambda: grads_match(lambda a: a.to(torch.float32).sin(), rand(3, 4)),
     "sum": lambda: grads_match(lambda a: (a.sum(1, keepdim=True) * a).sum(0), rand(3, 4)),

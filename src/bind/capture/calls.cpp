@@ -639,13 +639,67 @@ VarPtr Interpreter::autograd_function_apply(const VarPtr& fn, const std::vector<
         return std::any_of(v->seq().begin(), v->seq().end(), tracked);
       return false;
     };
-    if (std::any_of(args.begin(), args.end(), tracked)) return nullptr;
-    for (const auto& [k, v] : kwargs)
-      if (tracked(v)) return nullptr;
+    bool any = std::any_of(args.begin(), args.end(), tracked);
+    for (const auto& [k, v] : kwargs) any |= tracked(v);
+    if (any) return differentiable_function_apply(fn, cls, args, kwargs, tracked);
   }
   std::vector<VarPtr> with_cls{fn->source ? wrap(cls, Source::attr(fn->source, "__self__")) : Var::constant(cls)};
   with_cls.insert(with_cls.end(), args.begin(), args.end());
   return inline_call(model, nullptr, std::move(with_cls), kwargs);
+}
+
+// The same where a gradient is wanted, as TorchDynamo captures it: the forward under no_grad
+// (as autograd runs it) with a ctx made in the frame (kiln/_polyfills.py: function_forward),
+// then the backward, captured from a placeholder gradient (custom_grad) outside grad mode and
+// autocast, as autograd's engine runs it. The result is a custom_vjp node, whose derivative is
+// that template (core/ops/custom_function_ops.cpp). One tensor result; a floating one.
+VarPtr Interpreter::differentiable_function_apply(const VarPtr& fn, PyObject* cls, const std::vector<VarPtr>& args,
+                                                  const KwArgs& kwargs, const std::function<bool(const VarPtr&)>& tracked) {
+  static PyObject* forward = object_at("kiln._polyfills.function_forward");
+  static PyObject* backward = object_at("kiln._polyfills.function_backward");
+  if (!forward || !backward) unsupported("internal: kiln's autograd.Function polyfills are missing");
+  if (!kwargs.empty()) unsupported("autograd.Function.apply with keyword arguments");
+  const VarPtr cls_var = fn->source ? wrap(cls, Source::attr(fn->source, "__self__")) : Var::constant(cls);
+  std::vector<VarPtr> needs;
+  for (const VarPtr& a : args) needs.push_back(Var::constant(tracked(a) ? Py_True : Py_False));
+  std::vector<VarPtr> fwd_args{cls_var, Var::tuple(std::move(needs))};
+  fwd_args.insert(fwd_args.end(), args.begin(), args.end());
+  VarPtr result;
+  without_grad([&] { result = inline_call(forward, nullptr, std::move(fwd_args), {}); }, false);
+  const VarPtr out = result->seq().at(0), ctx = result->seq().at(1);
+  if (!out->is_tensor())
+    unsupported("autograd.Function whose forward returns other than one tensor, with a gradient: not captured yet");
+  ir::Node* o = out->node();
+  if (!is_floating(o->meta.dtype)) return out;  // autograd records no gradient for it
+  ir::Attrs ga;
+  ga.set("size", ir::sizes_attr(o->meta.sizes));
+  ga.set("dtype", o->meta.dtype);
+  ga.set("device", o->meta.device.str());
+  ir::Node* grad_input = add_node("custom_grad", {}, ga);
+  VarPtr grads;
+  without_grad([&] { grads = inline_call(backward, nullptr, {cls_var, ctx, Var::tensor(grad_input)}, {}); }, true);
+  std::vector<VarPtr> gs = grads->kind() == Var::Kind::Tuple || grads->kind() == Var::Kind::List ? grads->seq()
+                                                                                                   : std::vector<VarPtr>{grads};
+  auto is_none = [](const VarPtr& v) { return v->is_const() && v->known() == Py_None; };
+  if (gs.size() < args.size())
+    unsupported("autograd.Function backward returned an incorrect number of gradients (expected " +
+                std::to_string(args.size()) + ", got " + std::to_string(gs.size()) + ")");
+  for (size_t i = args.size(); i < gs.size(); ++i)
+    if (!is_none(gs[i])) unsupported("autograd.Function backward returned an incorrect number of gradients");
+  std::vector<ir::Node*> xs, gx;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i]->is_tensor()) {
+      if (!is_none(gs[i])) unsupported("autograd.Function backward returned a gradient for an input that is not a tensor");
+      continue;
+    }
+    if (!is_none(gs[i]) && !gs[i]->is_tensor()) unsupported("autograd.Function backward returned a gradient that is not a tensor");
+    xs.push_back(args[i]->node());
+    gx.push_back(is_none(gs[i]) || !tracked(args[i]) ? nullptr : gs[i]->node());
+  }
+  std::vector<ir::Node*> inputs{o, grad_input};
+  inputs.insert(inputs.end(), xs.begin(), xs.end());
+  inputs.insert(inputs.end(), gx.begin(), gx.end());
+  return Var::tensor(add_node("custom_vjp", inputs, {}));
 }
 
 // Whether `f` is the forward one of the module's classes defines (its own, or a base class's).

@@ -105,6 +105,8 @@ class Interpreter {
   static bool is_nn_module(PyObject* v);
   static bool own_forward_of(PyObject* module, PyObject* f);
   VarPtr autograd_function_apply(const VarPtr& fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  VarPtr differentiable_function_apply(const VarPtr& fn, PyObject* cls, const std::vector<VarPtr>& args,
+                                       const KwArgs& kwargs, const std::function<bool(const VarPtr&)>& tracked);
 
   // Objects guarded by their type and the attributes capture reads (instances of user classes)
   // rather than by identity, until capture uses the object itself as a value (const_obj).

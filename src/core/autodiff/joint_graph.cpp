@@ -1,5 +1,6 @@
 #include "core/autodiff/joint_graph.h"
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <set>
@@ -115,6 +116,12 @@ bool build_joint(ir::Graph& g, const std::vector<Node*>& wrt, JointGraph& out, s
     out.grads.push_back(it == grad.end() ? nullptr : it->second);
     if (out.grads.back()) g.outputs().push_back(out.grads.back());
   }
+  // autograd.Function results have given their gradients: the forward keeps their values alone
+  ops::remove_custom_vjps(g);
+  std::set<const Node*> kept;
+  for (const auto& n : g.nodes()) kept.insert(n.get());
+  out.forward.erase(std::remove_if(out.forward.begin(), out.forward.end(), [&](const Node* n) { return !kept.count(n); }),
+                    out.forward.end());
   g.recompute_users();
   return true;
 }

@@ -116,7 +116,7 @@ Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry();
     for (auto table : {pointwise_ops, reduction_ops, view_ops, linalg_ops, composite_ops, nn_ops, join_ops,
-                       random_ops, source_ops, torch_call_ops}) {
+                       random_ops, source_ops, torch_call_ops, custom_function_ops}) {
       for (OpDef& d : table()) {
         std::string name = d.name;
         if (reg->ops.count(name)) throw std::logic_error("kiln: op registered twice: " + name);

@@ -261,5 +261,9 @@ void infer_by_decomposition(OpDef& d);
 OpDef composite_op(const std::string& name, const std::string& schema, DecomposeFn decompose,
                    std::vector<std::string> python);
 std::vector<OpDef> source_ops();
+std::vector<OpDef> custom_function_ops();
+// After the joint graph is built: autograd.Function results (custom_vjp) become the forward's
+// result, and their gradient templates leave the graph (custom_function_ops.cpp).
+void remove_custom_vjps(Graph& g);
 
 }  // namespace kiln::ops
