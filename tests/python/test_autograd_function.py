@@ -258,3 +258,25 @@ def test_double_backward_through_a_custom_function_is_eager_or_an_error_not_a_wr
     (g,) = torch.autograd.grad(kiln.compile(fn)(x), x, create_graph=True)
     (ge,) = torch.autograd.grad(fn(xe), xe, create_graph=True)
     assert_same(g, ge)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_custom_function_on_cuda_under_bf16_autocast():
+    def fn(x, w):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = ReverseGrad.apply(Swish.apply(x @ w), 0.5)
+        return h.float().pow(2).mean()
+
+    _grads_match(fn, lambda: (torch.randn(16, 32, device="cuda", requires_grad=True),
+                              torch.randn(32, 32, device="cuda", requires_grad=True)), rtol=2e-2, atol=2e-2)
+
+
+def test_a_custom_function_under_cpu_bf16_autocast():
+    def fn(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = ReverseGrad.apply(Swish.apply(x @ w), 0.5)
+        return h.float().pow(2).mean()
+
+    _grads_match(fn, lambda: (torch.randn(16, 32, requires_grad=True), torch.randn(32, 32, requires_grad=True)),
+                 rtol=2e-2, atol=2e-2)

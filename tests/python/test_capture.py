@@ -2366,3 +2366,13 @@ def test_calls_that_read_their_frame_are_not_run_at_a_break():
     want, got = fn(x), kiln.compile(fn)(x)
     torch.testing.assert_close(got[0], want[0])
     assert got[1:] == want[1:] == ("helper's module", ["g", "x"], "helper")
+
+
+@pytest.mark.parametrize("method", ["view_as", "reshape_as", "expand_as"])
+def test_shape_of_another_tensor_methods_are_registry_views(method):
+    # x.view_as(y) is x.view(y.shape): a registry op, so autocast capture knows it too
+    def fn(x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return getattr(x[:1] if method == "expand_as" else x, method)(y) * y
+
+    check(fn, lambda: (torch.randn(4, 6) if method == "expand_as" else torch.randn(6, 4).t().contiguous(), torch.randn(4, 6)))

@@ -1589,6 +1589,11 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   }
   if (name == "split" || name == "chunk")
     if (VarPtr r = split_tensor(self, name == "chunk", args, kwargs)) return r;
+  // x.view_as(y), reshape_as, expand_as: the op on y's sizes (symbolic ones included), as
+  // torch defines them; they were torch calls, which autocast capture does not know
+  if ((name == "view_as" || name == "reshape_as" || name == "expand_as") && args.size() == 1 && kwargs.empty() &&
+      args[0]->is_tensor())
+    return call_tensor_method(self, name.substr(0, name.size() - 3), {shape_tuple(args[0]->node()->meta)}, {});
   // x.new_empty(...): zeros, one of the values its uninitialized memory may hold
   if (name == "new_empty") return call_tensor_method(self, "new_zeros", std::move(args), kwargs);
   if (name == "new_ones" || name == "new_zeros" || name == "new_full") {
