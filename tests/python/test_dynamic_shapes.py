@@ -538,3 +538,20 @@ def test_automatic_dynamic_leaves_parameters_static():
     assert_same(out, ref)
     reasons = kiln.stats()["fallback_reasons"]
     assert not [r for r in reasons if "conv2d" in r], reasons
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_backward_that_reads_no_saved_value_still_binds_its_sizes(dynamic):
+    # y * 2.0 saves y for nothing the backward kernels read (the scalar's gradient is dropped);
+    # its size symbols are read off it: a consuming backward let it go first, and s0 was 0
+    kiln.reset()
+    fns = [lambda y: y * 2.0, lambda y: (y + 1) * 2.0, lambda y: y * y]
+    for f in fns:
+        cf = kiln.compile(f, dynamic=dynamic)
+        for n in [8, 6, 11]:
+            y = torch.randn(n, 3, requires_grad=True)
+            ye = y.detach().clone().requires_grad_()
+            cf(y).sum().backward()
+            f(ye).sum().backward()
+            assert_same(y.grad, ye.grad)
+    assert kiln.stats()["eager_fallbacks"] == 0, kiln.stats()["fallback_reasons"]

@@ -537,10 +537,17 @@ void plan_lifetimes(const loop::Program& p, PreparedProgram& prep) {
     if (o.input_alias >= 0) prep.input_returned[static_cast<size_t>(o.input_alias)] = true;
     else if (o.view.buffer >= 0) output_reads[o.view.buffer] = true;
   }
+  // An input a size symbol is read from is read at the start, whether or not a step reads it
+  // (a backward's saved value no kernel reads still gives s0: let go of first, its size was 0).
+  std::vector<bool> binds(p.inputs.size(), false);
+  for (const loop::SymbolBinding& sb : p.symbols)
+    if (sb.input >= 0) binds[static_cast<size_t>(sb.input)] = true;
   for (size_t i = 0; i < p.inputs.size(); ++i) {
     const int b = p.inputs[i];
     if (prep.input_returned[i] || output_reads[b]) continue;
-    if (last[b] < 0) prep.unread_inputs.push_back(b);
+    if (last[b] < 0 && binds[i]) {
+      if (ns > 0) prep.input_drop_after[0].push_back(b);
+    } else if (last[b] < 0) prep.unread_inputs.push_back(b);
     else prep.input_drop_after[last[b]].push_back(b);
   }
   for (int s = 0; s < p.num_slots; ++s) {
