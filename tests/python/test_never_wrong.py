@@ -636,3 +636,81 @@ def test_an_empty_tensor_returned_with_its_stack(shape):
     got, want = kiln.compile(fn)(a), fn(a)
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.dtype == w.dtype
+
+
+# ---- found by fuzzing Python floats and by TorchDynamo's test_functions.py (eighth session) ----
+
+def test_a_float_guard_tells_minus_zero_from_zero():
+    import math
+
+    def fn(x, s):
+        return x * math.copysign(1.0, s), s
+
+    cf = kiln.compile(fn)
+    x = torch.ones(2)
+    for s in [0.5, 0.0, -0.0, 0.0]:
+        got, want = cf(x, s), fn(x, s)
+        bitwise_equal(got[0], want[0])
+        assert math.copysign(1.0, got[1]) == math.copysign(1.0, want[1])
+
+
+_GLOBAL_SET = {1, 2}
+
+
+def test_a_global_set_changed_in_place_fails_its_guard():
+    def fn(x):
+        return x * len(_GLOBAL_SET) + x * (3 in _GLOBAL_SET)
+
+    cf = kiln.compile(fn)
+    x = torch.ones(1)
+    try:
+        assert_same(cf(x), fn(x))
+        _GLOBAL_SET.add(3)
+        assert_same(cf(x), fn(x))
+    finally:
+        _GLOBAL_SET.discard(3)
+
+
+def test_membership_in_a_set_of_tensors_made_at_a_break():
+    def fn(a, b):
+        s = set([b])  # set() of tensors: a break, its result read by the resume function
+        return a in s, b in s, len(s)
+
+    p, q = torch.zeros(5), torch.ones(5)
+    cf = kiln.compile(fn)
+    assert cf(p, p) == fn(p, p)
+    assert cf(p, q) == fn(p, q)
+
+
+def test_a_class_attribute_read_through_type_of_self_is_guarded():
+    class Scaled(torch.nn.Module):
+        scale = 0.5
+
+        def forward(self, x):
+            return x * type(self).scale + Scaled.scale
+
+    m = Scaled()
+    cm = kiln.compile(m)
+    x = torch.tensor([1.0, 2.0])
+    try:
+        for v in [0.5, 0.7, 1.3, -2.0]:
+            Scaled.scale = v
+            assert_same(cm(x), m(x))
+    finally:
+        Scaled.scale = 0.5
+
+
+def test_an_unused_local_at_a_break_does_not_reach_the_backward():
+    # the unused (-1.5) ** x is nan and requires grad; handed to the resume function it was a
+    # graph output whose zero gradient the backward multiplied by its nan derivative
+    def fn(x):
+        dead = (-1.5) ** x
+        v = x * 10
+        print("", end="")
+        return v
+
+    x = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    kiln.compile(fn)(x).sum().backward()
+    fn(xe).sum().backward()
+    assert_same(x.grad, xe.grad)

@@ -283,6 +283,10 @@ struct CallRules {
     if (auto* t = a->get_if<TupleV>(); t && t->structseq && kwargs.empty()) return Var::constant(t->structseq);  // a namedtuple's class
     if (a->is_array() && kwargs.empty()) return Var::constant(I.array_type(a));
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
+    // type(self) of a caller's object: the class, read through the object, so that what is read
+    // off it (type(self).scale, a class attribute) is guarded where it is read
+    if ((Interpreter::structural(a) || a->kind() == Var::Kind::Module) && a->source && kwargs.empty())
+      return I.wrap(reinterpret_cast<PyObject*>(Py_TYPE(a->obj())), Source::attr(a->source, "__class__"));
     if (Interpreter::structural(a) && kwargs.empty()) return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->obj())));
     if ((a->symint().valid() || a->symslice() || a->symfloat()) && kwargs.empty())
       return Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(a->known())));

@@ -50,6 +50,50 @@ bool Interpreter::in_loop(const CodeInfo& ci, size_t pc) {
   return false;
 }
 
+std::vector<bool> Interpreter::live_locals(PyObject* code, const CodeInfo& ci, const std::vector<size_t>& from, int nlocals) {
+  // Backward dataflow over the instructions: a local is live where some path reads it (a load,
+  // a del, a cell operation) before storing it. Successors: the next instruction unless the
+  // instruction ends the block, its jump target, and the handler of the try block it is in.
+  const size_t n = ci.instrs.size();
+  std::vector<std::vector<size_t>> succ(n);
+  std::vector<int> use(n, -1), def(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& name = ci.opnames[i];
+    const Instr& x = ci.instrs[i];
+    const bool ends = name == "RETURN_VALUE" || name == "RETURN_CONST" || name == "RAISE_VARARGS" || name == "RERAISE" ||
+                      name == "JUMP_FORWARD" || name == "JUMP_BACKWARD" || name == "JUMP_BACKWARD_NO_INTERRUPT" ||
+                      name == "JUMP";
+    if (!ends && i + 1 < n) succ[i].push_back(i + 1);
+    if (x.jump_target >= 0)
+      if (auto t = ci.by_offset.find(x.jump_target); t != ci.by_offset.end()) succ[i].push_back(t->second);
+    ExceptionHandler h = exception_handler(code, x.offset);
+    if (h.target >= 0)
+      if (auto t = ci.by_offset.find(h.target); t != ci.by_offset.end()) succ[i].push_back(t->second);
+    if (x.arg >= 0 && x.arg < nlocals) {
+      if (name == "STORE_FAST") def[i] = x.arg;
+      else if (name.find("FAST") != std::string::npos || name.find("DEREF") != std::string::npos ||
+               name == "LOAD_CLOSURE" || name == "MAKE_CELL")
+        use[i] = x.arg;
+    }
+  }
+  std::vector<std::vector<bool>> live(n, std::vector<bool>(static_cast<size_t>(nlocals), false));
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = n; i-- > 0;) {
+      std::vector<bool> in(static_cast<size_t>(nlocals), false);
+      for (size_t s : succ[i])
+        for (int l = 0; l < nlocals; ++l) in[l] = in[l] || live[s][l];
+      if (def[i] >= 0) in[def[i]] = false;
+      if (use[i] >= 0) in[use[i]] = true;
+      if (in != live[i]) live[i] = std::move(in), changed = true;
+    }
+  }
+  std::vector<bool> out(static_cast<size_t>(nlocals), false);
+  for (size_t f : from)
+    for (int l = 0; f < n && l < nlocals; ++l) out[l] = out[l] || live[f][l];
+  return out;
+}
+
 VarPtr Interpreter::clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr>& memo) {
   if (!v) return v;
   switch (v->kind()) {
@@ -257,9 +301,16 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
         brk->operands.push_back(std::move(spec));
       }
     }
+    // Locals no path after the break reads are not handed on, as in TorchDynamo: a value only
+    // they hold is no output of the graph (an unused `(-1.5) ** x` that requires grad would
+    // otherwise take a zero gradient into a backward that multiplies it by nan).
+    std::vector<size_t> resumes_at{pc + 1};
+    if (brk->kind == GraphBreak::Kind::Jump)
+      if (auto t = ci.by_offset.find(in.jump_target); t != ci.by_offset.end()) resumes_at.push_back(t->second);
+    const std::vector<bool> live = live_locals(code_, ci, resumes_at, nv);
     for (int i = 0; i < nv; ++i) {
       OutSpec spec;
-      if (before.locals[i]) spec = break_spec(before.locals[i]);
+      if (before.locals[i] && live[static_cast<size_t>(i)]) spec = break_spec(before.locals[i]);
       else spec.kind = OutSpec::Kind::Unbound;
       shape.local_unbound.push_back(spec.kind == OutSpec::Kind::Unbound);
       brk->locals.push_back(std::move(spec));

@@ -313,6 +313,20 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
   if (VarPtr s = root()->symbolic_int(v, src)) return s;
   if (VarPtr f = root()->symbolic_float(v, src)) return f;
   if (VarPtr a = wrap_numpy(v, src)) return a;  // an ndarray or NumPy scalar (numpy.cpp)
+  if (PyAnySet_CheckExact(v)) {
+    // A set of values (numbers, strings) is guarded by its contents. One holding objects that
+    // hash by identity (tensors) is not a value capture can compare: `x in s` would ask the
+    // tracker, not the object.
+    PyObject *it = PyObject_GetIter(v), *item;
+    bool values = it != nullptr;
+    while (values && (item = PyIter_Next(it))) {
+      values = is_python_scalar(item) || item == Py_None || PyUnicode_CheckExact(item) || PyBytes_CheckExact(item);
+      Py_DECREF(item);
+    }
+    Py_XDECREF(it);
+    clear_error();
+    if (!values) unsupported("a set holding objects other than numbers and strings (" + src->str() + ")");
+  }
   if (is_python_scalar(v) || v == Py_None || PyUnicode_CheckExact(v) || PyAnySet_CheckExact(v)) {
     out_.guards.add_equals(src, v);
     return Var::constant(v, src);

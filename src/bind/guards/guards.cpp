@@ -1,5 +1,7 @@
 #include "bind/guards/guards.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include "bind/interrupts.h"
 
@@ -78,7 +80,12 @@ void GuardSet::add_equals(SourcePtr s, PyObject* value) {
   Guard g{Guard::Kind::Equals, std::move(s)};
   g.expected = value;
   if (!needed(g)) return;
-  Py_INCREF(value);
+  // A set is compared with a copy: the caller's set itself would always equal what it became.
+  g.expected = PySet_CheckExact(value) ? PySet_New(value) : Py_NewRef(value);
+  if (!g.expected) {
+    clear_error();
+    g.expected = Py_NewRef(value);
+  }
   guards_.push_back(std::move(g));
 }
 void GuardSet::add_identity(SourcePtr s, PyObject* obj) {
@@ -332,6 +339,10 @@ bool Guard::holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail
     case Kind::Equals: {
       if (Py_TYPE(v) != Py_TYPE(expected)) return false;
       if (v == expected) return true;
+      if (PyFloat_CheckExact(v)) {  // -0.0 == 0.0, but 1 / -0.0 and copysign tell them apart
+        const double a = PyFloat_AS_DOUBLE(v), b = PyFloat_AS_DOUBLE(expected);
+        return a == b && std::signbit(a) == std::signbit(b);
+      }
       int r = PyObject_RichCompareBool(v, expected, Py_EQ);
       if (r < 0) clear_error();
       return r == 1;
