@@ -714,3 +714,18 @@ def test_an_unused_local_at_a_break_does_not_reach_the_backward():
     kiln.compile(fn)(x).sum().backward()
     fn(xe).sum().backward()
     assert_same(x.grad, xe.grad)
+
+
+def test_the_largest_int64_as_an_operand_keeps_its_sign():
+    # 2**63 - 1 went through a double (2**63), which int64 wrapped to -2**63
+    fn = lambda x, n: x * n  # noqa: E731
+    x = torch.tensor([1.5, -0.25, 2.0])
+    assert_same(kiln.compile(fn)(x, 2**63 - 1), fn(x, 2**63 - 1))
+
+
+def test_the_gradient_of_a_power_with_a_python_exponent_is_computed_in_double():
+    x = torch.rand(6, dtype=torch.float64) + 0.5
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    kiln.compile(lambda x: x ** -1.3 + 2.5 ** x, dynamic=False)(xa).sum().backward()
+    (xb ** -1.3 + 2.5 ** xb).sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-14, atol=0)

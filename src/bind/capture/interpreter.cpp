@@ -532,7 +532,10 @@ ir::Node* Interpreter::as_node(const VarPtr& v, const char* what) {
       int overflow = 0;
       long long x = PyLong_AsLongLongAndOverflow(v->obj(), &overflow);
       if (overflow) unsupported("integer too large for a tensor operand");
-      return g_->scalar(static_cast<double>(x), DType::Int64);
+      ir::Attrs a;  // the int itself: 2**63 - 1 through a double is 2**63, which int64 wraps
+      a.set("value", static_cast<int64_t>(x));
+      a.set("dtype", DType::Int64);
+      return g_->must_add("scalar", {}, a);
     }
     return g_->scalar(PyFloat_AsDouble(v->obj()), DType::Float64);
   }

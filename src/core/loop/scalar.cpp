@@ -70,7 +70,15 @@ SRef ScalarCtx::intern(const SNode& n) {
 SRef ScalarCtx::constant(double v, DType t) {
   SNode n{SOp::Const, t};
   if (is_floating(t)) n.fval = v;
-  else n.ival = t == DType::Bool ? (v != 0) : static_cast<int64_t>(v);
+  else if (t == DType::Bool) n.ival = v != 0;
+  else n.ival = v >= 0x1p63 ? INT64_MAX : v < -0x1p63 ? INT64_MIN : static_cast<int64_t>(v);  // no UB out of range
+  return intern(n);
+}
+
+SRef ScalarCtx::int_constant(int64_t v, DType t) {
+  if (is_floating(t) || t == DType::Bool) return constant(static_cast<double>(v), t);
+  SNode n{SOp::Const, t};
+  n.ival = v;
   return intern(n);
 }
 

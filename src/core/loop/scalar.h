@@ -82,6 +82,7 @@ class ScalarCtx {
   TorchNumerics torch;  // set before lowering (pipeline::compile_graph)
 
   SRef constant(double v, DType t);
+  SRef int_constant(int64_t v, DType t);  // an integer exactly (2**63 - 1 has no double)
   SRef load(int buffer, sym::Expr index, DType t);
   SRef acc(int id, DType t);
   SRef cast(SRef a, DType t);

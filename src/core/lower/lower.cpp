@@ -170,7 +170,9 @@ class Lowering {
     }
     if (op.name == "full") {  // every element the one value
       DType t = n->meta.dtype;
-      SRef c = s_.constant(n->attrs.get_float("value"), t);
+      const ir::AttrValue* v = n->attrs.find("value");
+      SRef c = v && std::holds_alternative<int64_t>(*v) ? s_.int_constant(std::get<int64_t>(*v), t)
+                                                        : s_.constant(n->attrs.get_float("value"), t);
       values_[n] = Value{n->meta.sizes, t, [c](const Exprs&) { return c; }, -1, {"full"}};
       return true;
     }
@@ -188,7 +190,9 @@ class Lowering {
     }
     if (op.name == "scalar") {
       DType t = n->meta.dtype;
-      SRef c = s_.constant(n->attrs.get_float("value"), t);
+      const ir::AttrValue* v = n->attrs.find("value");
+      SRef c = v && std::holds_alternative<int64_t>(*v) ? s_.int_constant(std::get<int64_t>(*v), t)
+                                                        : s_.constant(n->attrs.get_float("value"), t);
       values_[n] = Value{{}, t, [c](const Exprs&) { return c; }, -1, {}};
       return true;
     }

@@ -572,10 +572,18 @@ std::vector<OpDef> pointwise_ops() {
     // exponent's: result * log(x), and 0 where x is 0 and e >= 0.
     pow.derivative = [](Graph& g, Node* n, Node* grad) {
       using namespace grad_ops;
-      Node *x = n->inputs[0], *e = n->inputs[1];
+      // A Python number operand is a double in torch's backward (exponent - 1, log(base)); two
+      // wrapped numbers would promote to the default dtype, float32: made a float64 tensor first.
+      auto exact = [&](Node* v) {
+        if (!v->meta.wrapped_number) return v;
+        Attrs a;
+        a.set("dtype", DType::Float64);
+        return g.must_add("convert", {v}, a);
+      };
+      Node *x = n->inputs[0], *e = exact(n->inputs[1]);
       Node* dx = mul(g, grad, mul(g, e, g.must_add("pow", {x, sub(g, e, num(g, 1.0))})));
       dx = g.must_add("where", {g.must_add("eq", {e, num(g, 0.0)}), num(g, 0.0), dx});
-      Node* de = mul(g, grad, mul(g, n, unary(g, "log", x)));
+      Node* de = mul(g, grad, mul(g, n, unary(g, "log", exact(x))));
       Node* x_zero = g.must_add("logical_and", {g.must_add("eq", {x, num(g, 0.0)}), g.must_add("ge", {e, num(g, 0.0)})});
       de = g.must_add("where", {x_zero, num(g, 0.0), de});
       return std::vector<Node*>{dx, de};
