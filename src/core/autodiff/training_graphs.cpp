@@ -176,6 +176,10 @@ bool make_training_graphs(ir::Graph& g, const std::vector<Node*>& wrt, const std
   if (!split_joint(g, jg, p, split, why)) return false;
   out.forward = std::move(split.forward);
   out.backward = std::move(split.backward);
+  for (ir::Graph* h : {out.forward.get(), out.backward.get()}) {
+    passes::drop_detach_aliases(*h);
+    passes::common_subexpression_elimination(*h);
+  }
   out.forward->scalar_symbols = g.scalar_symbols;
   out.backward->scalar_symbols = g.scalar_symbols;
   out.forward->scalar_inputs = g.scalar_inputs;

@@ -64,6 +64,9 @@ void fold_batch_norm(ir::Graph& g);
 // nothing is worth moving. `prologue_inputs`: the captured input each prologue placeholder is
 // (prologue.cpp).
 std::unique_ptr<ir::Graph> split_prologue(ir::Graph& g, std::vector<int>& prologue_inputs);
+// Reads through the `detach` aliases that marked where gradients stop, once the joint graph is
+// split (detach.cpp); graph outputs keep theirs.
+void drop_detach_aliases(ir::Graph& g);
 // Removes nodes whose values are never used.
 void dead_code_elimination(ir::Graph& g);
 // Merges nodes that compute the same op on the same inputs with the same attributes.
