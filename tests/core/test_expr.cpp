@@ -408,3 +408,11 @@ TEST(Expr, DivisionBySizesOfIndexVariablesOverSizes) {
   Expr y = Expr::index_var("y", s1);
   EXPECT_FALSE(sym::floordiv(y, s2).as_const().has_value());
 }
+
+TEST(Expr, AConstantMultipleOfASizeDividedByItIsTheConstant) {
+  // x.view(x.shape[0], -1) of a [s0, 6] tensor: (6*s0) // s0 is 6, a constant shape rules can
+  // compare with 6 (it was a term 6*1, and a backward's mm refused [s0, 6*1] @ [6, 5])
+  const Expr s0 = Expr::size_symbol("s0");
+  EXPECT_TRUE(sym::floordiv(Expr(6) * s0, s0).is_const(6));
+  EXPECT_TRUE(sym::mod(Expr(6) * s0, s0).is_const(0));
+}

@@ -555,3 +555,26 @@ def test_a_backward_that_reads_no_saved_value_still_binds_its_sizes(dynamic):
             f(ye).sum().backward()
             assert_same(y.grad, ye.grad)
     assert kiln.stats()["eager_fallbacks"] == 0, kiln.stats()["fallback_reasons"]
+
+
+def test_a_flattening_view_before_a_matmul_with_a_trained_weight():
+    # x.view(x.shape[0], -1): the inferred dim was a term 6*1 the backward's mm refused, and the
+    # exception thrown while building the training graphs ended the process (TorchDynamo's
+    # test_maml_*); both fixed: the dim is 6, and a backward that cannot be built runs eagerly
+    w = torch.randn(5, 6, requires_grad=True)
+
+    def fn(x):
+        return x.view(x.shape[0], -1) @ w.t()
+
+    kiln.reset()
+    cf = kiln.compile(fn)
+    for n in (2, 3, 4, 7):
+        x = torch.randn(n, 2, 3)
+        w.grad = None
+        cf(x).sum().backward()
+        g = w.grad.clone()
+        w.grad = None
+        fn(x).sum().backward()
+        assert_same(g, w.grad)
+    s = kiln.stats()
+    assert s["eager_fallbacks"] == 0 and s["graphs_compiled"] <= 2, (s["fallback_reasons"], s["recompile_reasons"])

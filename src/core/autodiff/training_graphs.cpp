@@ -161,8 +161,27 @@ void version_checks(const VersionFacts& f, size_t outputs, TrainingGraphs& out) 
 
 }  // namespace
 
+namespace {
+bool make_training_graphs_or_throw(ir::Graph& g, const std::vector<Node*>& wrt, const std::set<const Node*>& tracked,
+                                   TrainingGraphs& out, std::string& why);
+}
+
 bool make_training_graphs(ir::Graph& g, const std::vector<Node*>& wrt, const std::set<const Node*>& tracked,
                           TrainingGraphs& out, std::string& why) {
+  // A decomposition or a derivative that meets a case it does not cover throws (a shape rule
+  // on symbolic sizes): the call then runs eagerly with that reason, never ends the process.
+  try {
+    return make_training_graphs_or_throw(g, wrt, tracked, out, why);
+  } catch (const std::exception& e) {
+    why = e.what();
+    out = TrainingGraphs{};
+    return false;
+  }
+}
+
+namespace {
+bool make_training_graphs_or_throw(ir::Graph& g, const std::vector<Node*>& wrt, const std::set<const Node*>& tracked,
+                                   TrainingGraphs& out, std::string& why) {
   out = TrainingGraphs{};
   detach_untracked_reads(g, tracked);
   const VersionFacts versions = version_facts(g, wrt);
@@ -218,5 +237,7 @@ bool make_training_graphs(ir::Graph& g, const std::vector<Node*>& wrt, const std
   }
   return true;
 }
+
+}  // namespace
 
 }  // namespace kiln::autodiff

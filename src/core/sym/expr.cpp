@@ -196,9 +196,10 @@ std::optional<SizeSplit> split_by_size(const Expr& a, const Expr& b) {
       if (it == f.end()) divides = false;
       else f.erase(it);
     }
-    if (divides) {
-      Expr q = product(f);
-      quot.terms[q] += tk / bk;
+    if (divides && f.empty()) {
+      quot.constant += tk / bk;  // (6*s0) // s0 is the number 6, not a term 6*1
+    } else if (divides) {
+      quot.terms[product(f)] += tk / bk;
     } else {
       rest.terms[t] += k;
     }
