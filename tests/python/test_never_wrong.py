@@ -729,3 +729,34 @@ def test_the_gradient_of_a_power_with_a_python_exponent_is_computed_in_double():
     kiln.compile(lambda x: x ** -1.3 + 2.5 ** x, dynamic=False)(xa).sum().backward()
     (xb ** -1.3 + 2.5 ** xb).sum().backward()
     torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-14, atol=0)
+
+
+class _Value:
+    def __init__(self, value):
+        self.value = value
+
+    def __add__(self, other):
+        _TAPE.append("add")
+        return _Value(self.value + other.value)
+
+
+_TAPE = []
+
+
+def test_an_operator_of_a_callers_object_runs_its_python_dunder_once_and_reads_it_each_call():
+    # a caller's object's __add__ ran for real at capture: its side effect happened twice, and
+    # its result was a constant of the entry that a change of the object's attribute left stale
+    def inner(a, b):
+        return (a + b).value * 1
+
+    def outer(x, y):
+        return inner(_Value(x), _Value(y)).value if False else inner(_Value(x), _Value(y))
+
+    ci = kiln.compile(inner)
+    a, b = _Value(torch.ones(2)), _Value(torch.ones(2))
+    assert_same(ci(a, b), inner(a, b))
+    a.value = torch.zeros(2)
+    assert_same(ci(a, b), inner(a, b))
+    _TAPE.clear()
+    kiln.compile(outer)(torch.ones(2), torch.ones(2))
+    assert _TAPE == ["add"]

@@ -497,9 +497,13 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
 }
 
 VarPtr Interpreter::object_operator(const std::string& base, bool inplace, const VarPtr& a, const VarPtr& b) {
-  auto plain = [](const VarPtr& v) {
-    auto* r = v->get_if<RecordV>();
-    return r && r->plain;
+  // An object made in the frame, or a caller's object guarded by its structure whose class
+  // defines the operator in Python: the dunder is inlined. (Run for real at capture, a caller's
+  // object's __add__ did its side effects then, and its result was a constant of the entry
+  // that a later change of the object's attributes left stale.)
+  auto plain = [&](const VarPtr& v) {
+    if (auto* r = v->get_if<RecordV>()) return r->plain;
+    return structural(v);
   };
   if (!plain(a) && !plain(b)) return nullptr;
   static const std::unordered_map<std::string, std::string> names = {
@@ -509,15 +513,24 @@ VarPtr Interpreter::object_operator(const std::string& base, bool inplace, const
   auto it = names.find(base);
   if (it == names.end()) return nullptr;
   auto answered = [](const VarPtr& r) { return r && !(r->is_const() && r->known() == Py_NotImplemented); };
+  auto dunder = [&](const VarPtr& self, const std::string& name, const VarPtr& other) -> VarPtr {
+    if (self->get_if<RecordV>()) return object_dunder(self, name.c_str(), {other});
+    PyTypeObject* t = Py_TYPE(self->known());
+    PyObject* key = PyUnicode_FromString(name.c_str());
+    PyObject* f = key ? _PyType_Lookup(t, key) : nullptr;
+    Py_XDECREF(key);
+    if (f && !PyFunction_Check(f)) unsupported(name + " of a " + t->tp_name + " is not a Python function");
+    return python_dunder(self, t, name.c_str(), {other});
+  };
   // Python's order: a.__iadd__(b) for +=, then a.__add__(b), then b.__radd__(a) (a type of its
   // own on the right goes first only for subclasses, which plain classes made here are not)
   if (plain(a)) {
     if (inplace)
-      if (VarPtr r = object_dunder(a, ("__i" + it->second + "__").c_str(), {b}); answered(r)) return r;
-    if (VarPtr r = object_dunder(a, ("__" + it->second + "__").c_str(), {b}); answered(r)) return r;
+      if (VarPtr r = dunder(a, "__i" + it->second + "__", b); answered(r)) return r;
+    if (VarPtr r = dunder(a, "__" + it->second + "__", b); answered(r)) return r;
   }
   if (plain(b))
-    if (VarPtr r = object_dunder(b, ("__r" + it->second + "__").c_str(), {a}); answered(r)) return r;
+    if (VarPtr r = dunder(b, "__r" + it->second + "__", a); answered(r)) return r;
   unsupported("unsupported operand type(s) for " + it->second + ": TypeError");
 }
 

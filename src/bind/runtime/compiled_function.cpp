@@ -503,11 +503,23 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
 namespace {
 std::unique_ptr<Entry> build_entry_interruptible(PyObject* fn, const BoundArgs& args, const CompileConfig& cfg,
                                                  const std::string& name) {
-  std::unique_ptr<Entry> e = build_entry_once(fn, args, cfg, name, true);
-  // A SIGINT handler of the program's own that does not raise: the program goes on, and so does
-  // the compile, this time to its end.
-  if (!e && !PyErr_Occurred()) e = build_entry_once(fn, args, cfg, name, false);
-  return e;
+  // A C++ exception no stage caught (a shape rule meeting a case it does not cover) must not
+  // cross into Python's call, which would end the process: the call runs eagerly, with it named.
+  try {
+    std::unique_ptr<Entry> e = build_entry_once(fn, args, cfg, name, true);
+    // A SIGINT handler of the program's own that does not raise: the program goes on, and so
+    // does the compile, this time to its end.
+    if (!e && !PyErr_Occurred()) e = build_entry_once(fn, args, cfg, name, false);
+    return e;
+  } catch (const std::exception& ex) {
+    auto e = std::make_unique<Entry>();
+    e->cfg = cfg;
+    e->eager = true;
+    e->reason = std::string("internal error while compiling: ") + ex.what();
+    log("fallback", name + ": runs eagerly: " + e->reason);
+    record_explain(*e, name);
+    return e;
+  }
 }
 }  // namespace
 
