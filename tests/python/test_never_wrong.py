@@ -760,3 +760,33 @@ def test_an_operator_of_a_callers_object_runs_its_python_dunder_once_and_reads_i
     _TAPE.clear()
     kiln.compile(outer)(torch.ones(2), torch.ones(2))
     assert _TAPE == ["add"]
+
+
+class _Ranked:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, o):
+        _TAPE.append("eq")
+        return self.v == o.v
+
+    def __lt__(self, o):
+        return self.v < o.v
+
+    def __bool__(self):
+        return self.v > 0
+
+
+def test_comparisons_and_truth_of_a_callers_objects_are_read_at_each_call():
+    def fn(x, a, b):
+        return x * (2 if a == b else 3) + (1 if a < b else 0) + (5 if a else 7) + (1 if a != b else 0)
+
+    cf = kiln.compile(fn)
+    a, b, x = _Ranked(1), _Ranked(1), torch.ones(2)
+    _TAPE.clear()
+    assert_same(cf(x, a, b), fn(x, a, b))
+    assert _TAPE.count("eq") == 4  # once per call of each, as eager
+    a.v = 0
+    assert_same(cf(x, a, b), fn(x, a, b))
+    a.v = -3
+    assert_same(cf(x, a, b), fn(x, a, b))

@@ -298,6 +298,7 @@ class Interpreter {
                    PyObject* device);
   VarPtr symint_binary(const std::string& base, const VarPtr& a, const VarPtr& b);
   VarPtr symint_compare(const std::string& op, const VarPtr& a, const VarPtr& b);
+  VarPtr object_compare(const std::string& op, const VarPtr& a, const VarPtr& b);
   // Python arithmetic with a symbolic float (s * 2, 1 - s, s / 4): a graph node, still symbolic.
   // nullptr: not such an operation (the value is read instead, which specializes it).
   VarPtr symfloat_binary(const std::string& base, const VarPtr& a, const VarPtr& b);

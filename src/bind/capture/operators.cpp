@@ -561,9 +561,57 @@ VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
     return Var::tensor(add_node(ops.at(op), {as_node(a, "operand"), as_node(b, "operand")}));
   }
   if (VarPtr r = symint_compare(op, a, b)) return r;
+  if (VarPtr r = object_compare(op, a, b)) return r;
   static const std::unordered_map<std::string, int> cmp = {{"<", Py_LT}, {"<=", Py_LE}, {"==", Py_EQ},
                                                           {"!=", Py_NE}, {">", Py_GT}, {">=", Py_GE}};
   return real(PyObject_RichCompare(const_obj(a, "operand"), const_obj(b, "operand"), cmp.at(op)));
+}
+
+namespace {
+// A class's own Python function for a dunder (borrowed), or nullptr (absent, or a C slot).
+PyObject* python_function(PyTypeObject* t, const char* name) {
+  PyObject* key = PyUnicode_FromString(name);
+  PyObject* f = key ? _PyType_Lookup(t, key) : nullptr;
+  Py_XDECREF(key);
+  return f && PyFunction_Check(f) ? f : nullptr;
+}
+}  // namespace
+
+// A comparison of a caller's object guarded by its structure, or of one made in the frame, whose
+// class defines it in Python: the dunder inlined in Python's order (a's, then b's reflected one;
+// != through __eq__ where only that is defined). Run for real, its result was a constant of the
+// entry that a change of the objects' attributes left stale. nullptr: no such dunder.
+VarPtr Interpreter::object_compare(const std::string& op, const VarPtr& a, const VarPtr& b) {
+  auto type = [&](const VarPtr& v) -> PyTypeObject* {
+    if (auto* r = v->get_if<RecordV>()) return r->plain ? reinterpret_cast<PyTypeObject*>(r->cls) : nullptr;
+    return structural(v) ? Py_TYPE(v->known()) : nullptr;
+  };
+  static const std::unordered_map<std::string, std::pair<const char*, const char*>> names = {
+      {"<", {"__lt__", "__gt__"}}, {"<=", {"__le__", "__ge__"}}, {"==", {"__eq__", "__eq__"}},
+      {"!=", {"__ne__", "__ne__"}}, {">", {"__gt__", "__lt__"}}, {">=", {"__ge__", "__le__"}}};
+  const auto& [own, reflected] = names.at(op);
+  PyTypeObject *ta = type(a), *tb = type(b);
+  auto answered = [](const VarPtr& r) { return r && !(r->is_const() && r->known() == Py_NotImplemented); };
+  auto call = [&](const VarPtr& self, PyTypeObject* t, const char* name, const VarPtr& other) -> VarPtr {
+    if (!t) return nullptr;
+    if (python_function(t, name)) return python_dunder(self, t, name, {other});
+    if (std::string(name) == "__ne__" && python_function(t, "__eq__")) {  // object.__ne__ inverts __eq__
+      VarPtr eq = python_dunder(self, t, "__eq__", {other});
+      if (!answered(eq)) return eq;
+      return Var::constant(truth(eq) ? Py_False : Py_True);
+    }
+    return nullptr;
+  };
+  const bool any = (ta && (python_function(ta, own) || python_function(ta, "__eq__"))) ||
+                   (tb && (python_function(tb, reflected) || python_function(tb, "__eq__")));
+  if (!any) return nullptr;
+  if (VarPtr r = call(a, ta, own, b); answered(r)) return r;
+  if (VarPtr r = call(b, tb, reflected, a); answered(r)) return r;
+  if (op == "==" || op == "!=") {  // identity, as object's default
+    const bool same = a.get() == b.get() || (a->known() && a->known() == b->known());
+    return Var::constant(same == (op == "==") ? Py_True : Py_False);
+  }
+  unsupported("'" + op + "' not supported between instances: TypeError");
 }
 
 VarPtr Interpreter::positive(const VarPtr& a) {
@@ -580,6 +628,15 @@ bool Interpreter::truth(const VarPtr& v) {
   if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List || v->kind() == Var::Kind::Dict)
     return !(v->kind() == Var::Kind::Dict ? v->entries().values.empty() : v->seq().empty());
   if (v->kind() == Var::Kind::Module || v->kind() == Var::Kind::Function) return true;
+  if (structural(v)) {  // a caller's object: its Python __bool__ or __len__ inlined, as below
+    PyTypeObject* t = Py_TYPE(v->known());
+    if (python_function(t, "__bool__")) {
+      VarPtr b = python_dunder(v, t, "__bool__", {});
+      if (!(b->is_const() && PyBool_Check(b->known()))) unsupported("__bool__ should return bool: TypeError");
+      return b->known() == Py_True;
+    }
+    if (python_function(t, "__len__")) return truth(python_dunder(v, t, "__len__", {}));
+  }
   if (auto* rec = v->get_if<RecordV>(); rec && rec->plain) {  // __bool__, else __len__, else true
     if (VarPtr b = object_dunder(v, "__bool__", {})) {
       if (!(b->is_const() && PyBool_Check(b->known()))) unsupported("__bool__ should return bool: TypeError");
