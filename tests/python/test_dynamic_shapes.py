@@ -578,3 +578,22 @@ def test_a_flattening_view_before_a_matmul_with_a_trained_weight():
         assert_same(g, w.grad)
     s = kiln.stats()
     assert s["eager_fallbacks"] == 0 and s["graphs_compiled"] <= 2, (s["fallback_reasons"], s["recompile_reasons"])
+
+
+def test_a_backward_whose_inputs_carry_no_size_reads_it_from_the_forward():
+    # after a break, y.sum() of a shape-generic y: the backward's only input is the 0-d tangent,
+    # and its expand to [s0] needs s0 (it was "unbound size symbol s0": the call ran eagerly)
+    def fn(x):
+        y = x.exp()
+        print("", end="")
+        return y.sum() + y.mean()
+
+    kiln.reset()
+    cf = kiln.compile(fn)
+    for n in (3, 4, 5, 9):
+        x = torch.randn(n, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        cf(x).backward()
+        fn(xe).backward()
+        assert_same(x.grad, xe.grad)
+    assert not [r for r in kiln.stats()["fallback_reasons"] if "print" not in r], kiln.stats()["fallback_reasons"]

@@ -257,7 +257,11 @@ bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedP
       node->program = backward;
       node->stage = s;
       node->call = call;
-      node->scalars.assign(scalars, scalars + scalar_count);
+      // the forward's int symbols, the sizes the backward reads off the inputs, then the floats
+      const size_t ints = std::min(bp.forward_int_symbols, scalar_count);
+      node->scalars.assign(scalars, scalars + ints);
+      for (const auto& [input, dim] : bp.symbol_dims) node->scalars.push_back(THPVariable_Unpack(inputs[input]).size(dim));
+      node->scalars.insert(node->scalars.end(), scalars + ints, scalars + scalar_count);
       std::vector<at::Tensor> wrt;
       for (int k : st.grad_wrt) wrt.push_back(THPVariable_Unpack(inputs[bp.wrt[static_cast<size_t>(k)]]));
       torch::autograd::edge_list edges = torch::autograd::collect_next_edges(wrt);

@@ -48,6 +48,11 @@ struct BackwardProgram {
   // one of `error_tangents`; outputs whose in-place change after the call backward() reports.
   std::string backward_error;
   std::vector<int> error_tangents, result_witnesses;
+  // The forward's Python-int symbols come first in the scalars a call passes; after them the
+  // backward reads these sizes of forward inputs (input, dim): autodiff::TrainingGraphs's
+  // backward_symbol_dims.
+  size_t forward_int_symbols = 0;
+  std::vector<std::pair<int, int>> symbol_dims;
   ~BackwardProgram();
 };
 

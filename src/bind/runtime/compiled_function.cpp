@@ -401,6 +401,8 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     bp->saved_as_output = training.saved_as_output;
     bp->grad_of = training.grad_of;
     bp->grad_tangents = training.grad_tangents;
+    bp->forward_int_symbols = training.forward->scalar_symbols.size();
+    bp->symbol_dims = training.backward_symbol_dims;
     bp->backward_error = training.backward_error;
     bp->error_tangents = training.error_tangents;
     bp->result_witnesses = training.result_witnesses;

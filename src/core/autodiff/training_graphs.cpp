@@ -1,11 +1,13 @@
 #include "core/autodiff/training_graphs.h"
 
 #include <map>
+#include <stdexcept>
 
 #include "core/autodiff/joint_graph.h"
 #include "core/autodiff/partition.h"
 #include "core/ops/registry.h"
 #include "core/passes/passes.h"
+#include "core/sym/expr.h"
 
 namespace kiln::autodiff {
 
@@ -162,6 +164,45 @@ void version_checks(const VersionFacts& f, size_t outputs, TrainingGraphs& out) 
 }  // namespace
 
 namespace {
+
+void collect(const sym::Expr& e, std::set<sym::Expr>& out) {
+  if (!e.valid()) return;
+  std::vector<sym::Expr> syms;
+  sym::collect_symbols(e, syms);
+  out.insert(syms.begin(), syms.end());
+}
+
+// The size symbols the backward reads that neither its inputs' sizes nor the forward's Python
+// ints bind: appended to its scalar_symbols, each with the forward input dim it is read from.
+void bind_backward_symbols(const ir::Graph& fwd, ir::Graph& bwd, std::vector<std::pair<int, int>>& dims) {
+  std::set<sym::Expr> used, bound(bwd.scalar_symbols.begin(), bwd.scalar_symbols.end());
+  for (const auto& n : bwd.nodes()) {
+    for (const auto* list : {&n->meta.sizes, &n->meta.strides})
+      for (const sym::Expr& e : *list) collect(e, used);
+    collect(n->meta.offset, used);
+    for (const auto& [k, v] : n->attrs.items()) {
+      if (auto* e = std::get_if<sym::Expr>(&v)) collect(*e, used);
+      if (auto* l = std::get_if<std::vector<sym::Expr>>(&v))
+        for (const sym::Expr& e : *l) collect(e, used);
+    }
+  }
+  for (const ir::Node* in : bwd.inputs())
+    for (const sym::Expr& e : in->meta.sizes)
+      if (e.is_size_symbol()) bound.insert(e);
+  for (const sym::Expr& s : used) {
+    if (bound.count(s) || !s.is_size_symbol()) continue;
+    bool found = false;
+    for (size_t i = 0; i < fwd.inputs().size() && !found; ++i)
+      for (size_t d = 0; d < fwd.inputs()[i]->meta.sizes.size() && !found; ++d)
+        if (fwd.inputs()[i]->meta.sizes[d] == s) {
+          dims.emplace_back(static_cast<int>(i), static_cast<int>(d));
+          bwd.scalar_symbols.push_back(s);
+          found = true;
+        }
+    if (!found) throw std::runtime_error("kiln: the backward reads size " + s.str() + ", which no forward input has");
+  }
+}
+
 bool make_training_graphs_or_throw(ir::Graph& g, const std::vector<Node*>& wrt, const std::set<const Node*>& tracked,
                                    TrainingGraphs& out, std::string& why);
 }
@@ -201,6 +242,7 @@ bool make_training_graphs_or_throw(ir::Graph& g, const std::vector<Node*>& wrt, 
   }
   out.forward->scalar_symbols = g.scalar_symbols;
   out.backward->scalar_symbols = g.scalar_symbols;
+  bind_backward_symbols(*out.forward, *out.backward, out.backward_symbol_dims);
   out.forward->scalar_inputs = g.scalar_inputs;
   out.backward->scalar_inputs = g.scalar_inputs;
   out.outputs = jg.forward_outputs;

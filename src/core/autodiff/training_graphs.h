@@ -33,6 +33,10 @@ struct TrainingGraphs {
   std::string backward_error;
   std::vector<int> error_tangents;
   std::vector<int> result_witnesses;
+  // Size symbols the backward uses that none of its inputs carries (sum's gradient expands a
+  // 0-d tangent to the input's [s0]): the backward's scalar_symbols after the forward's, each
+  // read at the forward call from a forward input's dim (input index, dim).
+  std::vector<std::pair<int, int>> backward_symbol_dims;
   int64_t saved_bytes = 0;         // the partition's cut (symbolic sizes at their hints)
   size_t recomputed = 0;           // forward nodes the backward computes again
 };
