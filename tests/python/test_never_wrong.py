@@ -790,3 +790,21 @@ def test_comparisons_and_truth_of_a_callers_objects_are_read_at_each_call():
     assert_same(cf(x, a, b), fn(x, a, b))
     a.v = -3
     assert_same(cf(x, a, b), fn(x, a, b))
+
+
+def test_a_tensor_made_with_requires_grad_in_the_function_requires_grad():
+    fns = [lambda x: torch.ones(2, requires_grad=True) * x, lambda x: torch.tensor([1.0, 2.0], requires_grad=True) * x,
+           lambda x: torch.zeros_like(x, requires_grad=True) + x]
+    for fn in fns:
+        x = torch.ones(2)
+        out = kiln.compile(fn)(x)
+        assert out.requires_grad
+        out.sum().backward()  # eager's leaf: a graph to go back through
+
+
+def test_a_compiled_function_under_torch_func_transforms():
+    cf = kiln.compile(lambda x: (x * 2).sin())
+    x = torch.tensor([1.0, 2.0])
+    assert_same(torch.func.grad(lambda x: cf(x).sum())(x), torch.func.grad(lambda x: (x * 2).sin().sum())(x))
+    y = torch.randn(3, 2)
+    assert_same(torch.vmap(cf)(y), (y * 2).sin())

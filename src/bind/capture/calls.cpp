@@ -2325,6 +2325,8 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   for (size_t k = 0; k < results.size(); ++k) {
     std::string why;
     if (!is_tensor(results[k]) || !tensor_info(results[k], infos[k], why)) unsupported(name + " returns something other than tensors");
+    // torch.ones(2, requires_grad=True): a new leaf autograd tracks, which the graph's value is not
+    if (infos[k].requires_grad) unsupported(name + " makes a tensor that requires grad (a new leaf): not captured");
   }
   // Which results autograd tracks, as eager decides it: the call again on meta tensors that
   // require grad where the inputs do (x.type_as(w) does not track w; most operators do).
