@@ -808,3 +808,16 @@ def test_a_compiled_function_under_torch_func_transforms():
     assert_same(torch.func.grad(lambda x: cf(x).sum())(x), torch.func.grad(lambda x: (x * 2).sin().sum())(x))
     y = torch.randn(3, 2)
     assert_same(torch.vmap(cf)(y), (y * 2).sin())
+
+
+def test_inference_mode_inside_the_function_makes_inference_tensors():
+    def fn(x):
+        with torch.inference_mode():
+            y = x * 2
+        return y
+
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    out = kiln.compile(fn)(x)
+    assert out.is_inference() and fn(x).is_inference()
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        (out * w).sum().backward()

@@ -75,7 +75,12 @@ VarPtr Interpreter::mode_context(PyObject* f, const std::vector<VarPtr>& args, c
   ModeChange m;
   if (f == no_grad && args.empty() && kwargs.empty()) m.grad = false;
   else if (f == enable_grad && args.empty() && kwargs.empty()) m.grad = true;
-  else if (f == inference_mode && kwargs.empty() && args.size() <= 1) m.grad = args.empty() ? false : !truth(args[0]);
+  else if (f == inference_mode && kwargs.empty() && args.size() <= 1) {
+    // inference_mode(False) changes nothing here; inference_mode() makes inference tensors, which
+    // later autograd refuses to save and in-place updates outside it refuse: the graph's
+    // results would be ordinary tensors. The block runs for real (a break at the call).
+    if (args.empty() || truth(args[0])) unsupported("torch.inference_mode() inside the function: its results are inference tensors, not captured");
+  }
   else if (f == set_grad_enabled && kwargs.empty() && args.size() == 1)
     unsupported("torch.set_grad_enabled() changes grad mode when called: not captured yet");
   else if (f == nullcontext && args.empty() && kwargs.empty()) {
