@@ -821,3 +821,47 @@ def test_inference_mode_inside_the_function_makes_inference_tensors():
     assert out.is_inference() and fn(x).is_inference()
     with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
         (out * w).sum().backward()
+
+
+def test_a_nonlocal_write_to_the_callers_variable_reaches_the_caller():
+    def outer():
+        out = None
+
+        def inlined(a):
+            def setter():
+                nonlocal out
+                out = a + 3
+            setter()
+            return a
+
+        def handed_out(a):
+            def setter():
+                nonlocal out
+                out = a + 1
+            return setter
+
+        return inlined, handed_out, (lambda: out)
+
+    inlined, handed_out, get = outer()
+    kiln.compile(inlined)(torch.ones(1))
+    assert_same(get(), torch.full((1,), 4.0))
+    kiln.compile(handed_out)(torch.ones(1))()
+    assert_same(get(), torch.full((1,), 2.0))
+
+
+def test_isinstance_of_a_parameter_and_of_a_metaclass_with_its_own_check():
+    class Meta(type):
+        def __instancecheck__(cls, obj):
+            return True
+
+    class Anything(metaclass=Meta):
+        pass
+
+    def made(x):
+        a = torch.nn.Parameter(torch.randn(2))
+        return isinstance(a, torch.nn.Parameter), isinstance(x, Anything), isinstance(x, torch.nn.Parameter)
+
+    x = torch.ones(1)
+    assert kiln.compile(made)(x) == made(x)
+    p = torch.nn.Parameter(torch.ones(2))
+    assert kiln.compile(lambda t: isinstance(t, torch.nn.Parameter))(p) is True

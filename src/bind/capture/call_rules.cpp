@@ -266,12 +266,31 @@ struct CallRules {
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     PyObject* of = nullptr;  // the class that answers
     if (Interpreter::structural(a) && kwargs.empty()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->obj()));
-    else if (a->is_tensor()) of = I.resolve_torch("Tensor");
-    else if (a->is_array()) of = I.array_type(a);
+    else if (a->is_tensor()) {
+      // an input: its own class (an nn.Parameter, a subclass), which its tensor guard checks
+      PyObject* t = a->node()->op_name() == "placeholder" ? I.input_type(a->node()) : nullptr;
+      of = t ? t : I.resolve_torch("Tensor");
+    } else if (a->is_array()) of = I.array_type(a);
     else if (auto* l = a->get_if<ListV>(); l && l->deque) of = object_at("collections.deque");
     else if (a->symint().valid() || a->symslice() || a->symfloat()) of = reinterpret_cast<PyObject*>(Py_TYPE(a->known()));  // its type, not its value
     if (!of) return nullptr;
-    int r = PyObject_IsSubclass(of, I.const_obj(args[1], "isinstance() class"));
+    // a metaclass's own __instancecheck__ (torch's storage classes) asks the object, not its class
+    PyObject* cls = I.const_obj(args[1], "isinstance() class");
+    static PyObject* abc_meta = object_at("abc.ABCMeta");
+    auto custom_check = [&](PyObject* c) {
+      PyTypeObject* meta = Py_TYPE(c);
+      return PyType_Check(c) && meta != &PyType_Type && reinterpret_cast<PyObject*>(meta) != abc_meta &&
+             PyObject_HasAttrString(reinterpret_cast<PyObject*>(meta), "__instancecheck__") &&
+             _PyType_Lookup(meta, PyUnicode_InternFromString("__instancecheck__")) !=
+                 _PyType_Lookup(&PyType_Type, PyUnicode_InternFromString("__instancecheck__"));
+    };
+    bool custom = custom_check(cls);
+    for (Py_ssize_t i = 0; PyTuple_Check(cls) && i < PyTuple_GET_SIZE(cls); ++i) custom |= custom_check(PyTuple_GET_ITEM(cls, i));
+    if (custom) {
+      if (Interpreter::structural(a)) return Var::constant(PyObject_IsInstance(a->obj(), cls) == 1 ? Py_True : Py_False);
+      unsupported("isinstance() with a metaclass's own __instancecheck__");
+    }
+    int r = PyObject_IsSubclass(of, cls);
     if (r < 0) I.real(nullptr);
     return Var::constant(r == 1 ? Py_True : Py_False);
   }

@@ -353,6 +353,8 @@ OutSpec Interpreter::function_spec(const VarPtr& v, bool at_break) {
   s.kind = OutSpec::Kind::Closure;
   s.value = Py_NewRef(f.fn);
   for (const VarPtr& c : f.cells) {
+    // a closure over the caller's cell, rebuilt around a new cell, would not write the caller's
+    if (c->as<CellV>().callers) unsupported("a function closing over a variable of the caller is handed out");
     const VarPtr& content = c->as<CellV>().content;
     OutSpec item;
     if (!content) item.kind = OutSpec::Kind::Unbound;

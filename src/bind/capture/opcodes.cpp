@@ -31,8 +31,10 @@ int Interpreter::op_make_cell(const Instr& in, const CodeInfo& ci) {
 
 int Interpreter::op_load_closure(const Instr& in, const CodeInfo& ci) {
   VarPtr& slot = locals_.at(in.arg);
+  const bool free = !slot;
   if (!slot) slot = Var::cell(read_free_var(in));  // a free variable passed on to an inner function
   if (slot->kind() != Var::Kind::Cell) slot = Var::cell(slot);
+  if (free) slot->as<CellV>().callers = true;
   push(slot);
   return -1;
 }
@@ -67,7 +69,8 @@ int Interpreter::op_load_deref(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_store_deref(const Instr& in, const CodeInfo& ci) {
   VarPtr& slot = locals_.at(in.arg);
   if (slot && slot->kind() == Var::Kind::Cell) {
-    if (!is_own_cell(in.arg) && !parent_) unsupported("assignment to a closure variable (nonlocal)");
+    if ((!is_own_cell(in.arg) && !parent_) || slot->as<CellV>().callers)
+      unsupported("assignment to a closure variable of the caller (nonlocal)");
     slot->as<CellV>().content = pop();
     return -1;
   }

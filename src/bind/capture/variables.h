@@ -105,6 +105,9 @@ struct DictV : Entries {  // a dict made in the frame
 };
 struct CellV {              // a closure cell of the frame
   VarPtr content;           // nullptr while empty
+  // A free variable of the compiled function, passed on to a function made in the frame: the
+  // caller's own cell, which a store through this tracker or a rebuilt closure would miss.
+  bool callers = false;
 };
 struct FunctionV {          // a function made in the frame (def, lambda, comprehension)
   PyObject* fn = nullptr;   // a real function for its code, defaults and globals
