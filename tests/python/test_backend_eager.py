@@ -614,9 +614,11 @@ def test_every_registry_op_has_a_torch_callable():
     # conv2d_prepacked: made by a pass (prepack_convolutions); aten_vjp, conv2d_backward: made by autodiff for kiln's backward programs (the eager backend
     # trains through torch's own autograd); philox_uniform: made by dropout's decomposition;
     # scalar_input: a Python float read per call (optimizer steps), which the eager backend leaves
-    # to eager with a reason
+    # to eager with a reason; custom_grad, custom_vjp: an autograd.Function's backward template
+    # and result, taken out of the graph once its gradient is built (a graph holding one runs
+    # eagerly under the eager backend, with the reason)
     internal = {"placeholder", "scalar", "scalar_input", "size_value", "arange", "full", "torch_call", "channels_last",
-                "aten_vjp", "conv2d_backward", "philox_uniform", "conv2d_prepacked"}
+                "aten_vjp", "conv2d_backward", "philox_uniform", "conv2d_prepacked", "custom_grad", "custom_vjp"}
     for op in kiln._C.ops():
         if op["name"] in internal:
             assert op["eager"] == ""
