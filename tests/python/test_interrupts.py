@@ -57,6 +57,17 @@ def temporaries(cache_dir) -> list[str]:
     return sorted(n for n in os.listdir(d) if ".tmp-" in n) if d.exists() else []
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler():
+    # A process started in the background by a non-interactive shell inherits SIGINT ignored,
+    # and Python then installs no handler of its own: Ctrl-C would never reach these tests.
+    old = signal.getsignal(signal.SIGINT)
+    if old == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def test_keyboard_interrupt_during_capture_propagates_and_next_call_compiles(monkeypatch):
     # Ctrl-C while capture runs Python code (here: decoding the bytecode with dis): Python's
     # handler raises KeyboardInterrupt inside a call whose errors capture otherwise clears.
