@@ -277,12 +277,11 @@ struct CallRules {
     // a metaclass's own __instancecheck__ (torch's storage classes) asks the object, not its class
     PyObject* cls = I.const_obj(args[1], "isinstance() class");
     static PyObject* abc_meta = object_at("abc.ABCMeta");
+    static PyObject* instancecheck = PyUnicode_InternFromString("__instancecheck__");
     auto custom_check = [&](PyObject* c) {
       PyTypeObject* meta = Py_TYPE(c);
       return PyType_Check(c) && meta != &PyType_Type && reinterpret_cast<PyObject*>(meta) != abc_meta &&
-             PyObject_HasAttrString(reinterpret_cast<PyObject*>(meta), "__instancecheck__") &&
-             _PyType_Lookup(meta, PyUnicode_InternFromString("__instancecheck__")) !=
-                 _PyType_Lookup(&PyType_Type, PyUnicode_InternFromString("__instancecheck__"));
+             _PyType_Lookup(meta, instancecheck) != _PyType_Lookup(&PyType_Type, instancecheck);
     };
     bool custom = custom_check(cls);
     for (Py_ssize_t i = 0; PyTuple_Check(cls) && i < PyTuple_GET_SIZE(cls); ++i) custom |= custom_check(PyTuple_GET_ITEM(cls, i));

@@ -276,6 +276,16 @@ std::optional<sym::Expr> int_expr(const VarPtr& v) {
 }
 }  // namespace
 
+namespace {
+// A class's own Python function for a dunder (borrowed), or nullptr (absent, or a C slot).
+PyObject* python_function(PyTypeObject* t, const char* name) {
+  PyObject* key = PyUnicode_FromString(name);
+  PyObject* f = key ? _PyType_Lookup(t, key) : nullptr;
+  Py_XDECREF(key);
+  return f && PyFunction_Check(f) ? f : nullptr;
+}
+}  // namespace
+
 // Shape arithmetic on symbolic ints stays symbolic: + - * on any, // and % by a positive
 // constant or a size (Python's floor semantics, which sym::floordiv/mod follow). Its value for
 // this call comes from Python on the hints. nullptr: not such an operation.
@@ -517,9 +527,9 @@ VarPtr Interpreter::object_operator(const std::string& base, bool inplace, const
     if (self->get_if<RecordV>()) return object_dunder(self, name.c_str(), {other});
     PyTypeObject* t = Py_TYPE(self->known());
     PyObject* key = PyUnicode_FromString(name.c_str());
-    PyObject* f = key ? _PyType_Lookup(t, key) : nullptr;
+    const bool c_slot = key && _PyType_Lookup(t, key) && !python_function(t, name.c_str());
     Py_XDECREF(key);
-    if (f && !PyFunction_Check(f)) unsupported(name + " of a " + t->tp_name + " is not a Python function");
+    if (c_slot) unsupported(name + " of a " + t->tp_name + " is not a Python function");
     return python_dunder(self, t, name.c_str(), {other});
   };
   // Python's order: a.__iadd__(b) for +=, then a.__add__(b), then b.__radd__(a) (a type of its
@@ -566,16 +576,6 @@ VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
                                                           {"!=", Py_NE}, {">", Py_GT}, {">=", Py_GE}};
   return real(PyObject_RichCompare(const_obj(a, "operand"), const_obj(b, "operand"), cmp.at(op)));
 }
-
-namespace {
-// A class's own Python function for a dunder (borrowed), or nullptr (absent, or a C slot).
-PyObject* python_function(PyTypeObject* t, const char* name) {
-  PyObject* key = PyUnicode_FromString(name);
-  PyObject* f = key ? _PyType_Lookup(t, key) : nullptr;
-  Py_XDECREF(key);
-  return f && PyFunction_Check(f) ? f : nullptr;
-}
-}  // namespace
 
 // A comparison of a caller's object guarded by its structure, or of one made in the frame, whose
 // class defines it in Python: the dunder inlined in Python's order (a's, then b's reflected one;
