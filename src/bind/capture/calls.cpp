@@ -632,6 +632,7 @@ VarPtr Interpreter::autograd_function_apply(const VarPtr& fn, const std::vector<
            PyCFunction_GET_FUNCTION(f) == PyCFunction_GET_FUNCTION(base_apply))
     cls = PyCFunction_GET_SELF(f);
   if (!cls || !PyType_Check(cls) || PyObject_IsSubclass(cls, function_type) != 1) return nullptr;
+  const VarPtr cls_var = fn->source ? wrap(cls, Source::attr(fn->source, "__self__")) : Var::constant(cls);
   if (root()->grad_mode_) {
     std::function<bool(const VarPtr&)> tracked = [&](const VarPtr& v) {
       if (v->is_tensor()) return root()->needs_grad_.count(v->node()) > 0;
@@ -641,9 +642,9 @@ VarPtr Interpreter::autograd_function_apply(const VarPtr& fn, const std::vector<
     };
     bool any = std::any_of(args.begin(), args.end(), tracked);
     for (const auto& [k, v] : kwargs) any |= tracked(v);
-    if (any) return differentiable_function_apply(fn, cls, args, kwargs, tracked);
+    if (any) return differentiable_function_apply(cls_var, args, kwargs, tracked);
   }
-  std::vector<VarPtr> with_cls{fn->source ? wrap(cls, Source::attr(fn->source, "__self__")) : Var::constant(cls)};
+  std::vector<VarPtr> with_cls{cls_var};
   with_cls.insert(with_cls.end(), args.begin(), args.end());
   return inline_call(model, nullptr, std::move(with_cls), kwargs);
 }
@@ -653,13 +654,12 @@ VarPtr Interpreter::autograd_function_apply(const VarPtr& fn, const std::vector<
 // then the backward, captured from a placeholder gradient (custom_grad) outside grad mode and
 // autocast, as autograd's engine runs it. The result is a custom_vjp node, whose derivative is
 // that template (core/ops/custom_function_ops.cpp). One tensor result; a floating one.
-VarPtr Interpreter::differentiable_function_apply(const VarPtr& fn, PyObject* cls, const std::vector<VarPtr>& args,
+VarPtr Interpreter::differentiable_function_apply(const VarPtr& cls_var, const std::vector<VarPtr>& args,
                                                   const KwArgs& kwargs, const std::function<bool(const VarPtr&)>& tracked) {
   static PyObject* forward = object_at("kiln._polyfills.function_forward");
   static PyObject* backward = object_at("kiln._polyfills.function_backward");
   if (!forward || !backward) unsupported("internal: kiln's autograd.Function polyfills are missing");
   if (!kwargs.empty()) unsupported("autograd.Function.apply with keyword arguments");
-  const VarPtr cls_var = fn->source ? wrap(cls, Source::attr(fn->source, "__self__")) : Var::constant(cls);
   std::vector<VarPtr> needs;
   for (const VarPtr& a : args) needs.push_back(Var::constant(tracked(a) ? Py_True : Py_False));
   std::vector<VarPtr> fwd_args{cls_var, Var::tuple(std::move(needs))};

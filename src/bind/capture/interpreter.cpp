@@ -204,17 +204,22 @@ void Interpreter::locate_symbols() {
   }
 }
 
+bool Interpreter::dynamic_scalar(const Source& src) const {
+  // dynamic=True: the arguments; automatic dynamic: what changed between calls (dim -1)
+  if (!dynamic_ || dynamic_->none) return false;
+  if (dynamic_->all && src.kind == Source::Kind::Local) return true;
+  auto it = dynamic_->by_source.find(src.str());
+  return it != dynamic_->by_source.end() && it->second.count(-1);
+}
+
 VarPtr Interpreter::symbolic_int(PyObject* v, const SourcePtr& src) {
   // A Python int argument (not a bool) the policy makes dynamic: under dynamic=True, or under
   // automatic dynamic once it changed between calls. 0 and 1 stay static, as in torch.
   // An attribute (a cache's position counter) becomes one only once it changed.
-  if (!PyLong_CheckExact(v) || !dynamic_ || dynamic_->none) return nullptr;
-  auto it = dynamic_->by_source.find(src->str());
-  const bool dyn = (dynamic_->all && src->kind == Source::Kind::Local) ||
-                   (it != dynamic_->by_source.end() && it->second.count(-1));
+  if (!PyLong_CheckExact(v) || !dynamic_scalar(*src)) return nullptr;
   int overflow = 0;
   const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-  if (!dyn || overflow || x < 2) return nullptr;
+  if (overflow || x < 2) return nullptr;
   // A symbol of its own: an int equal to a size now (a position equal to the batch) is no reason
   // to expect it equal next call.
   GuardSet& guards = out_.guards;
@@ -231,11 +236,7 @@ VarPtr Interpreter::symbolic_float(PyObject* v, const SourcePtr& src) {
   // As torch.compile does (specialize_float=False): a float that changed between calls is read
   // at each call, a kernel argument, instead of recompiling for each value. nan stays a
   // constant: no equality guard ever held for it, so it never had a chance to change.
-  if (!PyFloat_CheckExact(v) || !dynamic_ || dynamic_->none) return nullptr;
-  auto it = dynamic_->by_source.find(src->str());
-  const bool dyn = (dynamic_->all && src->kind == Source::Kind::Local) ||
-                   (it != dynamic_->by_source.end() && it->second.count(-1));
-  if (!dyn) return nullptr;
+  if (!PyFloat_CheckExact(v) || !dynamic_scalar(*src)) return nullptr;
   out_.guards.add_type(src, reinterpret_cast<PyObject*>(&PyFloat_Type));
   out_.dynamic_floats = true;
   ir::Node* n = scalar_input(src, false);
@@ -532,10 +533,7 @@ ir::Node* Interpreter::as_node(const VarPtr& v, const char* what) {
       int overflow = 0;
       long long x = PyLong_AsLongLongAndOverflow(v->obj(), &overflow);
       if (overflow) unsupported("integer too large for a tensor operand");
-      ir::Attrs a;  // the int itself: 2**63 - 1 through a double is 2**63, which int64 wraps
-      a.set("value", static_cast<int64_t>(x));
-      a.set("dtype", DType::Int64);
-      return g_->must_add("scalar", {}, a);
+      return g_->int_scalar(x);
     }
     return g_->scalar(PyFloat_AsDouble(v->obj()), DType::Float64);
   }

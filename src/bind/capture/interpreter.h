@@ -44,6 +44,9 @@ struct Raised : Unsupported {
 };
 
 inline bool is_python_scalar(PyObject* o) { return PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o); }
+// A class's own Python function for a dunder, along its MRO (borrowed), or nullptr (absent, or a
+// C slot): what capture inlines (user_objects.cpp).
+PyObject* python_function(PyTypeObject* t, const char* name);
 
 class Interpreter {
   friend struct ModuleRules;  // modules.cpp: torch.nn layers as ops
@@ -105,8 +108,8 @@ class Interpreter {
   static bool is_nn_module(PyObject* v);
   static bool own_forward_of(PyObject* module, PyObject* f);
   VarPtr autograd_function_apply(const VarPtr& fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
-  VarPtr differentiable_function_apply(const VarPtr& fn, PyObject* cls, const std::vector<VarPtr>& args,
-                                       const KwArgs& kwargs, const std::function<bool(const VarPtr&)>& tracked);
+  VarPtr differentiable_function_apply(const VarPtr& cls_var, const std::vector<VarPtr>& args, const KwArgs& kwargs,
+                                       const std::function<bool(const VarPtr&)>& tracked);
 
   // Objects guarded by their type and the attributes capture reads (instances of user classes)
   // rather than by identity, until capture uses the object itself as a value (const_obj).
@@ -441,7 +444,10 @@ class Interpreter {
   bool object_has_attr(const VarPtr& rec, const std::string& name);
   void object_store(const VarPtr& rec, const std::string& name, VarPtr value);  // value nullptr: del
   // type(obj).name(obj, *args) inlined, or nullptr when the class has no such method.
-  VarPtr object_dunder(const VarPtr& rec, const char* name, std::vector<VarPtr> args);
+  VarPtr object_dunder(const VarPtr& obj, const char* name, std::vector<VarPtr> args);
+  // The class whose Python dunders capture inlines for `v` (an object made in the frame by its
+  // class's constructor, or a caller's object guarded by its structure), or nullptr.
+  PyTypeObject* dunder_class(const VarPtr& v);
   // The same for any value whose class is `type`: nullptr also where the method is not a
   // Python function (a builtin's, called for real by the caller).
   VarPtr python_dunder(const VarPtr& self, PyTypeObject* type, const char* name, std::vector<VarPtr> args);
@@ -747,6 +753,9 @@ class Interpreter {
   void symbolic_sizes(PyObject* v, const Source& src, TensorInfo& info, ir::TensorMeta& m);
   // A Python int argument as a size symbol (dynamic=True, or automatic dynamic after it changed),
   // or nullptr: guarded by value as any constant.
+  // Whether the policy makes a Python number at `src` dynamic: an argument under dynamic=True,
+  // or a value that changed between calls under automatic dynamic.
+  bool dynamic_scalar(const Source& src) const;
   VarPtr symbolic_int(PyObject* v, const SourcePtr& src);
   // A Python float argument or attribute as a scalar_input node (dynamic=True, or automatic
   // dynamic after its value changed), or nullptr: guarded by value as any constant.

@@ -276,16 +276,6 @@ std::optional<sym::Expr> int_expr(const VarPtr& v) {
 }
 }  // namespace
 
-namespace {
-// A class's own Python function for a dunder (borrowed), or nullptr (absent, or a C slot).
-PyObject* python_function(PyTypeObject* t, const char* name) {
-  PyObject* key = PyUnicode_FromString(name);
-  PyObject* f = key ? _PyType_Lookup(t, key) : nullptr;
-  Py_XDECREF(key);
-  return f && PyFunction_Check(f) ? f : nullptr;
-}
-}  // namespace
-
 // Shape arithmetic on symbolic ints stays symbolic: + - * on any, // and % by a positive
 // constant or a size (Python's floor semantics, which sym::floordiv/mod follow). Its value for
 // this call comes from Python on the hints. nullptr: not such an operation.
@@ -345,10 +335,6 @@ VarPtr Interpreter::symint_compare(const std::string& op, const VarPtr& a, const
   return Var::constant(result ? Py_True : Py_False);
 }
 
-// + - * on a symbolic float and another Python number, and / by a nonzero constant: nodes on
-// wrapped Float64 values, which promote as Python floats do. Python raises where such a graph
-// would not (a float ** that overflows, a division by zero), so **, // and % and a division by
-// a symbolic value read the values instead (specializing them).
 // Two Python numbers promote to the default float dtype, as torch's wrapped numbers do; Python
 // computes in double. One operand a double 0-d tensor makes the op compute in double.
 ir::Node* Interpreter::as_double(ir::Node* n) {
@@ -357,6 +343,10 @@ ir::Node* Interpreter::as_double(ir::Node* n) {
   return add_node("convert", {n}, a);
 }
 
+// + - * on a symbolic float and another Python number, and / by a nonzero constant: nodes on
+// wrapped Float64 values, which promote as Python floats do. Python raises where such a graph
+// would not (a float ** that overflows, a division by zero), so **, // and % and a division by
+// a symbolic value read the values instead (specializing them).
 VarPtr Interpreter::symfloat_binary(const std::string& base, const VarPtr& a, const VarPtr& b) {
   if (!a->symfloat() && !b->symfloat()) return nullptr;
   auto number = [](const VarPtr& v) {
@@ -511,10 +501,7 @@ VarPtr Interpreter::object_operator(const std::string& base, bool inplace, const
   // defines the operator in Python: the dunder is inlined. (Run for real at capture, a caller's
   // object's __add__ did its side effects then, and its result was a constant of the entry
   // that a later change of the object's attributes left stale.)
-  auto plain = [&](const VarPtr& v) {
-    if (auto* r = v->get_if<RecordV>()) return r->plain;
-    return structural(v);
-  };
+  auto plain = [&](const VarPtr& v) { return dunder_class(v) != nullptr; };
   if (!plain(a) && !plain(b)) return nullptr;
   static const std::unordered_map<std::string, std::string> names = {
       {"ADD", "add"}, {"SUBTRACT", "sub"}, {"MULTIPLY", "mul"}, {"TRUE_DIVIDE", "truediv"},
@@ -523,14 +510,8 @@ VarPtr Interpreter::object_operator(const std::string& base, bool inplace, const
   auto it = names.find(base);
   if (it == names.end()) return nullptr;
   auto answered = [](const VarPtr& r) { return r && !(r->is_const() && r->known() == Py_NotImplemented); };
-  auto dunder = [&](const VarPtr& self, const std::string& name, const VarPtr& other) -> VarPtr {
-    if (self->get_if<RecordV>()) return object_dunder(self, name.c_str(), {other});
-    PyTypeObject* t = Py_TYPE(self->known());
-    PyObject* key = PyUnicode_FromString(name.c_str());
-    const bool c_slot = key && _PyType_Lookup(t, key) && !python_function(t, name.c_str());
-    Py_XDECREF(key);
-    if (c_slot) unsupported(name + " of a " + t->tp_name + " is not a Python function");
-    return python_dunder(self, t, name.c_str(), {other});
+  auto dunder = [&](const VarPtr& self, const std::string& name, const VarPtr& other) {
+    return object_dunder(self, name.c_str(), {other});
   };
   // Python's order: a.__iadd__(b) for +=, then a.__add__(b), then b.__radd__(a) (a type of its
   // own on the right goes first only for subclasses, which plain classes made here are not)
@@ -582,15 +563,11 @@ VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
 // != through __eq__ where only that is defined). Run for real, its result was a constant of the
 // entry that a change of the objects' attributes left stale. nullptr: no such dunder.
 VarPtr Interpreter::object_compare(const std::string& op, const VarPtr& a, const VarPtr& b) {
-  auto type = [&](const VarPtr& v) -> PyTypeObject* {
-    if (auto* r = v->get_if<RecordV>()) return r->plain ? reinterpret_cast<PyTypeObject*>(r->cls) : nullptr;
-    return structural(v) ? Py_TYPE(v->known()) : nullptr;
-  };
   static const std::unordered_map<std::string, std::pair<const char*, const char*>> names = {
       {"<", {"__lt__", "__gt__"}}, {"<=", {"__le__", "__ge__"}}, {"==", {"__eq__", "__eq__"}},
       {"!=", {"__ne__", "__ne__"}}, {">", {"__gt__", "__lt__"}}, {">=", {"__ge__", "__le__"}}};
   const auto& [own, reflected] = names.at(op);
-  PyTypeObject *ta = type(a), *tb = type(b);
+  PyTypeObject *ta = dunder_class(a), *tb = dunder_class(b);
   auto answered = [](const VarPtr& r) { return r && !(r->is_const() && r->known() == Py_NotImplemented); };
   auto call = [&](const VarPtr& self, PyTypeObject* t, const char* name, const VarPtr& other) -> VarPtr {
     if (!t) return nullptr;
@@ -628,22 +605,17 @@ bool Interpreter::truth(const VarPtr& v) {
   if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List || v->kind() == Var::Kind::Dict)
     return !(v->kind() == Var::Kind::Dict ? v->entries().values.empty() : v->seq().empty());
   if (v->kind() == Var::Kind::Module || v->kind() == Var::Kind::Function) return true;
-  if (structural(v)) {  // a caller's object: its Python __bool__ or __len__ inlined, as below
-    PyTypeObject* t = Py_TYPE(v->known());
-    if (python_function(t, "__bool__")) {
-      VarPtr b = python_dunder(v, t, "__bool__", {});
+  // An object made in the frame or a caller's: __bool__, else __len__, inlined; else true. A
+  // caller's object whose class has them in C (a dict subclass) is asked for real below.
+  if (PyTypeObject* t = dunder_class(v)) {
+    const bool made = v->get_if<RecordV>() != nullptr;
+    auto dunder = [&](const char* name) { return made ? object_dunder(v, name, {}) : python_dunder(v, t, name, {}); };
+    if (VarPtr b = dunder("__bool__")) {
       if (!(b->is_const() && PyBool_Check(b->known()))) unsupported("__bool__ should return bool: TypeError");
       return b->known() == Py_True;
     }
-    if (python_function(t, "__len__")) return truth(python_dunder(v, t, "__len__", {}));
-  }
-  if (auto* rec = v->get_if<RecordV>(); rec && rec->plain) {  // __bool__, else __len__, else true
-    if (VarPtr b = object_dunder(v, "__bool__", {})) {
-      if (!(b->is_const() && PyBool_Check(b->known()))) unsupported("__bool__ should return bool: TypeError");
-      return b->known() == Py_True;
-    }
-    if (VarPtr n = object_dunder(v, "__len__", {})) return truth(n);
-    return true;
+    if (VarPtr n = dunder("__len__")) return truth(n);
+    if (made) return true;
   }
   int r = PyObject_IsTrue(const_obj(v, "condition"));
   if (r < 0) real(nullptr);

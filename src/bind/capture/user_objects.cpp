@@ -31,6 +31,15 @@ PyObject* class_lookup(PyTypeObject* t, const char* name) {
   return a;
 }
 
+}  // namespace
+
+PyObject* python_function(PyTypeObject* t, const char* name) {
+  PyObject* f = class_lookup(t, name);
+  return f && PyFunction_Check(f) ? f : nullptr;
+}
+
+namespace {
+
 bool is_nn_module_class(PyObject* cls) {
   static PyObject* module_type = object_at("torch.nn.Module");
   return module_type && PyObject_IsSubclass(cls, module_type) == 1;
@@ -180,10 +189,16 @@ void Interpreter::object_store(const VarPtr& rec, const std::string& name, VarPt
   r.values.push_back(std::move(value));
 }
 
-VarPtr Interpreter::object_dunder(const VarPtr& rec, const char* name, std::vector<VarPtr> args) {
-  PyObject* f = class_lookup(type_of(rec), name);
-  if (f && !PyFunction_Check(f)) unsupported(std::string(name) + " of a " + type_of(rec)->tp_name + " is not a Python function");
-  return python_dunder(rec, type_of(rec), name, std::move(args));
+VarPtr Interpreter::object_dunder(const VarPtr& obj, const char* name, std::vector<VarPtr> args) {
+  PyTypeObject* t = obj->get_if<RecordV>() ? type_of(obj) : Py_TYPE(obj->known());
+  PyObject* f = class_lookup(t, name);
+  if (f && !PyFunction_Check(f)) unsupported(std::string(name) + " of a " + t->tp_name + " is not a Python function");
+  return python_dunder(obj, t, name, std::move(args));
+}
+
+PyTypeObject* Interpreter::dunder_class(const VarPtr& v) {
+  if (auto* r = v->get_if<RecordV>()) return r->plain ? type_of(v) : nullptr;
+  return structural(v) ? Py_TYPE(v->known()) : nullptr;
 }
 
 VarPtr Interpreter::python_dunder(const VarPtr& self, PyTypeObject* type, const char* name, std::vector<VarPtr> args) {

@@ -167,9 +167,7 @@ bool tensor_info(PyObject* obj, TensorInfo& out, std::string& why) {
   if (t.is_neg() || t.is_conj()) return why = "tensor with a lazy negation/conjugation bit", false;
   if (t.key_set().has(c10::DispatchKey::Python)) return why = "tensor subclass with __torch_dispatch__", false;
   // torch.func's transforms (grad, vmap, jvp) wrap tensors in ones with no storage of their own
-  if (t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
-                                                c10::DispatchKey::FuncTorchBatchedDecomposition})) ||
-      !t.has_storage())
+  if (!t.has_storage())
     return why = "a tensor of a torch.func transform (grad, vmap): kiln's kernels would read memory it does not own", false;
   if (!has_plain_torch_function(Py_TYPE(obj)))
     return why = std::string("tensor subclass ") + Py_TYPE(obj)->tp_name + " (its __torch_function__ decides results)", false;

@@ -248,6 +248,13 @@ Node* Graph::scalar(double v, DType t) {
   return must_add("scalar", {}, a);
 }
 
+Node* Graph::int_scalar(int64_t v) {
+  Attrs a;
+  a.set("value", v);
+  a.set("dtype", DType::Int64);
+  return must_add("scalar", {}, a);
+}
+
 void Graph::replace_all_uses(Node* from, Node* to) {
   for (auto& n : nodes_)
     for (Node*& in : n->inputs)

@@ -103,6 +103,7 @@ class Graph {
 
   Node* placeholder(const std::string& name, const TensorMeta& meta);
   Node* scalar(double v, DType t);  // a Python number
+  Node* int_scalar(int64_t v);      // a Python int, exactly (2**63 - 1 has no double)
   // A size as a number (a mean's count): a scalar when constant, else a size_value node.
   Node* size_value(const Expr& e, DType t);
 

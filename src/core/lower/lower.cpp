@@ -170,9 +170,7 @@ class Lowering {
     }
     if (op.name == "full") {  // every element the one value
       DType t = n->meta.dtype;
-      const ir::AttrValue* v = n->attrs.find("value");
-      SRef c = v && std::holds_alternative<int64_t>(*v) ? s_.int_constant(std::get<int64_t>(*v), t)
-                                                        : s_.constant(n->attrs.get_float("value"), t);
+      SRef c = value_attr(*n, t);
       values_[n] = Value{n->meta.sizes, t, [c](const Exprs&) { return c; }, -1, {"full"}};
       return true;
     }
@@ -190,9 +188,7 @@ class Lowering {
     }
     if (op.name == "scalar") {
       DType t = n->meta.dtype;
-      const ir::AttrValue* v = n->attrs.find("value");
-      SRef c = v && std::holds_alternative<int64_t>(*v) ? s_.int_constant(std::get<int64_t>(*v), t)
-                                                        : s_.constant(n->attrs.get_float("value"), t);
+      SRef c = value_attr(*n, t);
       values_[n] = Value{{}, t, [c](const Exprs&) { return c; }, -1, {}};
       return true;
     }
@@ -206,6 +202,13 @@ class Lowering {
         error = "kiln: op " + op.name + " reached lowering undecomposed";
         return false;
     }
+  }
+
+  // A `value` attribute as a constant: an int exactly (2**63 - 1 has no double), else a number.
+  SRef value_attr(const ir::Node& n, DType t) {
+    const ir::AttrValue* v = n.attrs.find("value");
+    if (v && std::holds_alternative<int64_t>(*v)) return s_.int_constant(std::get<int64_t>(*v), t);
+    return s_.constant(n.attrs.get_float("value"), t);
   }
 
   Value buffer_value(int id) {
