@@ -397,6 +397,51 @@ TEST(CudaCodegen, ColumnReductionsGiveLanesNeighbouringOutputs) {
   EXPECT_EQ(cuda_source_of(g).find("kiln_col"), std::string::npos);
 }
 
+// A reduction of many points into few outputs (a training batch norm's statistics over N·H·W
+// of a large activation) would run on a few blocks: it is split into partial results over many
+// blocks and a kernel combining them, for each of a variance's two reductions (the variance's
+// partials read the mean's total), with the statistics stored by the last kernel.
+TEST(CudaCodegen, LargeReductionsIntoFewOutputsAreSplitOverManyBlocks) {
+  for (bool channels_last : {true, false}) {
+    ir::Graph g;
+    ir::TensorMeta m = cuda_meta(DType::Float32, {16, 64, 112, 112});
+    if (channels_last) m.strides = {64 * 112 * 112, 1, 112 * 64, 64};
+    ir::Node* x = g.placeholder("x", m);
+    const std::vector<int64_t> dims{0, 2, 3};
+    ir::Node* mean = g.must_add("mean", {x}, attrs({{"dim", dims}, {"keepdim", true}}));
+    ir::Node* c = g.must_add("sub", {x, mean});
+    g.outputs().push_back(mean);
+    g.outputs().push_back(g.must_add("mean", {g.must_add("mul", {c, c})}, attrs({{"dim", dims}})));
+    loop::Program p = scheduled(g);
+    ASSERT_EQ(p.kernels.size(), 4u) << p.str();  // mean's partials, its total, the variance's partials, both totals
+    codegen::CudaSource src = codegen::generate_cuda(p);
+    for (size_t i : {0, 2}) EXPECT_GE(src.launches[i].grid, 256u) << src.kernels[i];
+    if (channels_last) EXPECT_NE(src.kernels[0].find("kiln_col"), std::string::npos) << src.kernels[0];
+    if (getenv("SHOW_SRC")) std::cout << src.source.substr(src.source.find("kiln_idx;"));
+    ir::Graph g2;
+    ir::Node* x2 = g2.placeholder("x", m);
+    ir::Node* mean2 = g2.must_add("mean", {x2}, attrs({{"dim", dims}, {"keepdim", true}}));
+    ir::Node* c2 = g2.must_add("sub", {x2, mean2});
+    g2.outputs().push_back(mean2);
+    g2.outputs().push_back(g2.must_add("mean", {g2.must_add("mul", {c2, c2})}, attrs({{"dim", dims}})));
+    expect_compiles(g2, 4);
+  }
+  {  // a whole tensor's sum: one output, many partials
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(DType::BFloat16, {4096, 4096}));
+    g.outputs().push_back(g.must_add("sum", {x}));
+    loop::Program p = scheduled(g);
+    ASSERT_EQ(p.kernels.size(), 2u) << p.str();
+    EXPECT_GE(codegen::generate_cuda(p).launches[0].grid, 256u);
+  }
+  {  // enough outputs to fill the GPU already: not split
+    ir::Graph g;
+    ir::Node* x = g.placeholder("x", cuda_meta(DType::Float32, {4096, 4096}));
+    g.outputs().push_back(g.must_add("sum", {x}, attrs({{"dim", std::vector<int64_t>{1}}})));
+    EXPECT_EQ(scheduled(g).kernels.size(), 1u);
+  }
+}
+
 // An optimizer-style update of parameters of several sizes, with a learning rate read per call
 // (a scalar input): each update is stored into its parameter (write_updates_in_place), and the
 // kernels become one foreach launch over a table, which must compile. The two parameters of 77

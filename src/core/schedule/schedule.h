@@ -15,6 +15,9 @@
 //                     pointwise kernel over contiguous tensors is one flat, vectorizable loop.
 //   write_updates_in_place  lets the kernel that computes an update of a graph input store it
 //                     into the input itself where that is what eager's in-place op would do.
+//   split_reductions  (GPU) cuts a reduction of many points into few outputs (a batch norm's
+//                     statistics) into partial results over many blocks and a kernel that
+//                     combines them.
 //   plan_buffers      assigns temporaries to shared allocation slots by liveness.
 //   mark_aligned      (GPU) marks the buffers whose pointers are 16-byte aligned at every run
 //                     (kiln allocates them, or the executor copies those that are not), so
@@ -31,6 +34,7 @@ void reuse_reduced_values(loop::Program& p);
 void order_loops(loop::Program& p);
 void collapse_dims(loop::Program& p);
 void write_updates_in_place(loop::Program& p);
+void split_reductions(loop::Program& p);
 void plan_buffers(loop::Program& p);
 void name_kernels(loop::Program& p);
 void mark_aligned(loop::Program& p);
