@@ -50,47 +50,6 @@ def test_log_softmax_and_reductions():
     _check(lambda i: (i.sum(dim=1), i.amax(dim=0), i + 3, i * 2.5), i)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_large_reductions_into_few_outputs_split_over_many_blocks(dtype, channels_last):
-    # Per-channel statistics of a large activation (a training batch norm's), and whole-tensor
-    # reductions: each becomes partial results over many blocks and a kernel combining them.
-    x = torch.randn(16, 64, 112, 112, device="cuda", dtype=dtype) * 3 + 1
-    if channels_last:
-        x = x.to(memory_format=torch.channels_last)
-
-    def stats(x):
-        mean = x.float().mean(dim=(0, 2, 3), keepdim=True)
-        var = ((x.float() - mean) ** 2).mean(dim=(0, 2, 3))
-        return mean.flatten(), var, x.amax(dim=(0, 2, 3)), x.amin(), x.sum(dtype=torch.float32)
-    tol = dict(rtol=1e-4, atol=1e-3) if dtype == torch.float32 else dict(rtol=2e-3, atol=2e-2)
-    e = _check(stats, x, **tol)
-    assert len(e.kernels) > 2, [k.name for k in e.kernels]
-    nan = x.clone()
-    nan[3, 5, 7, 11] = float("nan")
-    torch.testing.assert_close(kiln.compile(stats)(nan), stats(nan), equal_nan=True, **tol)
-
-
-def test_training_batch_norm_of_a_large_activation_split():
-    bn = torch.nn.BatchNorm2d(64).cuda().train()
-    ref = torch.nn.BatchNorm2d(64).cuda().train()
-    ref.load_state_dict(bn.state_dict())
-    x = torch.randn(16, 64, 112, 112, device="cuda").to(memory_format=torch.channels_last)
-    f = kiln.compile(bn)
-    for _ in range(2):
-        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-        ya, yb = f(xa), ref(xb)
-        g = torch.randn_like(ya)
-        ya.backward(g), yb.backward(g)
-        torch.testing.assert_close(ya, yb, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(bn.weight.grad, ref.weight.grad, rtol=1e-4, atol=1e-2)
-        torch.testing.assert_close(bn.bias.grad, ref.bias.grad, rtol=1e-4, atol=1e-2)
-        torch.testing.assert_close(bn.running_mean, ref.running_mean)
-        torch.testing.assert_close(bn.running_var, ref.running_var)
-        x = torch.randn_like(x)
-
-
 def test_attention():
     def attention(q, k, v):
         scores = torch.matmul(q, k.transpose(-2, -1)) / (q.size(-1) ** 0.5)

@@ -865,3 +865,23 @@ def test_isinstance_of_a_parameter_and_of_a_metaclass_with_its_own_check():
     assert kiln.compile(made)(x) == made(x)
     p = torch.nn.Parameter(torch.ones(2))
     assert kiln.compile(lambda t: isinstance(t, torch.nn.Parameter))(p) is True
+
+
+@pytest.mark.parametrize("dtype,value", [(torch.uint8, 300), (torch.int8, 128), (torch.float32, 1e39),
+                                         (torch.uint8, -1), (torch.float16, 1e6), (torch.int32, 2.5)])
+def test_fill_with_a_value_out_of_the_dtypes_range_raises_as_eager(dtype, value):
+    # torch converts fill_'s value checked: some values raise, others wrap or round, and a 0-d
+    # tensor of one element is filled unchecked (float16's 1e6 raises for three, is inf for one)
+    def f(x):
+        y = x + 1
+        y.fill_(value)
+        return y
+    for x in (torch.zeros(3, dtype=dtype), torch.zeros((), dtype=dtype), torch.zeros(1, 1, dtype=dtype)):
+        try:
+            f(x)
+        except RuntimeError as e:
+            assert "cannot be converted" in str(e)
+            with pytest.raises(RuntimeError, match="cannot be converted"):
+                kiln.compile(f)(x)
+        else:
+            check(f, x)

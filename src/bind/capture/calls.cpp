@@ -723,6 +723,23 @@ bool Interpreter::is_torch_internal(PyObject* f) {
 
 namespace {
 
+// Whether torch's checked conversion takes the Python number `v` into dtype `t` (fill_ raises
+// "value cannot be converted to type uint8_t without overflow" where it does not): that
+// conversion itself, filling a tensor on the CPU. torch fills a tensor of one element without
+// the check (float16's 1e6 is inf there, and raises for two elements or none): so does the probe.
+bool fits_dtype(PyObject* v, DType t, bool one_element) {
+  PyObject* torch = PyImport_ImportModule("torch");
+  PyObject* empty = torch ? PyObject_GetAttrString(torch, "empty") : nullptr;
+  PyObject* shape = Py_BuildValue("(i)", one_element ? 1 : 2);
+  PyObject* args = empty ? PyTuple_Pack(1, shape) : nullptr;
+  PyObject* kwargs = Py_BuildValue("{s:O}", "dtype", torch_dtype_object(t));
+  PyObject* scalar = args && kwargs ? PyObject_Call(empty, args, kwargs) : nullptr;
+  PyObject* filled = scalar ? PyObject_CallMethod(scalar, "fill_", "O", v) : nullptr;
+  const bool ok = filled != nullptr;
+  if (!ok) PyErr_Clear();
+  for (PyObject* o : {filled, scalar, kwargs, args, shape, empty, torch}) Py_XDECREF(o);
+  return ok;
+}
 
 }  // namespace
 
@@ -1811,6 +1828,9 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
         const long long i = PyLong_AsLongLongAndOverflow(v, &overflow);
         if (overflow || static_cast<long long>(d) != i) unsupported("fill_ with an integer a double cannot hold");
       }
+      // torch converts the value to the dtype checked ("value cannot be converted to type
+      // uint8_t without overflow"): the same conversion on a scalar tensor tells.
+      if (!fits_dtype(v, m.dtype, sym::same_size(sym::product(m.sizes), 1))) unsupported("fill_ with a value out of the tensor dtype's range: RuntimeError");
       check_inplace_target(self, name);
       ir::Attrs a;
       a.set("size", m.sizes);

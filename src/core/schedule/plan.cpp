@@ -255,7 +255,7 @@ void schedule(loop::Program& p) {
   order_loops(p);
   collapse_dims(p);
   write_updates_in_place(p);
-  if (p.device.type == DeviceType::CUDA) split_reductions(p);
+  split_reductions(p);
   plan_buffers(p);
   name_kernels(p);
   mark_aligned(p);

@@ -1,4 +1,4 @@
-// Split reductions (GPU). A reduction of many points into few outputs, a training batch norm's
+// Split reductions. A reduction of many points into few outputs, a training batch norm's
 // per-channel statistics over N·H·W or its backward's sums, runs on few blocks: one per output
 // row, or one per 32 outputs when the kept dim is the contiguous one (the CUDA generator's
 // column plan). With 64 channels that is 2 of the GPU's 132 SMs reading a 50 MB activation.
@@ -30,12 +30,20 @@ using sym::Expr;
 
 namespace {
 
-// The blocks a split aims for (a few per SM of a large GPU) and the fewest reduced points a
-// partial keeps (below that, combining partials costs more than the reading it spreads).
-constexpr int64_t kTargetBlocks = 512;
-constexpr int64_t kMinPointsPerPartial = 1024;
-// Only reductions that read at least this many elements are worth two launches.
-constexpr int64_t kMinElements = 1 << 20;
+// Where a split pays, per device: how many parallel units (GPU blocks, CPU loop iterations the
+// threads share) the partial results should give, the fewest reduced points a partial keeps
+// (below that, combining partials costs more than the reading it spreads), and the fewest
+// elements a reduction reads to be worth two kernels.
+struct Policy {
+  int64_t target_units;
+  int64_t min_points_per_partial;
+  int64_t min_elements;
+};
+// The GPU: a few blocks per SM of a large GPU.
+constexpr Policy kGpu{512, 1024, 1 << 20};
+// The CPU: enough iterations for a many-core machine's threads (the generator forks its team
+// over the outer loop only), partials of a few cache pages each.
+constexpr Policy kCpu{128, 8192, 1 << 20};
 
 int64_t const_product(const std::vector<Expr>& xs) {
   int64_t n = 1;
@@ -86,11 +94,12 @@ const Stage* splittable(const loop::Program& p, const Kernel& k) {
   return reads_own ? nullptr : reduce;
 }
 
-// How many blocks the generator gives the kernel as it is: one per output row, or one per 32
-// outputs where the reduced loads walk the outer space contiguously and the reduction strided
-// (a column reduction).
-int64_t blocks_unsplit(const loop::Program& p, const Kernel& k, const Stage& reduce, int64_t outputs) {
+// How many parallel units the generator gives the kernel as it is. The CPU: its outer
+// iterations. The GPU: a block per output row, or one per 32 outputs where the reduced loads
+// walk the outer space contiguously and the reduction strided (a column reduction).
+int64_t units_unsplit(const loop::Program& p, const Kernel& k, const Stage& reduce, int64_t outputs) {
   if (k.vars.empty()) return 1;
+  if (p.device.type != DeviceType::CUDA) return outputs;
   std::vector<Expr> all = k.vars;
   all.insert(all.end(), reduce.vars.begin(), reduce.vars.end());
   bool columns = false;
@@ -113,12 +122,12 @@ struct Split {
 
 // Takes whole reduced loops from the outermost while the parts stay under `want` and the
 // partials keep enough points, then a divisor of the next loop's extent.
-Split choose_split(const Stage& reduce, int64_t want, int64_t points) {
+Split choose_split(const Stage& reduce, int64_t want, int64_t points, int64_t min_points) {
   Split s;
   size_t i = 0;
   for (; i < reduce.vars.size(); ++i) {
     const int64_t r = *reduce.ranges[i].as_const();
-    if (s.parts * r > want || points / (s.parts * r) < kMinPointsPerPartial) break;
+    if (s.parts * r > want || points / (s.parts * r) < min_points) break;
     Expr v = Expr::index_var("sp" + std::to_string(i), r);
     s.outer_vars.push_back(v), s.outer_ranges.push_back(r);
     s.repl[reduce.vars[i]] = v;
@@ -128,7 +137,7 @@ Split choose_split(const Stage& reduce, int64_t want, int64_t points) {
     const int64_t r = *reduce.ranges[i].as_const();
     int64_t d = 1;
     for (int64_t c = 2; c < r && s.parts * c <= want; ++c)
-      if (r % c == 0 && points / (s.parts * c) >= kMinPointsPerPartial) d = c;
+      if (r % c == 0 && points / (s.parts * c) >= min_points) d = c;
     if (d > 1) {
       Expr hi = Expr::index_var("sp" + std::to_string(i), d), lo = Expr::index_var("sl" + std::to_string(i), r / d);
       s.outer_vars.push_back(hi), s.outer_ranges.push_back(d);
@@ -152,10 +161,16 @@ class Splitter {
     const Stage* reduce = splittable(p_, k);
     if (!reduce) return {};
     const int64_t outputs = const_product(k.ranges), points = const_product(reduce->ranges);
-    if (outputs * points < kMinElements) return {};
-    const int64_t blocks = blocks_unsplit(p_, k, *reduce, outputs);
-    if (blocks * 2 > kTargetBlocks) return {};
-    Split s = choose_split(*reduce, kTargetBlocks / blocks, points);
+    const Policy& policy = p_.device.type == DeviceType::CUDA ? kGpu : kCpu;
+    if (outputs * points < policy.min_elements) return {};
+    // Floating products keep torch's CPU order (see Stage::torch_vector_block).
+    for (const Stage& st : k.stages)
+      if (st.kind == Stage::Kind::Reduce && st.reduce == ops::ReduceOp::Prod && is_floating(st.acc_dtype) &&
+          p_.device.type != DeviceType::CUDA)
+        return {};
+    const int64_t units = units_unsplit(p_, k, *reduce, outputs);
+    if (units * 2 > policy.target_units) return {};
+    Split s = choose_split(*reduce, policy.target_units / units, points, policy.min_points_per_partial);
     if (s.parts < 4) return {};
     return build(k, s);
   }
