@@ -25,6 +25,8 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true",
                     help="kiln only: name each kiln kernel launch (forward, then backward) after kiln.explain's lists "
                          "and list the kernels by device time")
+    ap.add_argument("--show-source", default="", metavar="TEXT",
+                    help="with --kernels: print the source of each kiln kernel whose name contains TEXT")
     ap.add_argument("--host", action="store_true",
                     help="kiln only: the host time of each program step (a kernel's launch, a torch operator's "
                          "call) summed over 10 steps, against the step's wall time")
@@ -80,7 +82,7 @@ def main() -> None:
     key = a.sort or ("cuda_time_total" if a.device == "cuda" else "cpu_time_total")
     print(prof.key_averages().table(sort_by=key, row_limit=a.top, max_name_column_width=70))
     if a.kernels and a.system == "kiln" and not a.whole and a.device == "cuda":
-        print_kiln_kernels(prof, model, inputs, amp, a.device, a.top)
+        print_kiln_kernels(prof, model, inputs, amp, a.device, a.top, a.show_source)
 
 
 def print_host_steps(step, sync, top: int) -> None:
@@ -102,7 +104,7 @@ def print_host_steps(step, sync, top: int) -> None:
         print(f"  {s / 10 * 1e6:9.1f} µs  x{n / 10:<5.0f} {label}")
 
 
-def print_kiln_kernels(prof, model, inputs, amp, device: str, top: int) -> None:
+def print_kiln_kernels(prof, model, inputs, amp, device: str, top: int, show_source: str = "") -> None:
     """kiln's launches of 3 profiled steps named after kiln.explain's kernel lists (every kiln
     kernel is compiled as a unit named kiln_kernel), summed by name, per step."""
     import collections
@@ -111,8 +113,24 @@ def print_kiln_kernels(prof, model, inputs, amp, device: str, top: int) -> None:
     import kiln
     with torch.autocast(device_type=device, dtype=amp or torch.float32, enabled=amp is not None):
         e = kiln.explain(model)(*inputs)
-    names = [k["name"] if isinstance(k, dict) else k for k in e.kernels]
-    names += [k["name"] if isinstance(k, dict) else k for k in e.backward_kernels]
+    def name(k):
+        return k["name"] if isinstance(k, dict) else getattr(k, "name", k)
+    names = ["fwd " + name(k) for k in e.kernels] + ["bwd " + name(k) for k in e.backward_kernels]
+    if show_source:
+        # forward kernels carry their source; backward ones are found in their program's
+        backward_source = "".join(b.get("source", "") for b in e.backward_graphs)
+        for k in e.kernels:
+            if show_source in name(k):
+                print(f"\n// fwd\n{k.source}")
+        for n in e.backward_kernels:
+            at = backward_source.find(f" {name(n)}(") if show_source in name(n) else -1
+            if at >= 0:
+                end = backward_source.find("\n}\n", at)
+                print(f"\n// bwd\n{backward_source[backward_source.rfind(chr(10), 0, at) + 1:end + 3]}")
+        for tag, text in [("forward graph", g) for g in e.graphs] + [("backward graph", b["graph"]) for b in e.backward_graphs]:
+            lines = [ln for ln in text.splitlines() if show_source in ln]
+            if lines:
+                print(f"\n// {tag}: lines with {show_source!r}\n" + "\n".join(lines))
     events = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
                     key=lambda ev: ev.time_range.start)
     launches = [ev for ev in events if ev.name == "kiln_kernel"]

@@ -885,3 +885,49 @@ def test_fill_with_a_value_out_of_the_dtypes_range_raises_as_eager(dtype, value)
                 kiln.compile(f)(x)
         else:
             check(f, x)
+
+
+_CL = torch.channels_last
+MEMORY_FORMATS = {
+    "contiguous_channels_last": lambda x: x.contiguous(memory_format=_CL),
+    "to_channels_last": lambda x: x.to(memory_format=_CL),
+    "to_float64_channels_last": lambda x: x.to(torch.float64, memory_format=_CL),
+    "result_to_channels_last": lambda x: (x + 1).to(memory_format=_CL),
+    "and_back": lambda x: x.to(memory_format=_CL).contiguous(memory_format=torch.contiguous_format) * 2,
+    "then_viewed": lambda x: x.contiguous(memory_format=_CL).permute(0, 2, 3, 1).view(-1, x.shape[1]),
+    "is_contiguous": lambda x: (x.contiguous(memory_format=_CL).is_contiguous(memory_format=_CL),
+                                x.is_contiguous(memory_format=_CL)),
+    "channels_last_3d": lambda x: x.unsqueeze(2).contiguous(memory_format=torch.channels_last_3d) + 1,
+    "three_dims": lambda x: x[0].contiguous(memory_format=_CL),
+    "preserve_format": lambda x: x.contiguous(memory_format=torch.preserve_format),
+    "positional": lambda x: x.contiguous(_CL),
+}
+
+
+@pytest.mark.parametrize("name", list(MEMORY_FORMATS))
+@pytest.mark.parametrize("layout", ["row_major", "channels_last"])
+def test_memory_format_arguments_give_eagers_layout(name, layout):
+    # Tensor.contiguous(memory_format=...) and Tensor.to(memory_format=...): eager's strides (a
+    # stride check in the function, a view after the copy) and eager's errors
+    f = MEMORY_FORMATS[name]
+    x = torch.randn(2, 3, 4, 5)
+    if layout == "channels_last":
+        x = x.to(memory_format=_CL)
+
+    def run(g):
+        try:
+            r = g(x)
+        except (RuntimeError, TypeError) as e:
+            return type(e)
+        return [(t, t.stride()) if isinstance(t, torch.Tensor) else t for t in (r if isinstance(r, tuple) else (r,))]
+    expected, got = run(f), run(kiln.compile(f))
+    if isinstance(expected, type):
+        assert got is expected
+        return
+    assert len(got) == len(expected)
+    for e, g in zip(expected, got):
+        if isinstance(e, tuple):
+            assert g[1] == e[1]
+            torch.testing.assert_close(g[0], e[0], rtol=0, atol=0)
+        else:
+            assert g == e

@@ -6,6 +6,7 @@ Every test here checks that kiln compiled the backward (kiln.stats()'s
 with eager autograd on fresh random inputs.
 """
 import copy
+import re
 
 import pytest
 import torch
@@ -1095,3 +1096,48 @@ def test_a_saved_view_has_the_layout_the_backward_was_compiled_for():
     (got,) = torch.autograd.grad(kiln.compile(fn)(x), x)
     assert kiln.stats()["backward_graphs_compiled"] > before
     torch.testing.assert_close(got, want)
+
+
+def test_equal_gradients_of_two_parameters_are_separate_tensors():
+    # A residual block's two batch-norm biases get the same gradient (the sum of the block's
+    # output gradient): the backward computes it once, and each parameter must still get a .grad
+    # of its own, or accumulating over micro-batches adds every step twice into one of them.
+    from torchvision.models.resnet import BasicBlock
+    torch.manual_seed(0)
+    down = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 1, stride=2, bias=False), torch.nn.BatchNorm2d(16))
+    model = BasicBlock(8, 16, stride=2, downsample=down).train()
+    ref = copy.deepcopy(model)
+    compiled = kiln.compile(model)
+    for _ in range(3):  # no zero_grad: the gradients accumulate
+        x = torch.randn(2, 8, 8, 8)
+        compiled(x).square().sum().backward()
+        ref(x).square().sum().backward()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+    storages = [p.grad.untyped_storage().data_ptr() for p in model.parameters()]
+    assert len(set(storages)) == len(storages)
+    assert kiln.explain(model)(x).graph_count == 1
+
+
+def test_convolution_results_are_saved_for_the_backward_in_their_own_layout():
+    # kiln computes convolutions in channels-last and hands their results on row-major; what
+    # the backward reads of them is saved as the convolution wrote it, with no copy made
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 4)).train()
+    ref = copy.deepcopy(model)
+    compiled = kiln.compile(model)
+    for _ in range(2):
+        model.zero_grad(), ref.zero_grad()
+        x = torch.randn(4, 3, 32, 32)
+        torch.testing.assert_close(compiled(x), ref(x), rtol=1e-4, atol=1e-5)
+        compiled(x).sum().backward()
+        ref(x).sum().backward()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+    e = kiln.explain(model)(x)
+    assert e.graph_count == 1 and e.backward_graphs
+    copies = [k.name for k in e.kernels if re.fullmatch(r"kernel\d+_contiguous", k.name)]  # a copy alone
+    assert not copies, copies

@@ -1580,6 +1580,26 @@ bool legacy_tensor_type(PyObject* o, DType& t, bool& cuda) {
 }
 }  // namespace
 
+bool Interpreter::in_memory_format(const ir::TensorMeta& m, PyObject* fmt) {
+  // torch's rule: dims of one element index nothing, an empty tensor is contiguous; with
+  // torch.channels_last, the order C, W, H, N
+  static PyObject* channels_last = object_at("torch.channels_last");
+  static PyObject* contiguous_format = object_at("torch.contiguous_format");
+  if (fmt == channels_last && m.dim() != 4)
+    unsupported("torch.channels_last for a tensor of other than 4 dims: RuntimeError");
+  if (fmt != contiguous_format && fmt != channels_last) unsupported("a memory format other than contiguous or channels_last");
+  if (fmt == contiguous_format) return ir::is_contiguous(m.sizes, m.strides);
+  return ir::is_contiguous({m.sizes[0], m.sizes[2], m.sizes[3], m.sizes[1]},
+                           {m.strides[0], m.strides[2], m.strides[3], m.strides[1]});
+}
+
+VarPtr Interpreter::in_layout(const VarPtr& x, PyObject* fmt) {
+  static PyObject* preserve_format = object_at("torch.preserve_format");
+  static PyObject* channels_last = object_at("torch.channels_last");
+  if (fmt == preserve_format || in_memory_format(x->node()->meta, fmt)) return x;
+  return Var::tensor(add_node(fmt == channels_last ? "channels_last" : "contiguous", {x->node()}));
+}
+
 VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const ir::TensorMeta& m = self->node()->meta;
   if (name == "size") {
@@ -1645,22 +1665,10 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   if (name == "dim" || name == "ndimension") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
   if (name == "numel" || name == "nelement") return size_const(m.numel());
   if (name == "is_contiguous" && args.size() + kwargs.size() <= 1 && (kwargs.empty() || kwargs[0].first == "memory_format")) {
-    // torch's rule: dims of one element index nothing, an empty tensor is contiguous; with
-    // memory_format=torch.channels_last, the order C, W, H, N
-    static PyObject* channels_last = object_at("torch.channels_last");
     static PyObject* contiguous_format = object_at("torch.contiguous_format");
     PyObject* fmt = args.empty() && kwargs.empty() ? contiguous_format
                                                   : const_obj(args.empty() ? kwargs[0].second : args[0], "memory_format");
-    if (fmt == channels_last && m.dim() != 4)
-      unsupported("is_contiguous(torch.channels_last) of a tensor of other than 4 dims: RuntimeError");
-    if (fmt == contiguous_format || fmt == channels_last) {
-      std::vector<sym::Expr> sizes = m.sizes, strides = m.strides;
-      if (fmt == channels_last) {  // row-major over N, H, W, C
-        sizes = {m.sizes[0], m.sizes[2], m.sizes[3], m.sizes[1]};
-        strides = {m.strides[0], m.strides[2], m.strides[3], m.strides[1]};
-      }
-      return Var::constant(ir::is_contiguous(sizes, strides) ? Py_True : Py_False);
-    }
+    return Var::constant(in_memory_format(m, fmt) ? Py_True : Py_False);
   }
   if (name == "element_size") return Var::steal_constant(PyLong_FromLong(dtype_size(m.dtype)));
   if (name == "is_floating_point" && args.empty()) return Var::constant(is_floating(m.dtype) ? Py_True : Py_False);
@@ -1700,17 +1708,24 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       target = d;
     };
     for (const VarPtr& a : args) take(a);
+    static PyObject* preserve_format = object_at("torch.preserve_format");
+    PyObject* format = preserve_format;
     for (auto& [k, v] : kwargs) {
       if (k == "dtype" || k == "device") take(v);
       else if (k == "copy" && v->is_const() && v->known() == Py_True) plain = false;
-      else if (k != "non_blocking" && k != "copy" && k != "memory_format") plain = false;
+      else if (k == "memory_format") format = const_obj(v, "memory_format");
+      else if (k != "non_blocking" && k != "copy") plain = false;
     }
     if (plain && same_device) {
-      if (!dtype || *dtype == m.dtype) return self;
-      ir::Attrs a;
-      a.set("dtype", *dtype);
-      return Var::tensor(add_node("convert", {self->node()}, a));
+      VarPtr r = self;
+      if (dtype && *dtype != m.dtype) {
+        ir::Attrs a;
+        a.set("dtype", *dtype);
+        r = Var::tensor(add_node("convert", {self->node()}, a));
+      }
+      return in_layout(r, format);
     }
+    if (format != preserve_format) plain = false;
     if (plain && target) {
       // A move to another device (a CPU counter moved to the GPU): torch's Tensor.to as a
       // torch_call that names the device it makes its result on; strides as the source's where
@@ -1762,7 +1777,13 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     }
   }
   // x.contiguous() is x itself when torch's is_contiguous() holds (size-1 dims not compared)
-  if (name == "contiguous" && args.empty() && ir::is_contiguous(m.sizes, m.strides)) return self;
+  if (name == "contiguous" && args.empty() && kwargs.empty() && ir::is_contiguous(m.sizes, m.strides)) return self;
+  if (name == "contiguous" && args.empty() && kwargs.size() == 1 && kwargs[0].first == "memory_format") {
+    static PyObject* preserve_format = object_at("torch.preserve_format");
+    PyObject* fmt = const_obj(kwargs[0].second, "memory_format");
+    if (fmt == preserve_format) unsupported("contiguous(memory_format=torch.preserve_format): RuntimeError");
+    return in_layout(self, fmt);
+  }
   if ((name == "max" || name == "min") && args.empty() && kwargs.empty())  // over all elements
     return call_op(*function_binding(resolve_torch(name == "max" ? "amax" : "amin")), {self}, {});
   if (name == "where") {

@@ -311,6 +311,12 @@ class Interpreter {
   VarPtr shape_tuple(const ir::TensorMeta& m);
 
   VarPtr call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs);
+  // Whether a tensor of `m` is contiguous in memory format `fmt` (torch.contiguous_format or
+  // torch.channels_last, torch's rule); unsupported for other formats.
+  bool in_memory_format(const ir::TensorMeta& m, PyObject* fmt);
+  // `x` laid out in memory format `fmt` (torch.preserve_format: as it is): x itself where it
+  // already is, else a copy (Tensor.contiguous(memory_format=...), Tensor.to(memory_format=...)).
+  VarPtr in_layout(const VarPtr& x, PyObject* fmt);
   // x.split(k or sections, dim) / x.chunk(n, dim) as slices of x (nullptr: left to torch).
   VarPtr split_tensor(const VarPtr& x, bool chunk, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 

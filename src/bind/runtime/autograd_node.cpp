@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <type_traits>
+#include <unordered_set>
 
 #include "bind/runtime/executor.h"
 
@@ -153,6 +154,14 @@ struct CompiledFunctionBackward final : Node {
       for (size_t e = 0; e < st.grad_wrt.size(); ++e)
         if (st.grad_output[e] >= 0 && reached(static_cast<size_t>(st.grad_wrt[e])))
           result[e] = THPVariable_Unpack(outs[static_cast<size_t>(st.grad_output[e])]);
+      // Eager's autograd gives every input a gradient of its own. The program may hand one
+      // buffer out for several (equal gradients merged: a residual block's two batch-norm
+      // biases); AccumulateGrad would keep both as .grad, and accumulating into one would
+      // change the other.
+      std::unordered_set<const void*> storages;
+      for (size_t e = 0; e < st.grad_wrt.size(); ++e)
+        if (result[e].defined() && !storages.insert(result[e].storage().unsafeGetStorageImpl()).second)
+          result[e] = result[e].clone();
       if (!st.keep.empty()) {
         std::vector<at::Tensor>& kept = call->kept.at(stage);
         kept.resize(outs.size());

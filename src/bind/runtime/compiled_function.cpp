@@ -416,6 +416,9 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
         backward_stages.clear();
       }
     }
+    // One backward program reads the saved values in whatever layout the forward leaves them
+    // (a convolution's channels-last result, not a row-major copy); staged ones as captured.
+    if (backward_stages.empty()) autodiff::free_saved_layouts(training);
     bp->stages.resize(std::max<size_t>(backward_stages.size(), 1));
     for (BackwardStageProgram& st : bp->stages) st.compiled = std::make_unique<pipeline::CompiledGraph>();
     plan_backward_stages(*bp, backward_stages);
@@ -446,6 +449,13 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
     sym::ShapeEnvScope env_scope(&env);
     ok = pipeline::compile_graph(*forward, opts, *e->compiled, error);
     const std::string forward_name = opts.name;
+    if (ok && e->backward && backward_stages.empty()) {
+      try {
+        autodiff::adopt_saved_layouts(training);
+      } catch (const std::exception& x) {
+        ok = false, error = x.what();
+      }
+    }
     for (size_t i = 0; ok && e->backward && i < e->backward->stages.size(); ++i) {
       opts.name = forward_name + "_backward" + (i ? "_" + std::to_string(i) : std::string());
       ir::Graph& graph = backward_stages.empty() ? *training.backward : *backward_stages[i].graph;

@@ -282,4 +282,42 @@ bool make_training_graphs_or_throw(ir::Graph& g, const std::vector<Node*>& wrt, 
 
 }  // namespace
 
+void free_saved_layouts(TrainingGraphs& t) {
+  std::vector<bool>& free = t.forward->free_layout_outputs;
+  free.assign(t.forward->outputs().size(), false);
+  for (size_t j = 0; j < t.saved && t.outputs + j < free.size(); ++j) free[t.outputs + j] = t.saved_as_output[j] < 0;
+}
+
+void adopt_saved_layouts(TrainingGraphs& t) {
+  ir::Graph& bwd = *t.backward;
+  bool changed = false;
+  for (size_t j = 0; j < t.saved && j < bwd.inputs().size() && t.outputs + j < t.forward->outputs().size(); ++j) {
+    const ir::TensorMeta& saved = t.forward->outputs()[t.outputs + j]->meta;
+    Node* ph = bwd.inputs()[j];
+    if (saved.strides == ph->meta.strides || saved.sizes != ph->meta.sizes || saved.dtype != ph->meta.dtype) continue;
+    const std::vector<sym::Expr> expected = ph->meta.strides;
+    std::vector<Node*> readers = ph->users;
+    ph->meta.strides = saved.strides;
+    ph->meta.offset = saved.offset;
+    const size_t tail = bwd.nodes().size();
+    Node* copy = bwd.must_add("contiguous", {ph});
+    if (copy->meta.strides != expected) throw std::logic_error("kiln: a saved value's layout cannot be adopted");
+    // Right after the placeholders: every reader comes later.
+    const Node* first = nullptr;
+    for (const auto& n : bwd.nodes())
+      if (n->op_name() != "placeholder" && n.get() != copy) {
+        first = n.get();
+        break;
+      }
+    if (first) bwd.move_tail_before(tail, first);
+    for (Node* r : readers)
+      for (Node*& in : r->inputs)
+        if (in == ph) in = copy;
+    for (Node*& o : bwd.outputs())
+      if (o == ph) o = copy;
+    changed = true;
+  }
+  if (changed) bwd.recompute_users();
+}
+
 }  // namespace kiln::autodiff

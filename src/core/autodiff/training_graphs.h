@@ -48,4 +48,12 @@ struct TrainingGraphs {
 bool make_training_graphs(ir::Graph& g, const std::vector<ir::Node*>& wrt, const std::set<const ir::Node*>& tracked,
                           TrainingGraphs& out, std::string& why);
 
+// Lets the forward save values in the layout their producer writes (Graph::free_layout_outputs
+// on the saved values that are not also outputs): call before compiling the forward.
+void free_saved_layouts(TrainingGraphs& t);
+// After the forward's passes: each saved value whose layout changed (passes::
+// saved_in_producer_layout) reaches the backward as it is, its placeholder taking that layout
+// and a row-major copy of it (fused into its readers) standing where the placeholder stood.
+void adopt_saved_layouts(TrainingGraphs& t);
+
 }  // namespace kiln::autodiff

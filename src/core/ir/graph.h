@@ -141,6 +141,11 @@ class Graph {
   // graph), by input index; empty: none. What the graph computes from these alone moves into
   // a prologue the runtime runs again only when one of them changed (passes::split_prologue).
   std::vector<bool> stable_inputs;
+  // Outputs only kiln reads back (values a training forward saves for its backward), by output
+  // index; empty: none. Their layout may be the one their producer writes (a convolution's
+  // channels-last result, not a row-major copy of it): passes::saved_in_producer_layout, and
+  // autodiff::adopt_saved_layouts makes the backward read that layout.
+  std::vector<bool> free_layout_outputs;
 
  private:
   std::string unique_name(const std::string& base);

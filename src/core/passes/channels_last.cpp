@@ -60,6 +60,24 @@ void channels_last_convolutions(ir::Graph& g) {
   if (changed) dead_code_elimination(g);
 }
 
+namespace {
+
+// A reduction of a row-major copy (a training batch norm's statistics of a convolution's
+// result) reads the channels-last twin instead: the same values, a different order of the
+// same sum, and no copy of the activation. Kept where its result is what the original's was.
+void reduce_twin(ir::Graph& g, ir::Node* n, ir::Node* twin) {
+  const size_t tail = g.nodes().size();
+  std::string error;
+  ir::Node* m = g.add(n->op, {twin}, n->attrs, error);
+  if (!m || m->meta.sizes != n->meta.sizes || m->meta.dtype != n->meta.dtype) return;
+  if (m->meta.strides != n->meta.strides && !(m = g.add("contiguous", {m}, {}, error))) return;
+  if (m->meta.strides != n->meta.strides) return;
+  g.move_tail_before(tail, n);
+  g.replace_all_uses(n, m);
+}
+
+}  // namespace
+
 // After decomposition. A convolution's row-major copy, contiguous(conv2d(...)), is read by the
 // batch norm, ReLU, residual add and max-pool before the next convolution: a kernel that reads
 // channels-last memory in row-major order (a max-pool over a ResNet's stem output reads 512
@@ -67,7 +85,8 @@ void channels_last_convolutions(ir::Graph& g) {
 // max-pools that read such a copy are made again over its channels-last twin, and so on down
 // the chain, so they compute in channels-last; the row-major copy moves to where something
 // else reads the chain (a graph output, a view, an extern op), and a convolution's
-// channels_last() of a twin is the twin itself. Values do not change: only where a layout
+// channels_last() of a twin is the twin itself; a reduction of a copy or of a pointwise result
+// in the chain reduces its twin. Values do not change: only where a layout
 // conversion happens.
 void channels_last_activations(ir::Graph& g) {
   static const ops::OpDef* contiguous = ops::find_op("contiguous");
@@ -85,6 +104,10 @@ void channels_last_activations(ir::Graph& g) {
   if (twin.empty()) return;
   std::vector<ir::Node*> made;  // originals with a twin the pass made, in order
   for (ir::Node* n : order) {
+    if (n->op->kind == ops::OpKind::Reduction && n->inputs.size() == 1 && twin.count(n->inputs[0])) {
+      reduce_twin(g, n, twin[n->inputs[0]]);
+      continue;
+    }
     if (twin.count(n) || n->meta.dim() != 4) continue;
     const bool follows = (n->op->kind == ops::OpKind::Pointwise && n->op != contiguous && n->op != channels_last) ||
                          n->op == max_pool;
@@ -122,6 +145,27 @@ void channels_last_activations(ir::Graph& g) {
     ir::Node* cl = n->inputs[0]->inputs[0];
     if (cl->meta.strides == n->meta.strides && cl->meta.sizes == n->meta.sizes) g.replace_all_uses(n.get(), cl);
   }
+  dead_code_elimination(g);
+}
+
+// A value saved for the backward that is a row-major copy of a dense tensor (a convolution's
+// channels-last result, copied for eager's layout) is saved as that tensor: the forward makes
+// no copy, and the backward reads the layout it gets (autodiff::adopt_saved_layouts).
+void saved_in_producer_layout(ir::Graph& g) {
+  static const ops::OpDef* contiguous = ops::find_op("contiguous");
+  bool changed = false;
+  for (size_t i = 0; i < g.outputs().size() && i < g.free_layout_outputs.size(); ++i) {
+    ir::Node*& out = g.outputs()[i];
+    if (!g.free_layout_outputs[i] || out->op != contiguous) continue;
+    ir::Node* in = out->inputs[0];
+    if (in->meta.sizes != out->meta.sizes || in->meta.dtype != out->meta.dtype ||
+        ops::preserved_strides(in->meta) != in->meta.strides)  // dense: a copy would keep its strides
+      continue;
+    out = in;
+    changed = true;
+  }
+  if (!changed) return;
+  g.recompute_users();
   dead_code_elimination(g);
 }
 

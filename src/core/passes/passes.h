@@ -28,6 +28,9 @@ void channels_last_convolutions(ir::Graph& g);
 // After decompose: the pointwise ops and max-pools between CUDA convolutions compute in
 // channels-last too, the row-major copy moved to where something else reads them (channels_last.cpp).
 void channels_last_activations(ir::Graph& g);
+// A saved value (Graph::free_layout_outputs) that is a row-major copy of a dense tensor is
+// saved as that tensor (channels_last.cpp).
+void saved_in_producer_layout(ir::Graph& g);
 // max-autotune's measurements of torch's kernels: `time(node)` runs the extern op of `node` (its
 // attributes, on inputs of its inputs' sizes, strides and dtypes) and returns milliseconds a
 // call, or a negative value when it cannot. `device_key` names the GPU in the disk-cache key of

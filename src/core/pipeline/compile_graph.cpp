@@ -33,6 +33,7 @@ void run_graph_passes(ir::Graph& g, const std::string& dump_name, passes::Extern
   step("channels_last_convolutions", passes::channels_last_convolutions);
   step("decompose", [](ir::Graph& gr) { passes::decompose(gr); });
   step("channels_last_activations", passes::channels_last_activations);
+  step("saved_in_producer_layout", passes::saved_in_producer_layout);
   step("prepack_convolutions", passes::prepack_convolutions);
   step("gemm_epilogues", [timing](ir::Graph& gr) { passes::gemm_epilogues(gr, timing); });
   step("dce", passes::dead_code_elimination);
