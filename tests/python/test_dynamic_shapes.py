@@ -597,3 +597,16 @@ def test_a_backward_whose_inputs_carry_no_size_reads_it_from_the_forward():
         fn(xe).backward()
         assert_same(x.grad, xe.grad)
     assert not [r for r in kiln.stats()["fallback_reasons"] if "print" not in r], kiln.stats()["fallback_reasons"]
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_convolution_weight_passed_as_an_argument_under_dynamic_true(channels):
+    # every input's sizes are symbolic, the weight's too: the kernel size is read at capture
+    # and guarded (a kernel of another size compiles anew), the image sizes stay symbolic
+    def conv(x, w):
+        return F.conv2d(x, w, padding=1).relu()
+    compiled = kiln.compile(conv, dynamic=True)
+    for h, k in ((16, 5), (20, 5), (12, 3), (9, 3)):
+        x, w = torch.randn(2, channels, h, h + 4), torch.randn(4, channels, k, k)
+        torch.testing.assert_close(compiled(x, w), conv(x, w), rtol=1e-4, atol=1e-5)
+    assert kiln.explain(compiled)(x, w).graph_count == 1

@@ -37,6 +37,16 @@ using Ints = std::vector<int64_t>;
 using loop::SOp;
 using loop::SRef;
 
+// A size a rule needs as a number (a convolution's kernel size, its weight's channels): its
+// constant, or under a capture with symbolic sizes its value at hand, kept as a fact the entry
+// guards (a weight passed as an argument under dynamic=True has symbolic sizes too).
+std::optional<int64_t> size_as_number(const Expr& e) {
+  if (auto c = e.as_const()) return c;
+  auto h = sym::size_hint(e);
+  if (h && sym::same_size(e, Expr(*h))) return h;
+  return std::nullopt;
+}
+
 // Output size of a sliding window: (in + 2p - d(k-1) - 1) / s + 1, rounded down (or up).
 bool window_out(const Expr& in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode, Expr& out, std::string& err) {
   auto n = in.as_const();
@@ -247,7 +257,7 @@ std::vector<OpDef> nn_ops() {
         const TensorMeta &x = in[0]->meta, &w = in[1]->meta;
         if (x.dim() != 4 || w.dim() != 4) return err = "kiln: conv2d on unbatched or non-4D input", false;
         int64_t groups = a.get_int("groups", 1);
-        auto wc = w.sizes[1].as_const();
+        auto wc = size_as_number(w.sizes[1]);
         if (!wc || !sym::same_size(x.sizes[1], Expr(*wc * groups))) {
           err = "RuntimeError: Given groups=" + std::to_string(groups) + ", weight of size " + sym::str(w.sizes) +
                 ", expected input" + sym::str(x.sizes) + " to have " + (wc ? std::to_string(*wc * groups) : "?") +
@@ -261,7 +271,9 @@ std::vector<OpDef> nn_ops() {
           spatial_arg(a, "stride", i, 1, s);
           spatial_arg(a, "padding", i, 0, p);
           spatial_arg(a, "dilation", i, 1, d);
-          if (!window_out(x.sizes[2 + i], *w.sizes[2 + i].as_const(), s, p, d, false, out.sizes[2 + i], err)) return false;
+          auto k = size_as_number(w.sizes[2 + i]);
+          if (!k) return err = "kiln: conv2d with a kernel size not known as a number", false;
+          if (!window_out(x.sizes[2 + i], *k, s, p, d, false, out.sizes[2 + i], err)) return false;
         }
         // torch's cuDNN, oneDNN and slow backends all compute in channels-last when the input
         // or the weight suggests it, and return that layout (a backend that does not, CUDA's
