@@ -89,3 +89,24 @@ def test_training_batch_norm_of_a_large_activation(device):
         torch.testing.assert_close(bn.running_mean, ref.running_mean)
         torch.testing.assert_close(bn.running_var, ref.running_var)
         x = torch.randn_like(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,dims", [((8192, 100), (0,)), ((3, 4096, 17), (0, 1)), ((64, 7, 9, 2048), (0, 1, 2))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+def test_column_sums_of_a_contiguous_kept_dim(device, shape, dims, dtype):
+    # the kept dim is the contiguous one (a bias's gradient over rows): outputs side by side,
+    # in GPU lanes or CPU vector lanes, with what follows the sums fused after them
+    x = (torch.randn(*shape, device=device) * 10).to(dtype)
+
+    def f(x):
+        s = x.sum(dim=dims)
+        return s, s * 2 + 1, (x * x).sum(dim=dims)
+    compiled = kiln.compile(f)
+    for _ in range(2):
+        got, want = compiled(x), f(x)
+        if dtype.is_floating_point:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3)
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+        x = (torch.randn(*shape, device=device) * 10).to(dtype)

@@ -337,43 +337,13 @@ struct ColumnPlan {
 
 ColumnPlan plan_columns(const loop::Program& p, const Kernel& k) {
   ColumnPlan plan;
-  if (k.vars.empty()) return plan;
+  if (!loop::reduces_columns(p, k)) return plan;
   const Stage* reduce = nullptr;
-  for (const Stage& st : k.stages) {
-    if (st.vars.empty()) {
-      if (st.kind == Stage::Kind::Reduce) return plan;
-      continue;
-    }
-    if (st.kind != Stage::Kind::Reduce || (reduce && (reduce->vars != st.vars || reduce->ranges != st.ranges))) return plan;
-    reduce = &st;
-  }
-  if (!reduce) return plan;
+  for (const Stage& st : k.stages)
+    if (!st.vars.empty()) reduce = &st;
   auto outer = sym::product(k.ranges).as_const();
   auto n = sym::product(reduce->ranges).as_const();
   if (!outer || !n || *outer < 8 || *n < 64) return plan;
-  std::vector<Expr> all = k.vars;
-  all.insert(all.end(), reduce->vars.begin(), reduce->vars.end());
-  const size_t out_inner = k.vars.size() - 1, red_inner = all.size() - 1;
-  bool coalesced = false;
-  for (const Stage& st : k.stages) {
-    if (st.vars.empty()) continue;
-    std::set<loop::SRef> seen;
-    bool rowwise = false;
-    visit_loads(p.exprs, st.value, seen, [&](const loop::SNode& ld) {
-      auto a = sym::affine(ld.index, all);
-      if (!a) return void(rowwise = true);
-      bool walks = false, spreads = false;
-      for (size_t d = k.vars.size(); d < all.size(); ++d) walks |= !a->coeffs[d].is_const(0);
-      for (size_t d = 0; d < k.vars.size(); ++d) spreads |= !a->coeffs[d].is_const(0);
-      // A load of the reduced points alone (a layer norm's saved row statistics, read again in
-      // its weight's gradient) is one address for the warp's 32 lanes: a broadcast.
-      if (!walks || !spreads) return;
-      if (a->coeffs[red_inner].is_const(1) || !a->coeffs[out_inner].is_const(1)) rowwise = true;
-      else coalesced = true;
-    });
-    if (rowwise) return plan;
-  }
-  if (!coalesced) return plan;
   plan.columns = true;
   plan.tiles = (*outer + 31) / 32;
   plan.points = *n;

@@ -127,4 +127,37 @@ int Program::first_step_writing_inputs() const {
   return -1;
 }
 
+bool reduces_columns(const Program& p, const Kernel& k) {
+  if (k.vars.empty()) return false;
+  const Stage* reduce = nullptr;
+  for (const Stage& st : k.stages) {
+    if (st.vars.empty()) {
+      if (st.kind == Stage::Kind::Reduce) return false;
+      continue;
+    }
+    if (st.kind != Stage::Kind::Reduce || (reduce && (reduce->vars != st.vars || reduce->ranges != st.ranges))) return false;
+    reduce = &st;
+  }
+  if (!reduce) return false;
+  std::vector<sym::Expr> all = k.vars;
+  all.insert(all.end(), reduce->vars.begin(), reduce->vars.end());
+  const size_t out_inner = k.vars.size() - 1, red_inner = all.size() - 1;
+  bool coalesced = false, rowwise = false;
+  for (const Stage& st : k.stages) {
+    if (st.vars.empty()) continue;
+    std::set<SRef> seen;
+    visit_loads(p.exprs, st.value, seen, [&](const SNode& ld) {
+      auto a = sym::affine(ld.index, all);
+      if (!a) return void(rowwise = true);
+      bool walks = false, spreads = false;
+      for (size_t d = k.vars.size(); d < all.size(); ++d) walks |= !a->coeffs[d].is_const(0);
+      for (size_t d = 0; d < k.vars.size(); ++d) spreads |= !a->coeffs[d].is_const(0);
+      if (!walks || !spreads) return;
+      if (a->coeffs[red_inner].is_const(1) || !a->coeffs[out_inner].is_const(1)) rowwise = true;
+      else coalesced = true;
+    });
+  }
+  return coalesced && !rowwise;
+}
+
 }  // namespace kiln::loop

@@ -161,4 +161,12 @@ struct Program {
 // just these as parameters, however many the program has.
 std::vector<int> scalar_args_of(const Program& p, const Kernel& k);
 
+// Whether kernel `k` reduces columns: every looping stage a reduction over one shared space,
+// the other stages stores at the outer points, and its reduced loads walking the innermost
+// outer var by one and the innermost reduced var by more (a bias's gradient summed over rows,
+// a channels-last batch norm's statistics over N, H and W); a load of the reduced points alone
+// (a saved row statistic) is one address for every output. Code generators give such kernels
+// neighbouring outputs side by side (GPU lanes, CPU vector lanes) so the loads stay contiguous.
+bool reduces_columns(const Program& p, const Kernel& k);
+
 }  // namespace kiln::loop

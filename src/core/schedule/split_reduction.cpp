@@ -94,23 +94,16 @@ const Stage* splittable(const loop::Program& p, const Kernel& k) {
   return reads_own ? nullptr : reduce;
 }
 
-// How many parallel units the generator gives the kernel as it is. The CPU: its outer
-// iterations. The GPU: a block per output row, or one per 32 outputs where the reduced loads
-// walk the outer space contiguously and the reduction strided (a column reduction).
-int64_t units_unsplit(const loop::Program& p, const Kernel& k, const Stage& reduce, int64_t outputs) {
+// How many parallel units the generator gives the kernel as it is. A column reduction
+// (loop::reduces_columns) puts neighbouring outputs side by side: on the GPU 32 to a block, on
+// the CPU the whole innermost outer loop in vector lanes, so the threads share the rest. Other
+// reductions: a GPU block per output, a CPU iteration per output.
+int64_t units_unsplit(const loop::Program& p, const Kernel& k, int64_t outputs) {
   if (k.vars.empty()) return 1;
-  if (p.device.type != DeviceType::CUDA) return outputs;
-  std::vector<Expr> all = k.vars;
-  all.insert(all.end(), reduce.vars.begin(), reduce.vars.end());
-  bool columns = false;
-  std::set<SRef> seen;
-  for (const Stage& st : k.stages)
-    if (st.kind == Stage::Kind::Reduce)
-      loop::visit_loads(p.exprs, st.value, seen, [&](const SNode& n) {
-        auto a = sym::affine(n.index, all);
-        if (a && a->coeffs[k.vars.size() - 1].is_const(1) && !a->coeffs.back().is_const(1)) columns = true;
-      });
-  return columns ? (outputs + 31) / 32 : outputs;
+  if (!loop::reduces_columns(p, k)) return outputs;
+  if (p.device.type == DeviceType::CUDA) return (outputs + 31) / 32;
+  auto inner = k.ranges.back().as_const();
+  return inner && *inner > 0 ? outputs / *inner : outputs;
 }
 
 struct Split {
@@ -168,7 +161,7 @@ class Splitter {
       if (st.kind == Stage::Kind::Reduce && st.reduce == ops::ReduceOp::Prod && is_floating(st.acc_dtype) &&
           p_.device.type != DeviceType::CUDA)
         return {};
-    const int64_t units = units_unsplit(p_, k, *reduce, outputs);
+    const int64_t units = units_unsplit(p_, k, outputs);
     if (units * 2 > policy.target_units) return {};
     Split s = choose_split(*reduce, policy.target_units / units, points, policy.min_points_per_partial);
     if (s.parts < 4) return {};
