@@ -282,6 +282,125 @@ VarPtr Interpreter::dropout(const std::vector<VarPtr>& args, const KwArgs& kwarg
   return Var::tensor(add_node("dropout", {x, seed}, at));
 }
 
+VarPtr Interpreter::random_draw(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  enum class Draw { Uniform, Normal, Int };
+  static const std::pair<PyObject*, std::pair<Draw, bool>> kinds[] = {
+      {resolve_torch("rand"), {Draw::Uniform, false}},     {resolve_torch("randn"), {Draw::Normal, false}},
+      {resolve_torch("randint"), {Draw::Int, false}},      {resolve_torch("rand_like"), {Draw::Uniform, true}},
+      {resolve_torch("randn_like"), {Draw::Normal, true}}, {resolve_torch("randint_like"), {Draw::Int, true}}};
+  const std::pair<Draw, bool>* kind = nullptr;
+  for (const auto& [fn, k] : kinds)
+    if (fn == f) kind = &k;
+  if (!kind) return nullptr;
+  const auto [draw, like] = *kind;
+  PyObject *dtype = nullptr, *device = nullptr;
+  for (const auto& [k, v] : kwargs) {
+    PyObject* o = v->is_const() ? v->known() : nullptr;
+    if (k == "dtype" && o) dtype = o;
+    else if (k == "device" && o) device = o;
+    else if ((k == "generator" || k == "out" || k == "layout") && o == Py_None) continue;
+    else if ((k == "requires_grad" || k == "pin_memory") && o == Py_False) continue;
+    else if (k == "memory_format" && o == object_at("torch.preserve_format") && like) continue;
+    else return nullptr;  // a generator of one's own, another layout, a result requiring grad
+  }
+  std::vector<VarPtr> rest = args;
+  ir::TensorMeta like_meta;
+  if (like) {
+    if (rest.empty() || !rest[0]->is_tensor()) return nullptr;
+    like_meta = rest[0]->node()->meta;
+    // a _like draw keeps a dense input's layout: only a row-major one here
+    if (!ir::is_contiguous(like_meta.sizes, like_meta.strides)) return nullptr;
+    rest.erase(rest.begin());
+  }
+  int64_t low = 0, high = 0;
+  if (draw == Draw::Int) {  // randint(high, size) / randint(low, high, size); _like: (high) / (low, high)
+    const size_t bounds = rest.size() - (like ? 0 : 1);
+    if (bounds < 1 || bounds > 2) return nullptr;
+    std::vector<int64_t> b;
+    for (size_t i = 0; i < bounds; ++i) {
+      PyObject* o = rest[i]->is_const() ? rest[i]->known() : nullptr;
+      if (!o || !PyLong_CheckExact(o)) return nullptr;
+      b.push_back(PyLong_AsLongLong(o));
+    }
+    low = bounds == 2 ? b[0] : 0, high = b.back();
+    // eager's errors (an empty range) and ranges a float32 draw does not cover evenly: torch's
+    if (high <= low || high - low > (int64_t{1} << 24)) return nullptr;
+    rest.erase(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(bounds));
+  }
+  std::vector<sym::Expr> sizes;
+  if (like) {
+    if (!rest.empty()) return nullptr;
+    sizes = like_meta.sizes;
+  } else {
+    std::vector<VarPtr> items = rest;
+    bool listed = items.size() == 1 && (items[0]->kind() == Var::Kind::Tuple || items[0]->kind() == Var::Kind::List);
+    if (listed) items = items[0]->seq();
+    if (!listed && items.size() == 1 && items[0]->is_const() && PySequence_Check(items[0]->known()) &&
+        !PyUnicode_Check(items[0]->known())) {  // a constant tuple, list or torch.Size
+      PyObject* seq = items[0]->known();
+      items.clear();
+      for (Py_ssize_t i = 0; i < PySequence_Size(seq); ++i) items.push_back(Var::steal_constant(PySequence_GetItem(seq, i)));
+      listed = true;
+    }
+    if (items.empty() && !listed) return nullptr;  // torch.rand() with no size: torch's error
+    for (const VarPtr& v : items) {
+      if (sym::Expr e = v->symint(); e.valid()) {
+        sizes.push_back(e);
+        continue;
+      }
+      PyObject* o = v->is_const() ? v->known() : nullptr;
+      if (!o || !PyLong_CheckExact(o) || PyLong_AsLongLong(o) < 0) return nullptr;
+      sizes.push_back(sym::Expr(static_cast<int64_t>(PyLong_AsLongLong(o))));
+    }
+  }
+  DType t;
+  if (dtype && dtype != Py_None) {
+    if (!dtype_from_object(dtype, t)) return nullptr;
+  } else if (like) {
+    t = like_meta.dtype;
+  } else {
+    t = draw == Draw::Int ? DType::Int64 : default_dtype();
+  }
+  // rand's [0, 1) rounds up to 1 in a 16-bit type; rand and randn take floating types only,
+  // randint not bool (torch's kernels, with their errors)
+  if (draw == Draw::Uniform && t != DType::Float32 && t != DType::Float64) return nullptr;
+  if (draw == Draw::Normal && !is_floating(t)) return nullptr;
+  if (draw == Draw::Int && t == DType::Bool) return nullptr;
+  std::string where;
+  if (device && device != Py_None) {
+    static PyObject* device_type = resolve_torch("device");
+    PyObject* dev = PyObject_CallOneArg(device_type, device);
+    PyObject* str = dev ? PyObject_Str(dev) : nullptr;
+    Py_XDECREF(dev);
+    if (!str) return clear_error(), nullptr;
+    where = PyUnicode_AsUTF8(str);
+    Py_DECREF(str);
+  } else if (like) {
+    where = like_meta.device.str();
+  } else {
+    static PyObject* default_device = resolve_torch("get_default_device");
+    PyObject* dev = PyObject_CallNoArgs(default_device);
+    PyObject* str = dev ? PyObject_Str(dev) : nullptr;
+    Py_XDECREF(dev);
+    if (!str) return clear_error(), nullptr;
+    where = PyUnicode_AsUTF8(str);
+    Py_DECREF(str);
+  }
+  if (where != "cpu" && where.rfind("cuda", 0) != 0) return nullptr;
+  Interpreter* r = root();
+  ir::Attrs a;
+  a.set("size", sizes);
+  a.set("dtype", t);
+  a.set("device", where);
+  a.set("offset", r->rng_draws_++ * (int64_t{1} << 40));  // each draw its own stretch of counters
+  if (draw == Draw::Int) {
+    a.set("low", low);
+    a.set("high", high);
+  }
+  const char* op = draw == Draw::Uniform ? "random_uniform" : draw == Draw::Normal ? "random_normal" : "random_int";
+  return Var::tensor(add_node(op, {rng_seed()->node()}, a));
+}
+
 VarPtr Interpreter::checkpointed_call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   const size_t first = g_->nodes().size();
   VarPtr out = call(fn, std::move(args), std::move(kwargs));
@@ -1057,6 +1176,7 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   }();
   if (!any_tensor && factories.count(f))
     if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
+  if (VarPtr drawn = random_draw(f, args, kwargs)) return drawn;  // torch.rand(4, 8): kiln's draw
   // torch's own Python helpers on Python values (F._none_or_dtype, ...): inlined like user code
   if (!any_tensor && PyFunction_Check(f)) return inline_call(f, fn->source, std::move(args), kwargs);
   if (is_namedtuple_class(f)) return make_namedtuple(f, args, kwargs);
@@ -2108,6 +2228,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   static PyObject* f_dropout = resolve_torch_path("torch.nn.functional.dropout");
   static PyObject* torch_dropout = resolve_torch_path("torch.dropout");
   if (f == f_dropout || f == torch_dropout) return dropout(args, kwargs, f == f_dropout);
+  if (VarPtr drawn = random_draw(f, args, kwargs)) return drawn;
   if (draws()) unsupported("call to " + name + " draws random numbers: not captured yet");
   // x.detach(): the same values, outside autograd (the training graph stops gradients there).
   if (leaf == "detach" && args.size() == 1 && args[0]->is_tensor() && kwargs.empty()) {

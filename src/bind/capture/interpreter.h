@@ -199,6 +199,9 @@ class Interpreter {
   // F.dropout / torch.dropout: in training mode a `dropout` node whose mask comes from kiln's
   // generator (random_ops.cpp), keyed by the graph's seed input.
   VarPtr dropout(const std::vector<VarPtr>& args, const KwArgs& kwargs, bool functional);
+  // torch.rand / randn / randint and their _like forms: kiln's draws (random_ops.cpp), or
+  // nullptr where the call is not one capture takes (a generator, another layout...).
+  VarPtr random_draw(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False): fn(*args) inlined, the
   // nodes it makes marked `checkpoint`, so the backward recomputes them instead of reading
   // them saved (autodiff/partition.h).
