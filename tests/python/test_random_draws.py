@@ -124,3 +124,19 @@ def test_the_eager_backend_draws_with_torch():
     torch.manual_seed(5)
     torch.testing.assert_close(c(x), a, rtol=0, atol=0)
     assert a.dtype == torch.float32 and a.shape == (4,) and not torch.equal(a, c(x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bernoulli_masks_of_stochastic_depth(device):
+    # torchvision's StochasticDepth and timm's DropPath: empty(...).bernoulli_(keep), then scaled
+    def drop_path(x, keep=0.7):
+        mask = x.new_empty((x.shape[0], 1, 1)).bernoulli_(keep)
+        return x * mask.div_(keep), torch.bernoulli(torch.full_like(x, 0.25))
+    x = torch.ones(4096, 2, 3, device=device)
+    _one_graph(drop_path, x)
+    y, b = kiln.compile(drop_path)(x)
+    kept = (y[:, 0, 0] != 0).double()
+    assert all(v == 0 or abs(v - 1 / 0.7) < 1e-6 for v in y.unique().tolist())
+    assert abs(kept.mean().item() - 0.7) < 6 * math.sqrt(0.21 / 4096)
+    assert (y == y[:, :1, :1]).all()  # one draw per sample
+    assert set(b.unique().tolist()) <= {0.0, 1.0} and abs(b.mean().item() - 0.25) < 6 * math.sqrt(0.1875 / b.numel())

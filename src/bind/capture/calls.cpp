@@ -282,7 +282,30 @@ VarPtr Interpreter::dropout(const std::vector<VarPtr>& args, const KwArgs& kwarg
   return Var::tensor(add_node("dropout", {x, seed}, at));
 }
 
+ir::Node* Interpreter::uniform_draw(const std::vector<sym::Expr>& sizes, const std::string& device) {
+  ir::Attrs a;
+  a.set("size", sizes);
+  a.set("dtype", DType::Float32);
+  a.set("device", device);
+  a.set("offset", root()->rng_draws_++ * (int64_t{1} << 40));  // each draw its own stretch of counters
+  return add_node("random_uniform", {rng_seed()->node()}, a);
+}
+
 VarPtr Interpreter::random_draw(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  static PyObject* bernoulli = resolve_torch("bernoulli");
+  if (f == bernoulli) {
+    // torch.bernoulli(probabilities): 1 where a uniform draw falls below the element's
+    // probability, in its dtype and layout (a row-major one here)
+    if (args.size() != 1 || !args[0]->is_tensor()) return nullptr;
+    for (const auto& [k, v] : kwargs)
+      if (!(k == "generator" && v->is_const() && v->known() == Py_None)) return nullptr;
+    const ir::TensorMeta& m = args[0]->node()->meta;
+    if (!is_floating(m.dtype) || !ir::is_contiguous(m.sizes, m.strides)) return nullptr;
+    if (root()->grad_mode_ && root()->needs_grad_.count(args[0]->node())) return nullptr;
+    ir::Attrs c;
+    c.set("dtype", m.dtype);
+    return Var::tensor(add_node("convert", {add_node("lt", {uniform_draw(m.sizes, m.device.str()), args[0]->node()})}, c));
+  }
   enum class Draw { Uniform, Normal, Int };
   static const std::pair<PyObject*, std::pair<Draw, bool>> kinds[] = {
       {resolve_torch("rand"), {Draw::Uniform, false}},     {resolve_torch("randn"), {Draw::Normal, false}},
@@ -1936,6 +1959,21 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       if (root()->grad_mode_ && root()->needs_grad_.count(self->node()))
         copied = add_node("where", {as_node(Var::constant(Py_True), "copy_"), copied, self->node()});
       return mutate(self, copied);
+    }
+    if (base == "bernoulli" && args.size() + kwargs.size() == 1 && (kwargs.empty() || kwargs[0].first == "p")) {
+      // x.bernoulli_(p): ones with probability p (torchvision's StochasticDepth, timm's DropPath
+      // draw their keep masks so), from kiln's draws
+      PyObject* p = const_obj(args.empty() ? kwargs[0].second : args[0], "p");
+      if (PyFloat_Check(p) || (PyLong_Check(p) && !PyBool_Check(p))) {
+        const double prob = PyFloat_AsDouble(p);
+        if (!(prob >= 0 && prob <= 1)) unsupported("bernoulli_ with p outside [0, 1]: RuntimeError");
+        if (root()->grad_mode_ && root()->needs_grad_.count(self->node())) unsupported("bernoulli_ on a tensor autograd tracks");
+        check_inplace_target(self, name);
+        ir::Node* u = uniform_draw(m.sizes, m.device.str());
+        ir::Attrs c;
+        c.set("dtype", m.dtype);
+        return mutate(self, add_node("convert", {add_node("lt", {u, as_node(Var::steal_constant(PyFloat_FromDouble(prob)), "p")})}, c));
+      }
     }
     if (base == "zero" && args.empty() && kwargs.empty())  // x.zero_() is x.fill_(0) (NaNs too)
       return call_tensor_method(self, "fill_", {Var::steal_constant(PyLong_FromLong(0))}, {});

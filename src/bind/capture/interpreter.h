@@ -202,6 +202,8 @@ class Interpreter {
   // torch.rand / randn / randint and their _like forms: kiln's draws (random_ops.cpp), or
   // nullptr where the call is not one capture takes (a generator, another layout...).
   VarPtr random_draw(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  // Uniform [0, 1) float32s of `sizes` on `device`, a draw of its own (bernoulli's masks).
+  ir::Node* uniform_draw(const std::vector<sym::Expr>& sizes, const std::string& device);
   // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False): fn(*args) inlined, the
   // nodes it makes marked `checkpoint`, so the backward recomputes them instead of reading
   // them saved (autodiff/partition.h).
