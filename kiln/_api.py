@@ -115,11 +115,15 @@ def _data_parallel_type():
 
 
 def _global_hooks() -> bool:
-    return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
+    return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks or
+                _torch_module._global_backward_hooks or _torch_module._global_backward_pre_hooks)
 
 
 def _has_hooks(m: torch.nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or _global_hooks())
+    # forward hooks are captured with the forward; a module with backward hooks is called as
+    # nn.Module.__call__ calls it, which capture leaves to Python (its hooks fire in backward)
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks or
+                _global_hooks())
 
 
 def _call_module(module, *args, **kwargs):

@@ -931,3 +931,38 @@ def test_memory_format_arguments_give_eagers_layout(name, layout):
             torch.testing.assert_close(g[0], e[0], rtol=0, atol=0)
         else:
             assert g == e
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_training_dropout_of_an_integer_tensor_raises_as_eager(dtype):
+    f = lambda x: F.dropout(x, p=0.5)  # noqa: E731
+    x = torch.ones(2, 3, dtype=dtype)
+    with pytest.raises(RuntimeError):
+        f(x)
+    with pytest.raises(RuntimeError):
+        kiln.compile(f)(x)
+    g = lambda x: F.dropout(x, p=0.0) + 1  # noqa: E731
+    check(g, x.to(torch.int64))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weight_dtype", ["float32", "same"])
+def test_group_norm_of_a_16_bit_input_keeps_its_dtype(dtype, weight_dtype):
+    gn = torch.nn.GroupNorm(3, 90).eval().to(torch.float32 if weight_dtype == "float32" else dtype)
+    x = torch.randn(2, 90, 6, 6, dtype=dtype)
+    with torch.no_grad():
+        want, got = gn(x), kiln.compile(gn)(x)
+    assert got.dtype == want.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)
+
+
+def test_a_torch_call_whose_kernel_leaves_a_result_undefined():
+    # _native_multi_head_attention's attention weights: an empty tensor from the meta kernel,
+    # None from the CPU kernel when need_weights is False
+    def fn(q, k, v, qw, qb, pw, pb):
+        return torch._native_multi_head_attention(q, k, v, 6, 2, qw, qb, pw, pb, None, False)
+    args = [torch.randn(1, 3, 6) for _ in range(3)] + [torch.randn(18, 6), torch.randn(18), torch.randn(18, 6),
+                                                        torch.randn(18)]
+    want, got = fn(*args), kiln.compile(fn)(*args)
+    assert got[1] is None and want[1] is None
+    torch.testing.assert_close(got[0], want[0])

@@ -1141,3 +1141,126 @@ def test_convolution_results_are_saved_for_the_backward_in_their_own_layout():
     assert e.graph_count == 1 and e.backward_graphs
     copies = [k.name for k in e.kernels if re.fullmatch(r"kernel\d+_contiguous", k.name)]  # a copy alone
     assert not copies, copies
+
+
+def test_module_backward_hooks_fire_and_change_gradients_as_in_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    model[1].register_full_backward_pre_hook(lambda mod, go: (go[0] * 2,))
+    calls = []
+    model.register_full_backward_hook(lambda mod, gi, go: calls.append(1))  # on the compiled module itself
+    ref = copy.deepcopy(model)
+    compiled = kiln.compile(model)
+    x = torch.randn(2, 3)
+    ref(x).sum().backward()
+    compiled(x).sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert len(calls) == 2  # once for ref (a deep copy keeps hooks), once for the compiled call
+    # a hook added after the first compiled call is seen (a guard on the hook dicts)
+    plain = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    c = kiln.compile(plain)
+    c(x).sum().backward()
+    seen = []
+    plain[0].register_full_backward_hook(lambda mod, gi, go: seen.append(1))
+    c(x).sum().backward()
+    assert seen == [1]
+
+
+def _same_seed_grads(make, x):
+    torch.manual_seed(0)
+    model = make()
+    ref = copy.deepcopy(model)
+    compiled = kiln.compile(model)
+    outs = []
+    for m in (ref, compiled):
+        torch.manual_seed(1)
+        xi = x.clone().requires_grad_()
+        y = m(xi)
+        y = y[0] if isinstance(y, tuple) else y
+        y.square().sum().backward()
+        outs.append((y.detach(), xi.grad))
+    return outs
+
+
+@pytest.mark.parametrize("name", ["gru_dropout", "fractional_max_pool", "attention_dropout"])
+def test_random_torch_calls_are_not_drawn_again_in_the_backward(name):
+    # a torch call's gradient re-runs it: one that draws random numbers runs eagerly, so its
+    # gradient belongs to the mask its output used (same seed: eager's output and gradient)
+    make, x = {
+        "gru_dropout": (lambda: torch.nn.GRU(4, 8, num_layers=2, dropout=0.5), torch.randn(5, 2, 4)),
+        "fractional_max_pool": (lambda: torch.nn.FractionalMaxPool2d(2, output_size=(5, 5)), torch.randn(1, 2, 9, 9)),
+        "attention_dropout": (lambda: torch.nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True),
+                              torch.randn(2, 6, 8)),
+    }[name]
+    if name == "attention_dropout":
+        mha = make
+        make = lambda: _SelfAttention(mha())  # noqa: E731
+    (ye, ge), (yk, gk) = _same_seed_grads(make, x)
+    torch.testing.assert_close(yk, ye)
+    torch.testing.assert_close(gk, ge)
+
+
+class _SelfAttention(torch.nn.Module):
+    def __init__(self, mha):
+        super().__init__()
+        self.mha = mha
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+def test_instance_norm_running_statistics_are_updated_once():
+    torch.manual_seed(0)
+    m = torch.nn.InstanceNorm2d(2, track_running_stats=True)
+    ref = copy.deepcopy(m)
+    x = torch.randn(2, 2, 4, 4, requires_grad=True)
+    ref(x).pow(2).sum().backward()
+    kiln.compile(m)(x).pow(2).sum().backward()
+    torch.testing.assert_close(m.running_mean, ref.running_mean)
+    torch.testing.assert_close(m.running_var, ref.running_var)
+
+
+@pytest.mark.parametrize("flag", ["scale_grad_by_freq", "sparse"])
+def test_embedding_gradient_flags(flag):
+    torch.manual_seed(0)
+    m = torch.nn.Embedding(5, 2, **{flag: True})
+    ref = copy.deepcopy(m)
+    idx = torch.tensor([1, 2, 2, 3])
+    ref(idx).sum().backward()
+    kiln.compile(m)(idx).sum().backward()
+    assert m.weight.grad.layout == ref.weight.grad.layout
+    torch.testing.assert_close(m.weight.grad.to_dense(), ref.weight.grad.to_dense())
+
+
+def test_a_parametrization_runs_once_a_call():
+    from torch.nn.utils import parametrize
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, w):
+            with torch.no_grad():
+                self.calls += 1
+            return w * 2
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2)
+    parametrize.register_parametrization(m, "weight", Scale())
+    ref = copy.deepcopy(m)
+    compiled = kiln.compile(m)
+    x = torch.randn(4, 3)
+    for _ in range(3):
+        ref(x).sum().backward()
+        compiled(x).sum().backward()
+        assert m.parametrizations.weight[0].calls.item() == ref.parametrizations.weight[0].calls.item()
+        torch.testing.assert_close(m.parametrizations.weight.original.grad, ref.parametrizations.weight.original.grad)
+    # spectral_norm's power iteration: one step a call, as eager's
+    sn, sn_ref = (torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(4, 4)) for _ in range(2))
+    sn_ref.load_state_dict(sn.state_dict())
+    c = kiln.compile(sn)
+    for _ in range(2):
+        c(x.repeat(1, 2)[:, :4]).sum().backward()
+        sn_ref(x.repeat(1, 2)[:, :4]).sum().backward()
+    torch.testing.assert_close(sn.parametrizations.weight[0]._u, sn_ref.parametrizations.weight[0]._u)

@@ -273,7 +273,9 @@ VarPtr Interpreter::dropout(const std::vector<VarPtr>& args, const KwArgs& kwarg
   if (p < 0 || p > 1) unsupported("shape/dtype check of dropout failed: ValueError: dropout probability has to be between 0 and 1, but got " + std::to_string(p));
   if (functional && flag(a[3], false)) unsupported("in-place dropout (inplace=True) is not captured yet");
   ir::Node* x = a[0]->node();
-  if (!training || p == 0 || !is_floating(x->meta.dtype)) return a[0];  // eager hands the input back
+  if (!training || p == 0) return a[0];  // eager hands the input back
+  if (!is_floating(x->meta.dtype))  // eager's error: its mask is float
+    unsupported("shape/dtype check of dropout failed: RuntimeError: result type Float can't be cast to the desired output type");
   Interpreter* r = root();
   ir::Attrs at;
   at.set("p", p);
@@ -2197,7 +2199,80 @@ static bool float32_loss(PyObject* f) {
   return losses.count(f) > 0;
 }
 
+namespace {
+
+bool positive_float(const VarPtr& v) { return v && v->is_const() && PyFloat_Check(v->known()) && PyFloat_AsDouble(v->known()) > 0; }
+bool is_true(const VarPtr& v) { return v && v->is_const() && v->known() == Py_True; }
+
+}  // namespace
+
+std::string Interpreter::rerun_differs(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  // A torch call's gradient is the backward of running it again (aten_vjp): fine for a pure
+  // function, wrong for one that draws random numbers (another mask in the backward) or updates
+  // an input in place (running statistics updated twice).
+  static PyObject* sdpa = resolve_torch_path("torch.nn.functional.scaled_dot_product_attention");
+  static const std::set<PyObject*> rnns = [this] {
+    std::set<PyObject*> s;
+    for (const char* n : {"torch._VF.lstm", "torch._VF.gru", "torch._VF.rnn_tanh", "torch._VF.rnn_relu"})
+      if (PyObject* o = resolve_torch_path(n)) s.insert(o);
+    return s;
+  }();
+  auto arg = [&](size_t i, const char* key) -> VarPtr {
+    for (const auto& [k, v] : kwargs)
+      if (k == key) return v;
+    return i < args.size() ? args[i] : nullptr;
+  };
+  static const std::set<PyObject*> fractional = [this] {
+    std::set<PyObject*> s;
+    for (const char* n : {"torch.nn.functional.fractional_max_pool2d", "torch.nn.functional.fractional_max_pool3d",
+                          "torch.nn.functional.fractional_max_pool2d_with_indices",
+                          "torch.nn.functional.fractional_max_pool3d_with_indices"})
+      if (PyObject* o = resolve_torch_path(n)) s.insert(o);
+    return s;
+  }();
+  if (f == sdpa && positive_float(arg(4, "dropout_p"))) return "attention with dropout draws its mask again in the backward";
+  if (fractional.count(f)) {
+    VarPtr samples = arg(5, "_random_samples");
+    if (!samples || (samples->is_const() && samples->known() == Py_None)) return "fractional max-pooling draws its windows again in the backward";
+  }
+  if (rnns.count(f))  // (..., num_layers, dropout, train, ...): the one float argument
+    for (size_t i = 0; i + 1 < args.size(); ++i)
+      if (positive_float(args[i]) && is_true(args[i + 1])) return "a recurrent layer's dropout draws its masks again in the backward";
+  // (running_mean's position, the flag that updates it, its position and default)
+  struct Norm { int stats; const char* flag; int at; bool dflt; };
+  static const std::map<PyObject*, Norm> norms = [this] {
+    std::map<PyObject*, Norm> m;
+    auto add = [&](const char* path, Norm n) {
+      if (PyObject* o = resolve_torch_path(path)) m[o] = n;
+    };
+    add("torch.instance_norm", {3, "use_input_stats", 5, false});
+    add("torch.batch_norm", {3, "training", 5, false});
+    add("torch.nn.functional.instance_norm", {1, "use_input_stats", 5, true});
+    add("torch.nn.functional.batch_norm", {1, "training", 5, false});
+    return m;
+  }();
+  if (auto it = norms.find(f); it != norms.end()) {
+    const Norm& n = it->second;
+    VarPtr stats = arg(static_cast<size_t>(n.stats), "running_mean"), flag = arg(static_cast<size_t>(n.at), n.flag);
+    if (stats && stats->is_tensor() && (flag ? is_true(flag) : n.dflt))
+      return "a norm's running statistics would be updated again in the backward";
+  }
+  return {};
+}
+
 VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args_in, const KwArgs& kwargs_in) {
+  if (root()->grad_mode_) {
+    std::string why = rerun_differs(f, args_in, kwargs_in);
+    std::function<bool(const VarPtr&)> tracked = [&](const VarPtr& v) {
+      if (v->is_tensor()) return root()->needs_grad_.count(v->node()) > 0;
+      if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List)
+        return std::any_of(v->seq().begin(), v->seq().end(), tracked);
+      return false;
+    };
+    if (!why.empty() && (std::any_of(args_in.begin(), args_in.end(), tracked) ||
+                         std::any_of(kwargs_in.begin(), kwargs_in.end(), [&](const auto& kv) { return tracked(kv.second); })))
+      unsupported("call to " + name + " with inputs that require grad: " + why);
+  }
   // A size tuple holding 0-d tensors capture knows (as_strided(size=(B, n + 1, w, d))): their
   // ints, as torch reads them through __index__. Only in a tuple or list whose other items
   // are Python ints, so that a list of tensors (torch.stack([a, b])) stays one.
@@ -2527,6 +2602,10 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     if (!is_tensor(results[k]) || !tensor_info(results[k], infos[k], why)) unsupported(name + " returns something other than tensors");
     // torch.ones(2, requires_grad=True): a new leaf autograd tracks, which the graph's value is not
     if (infos[k].requires_grad) unsupported(name + " makes a tensor that requires grad (a new leaf): not captured");
+    // A meta kernel's empty result may be None from the real one (the attention weights
+    // _native_multi_head_attention leaves undefined when they are not asked for)
+    if (tuple && results.size() > 1 && std::find(infos[k].sizes.begin(), infos[k].sizes.end(), 0) != infos[k].sizes.end())
+      unsupported(name + " returns an empty tensor among its results, which torch's kernel may leave undefined");
   }
   // Which results autograd tracks, as eager decides it: the call again on meta tensors that
   // require grad where the inputs do (x.type_as(w) does not track w; most operators do).

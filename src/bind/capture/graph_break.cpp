@@ -307,7 +307,15 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
     std::vector<size_t> resumes_at{pc + 1};
     if (brk->kind == GraphBreak::Kind::Jump)
       if (auto t = ci.by_offset.find(in.jump_target); t != ci.by_offset.end()) resumes_at.push_back(t->second);
-    const std::vector<bool> live = live_locals(code_, ci, resumes_at, nv);
+    std::vector<bool> live = live_locals(code_, ci, resumes_at, nv);
+    // Zero-argument super() reads the frame's first argument with no instruction of its own:
+    // a method that uses it (its code has the __class__ cell) hands that argument on.
+    if (auto* co = reinterpret_cast<PyCodeObject*>(code_); co->co_argcount > 0 && !live.empty()) {
+      PyObject* frees = PyCode_GetFreevars(co);
+      for (Py_ssize_t i = 0; frees && i < PyTuple_GET_SIZE(frees); ++i)
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(frees, i), "__class__") == 0) live[0] = true;
+      Py_XDECREF(frees);
+    }
     for (int i = 0; i < nv; ++i) {
       OutSpec spec;
       if (before.locals[i] && live[static_cast<size_t>(i)]) spec = break_spec(before.locals[i]);

@@ -202,6 +202,9 @@ class Interpreter {
   // torch.rand / randn / randint and their _like forms: kiln's draws (random_ops.cpp), or
   // nullptr where the call is not one capture takes (a generator, another layout...).
   VarPtr random_draw(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  // Why running torch call `f` again in the backward (its gradient, aten_vjp) would not repeat
+  // the forward (a random draw, an in-place update of an input); empty when it would.
+  std::string rerun_differs(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // Uniform [0, 1) float32s of `sizes` on `device`, a draw of its own (bernoulli's masks).
   ir::Node* uniform_draw(const std::vector<sym::Expr>& sizes, const std::string& device);
   // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False): fn(*args) inlined, the

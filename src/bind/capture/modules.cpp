@@ -617,11 +617,46 @@ const char* Interpreter::fresh_state(PyObject* m, bool tensor_attributes) {
   return owns ? "tensors" : nullptr;
 }
 
+namespace {
+
+// Whether `name` is a tensor of module `m` that torch.nn.utils.parametrize computes (its
+// parametrizations ModuleDict has an entry of that name).
+bool parametrized(PyObject* m, const char* name) {
+  PyObject* children = PyObject_GenericGetDict(m, nullptr);
+  PyObject* modules = children ? PyDict_GetItemString(children, "_modules") : nullptr;  // borrowed
+  PyObject* p = modules && PyDict_Check(modules) ? PyDict_GetItemString(modules, "parametrizations") : nullptr;
+  PyObject* entries = p ? PyObject_GetAttrString(p, "_modules") : nullptr;
+  const bool found = entries && PyDict_Check(entries) && PyDict_GetItemString(entries, name);
+  Py_XDECREF(entries);
+  Py_XDECREF(children);
+  PyErr_Clear();
+  return found;
+}
+
+}  // namespace
+
 VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {
   // What the frame stored there earlier in this capture (module.eval() sets `training`).
   if (const AttrStore* st = logged_attr(mod->obj(), name)) {
     if (!st->value) unsupported(std::string("read of attribute ") + name + " deleted during capture: AttributeError");
     return st->value;
+  }
+  // A parametrized tensor (torch.nn.utils.parametrize makes `weight` a property of the module's
+  // class, computed from `parametrizations.weight`) is its getter inlined, as any code: reading
+  // it for real here would run the parametrization once more than eager does (spectral_norm's
+  // power iteration, a counter kept in a parametrization).
+  if (PyObject* key = parametrized(mod->obj(), name) ? PyUnicode_FromString(name) : nullptr) {
+    PyObject* descr = _PyType_Lookup(Py_TYPE(mod->obj()), key);  // borrowed
+    Py_DECREF(key);
+    if (descr && PyObject_TypeCheck(descr, &PyProperty_Type)) {
+      PyObject* fget = PyObject_GetAttrString(descr, "fget");
+      if (!fget) clear_error();
+      if (fget && PyFunction_Check(fget)) {
+        keep_.push_back(fget);
+        return call(Var::constant(fget), {mod}, {});
+      }
+      Py_XDECREF(fget);
+    }
   }
   PyObject* v = PyObject_GetAttrString(mod->obj(), name);
   if (!v) {
@@ -651,12 +686,28 @@ VarPtr Interpreter::call_module(VarPtr mod, std::vector<VarPtr> args, const KwAr
       clear_error();
       return d;
     }();
-    for (const char* g : {"_global_forward_hooks", "_global_forward_pre_hooks"}) {
+    for (const char* g : {"_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                          "_global_backward_pre_hooks"}) {
       PyObject* d = mm ? PyDict_GetItemString(mm, g) : nullptr;
       if (!d || !PyDict_Check(d)) continue;
-      if (PyDict_Size(d) > 0) unsupported("global module forward hooks are not captured yet");
+      if (PyDict_Size(d) > 0) unsupported("global module hooks are not captured yet");
       out_.guards.add_length(Source::global(g, mm), 0);
     }
+  }
+  // Backward hooks (register_full_backward_hook, register_full_backward_pre_hook) run in
+  // autograd's backward through torch's BackwardHook wrappers, which a compiled backward has
+  // none of: such a module's call runs in Python, where they fire (a hook added later is a
+  // guard failure).
+  for (const char* h : {"_backward_hooks", "_backward_pre_hooks"}) {
+    PyObject* d = PyObject_GetAttrString(m, h);
+    if (!d) {
+      clear_error();
+      continue;
+    }
+    const Py_ssize_t n = PyDict_Check(d) ? PyDict_Size(d) : 0;
+    Py_DECREF(d);
+    if (n > 0) unsupported("a module with backward hooks runs in Python (its hooks fire in autograd's backward)");
+    if (mod->source) out_.guards.add_length(Source::attr(mod->source, h), 0);
   }
   std::vector<VarPtr> pre_hooks, post_hooks;
   for (const char* h : {"_forward_pre_hooks", "_forward_hooks"}) {

@@ -230,6 +230,12 @@ Node* decompose_group_norm(Graph& g, Node* n) {
     if (p && !(p->meta.dim() == 1 && sym::same_size(p->meta.sizes[0], Expr(c))))
       throw std::runtime_error("RuntimeError: Expected weight to be a vector of size equal to the number of channels in input, but got weight of shape " +
                                sym::str(p->meta.sizes) + " and input of shape " + ir::attr_str(sizes));
+  // torch's kernels compute a 16-bit input's statistics and result in float (its weight and
+  // bias too, float32 ones included) and hand back the input's dtype
+  const DType t = x->meta.dtype;
+  const bool half = is_16bit_float(t);
+  auto in_float = [&](Node* v) { return v && half && v->meta.dtype != DType::Float32 ? g.must_add("convert", {v}, A({{"dtype", DType::Float32}})) : v; };
+  x = in_float(x), w = in_float(w), b = in_float(b);
   Ints split = {sizes[0], groups, c / groups}, dims;
   split.insert(split.end(), sizes.begin() + 2, sizes.end());
   for (int64_t i = 2; i < static_cast<int64_t>(split.size()); ++i) dims.push_back(i);
@@ -243,7 +249,7 @@ Node* decompose_group_norm(Graph& g, Node* n) {
   per_channel[1] = c;
   if (w) y = g.must_add("mul", {y, g.must_add("reshape", {w}, A({{"shape", per_channel}}))});
   if (b) y = g.must_add("add", {y, g.must_add("reshape", {b}, A({{"shape", per_channel}}))});
-  return y;
+  return half && y->meta.dtype != t ? g.must_add("convert", {y}, A({{"dtype", t}})) : y;
 }
 
 }  // namespace
@@ -437,6 +443,13 @@ std::vector<OpDef> nn_ops() {
         return true;
       },
       {"torch.ops.aten.embedding.default"}));
+  // The weight's gradient is torch's (aten_vjp, with scale_grad_by_freq); a sparse one is a
+  // layout kiln's backward programs do not hand out: such a training call runs eagerly.
+  ops.back().derivative = [vjp = aten_vjp_derivative("aten::embedding")](Graph& g, Node* n, Node* grad) {
+    if (n->attrs.get_bool("sparse"))
+      throw std::runtime_error("kiln: the sparse gradient of an embedding (sparse=True) is not built yet");
+    return vjp(g, n, grad);
+  };
   OpDef emb;
   emb.name = "embedding";
   emb.schema = Schema::parse("embedding(Tensor input, Tensor weight, int? padding_idx=None, float? max_norm=None, float norm_type=2.0, bool scale_grad_by_freq=False, bool sparse=False)");
@@ -444,7 +457,11 @@ std::vector<OpDef> nn_ops() {
   emb.promotion = Promotion::None;
   emb.decompose = [](Graph& g, Node* n) -> Node* {
     if (n->attrs.has("max_norm")) throw std::runtime_error("kiln: embedding with max_norm renormalizes the weight in place: not compiled");
-    return g.must_add("embedding_lookup", {n->inputs[1], n->inputs[0]}, A({{"padding_idx", n->attrs.get_int("padding_idx", -1)}}));
+    // the flags only the gradient reads (torch's, through aten_vjp) go with the lookup
+    return g.must_add("embedding_lookup", {n->inputs[1], n->inputs[0]},
+                      A({{"padding_idx", n->attrs.get_int("padding_idx", -1)},
+                         {"scale_grad_by_freq", n->attrs.get_bool("scale_grad_by_freq")},
+                         {"sparse", n->attrs.get_bool("sparse")}}));
   };
   emb.python = {"torch.nn.functional.embedding"};
   infer_by_decomposition(emb);
