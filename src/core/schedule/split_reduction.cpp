@@ -94,13 +94,16 @@ const Stage* splittable(const loop::Program& p, const Kernel& k) {
   return reads_own ? nullptr : reduce;
 }
 
-// How many parallel units the generator gives the kernel as it is: on the CPU an iteration per
-// output; on the GPU a block per output row, or per 32 outputs of a column reduction
-// (loop::reduces_columns: neighbouring outputs in a warp's lanes).
+// How many parallel units the generator gives the kernel as it is. A column reduction
+// (loop::reduces_columns) puts neighbouring outputs side by side: on the GPU 32 to a block, on
+// the CPU the whole innermost outer loop in vector lanes, so the threads share the rest. Other
+// reductions: a GPU block per output, a CPU iteration per output.
 int64_t units_unsplit(const loop::Program& p, const Kernel& k, int64_t outputs) {
   if (k.vars.empty()) return 1;
-  if (p.device.type != DeviceType::CUDA || !loop::reduces_columns(p, k)) return outputs;
-  return (outputs + 31) / 32;
+  if (!loop::reduces_columns(p, k)) return outputs;
+  if (p.device.type == DeviceType::CUDA) return (outputs + 31) / 32;
+  auto inner = k.ranges.back().as_const();
+  return inner && *inner > 0 ? outputs / *inner : outputs;
 }
 
 struct Split {
