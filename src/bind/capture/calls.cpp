@@ -2602,10 +2602,6 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     if (!is_tensor(results[k]) || !tensor_info(results[k], infos[k], why)) unsupported(name + " returns something other than tensors");
     // torch.ones(2, requires_grad=True): a new leaf autograd tracks, which the graph's value is not
     if (infos[k].requires_grad) unsupported(name + " makes a tensor that requires grad (a new leaf): not captured");
-    // A meta kernel's empty result may be None from the real one (the attention weights
-    // _native_multi_head_attention leaves undefined when they are not asked for)
-    if (tuple && results.size() > 1 && std::find(infos[k].sizes.begin(), infos[k].sizes.end(), 0) != infos[k].sizes.end())
-      unsupported(name + " returns an empty tensor among its results, which torch's kernel may leave undefined");
   }
   // Which results autograd tracks, as eager decides it: the call again on meta tensors that
   // require grad where the inputs do (x.type_as(w) does not track w; most operators do).
