@@ -88,9 +88,16 @@ def test_chunk_results_are_not_updated_in_place_through_kiln():
 
 
 def test_random_ops_are_not_externs():
+    # a draw is kiln's own node (test_random_draws.py), never a torch call whose order against
+    # eager's generator stream would matter; one with a generator of its own stays torch's
     def f(x):
         return x + torch.rand_like(x)
     e = kiln.explain(f)(torch.randn(3))
+    assert not e.break_reasons and "torch_call" not in e.captured and "random_uniform" in e.captured
+
+    def g(x, gen):
+        return x + torch.rand(3, generator=gen)
+    e = kiln.explain(g)(torch.randn(3), torch.Generator())
     assert e.break_reasons and "rand" in e.break_reasons[0]["reason"]
 
 

@@ -170,6 +170,7 @@ def _stage_nodes(loss):
 
 def test_backward_in_bucket_stages_accumulates_a_bucket_before_the_next_stage_runs(one_process_group):
     import kiln
+    fallbacks = kiln.stats()["eager_fallbacks"]  # the counters are the process's: earlier tests add to them
     model, ref = _model(), _model()
     compiled = kiln.compile(torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=SMALL_BUCKETS_MB))
     events = []
@@ -195,7 +196,7 @@ def test_backward_in_bucket_stages_accumulates_a_bucket_before_the_next_stage_ru
     torch.testing.assert_close(loss, ref_loss)
     for (name, a), b in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
-    assert kiln.stats()["eager_fallbacks"] == 0
+    assert kiln.stats()["eager_fallbacks"] == fallbacks
     # the model DDP wraps is what kiln compiled, and explain shows it; the model is as it was
     assert "forward" not in model.__dict__
     assert kiln.explain(compiled)(x).graph_count == 1
