@@ -1264,3 +1264,25 @@ def test_a_parametrization_runs_once_a_call():
         c(x.repeat(1, 2)[:, :4]).sum().backward()
         sn_ref(x.repeat(1, 2)[:, :4]).sum().backward()
     torch.testing.assert_close(sn.parametrizations.weight[0]._u, sn_ref.parametrizations.weight[0]._u)
+
+
+@pytest.mark.parametrize("op", [torch.maximum, torch.minimum])
+def test_maximum_and_minimum_gradients_with_nan_and_ties(op):
+    # torch zeroes only the operand the other one beats: a NaN beats nothing and is beaten by
+    # nothing, so both operands get the gradient there; equal operands split it
+    a = torch.tensor([0.0, float("inf"), -1.0, float("nan"), 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    b = torch.tensor([0.0, 1.0, float("nan"), float("nan"), 5.0, -3.0], dtype=torch.float64, requires_grad=True)
+    grads = []
+    for f in (op, kiln.compile(lambda x, y: op(x, y))):
+        a.grad = b.grad = None
+        (f(a, b) * torch.arange(1.0, 7.0, dtype=torch.float64)).sum().backward()
+        grads.append((a.grad.clone(), b.grad.clone()))
+    torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
+    # through a ReLU of the same tensor (fuzz_grad seed 586051)
+    t = torch.tensor([-1.0, 0.0, 2.0, float("nan")], dtype=torch.float64, requires_grad=True)
+    out = []
+    for f in (lambda t: op(t, F.relu(t)), kiln.compile(lambda t: op(t, F.relu(t)))):
+        t.grad = None
+        f(t).sum().backward()
+        out.append(t.grad.clone())
+    torch.testing.assert_close(out[1], out[0], equal_nan=True)

@@ -595,16 +595,18 @@ std::vector<OpDef> pointwise_ops() {
   for (bool is_max : {true, false}) {
     OpDef d = is_max ? binary("maximum", SOp::Max, D, {"torch.maximum", "Tensor.maximum"})
                      : binary("minimum", SOp::Min, D, {"torch.minimum", "Tensor.minimum"});
-    // To the larger (smaller) operand; split in half between equal ones, as torch does.
+    // To the larger (smaller) operand; split in half between equal ones, as torch does. Each
+    // operand gets the gradient unless the other one wins (torch's masked_fill_ of the loser):
+    // with a NaN, neither wins and both get it.
     d.derivative = [is_max](Graph& g, Node* n, Node* grad) {
       using namespace grad_ops;
       Node *a = n->inputs[0], *b = n->inputs[1];
       Node* half = scaled(g, grad, 0.5);
       Node* tie = g.must_add("eq", {a, b});
-      Node* a_wins = g.must_add(is_max ? "gt" : "lt", {a, b});
-      Node* b_wins = g.must_add(is_max ? "lt" : "gt", {a, b});
-      return std::vector<Node*>{g.must_add("where", {tie, half, only_where(g, a_wins, grad)}),
-                                g.must_add("where", {tie, half, only_where(g, b_wins, grad)})};
+      Node* a_keeps = g.must_add("logical_not", {g.must_add(is_max ? "lt" : "gt", {a, b})});
+      Node* b_keeps = g.must_add("logical_not", {g.must_add(is_max ? "gt" : "lt", {a, b})});
+      return std::vector<Node*>{g.must_add("where", {tie, half, only_where(g, a_keeps, grad)}),
+                                g.must_add("where", {tie, half, only_where(g, b_keeps, grad)})};
     };
     d.keeps_inputs = {{0, 1}, {0, 1}};  // both operands, for either gradient
     ops.push_back(d);
