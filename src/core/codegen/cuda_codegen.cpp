@@ -325,9 +325,8 @@ RowPlan plan_rows(const loop::Program& p, const Kernel& k, unsigned block, int w
 // statistics over N, H and W): a row per warp would read one element per 32-byte sector. Here
 // the 32 lanes of a warp take 32 neighbouring output points (coalesced loads), the block's R
 // warps split the reduced points among them, and the R partial results meet in shared memory.
-// Taken when every looping stage is a reduction over the same points, the kernel stores only at
-// its outer points, and the reduced loads step by one along the outer space and not along the
-// reduction (or do not move along the outer space at all: the same element for every lane).
+// Taken for the kernels loop::reduces_columns describes (the CPU generator puts the same
+// neighbouring outputs in vector lanes), at least 8 outputs and 64 reduced points each.
 struct ColumnPlan {
   bool columns = false;
   int parts = 0;        // R: warps of a block splitting the reduced points
