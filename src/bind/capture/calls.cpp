@@ -279,7 +279,7 @@ VarPtr Interpreter::dropout(const std::vector<VarPtr>& args, const KwArgs& kwarg
   Interpreter* r = root();
   ir::Attrs at;
   at.set("p", p);
-  at.set("offset", r->rng_draws_++ * (int64_t{1} << 40));  // each draw its own stretch of counters
+  at.set("offset", next_draw_offset());
   ir::Node* seed = rng_seed()->node();
   return Var::tensor(add_node("dropout", {x, seed}, at));
 }
@@ -289,8 +289,23 @@ ir::Node* Interpreter::uniform_draw(const std::vector<sym::Expr>& sizes, const s
   a.set("size", sizes);
   a.set("dtype", DType::Float32);
   a.set("device", device);
-  a.set("offset", root()->rng_draws_++ * (int64_t{1} << 40));  // each draw its own stretch of counters
+  a.set("offset", next_draw_offset());
   return add_node("random_uniform", {rng_seed()->node()}, a);
+}
+
+int64_t Interpreter::next_draw_offset() { return root()->rng_draws_++ * (int64_t{1} << 40); }  // each draw its own stretch of counters
+
+std::optional<std::string> Interpreter::device_name(PyObject* device) {
+  // torch.device(device), or torch's default device; its str() ("cpu", "cuda:0")
+  static PyObject* device_type = resolve_torch("device");
+  static PyObject* default_device = resolve_torch("get_default_device");
+  PyObject* dev = device && device != Py_None ? PyObject_CallOneArg(device_type, device) : PyObject_CallNoArgs(default_device);
+  PyObject* str = dev ? PyObject_Str(dev) : nullptr;
+  Py_XDECREF(dev);
+  if (!str) return clear_error(), std::nullopt;
+  std::string where = PyUnicode_AsUTF8(str);
+  Py_DECREF(str);
+  return where;
 }
 
 VarPtr Interpreter::random_draw(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
@@ -392,32 +407,19 @@ VarPtr Interpreter::random_draw(PyObject* f, const std::vector<VarPtr>& args, co
   if (draw == Draw::Normal && !is_floating(t)) return nullptr;
   if (draw == Draw::Int && t == DType::Bool) return nullptr;
   std::string where;
-  if (device && device != Py_None) {
-    static PyObject* device_type = resolve_torch("device");
-    PyObject* dev = PyObject_CallOneArg(device_type, device);
-    PyObject* str = dev ? PyObject_Str(dev) : nullptr;
-    Py_XDECREF(dev);
-    if (!str) return clear_error(), nullptr;
-    where = PyUnicode_AsUTF8(str);
-    Py_DECREF(str);
-  } else if (like) {
+  if (like && (!device || device == Py_None)) {
     where = like_meta.device.str();
+  } else if (std::optional<std::string> d = device_name(device)) {
+    where = *d;
   } else {
-    static PyObject* default_device = resolve_torch("get_default_device");
-    PyObject* dev = PyObject_CallNoArgs(default_device);
-    PyObject* str = dev ? PyObject_Str(dev) : nullptr;
-    Py_XDECREF(dev);
-    if (!str) return clear_error(), nullptr;
-    where = PyUnicode_AsUTF8(str);
-    Py_DECREF(str);
+    return nullptr;
   }
   if (where != "cpu" && where.rfind("cuda", 0) != 0) return nullptr;
-  Interpreter* r = root();
   ir::Attrs a;
   a.set("size", sizes);
   a.set("dtype", t);
   a.set("device", where);
-  a.set("offset", r->rng_draws_++ * (int64_t{1} << 40));  // each draw its own stretch of counters
+  a.set("offset", next_draw_offset());
   if (draw == Draw::Int) {
     a.set("low", low);
     a.set("high", high);
@@ -871,9 +873,7 @@ namespace {
 // "value cannot be converted to type uint8_t without overflow" where it does not): that
 // conversion itself, filling a tensor on the CPU. torch fills a tensor of one element without
 // the check (float16's 1e6 is inf there, and raises for two elements or none): so does the probe.
-bool fits_dtype(PyObject* v, DType t, bool one_element) {
-  PyObject* torch = PyImport_ImportModule("torch");
-  PyObject* empty = torch ? PyObject_GetAttrString(torch, "empty") : nullptr;
+bool fits_dtype(PyObject* empty, PyObject* v, DType t, bool one_element) {
   PyObject* shape = Py_BuildValue("(i)", one_element ? 1 : 2);
   PyObject* args = empty ? PyTuple_Pack(1, shape) : nullptr;
   PyObject* kwargs = Py_BuildValue("{s:O}", "dtype", torch_dtype_object(t));
@@ -881,7 +881,7 @@ bool fits_dtype(PyObject* v, DType t, bool one_element) {
   PyObject* filled = scalar ? PyObject_CallMethod(scalar, "fill_", "O", v) : nullptr;
   const bool ok = filled != nullptr;
   if (!ok) PyErr_Clear();
-  for (PyObject* o : {filled, scalar, kwargs, args, shape, empty, torch}) Py_XDECREF(o);
+  for (PyObject* o : {filled, scalar, kwargs, args, shape}) Py_XDECREF(o);
   return ok;
 }
 
@@ -1565,15 +1565,9 @@ VarPtr Interpreter::full_node(const std::vector<VarPtr>& size, const VarPtr& val
     Py_XDECREF(d);
     if (!ok) return nullptr;
   }
-  static PyObject* device_type = resolve_torch("device");
-  static PyObject* default_device = resolve_torch("get_default_device");
-  PyObject* dev = device && device != Py_None ? PyObject_CallOneArg(device_type, device) : PyObject_CallNoArgs(default_device);
-  if (!dev) real(nullptr);
-  PyObject* s = PyObject_Str(dev);
-  Py_DECREF(dev);
-  if (!s) real(nullptr);
-  std::string where = PyUnicode_AsUTF8(s);
-  Py_DECREF(s);
+  std::optional<std::string> d = device_name(device);
+  if (!d) return nullptr;
+  const std::string& where = *d;
   if (where != "cpu" && where.rfind("cuda", 0) != 0) return nullptr;
   ir::Attrs a;
   a.set("size", sizes);
@@ -2011,7 +2005,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       }
       // torch converts the value to the dtype checked ("value cannot be converted to type
       // uint8_t without overflow"): the same conversion on a scalar tensor tells.
-      if (!fits_dtype(v, m.dtype, sym::same_size(sym::product(m.sizes), 1))) unsupported("fill_ with a value out of the tensor dtype's range: RuntimeError");
+      if (!fits_dtype(resolve_torch("empty"), v, m.dtype, sym::same_size(sym::product(m.sizes), 1))) unsupported("fill_ with a value out of the tensor dtype's range: RuntimeError");
       check_inplace_target(self, name);
       ir::Attrs a;
       a.set("size", m.sizes);

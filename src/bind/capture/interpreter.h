@@ -207,6 +207,9 @@ class Interpreter {
   std::string rerun_differs(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // Uniform [0, 1) float32s of `sizes` on `device`, a draw of its own (bernoulli's masks).
   ir::Node* uniform_draw(const std::vector<sym::Expr>& sizes, const std::string& device);
+  int64_t next_draw_offset();  // the counters of the graph's next random draw
+  // str(torch.device(device)) ("cpu", "cuda:0"), torch's default device for None or nullptr
+  std::optional<std::string> device_name(PyObject* device);
   // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False): fn(*args) inlined, the
   // nodes it makes marked `checkpoint`, so the backward recomputes them instead of reading
   // them saved (autodiff/partition.h).
