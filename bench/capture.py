@@ -7,6 +7,8 @@ Workloads:
   straight-line   a generated function of 1,000 tensor operations (sin, mul, add, tanh, relu
                   in turn), no control flow
   sequential-50   nn.Sequential of 50 layers (25 x Linear(64, 64) + ReLU), input (8, 64)
+  unrolled-2000   a Python loop of 2,000 iterations (a multiply-add each, its result appended to
+                  a list): capture must stay linear in the number of instructions it runs
 
 What is measured (median of --repeat runs, each after resetting both compilers):
   torch._dynamo   the first call of torch.compile(fn, backend=<a backend that returns the
@@ -57,6 +59,16 @@ def sequential(n: int = 50):
     return nn.Sequential(*layers).eval(), (torch.randn(8, 64),)
 
 
+def unrolled_loop(n: int = 2000):
+    def unrolled(x):
+        outs = []
+        for i in range(n):
+            x = x * 0.999 + i % 3
+            outs.append(x)
+        return outs[-1] + outs[0]
+    return unrolled, (torch.randn(16),)
+
+
 def passthrough_backend(gm, example_inputs):
     return gm.forward
 
@@ -98,7 +110,8 @@ def main() -> int:
     opts = ap.parse_args()
     rows = []
     with torch.no_grad():
-        for title, make in (("1,000-op straight-line function", straight_line), ("50-layer nn.Sequential", sequential)):
+        for title, make in (("1,000-op straight-line function", straight_line), ("50-layer nn.Sequential", sequential),
+                            ("2,000-iteration unrolled loop", unrolled_loop)):
             fn, args = make()
             time_kiln(fn, args)  # first use of each code path (imports, compiler probe) left out
             dyn = statistics.median(time_dynamo(fn, args) for _ in range(opts.repeat))

@@ -380,13 +380,13 @@ struct CallRules {
   static VarPtr next_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if ((args.size() != 1 && args.size() != 2) || args[0]->kind() != Var::Kind::Iterator) return nullptr;
-    auto& items = args[0]->as<IteratorV>().items;
+    auto& items = args[0]->as<IteratorV>();
     if (items.empty()) {
       if (args.size() == 2) return args[1];
       unsupported("next() of an exhausted iterator: StopIteration");
     }
     VarPtr v = items.front();
-    items.erase(items.begin());
+    items.pop_front();
     return v;
   }
 

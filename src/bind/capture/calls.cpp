@@ -645,7 +645,7 @@ VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<Var
 
 std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
   if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) return v->seq();
-  if (auto* it = v->get_if<IteratorV>()) return it->items;
+  if (auto* it = v->get_if<IteratorV>()) return it->left();
   if (is_dict(v)) {
     std::vector<VarPtr> keys;
     for (auto& [k, unused] : dict_entries(v)) keys.push_back(key_var(k));

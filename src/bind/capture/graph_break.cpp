@@ -50,6 +50,63 @@ bool Interpreter::in_loop(const CodeInfo& ci, size_t pc) {
   return false;
 }
 
+std::vector<char> Interpreter::falls_into_loop(const CodeInfo& ci) {
+  // Strongly connected components of the control flow (Tarjan's algorithm, iterative), with
+  // in_loop's edges: an instruction that falls through to the next one is on a loop exactly when
+  // both share a component. Linear in the code's length, where in_loop is per instruction.
+  const size_t n = ci.instrs.size();
+  std::vector<std::vector<size_t>> succ(n);
+  std::vector<char> falls(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& name = ci.opnames[i];
+    const Instr& x = ci.instrs[i];
+    const bool jumps = name.find("JUMP") != std::string::npos || name == "FOR_ITER";
+    if (jumps && x.jump_target >= 0)
+      if (auto t = ci.by_offset.find(x.jump_target); t != ci.by_offset.end()) succ[i].push_back(t->second);
+    const bool ends = name == "JUMP_FORWARD" || name == "JUMP_BACKWARD" || name == "JUMP_BACKWARD_NO_INTERRUPT" ||
+                      name == "RETURN_VALUE" || name == "RETURN_CONST" || name == "RAISE_VARARGS" || name == "RERAISE";
+    if (!ends && i + 1 < n) succ[i].push_back(i + 1), falls[i] = 1;
+  }
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  std::vector<size_t> index(n, kNone), low(n, 0), comp(n, kNone), stack;
+  std::vector<char> on_stack(n, 0);
+  std::vector<std::pair<size_t, size_t>> work;  // (instruction, next successor to visit)
+  size_t next_index = 0, components = 0;
+  for (size_t root = 0; root < n; ++root) {
+    if (index[root] != kNone) continue;
+    work.emplace_back(root, 0);
+    while (!work.empty()) {
+      auto& [v, k] = work.back();
+      if (k == 0 && index[v] == kNone) {
+        index[v] = low[v] = next_index++;
+        stack.push_back(v);
+        on_stack[v] = 1;
+      }
+      if (k < succ[v].size()) {
+        const size_t w = succ[v][k++];
+        if (index[w] == kNone) work.emplace_back(w, 0);
+        else if (on_stack[w]) low[v] = std::min(low[v], index[w]);
+        continue;
+      }
+      if (low[v] == index[v]) {
+        for (size_t w = kNone; w != v;) {
+          w = stack.back();
+          stack.pop_back();
+          on_stack[w] = 0;
+          comp[w] = components;
+        }
+        ++components;
+      }
+      const size_t done = v;
+      work.pop_back();
+      if (!work.empty()) low[work.back().first] = std::min(low[work.back().first], low[done]);
+    }
+  }
+  std::vector<char> looped(n, 0);
+  for (size_t i = 0; i + 1 < n; ++i) looped[i] = falls[i] && comp[i] == comp[i + 1];
+  return looped;
+}
+
 std::vector<bool> Interpreter::live_locals(PyObject* code, const CodeInfo& ci, const std::vector<size_t>& from, int nlocals) {
   // Backward dataflow over the instructions: a local is live where some path reads it (a load,
   // a del, a cell operation) before storing it. Successors: the next instruction unless the
@@ -116,8 +173,15 @@ VarPtr Interpreter::clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr
         if constexpr (std::is_same_v<T, ModuleV>) Py_XINCREF(n.module);
         if constexpr (std::is_same_v<T, FunctionV>) Py_XINCREF(n.fn);
         if constexpr (std::is_same_v<T, TupleV>) Py_XINCREF(n.structseq);
-        if constexpr (std::is_same_v<T, TupleV> || std::is_same_v<T, ListV> || std::is_same_v<T, IteratorV>)
+        if constexpr (std::is_same_v<T, TupleV> || std::is_same_v<T, ListV>)
           for (VarPtr& x : n.items) cl(x);
+        if constexpr (std::is_same_v<T, IteratorV>)
+          if (!n.immutable) {  // the items left, cloned; constants stay shared
+            std::vector<VarPtr> left = n.left();
+            for (VarPtr& x : left) cl(x);
+            n.all = std::make_shared<const std::vector<VarPtr>>(std::move(left));
+            n.next = 0;
+          }
         if constexpr (std::is_same_v<T, ListV>)
           if (n.view) cl(n.view->dict);
         if constexpr (std::is_same_v<T, IteratorV>)

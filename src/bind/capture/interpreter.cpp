@@ -43,6 +43,11 @@ void Interpreter::run(const BoundArgs& args) {
 VarPtr Interpreter::run_frame() {
   const CodeInfo& ci = decode(code_);
   size_t pc = 0;
+  // The instructions on a loop. A break there is refused (graph_break), so no snapshot is
+  // taken before them: snapshots copy the frame's trackers, and one per instruction of a long
+  // unrolled loop made capture quadratic in the loop's length. (The breakable instructions all
+  // fall through to the next one, which falls_into_loop needs.)
+  const std::vector<char> on_loop = parent_ ? std::vector<char>() : falls_into_loop(ci);
   while (pc < ci.instrs.size()) {
     const Instr& in = ci.instrs[pc];
     current_line_ = in.line;
@@ -60,7 +65,7 @@ VarPtr Interpreter::run_frame() {
       next = h.target;
       return true;
     };
-    if (!parent_ && breakable(in)) {
+    if (!parent_ && breakable(in) && !on_loop[pc]) {
       // What the frame held before this instruction, in case it must run in Python instead.
       Snapshot before = snapshot();
       try {

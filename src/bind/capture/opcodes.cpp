@@ -117,15 +117,15 @@ int Interpreter::op_send(const Instr& in, const CodeInfo& ci) {
   pop();  // the value sent in: None (nothing sends into a generator kiln runs to its end)
   VarPtr& it = peek(1);
   if (it->kind() != Var::Kind::Iterator) unsupported("yield from an unknown iterator");
-  auto& left = it->as<IteratorV>().items;
+  auto& left = it->as<IteratorV>();
   if (left.empty()) {
-    VarPtr returned = it->as<IteratorV>().returned;
+    VarPtr returned = left.returned;
     if (PY_VERSION_HEX < 0x030C0000) pop();  // 3.11 drops the iterator here; 3.12 at END_SEND
     push(returned ? returned : Var::constant(Py_None));  // the sub-generator's return value
     return in.jump_target;
   }
   VarPtr next = left.front();
-  left.erase(left.begin());
+  left.pop_front();
   push(next);
   return -1;
 }
@@ -794,14 +794,14 @@ int Interpreter::op_get_iter(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_for_iter(const Instr& in, const CodeInfo& ci) {
   VarPtr& it = peek(1);
   if (it->kind() != Var::Kind::Iterator) unsupported("FOR_ITER over an unknown iterator");
-  auto& left = it->as<IteratorV>().items;
+  auto& left = it->as<IteratorV>();
   if (left.empty()) {
     pop();
     // 3.12 jumps to END_FOR and skips it; 3.11 jumps past the loop directly.
     return PY_VERSION_HEX >= 0x030C0000 ? in.jump_target + 2 : in.jump_target;
   }
   VarPtr next = left.front();
-  left.erase(left.begin());
+  left.pop_front();
   push(next);
   return -1;
 }

@@ -90,9 +90,22 @@ struct MethodV {  // a bound method: receiver + name
 struct ModuleV {  // an nn.Module instance
   PyObject* module = nullptr;
 };
-struct IteratorV {  // a loop over values known at capture time: the items left
-  std::vector<VarPtr> items;
-  VarPtr returned;  // a generator's return value (what `yield from` it gives); nullptr: None
+// A loop over values known at capture time. The items sit behind a shared pointer with a read
+// position: a snapshot (taken before each instruction that may break the graph) then shares
+// them where none can change, instead of copying them; a loop over range(n) made every
+// snapshot O(n), and capture quadratic in the loop's length.
+struct IteratorV {
+  IteratorV() : all(std::make_shared<const std::vector<VarPtr>>()) {}
+  explicit IteratorV(std::vector<VarPtr> v);
+  bool empty() const { return next >= all->size(); }
+  const VarPtr& front() const { return (*all)[next]; }
+  void pop_front() { ++next; }
+  std::vector<VarPtr> left() const { return {all->begin() + static_cast<std::ptrdiff_t>(next), all->end()}; }
+
+  std::shared_ptr<const std::vector<VarPtr>> all;
+  size_t next = 0;        // the first item left
+  bool immutable = true;  // every item a constant, a module or a function: shared by copies
+  VarPtr returned;        // a generator's return value (what `yield from` it gives); nullptr: None
 };
 struct Entries {  // keys (constants, owned) and one value tracker each
   std::vector<PyObject*> keys;
@@ -313,5 +326,14 @@ struct Var {
     return std::make_shared<Var>(ContextV{std::move(mode)});
   }
 };
+
+inline IteratorV::IteratorV(std::vector<VarPtr> v) {
+  for (const VarPtr& x : v) {
+    const Var::Kind k = x->kind();
+    immutable = immutable && (k == Var::Kind::Const || k == Var::Kind::Module || k == Var::Kind::Function ||
+                              k == Var::Kind::Null);
+  }
+  all = std::make_shared<const std::vector<VarPtr>>(std::move(v));
+}
 
 }  // namespace kiln::bind

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 
@@ -256,9 +257,13 @@ class Lowering {
     DType t = n->meta.dtype;
     loop::ScalarCtx* s = &s_;
     Value v{out_sizes, t, nullptr, -1, dedupe(fused)};
-    v.read = [s, n, ins, out_sizes, t](const Exprs& idx) {
+    // The closure shares its operands' values: copying a Value copies its read function, and a
+    // closure holding its operands by value would copy the whole fused tree each time (quadratic
+    // in the length of a chain of ops).
+    auto operands = std::make_shared<const std::vector<Value>>(std::move(ins));
+    v.read = [s, n, operands, out_sizes, t](const Exprs& idx) {
       std::vector<SRef> args;
-      for (const Value& in : ins) args.push_back(in.read(broadcast_index(in.sizes, out_sizes, idx)));
+      for (const Value& in : *operands) args.push_back(in.read(broadcast_index(in.sizes, out_sizes, idx)));
       return in_register(*s, n->op->scalar(*s, args, *n), t);
     };
     values_[n] = v;
@@ -280,8 +285,9 @@ class Lowering {
     DType t = n->meta.dtype;
     loop::ScalarCtx* s = &s_;
     Value v{n->meta.sizes, t, nullptr, -1, dedupe(fused)};
-    v.read = [s, n, ins, t](const Exprs& idx) {
-      return in_register(*s, n->op->gather(*s, idx, ins, *n), t);
+    auto operands = std::make_shared<const std::vector<ops::GatherInput>>(std::move(ins));
+    v.read = [s, n, operands, t](const Exprs& idx) {
+      return in_register(*s, n->op->gather(*s, idx, *operands, *n), t);
     };
     values_[n] = v;
     if (must_realize(n, v)) realize(values_[n], BufferKind::Temp, n);
@@ -311,10 +317,10 @@ class Lowering {
   }
 
   bool lower_view(const ir::Node* n) {
-    Value in = values_.at(n->inputs[0]);
-    Value v{n->meta.sizes, n->meta.dtype, nullptr, -1, in.ops};
+    auto in = std::make_shared<const Value>(values_.at(n->inputs[0]));
+    Value v{n->meta.sizes, n->meta.dtype, nullptr, -1, in->ops};
     auto view = n->op->view;
-    v.read = [in, view, n](const Exprs& idx) { return in.read(view(idx, *n)); };
+    v.read = [in, view, n](const Exprs& idx) { return in->read(view(idx, *n)); };
     values_[n] = v;
     return true;
   }
