@@ -751,3 +751,63 @@ def test_zero_argument_super_after_a_break():
     a, b = Child(), Child()
     torch.testing.assert_close(kiln.compile(b)(x), a(x))
     torch.testing.assert_close(b.w, a.w)
+
+
+# --------------------------------------------------------------------------------------------
+# objects handed from a graph to its resume function are this call's, never capture's
+
+def test_containers_made_before_a_break_are_new_each_call():
+    from collections import defaultdict
+
+    def counts(x):
+        d = defaultdict(int, {1: 1})
+        print(end="")  # a break
+        d[len(d) + 10] += 1
+        return x + len(d), dict(d)
+
+    def grow(x):
+        s = {1, 2}
+        print(end="")
+        print(end="")
+        s.add(len(s) + 10)
+        return x + 1, s
+
+    for fn in (counts, grow):
+        cf = kiln.compile(fn)
+        for _ in range(4):
+            x = torch.randn(3)
+            got, want = cf(x), fn(x)
+            torch.testing.assert_close(got[0], want[0])
+            assert got[1] == want[1]
+
+
+def test_missing_key_of_the_callers_defaultdict_inserts_once():
+    from collections import defaultdict
+
+    def f(x, d):
+        return x * d["missing"] + len(d)
+
+    cf = kiln.compile(f)
+    for _ in range(3):
+        x = torch.randn(3)
+        mine, theirs = defaultdict(lambda: 2.0, a=1.0), defaultdict(lambda: 2.0, a=1.0)
+        torch.testing.assert_close(cf(x, mine), f(x, theirs))
+        assert mine == theirs
+
+
+def test_yield_from_a_user_iterator_object_does_not_crash():
+    class Ones:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return 1
+
+    def outer():
+        yield from Ones()
+
+    def f(t):
+        return t + next(outer())
+
+    x = torch.randn(2)
+    torch.testing.assert_close(kiln.compile(f)(x), f(x))

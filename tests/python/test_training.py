@@ -95,6 +95,13 @@ BINARY = {
     "where": lambda a, b: torch.where(a > b, a, b),
     "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5),
 }
+def _scaled_without_history(a):  # an in-place op under no_grad: eager keeps y's history
+    y = a * 2
+    with torch.no_grad():
+        y.mul_(2)
+    return y * a
+
+
 class _CubeFunction(torch.autograd.Function):  # custom_vjp: an autograd.Function's own backward
     @staticmethod
     def forward(ctx, x):
@@ -118,6 +125,7 @@ OTHERS = {
     "bmm": lambda: grads_match(lambda a, b: torch.bmm(a, b), rand(2, 3, 4), rand(2, 4, 5)),
     "addmm": lambda: grads_match(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2), rand(5), rand(3, 4), rand(4, 5)),
     "alias": lambda: grads_match(lambda a: torch.ops.aten.alias.default(a) * 2, rand(3)),
+    "grad_passthrough": lambda: grads_match(_scaled_without_history, rand(3, 4)),
     "expand": lambda: grads_match(lambda a: a.expand(4, 3, 2) * 2, rand(3, 1)),
     "permute": lambda: grads_match(lambda a: a.permute(2, 0, 1).exp(), rand(2, 3, 4)),
     "reshape": lambda: grads_match(lambda a: a.t().reshape(12).sin(), rand(3, 4)),
@@ -1286,3 +1294,99 @@ def test_maximum_and_minimum_gradients_with_nan_and_ties(op):
         f(t).sum().backward()
         out.append(t.grad.clone())
     torch.testing.assert_close(out[1], out[0], equal_nan=True)
+
+
+# --- in-place ops under torch.no_grad() on tensors autograd tracks ---------------------------------
+
+def _no_grad_view_update(a):
+    y = a * 2
+    with torch.no_grad():
+        y[0].mul_(3)
+    return (y * a).sum(0)
+
+
+def _no_grad_add_of_tracked(a, b):
+    y = a.sin()
+    with torch.no_grad():
+        y.add_(b)
+    return y * b
+
+
+@pytest.mark.parametrize("fn,shapes", [(_scaled_without_history, [(3, 4)]), (_no_grad_view_update, [(3, 4)]),
+                                       (_no_grad_add_of_tracked, [(3, 4), (4,)])], ids=["mul_", "view", "add_"])
+def test_inplace_under_no_grad_keeps_the_tensors_history(fn, shapes):
+    """Eager changes the values and leaves the history: the gradient flows as before the update
+    (a clamp of a weight in the forward used to drop every gradient)."""
+    for _ in range(2):
+        grads_match(fn, *[rand(*s) for s in shapes])
+
+
+def test_parameter_clamped_under_no_grad_in_forward_gets_its_gradient():
+    class Clamped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64))
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.w.clamp_(max=0.5)
+            return (x @ self.w).tanh()
+
+    mine = Clamped()
+    theirs = copy.deepcopy(mine)
+    compiled = kiln.compile(mine)
+    for _ in range(3):
+        x = torch.randn(2, 4, dtype=torch.float64)
+        before = _counters()
+        got = compiled(x)
+        assert _counters()[0] == before[0] + 1 or before[0] > 0
+        want = theirs(x)
+        assert got.requires_grad and want.requires_grad
+        torch.testing.assert_close(got, want)
+        t = torch.randn_like(want)
+        got.backward(t)
+        want.backward(t)
+        torch.testing.assert_close(mine.w, theirs.w)
+        torch.testing.assert_close(mine.w.grad, theirs.w.grad)
+    assert kiln.stats()["eager_fallbacks"] == 0
+
+
+def test_inplace_update_that_makes_an_input_require_grad_keeps_its_history():
+    """x.add_(y) and x[0] = y with y tracked and x not: eager gives x a history of its own."""
+    def add(x, y):
+        return x.add_(y)
+
+    def setitem(x, y):
+        x[0] = y * 2
+        return x.sum()
+
+    for fn, ysize in ((add, (3,)), (setitem, ())):
+        cf = kiln.compile(fn)
+        for _ in range(2):
+            x = torch.randn(3, dtype=torch.float64)
+            y = torch.randn(ysize, dtype=torch.float64)
+            xm, ym = x.clone(), y.clone().requires_grad_()
+            xt, yt = x.clone(), y.clone().requires_grad_()
+            got, want = cf(xm, ym), fn(xt, yt)
+            assert got.requires_grad == want.requires_grad and xm.requires_grad == xt.requires_grad
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(xm, xt)
+            (got * 3).sum().backward()
+            (want * 3).sum().backward()
+            torch.testing.assert_close(ym.grad, yt.grad)
+
+
+def test_native_batch_norm_updates_running_statistics_once():
+    def f(x, rm, rv):
+        return torch.native_batch_norm(x, None, None, rm, rv, True, 0.5, 1e-5)
+
+    cf = kiln.compile(f)
+    for _ in range(2):
+        x = torch.randn(4, 3)
+        stats_mine = [torch.zeros(3), torch.ones(3)]
+        stats_theirs = [torch.zeros(3), torch.ones(3)]
+        got, want = cf(x, *stats_mine), f(x, *stats_theirs)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        for g, w in zip(stats_mine, stats_theirs):
+            torch.testing.assert_close(g, w)

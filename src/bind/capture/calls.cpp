@@ -643,6 +643,57 @@ VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<Var
   return r;
 }
 
+namespace {
+
+// Whether an ATen function (torch.native_batch_norm) has an overload whose schema writes into a
+// positional argument (`Tensor(a!) running_mean`; out= arguments are keyword-only). Cached per
+// function object.
+bool writes_arguments(PyObject* f) {
+  static std::unordered_map<PyObject*, bool> known;
+  if (auto it = known.find(f); it != known.end()) return it->second;
+  // native_batch_norm's schema leaves out that it writes its running statistics in training.
+  static PyObject* native_batch_norm = object_at("torch.native_batch_norm");
+  bool writes = f == native_batch_norm;
+  static PyObject* aten = object_at("torch.ops.aten");
+  PyObject* fname = PyCFunction_Check(f) ? PyObject_GetAttrString(f, "__name__") : nullptr;
+  PyObject* packet = fname && aten ? PyObject_GetAttr(aten, fname) : nullptr;
+  PyObject* overloads = packet ? PyObject_CallMethod(packet, "overloads", nullptr) : nullptr;
+  for (Py_ssize_t i = 0; overloads && PyList_Check(overloads) && i < PyList_GET_SIZE(overloads) && !writes; ++i) {
+    PyObject* op = PyObject_GetAttr(packet, PyList_GET_ITEM(overloads, i));
+    PyObject* schema = op ? PyObject_GetAttrString(op, "_schema") : nullptr;
+    PyObject* args = schema ? PyObject_GetAttrString(schema, "arguments") : nullptr;
+    for (Py_ssize_t k = 0; args && PyList_Check(args) && k < PyList_GET_SIZE(args) && !writes; ++k) {
+      PyObject* arg = PyList_GET_ITEM(args, k);
+      PyObject* kwarg_only = PyObject_GetAttrString(arg, "kwarg_only");  // out= arguments are
+      PyObject* alias = PyObject_GetAttrString(arg, "alias_info");
+      PyObject* w = alias && alias != Py_None ? PyObject_GetAttrString(alias, "is_write") : nullptr;
+      PyObject* type = PyObject_GetAttrString(arg, "type");
+      PyObject* type_name = type ? PyObject_Str(type) : nullptr;
+      const char* tn = type_name ? PyUnicode_AsUTF8(type_name) : nullptr;
+      // a tensor, not a list (sort(Tensor[](a!) self) sorts a Python list)
+      writes = w == Py_True && kwarg_only == Py_False && tn &&
+               (std::strcmp(tn, "Tensor") == 0 || std::strcmp(tn, "Optional[Tensor]") == 0);
+      Py_XDECREF(type_name);
+      Py_XDECREF(type);
+      Py_XDECREF(w);
+      Py_XDECREF(alias);
+      Py_XDECREF(kwarg_only);
+    }
+    Py_XDECREF(args);
+    Py_XDECREF(schema);
+    Py_XDECREF(op);
+  }
+  Py_XDECREF(overloads);
+  Py_XDECREF(packet);
+  Py_XDECREF(fname);
+  clear_error();
+  Py_INCREF(f);  // kept: the cache is keyed by its address
+  known.emplace(f, writes);
+  return writes;
+}
+
+}  // namespace
+
 std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
   if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) return v->seq();
   if (auto* it = v->get_if<IteratorV>()) return it->left();
@@ -662,7 +713,12 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
     return out;
   }
   if (auto* r = v->get_if<RecordV>(); r && r->plain) {
-    if (VarPtr it = object_dunder(v, "__iter__", {})) return items_of(it);
+    if (VarPtr it = object_dunder(v, "__iter__", {})) {
+      // An object that is its own iterator (or hands out another user object) yields through
+      // __next__, one item at a time and possibly without end: not drained at capture.
+      if (it->get_if<RecordV>()) unsupported("iteration over a user-defined iterator object (__next__)");
+      return items_of(it);
+    }
     unsupported(std::string("'") + reinterpret_cast<PyTypeObject*>(r->cls)->tp_name + "' object is not iterable: TypeError");
   }
   if (structural(v) && v->source) {
@@ -2590,6 +2646,10 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   const bool tuple = PyTuple_Check(r);
   if (tuple) for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r); ++i) results.push_back(PyTuple_GET_ITEM(r, i));
   else results.push_back(r);
+  // Each result is a node of its own that calls the function again: one that writes into its
+  // arguments (native_batch_norm's running statistics, declared `Tensor(a!)` in its schema and
+  // written without a version bump) would write once per result.
+  if (results.size() > 1 && writes_arguments(f)) unsupported("call to " + name + ", which writes into its arguments and returns several tensors");
   std::vector<TensorInfo> infos(results.size());
   for (size_t k = 0; k < results.size(); ++k) {
     std::string why;

@@ -211,6 +211,12 @@ Interpreter::Snapshot Interpreter::snapshot() const {
   return s;
 }
 
+bool Interpreter::mutable_container(PyObject* o) {
+  static PyObject* deque = object_at("collections.deque");
+  return PyDict_Check(o) || PyList_Check(o) || PySet_Check(o) || PyByteArray_Check(o) ||
+         (deque && PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject*>(deque)));
+}
+
 OutSpec Interpreter::break_spec(const VarPtr& v) {
   OutSpec s = break_spec_of(v);
   if (s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy ||
@@ -243,9 +249,16 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       if (v->kind() == Var::Kind::Module && is_private(v->obj()))
         unsupported("a module the function made (a user nn.Module) at a graph break");  // its state is this capture's
       if (structural(v) || bound_to_structure(v)) return source_spec(v->source);  // this call's object, not capture's
-      s.kind = !v->source && (PyDict_CheckExact(v->obj()) || PyList_CheckExact(v->obj()) || PySet_CheckExact(v->obj()))
-                   ? OutSpec::Kind::Copy
-                   : OutSpec::Kind::Const;
+      // A mutable container is one object per call: the caller's, read again where the frame
+      // found it, or one the function made, copied from capture's. (Handed on as capture's
+      // object, a set guarded by equality, or a defaultdict made in the function, was the first
+      // call's, and each call's changes piled up in it.)
+      if (mutable_container(v->obj())) {
+        if (v->source) return source_spec(v->source);
+        s.kind = OutSpec::Kind::Copy;
+      } else {
+        s.kind = OutSpec::Kind::Const;
+      }
       Py_INCREF(v->obj());
       s.value = v->obj();
       return s;

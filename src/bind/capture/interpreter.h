@@ -559,6 +559,8 @@ class Interpreter {
   OutSpec break_spec(const VarPtr& v);
 
   OutSpec break_spec_of(const VarPtr& v);
+  // A dict, list, set, bytearray or deque (or a subclass): a new object per call at a break.
+  static bool mutable_container(PyObject* o);
 
   // Ends the capture at `in` with a graph break, if the frame can resume after it; false
   // leaves the original failure to end the capture (the whole call then runs eagerly).

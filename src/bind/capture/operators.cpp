@@ -215,6 +215,19 @@ VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
     return a;
   }
   const ir::Node* old = a->node();
+  Interpreter* r = root();
+  if (old->op_name() == "placeholder" && r->grad_mode_ && r->needs_grad_.count(result) && !r->needs_grad_.count(old))
+    // Eager gives the caller's tensor a history of its own (x.add_(y), x[0] = y with y tracked):
+    // the update then runs in Python, where autograd records it.
+    unsupported("an in-place update that makes an input require grad");
+  if (!r->grad_mode_ && r->needs_grad_.count(a->node()) && !r->needs_grad_.count(result)) {
+    // Under no_grad the tensor keeps its history: its new value differentiates as the old.
+    static const ops::OpDef* passthrough = ops::find_op("grad_passthrough");
+    ir::Node* value = result;
+    result = add_node(passthrough, {value, a->node()}, {});
+    r->needs_grad_.insert(result);
+    value->attrs.set("inplace_of", static_cast<int64_t>(a->node()->id));
+  }
   // The node computes the update out of place; which node it updates is kept for backends that
   // run torch's ops (the eager backend writes the result into the old tensor, as torch's
   // in-place op leaves the tensor's layout).
@@ -714,6 +727,15 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
   if (!PyDict_CheckExact(container) && !PyList_Check(container) && !PyTuple_Check(container))
     if (VarPtr v = python_dunder(base, Py_TYPE(container), "__getitem__", {index})) return v;
   PyObject* key = const_obj(index, "index");
+  // A missing key of the caller's defaultdict: __missing__ inserts into the caller's object,
+  // a change that runs in Python, not at capture.
+  if (base->source && PyDict_Check(container) && !PyDict_CheckExact(container) && !PySlice_Check(key)) {
+    const int has = PyDict_Contains(container, key);
+    if (has < 0) return real(nullptr);
+    static PyObject* missing = PyUnicode_InternFromString("__missing__");
+    if (has == 0 && _PyType_Lookup(Py_TYPE(container), missing))
+      unsupported(std::string("a missing key of a ") + Py_TYPE(container)->tp_name + " the caller can see (__missing__)");
+  }
   PyObject* v = PyObject_GetItem(container, key);
   if (!v) return real(nullptr);
   // An item of a container read from the frame (a config dict, a list) is guarded itself.

@@ -368,7 +368,10 @@ PyObject* read_from_base(const Source& s, PyObject* base) {
       if (!v) clear_error();
       return Py_XNewRef(v);
     case Source::Kind::Key:
-      if (PyDict_CheckExact(base)) {
+      // A dict, or a subclass that keeps dict's own item lookup (defaultdict, Counter): the
+      // stored item, never __missing__, which would insert a defaultdict's default.
+      if (PyDict_CheckExact(base) ||
+          (PyDict_Check(base) && Py_TYPE(base)->tp_as_mapping->mp_subscript == PyDict_Type.tp_as_mapping->mp_subscript)) {
         v = PyDict_GetItemWithError(base, s.key);
         if (!v) clear_error();
         return Py_XNewRef(v);

@@ -609,10 +609,42 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
       return Py_NewRef(PyTuple_GET_ITEM(spec.value, 0));
     }
     case OutSpec::Kind::Const: Py_INCREF(spec.value); return spec.value;
-    case OutSpec::Kind::Copy:
-      if (PyDict_Check(spec.value)) return PyDict_Copy(spec.value);
-      if (PyList_Check(spec.value)) return PyList_GetSlice(spec.value, 0, PyList_GET_SIZE(spec.value));
-      return PySet_New(spec.value);
+    case OutSpec::Kind::Copy: {
+      // A container the function made from constants, anew per call: a plain dict, list or set
+      // of atoms copied as it is; any other (a defaultdict, nested lists) through copy.deepcopy.
+      auto atom = [](PyObject* x) {
+        return x == Py_None || PyBool_Check(x) || PyLong_CheckExact(x) || PyFloat_CheckExact(x) ||
+               PyUnicode_CheckExact(x) || PyBytes_CheckExact(x);
+      };
+      PyObject* v = spec.value;
+      bool atoms = PyList_CheckExact(v) || PySet_CheckExact(v) || PyDict_CheckExact(v);
+      if (PyList_CheckExact(v))
+        for (Py_ssize_t i = 0; atoms && i < PyList_GET_SIZE(v); ++i) atoms = atom(PyList_GET_ITEM(v, i));
+      if (PyDict_CheckExact(v)) {
+        PyObject *k, *x;
+        for (Py_ssize_t pos = 0; atoms && PyDict_Next(v, &pos, &k, &x);) atoms = atom(k) && atom(x);
+      }
+      if (PySet_CheckExact(v)) {
+        PyObject* it = PyObject_GetIter(v);
+        while (PyObject* x = it ? PyIter_Next(it) : nullptr) {
+          atoms = atoms && atom(x);
+          Py_DECREF(x);
+        }
+        Py_XDECREF(it);
+        if (PyErr_Occurred()) return nullptr;
+      }
+      if (atoms && PyDict_CheckExact(v)) return PyDict_Copy(v);
+      if (atoms && PyList_CheckExact(v)) return PyList_GetSlice(v, 0, PyList_GET_SIZE(v));
+      if (atoms) return PySet_New(v);
+      static PyObject* deepcopy = [] {
+        PyObject* m = PyImport_ImportModule("copy");
+        PyObject* f = m ? PyObject_GetAttrString(m, "deepcopy") : nullptr;
+        Py_XDECREF(m);
+        return f;
+      }();
+      if (!deepcopy) return nullptr;
+      return PyObject_CallOneArg(deepcopy, v);
+    }
     case OutSpec::Kind::Source: {
       PyObject* o = eval_source(*spec.source, frame);
       if (!o && !PyErr_Occurred())

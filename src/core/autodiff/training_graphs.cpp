@@ -127,6 +127,9 @@ VersionFacts version_facts(const ir::Graph& g, const std::vector<Node*>& wrt) {
   for (const auto& n : g.nodes()) {
     bool on_path = false, reached = false;
     for (const Node* in : n->inputs) on_path = on_path || (in && active.count(in)), reached = reached || (in && reach.count(in));
+    // A detaching alias (a read under no_grad, detach_untracked_reads) ends the path: autograd
+    // saves nothing past it.
+    if (n->attrs.get_bool("detach")) on_path = false;
     if (on_path) active.insert(n.get());
     for (size_t k = 0; on_path && k < n->inputs.size(); ++k)
       if (n->inputs[k] && keeps_input(*n, k, active)) kept_memory.insert(memory_root(n->inputs[k]));

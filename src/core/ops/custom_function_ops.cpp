@@ -89,7 +89,22 @@ std::vector<OpDef> custom_function_ops() {
     }
     return out;
   };
-  return {grad, vjp};
+  // An in-place op under torch.no_grad() on a tensor autograd tracks: eager changes the values
+  // and leaves the history, so the tensor's gradient still flows to what it was computed from.
+  OpDef passthrough;
+  passthrough.name = "grad_passthrough";
+  passthrough.schema = Schema::parse("grad_passthrough(Tensor value, Tensor history)");
+  passthrough.kind = OpKind::Composite;
+  passthrough.promotion = Promotion::None;
+  passthrough.doc = "the value of an in-place op made under no_grad, differentiated as the tensor's history before it";
+  passthrough.infer = [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string&) {
+    out = in[0]->meta;
+    return true;
+  };
+  passthrough.decompose = [](Graph&, Node* n) { return n->inputs[0]; };
+  passthrough.derivative = [](Graph&, Node*, Node* grad) { return std::vector<Node*>{nullptr, grad}; };
+  // No Python spelling: backend="eager" runs such a call eagerly, with this op as the reason.
+  return {grad, vjp, passthrough};
 }
 
 // After build_joint: each custom_vjp replaced by the forward's result, its template removed.
