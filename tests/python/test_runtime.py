@@ -909,3 +909,23 @@ def test_pooled_outputs_behave_as_torchs_own_tensors():
     t.start()
     t.join()
     assert box == []
+
+
+def test_a_view_op_output_is_a_tensor_of_its_own():
+    """b.view(b.shape) and x.view(-1) of a 1-d x are new tensors over their base in eager; a
+    metadata change of one (t_, unsqueeze_) must not reach the other."""
+    def same_shape(b):
+        return b.view(2, 2)
+
+    def pair(a):
+        x = a.mul(2)
+        return x, x.view(-1)
+
+    b = torch.randn(2, 2)
+    out = kiln.compile(same_shape)(b)
+    assert out is not b and out._base is b
+    out.unsqueeze_(0)
+    assert b.shape == (2, 2)
+    o0, o1 = kiln.compile(pair)(torch.randn(3))
+    assert o0 is not o1 and o1._base is o0
+    torch.testing.assert_close(o1, o0)

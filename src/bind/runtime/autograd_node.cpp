@@ -283,6 +283,28 @@ bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedP
     // The outputs autograd reaches through the first node, in tangent order. A view (of an input
     // or of the program's own buffer) becomes a tensor of its own first: a view made under
     // no_grad cannot take a grad_fn.
+    // An output that views an input autograd tracks, or another output, is that tensor's view
+    // in eager, which autograd knows as one: an in-place change of it reaches its base's history
+    // (CopySlices). Such outputs are taken again from their base, as views, once the base
+    // has its history (AOTAutograd's regenerated aliases).
+    std::vector<std::pair<size_t, at::Tensor>> rebased;  // (output, base) with the view's layout
+    auto base_of = [&](const at::Tensor& t) -> std::optional<std::pair<int, bool>> {  // (index, is output)
+      if (!t.is_view()) return std::nullopt;
+      const c10::Storage& st = t.storage();
+      for (size_t k = 0; k < bp.wrt.size(); ++k) {
+        const at::Tensor& in = THPVariable_Unpack(inputs[bp.wrt[k]]);
+        if (in.requires_grad() && in.storage().is_alias_of(st)) return std::make_pair(static_cast<int>(bp.wrt[k]), false);
+      }
+      for (size_t j = 0; j < bp.outputs; ++j) {
+        if (bp.tangent_of[j] < 0) continue;
+        const at::Tensor& o = THPVariable_Unpack(outputs[j]);
+        if (!o.is_view() && o.storage().is_alias_of(st)) return std::make_pair(static_cast<int>(j), true);
+      }
+      return std::nullopt;
+    };
+    std::vector<std::optional<std::pair<int, bool>>> view_base(bp.outputs);
+    for (size_t i = 0; i < bp.outputs; ++i)
+      if (bp.tangent_of[i] >= 0) view_base[i] = base_of(THPVariable_Unpack(outputs[i]));
     for (size_t i = 0; i < bp.outputs; ++i) {
       if (bp.tangent_of[i] < 0) continue;
       at::Tensor t = THPVariable_Unpack(outputs[i]);
@@ -292,6 +314,19 @@ bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedP
         if (!outputs[i]) throw python_error();
       }
       torch::autograd::set_history(t, nodes[0]);
+    }
+    for (size_t i = 0; i < bp.outputs; ++i) {
+      if (!view_base[i]) continue;
+      const auto [k, is_output] = *view_base[i];
+      const at::Tensor& base = THPVariable_Unpack(is_output ? outputs[static_cast<size_t>(k)] : inputs[k]);
+      const at::Tensor& t = THPVariable_Unpack(outputs[i]);
+      at::Tensor v;
+      {
+        torch::autograd::AutoGradMode grad(true);
+        v = base.as_strided(t.sizes(), t.strides(), t.storage_offset());
+      }
+      Py_SETREF(outputs[i], THPVariable_Wrap(std::move(v)));
+      if (!outputs[i]) throw python_error();
     }
     for (int i : bp.result_witnesses) first->witnesses.emplace_back(THPVariable_Unpack(outputs[static_cast<size_t>(i)]), true);
     // Each stage keeps the saved values it reads. One that is also an output is saved as an

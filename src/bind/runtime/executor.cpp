@@ -969,7 +969,11 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
         continue;
       }
       const ViewPlan& v = rs.outputs[i];
-      outputs.push_back(THPVariable_Wrap(view_of(tensors[v.buffer], v)));
+      at::Tensor out = view_of(tensors[v.buffer], v);
+      // A view op's result is a new tensor over its base (b.view(b.shape) is not b, nor is
+      // x.view(-1) of a 1-d x that is returned too): an alias where the view covers its base.
+      if (p.outputs[i].view_op && out.unsafeGetTensorImpl() == tensors[v.buffer].unsafeGetTensorImpl()) out = out.alias();
+      outputs.push_back(THPVariable_Wrap(std::move(out)));
     }
     return true;
   } catch (const c10::Error& e) {

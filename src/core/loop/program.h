@@ -99,6 +99,9 @@ struct Output {
   // The value returned: a view of a buffer (usually a whole Output buffer).
   BufferView view;
   int input_alias = -1;  // when the output is a graph input returned as is
+  // The output is a view op's result (x.view(...), x[:]): a tensor object of its own in eager,
+  // even where it covers its base exactly as it is laid out.
+  bool view_op = false;
 };
 
 // A size symbol's value at run time: the size of dim `dim` of graph input `input`.

@@ -97,6 +97,7 @@ class Lowering {
       if (o->op_name() == "placeholder") {
         out.input_alias = static_cast<int>(o->attrs.get_int("index"));
       } else if (o->op->kind == ops::OpKind::View) {
+        out.view_op = true;
         out.view = strided_view(o);  // eager returns a view here too, with the view's strides
         std::vector<const ir::Node*> chain;
         const ir::Node* base = o;
