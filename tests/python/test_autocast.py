@@ -211,3 +211,34 @@ def test_losses_under_autocast_compute_in_float32_in_one_graph(device, dtype, lo
     gw = torch.autograd.grad(got, lin.weight)[0]
     ww = torch.autograd.grad(want, lin.weight)[0]
     assert_same(gw, ww, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("device,dtype", _devices())
+@pytest.mark.parametrize("name", ["unbind", "gather", "index_select", "topk", "roll", "repeat", "index"])
+def test_operators_autocast_passes_by_are_captured_under_autocast(device, dtype, name):
+    """Operators torch's dispatcher says autocast leaves alone (no autocast kernel, not a
+    composite whose inner calls it would cast) run in their inputs' dtypes, in the graph: a
+    ViT's qkv.unbind under bf16 autocast was a graph break per layer."""
+    lin = torch.nn.Linear(16, 24).to(device)
+    idx = torch.tensor([[0, 3], [2, 1], [5, 5], [1, 0]], device=device)
+    rows = torch.tensor([3, 0, 2], device=device)
+    tails = {
+        "unbind": lambda y: y.view(4, 3, 8).unbind(1)[2] * 2,
+        "gather": lambda y: y.gather(1, idx) + 1,
+        "index_select": lambda y: y.index_select(0, rows).relu(),
+        "topk": lambda y: y.topk(3, 1).values - 1,
+        "roll": lambda y: y.roll(2, 1) * y,
+        "repeat": lambda y: y.repeat(2, 1).sum(0),
+        "index": lambda y: y[rows] + y[:3],
+    }
+    tail = tails[name]
+
+    def fn(x):
+        return tail(lin(x))
+
+    x = torch.randn(4, 16, device=device)
+    with torch.no_grad(), torch.autocast(device, dtype=dtype):
+        e = kiln.explain(fn)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    with torch.no_grad():
+        _compare_under_autocast(fn, (x,), device, dtype)

@@ -811,3 +811,36 @@ def test_yield_from_a_user_iterator_object_does_not_crash():
 
     x = torch.randn(2)
     torch.testing.assert_close(kiln.compile(f)(x), f(x))
+
+
+def _tuple_plus_equals(x):
+    t = ()
+    t += (x,)
+    return t[0] + 1
+
+
+def _star_generator(x):
+    gen = (x * i for i in range(1, 3))
+    return torch.add(*gen)
+
+
+def _annotated_list(x):
+    from typing import List
+    out = torch.jit.annotate(List[torch.Tensor], [])
+    out.append(x + 1)
+    return out[0] * 2
+
+
+@pytest.mark.parametrize("fn", [_tuple_plus_equals, _star_generator, _annotated_list])
+def test_python_around_tensors_torch_compile_captures_whole(fn):
+    no_more_than_dynamo(fn, rand(3, 4), graphs=1, breaks=0)
+
+
+def test_a_weight_normed_convolution_is_one_graph():
+    """torch's parametrize calls `original(*(t for t in ...))`: *args from a generator."""
+    conv = torch.nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 4, 3))
+    x = torch.randn(2, 4, 8)
+    e = kiln.explain(conv)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    with torch.no_grad():
+        torch.testing.assert_close(kiln.compile(conv)(x), conv(x))

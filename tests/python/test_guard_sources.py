@@ -254,3 +254,43 @@ def test_a_model_with_hundreds_of_parameters_sees_a_change_deep_inside():
         _same(f(x), m(x))
         m[33][0].bias = None
         _same(f(x), m(x))
+
+
+class _Holder:
+    pass
+
+
+_holder = _Holder()
+
+
+def test_an_attribute_found_absent_by_a_caught_attributeerror_is_guarded():
+    def f(x):
+        try:
+            scale = _holder.scale
+        except AttributeError:
+            scale = 3.0
+        return x * scale
+
+    cf = kiln.compile(f)
+    x = torch.randn(4)
+    _same(cf(x), f(x))
+    _holder.scale = 2.0
+    try:
+        _same(cf(x), f(x))
+    finally:
+        del _holder.scale
+    _same(cf(x), f(x))
+
+
+def test_the_order_of_a_dicts_keys_is_guarded():
+    def f(x, d):
+        for k in d:
+            x = x * k + d[k]
+        return x
+
+    cf = kiln.compile(f)
+    d = {2: 4.0, 3: 5.0}
+    x = torch.randn(3)
+    _same(cf(x, d), f(x, d))
+    d[2] = d.pop(2)  # the same items, another order
+    _same(cf(x, d), f(x, d))

@@ -1422,3 +1422,14 @@ def test_view_outputs_are_autograd_views_of_their_base():
         (ym * 2).sum().backward()
         (yt * 2).sum().backward()
         torch.testing.assert_close(xm.grad, xt.grad)
+
+
+def test_batch_norm_running_variance_in_float64_is_float64_exact():
+    """The unbiased variance's count / (count - 1) was a float32 ratio: off by 1e-7 in float64."""
+    for dt, tol in ((torch.float64, 1e-13), (torch.float32, 1e-5)):
+        bn = torch.nn.BatchNorm2d(4, momentum=0.5).to(dt).train()
+        ref = copy.deepcopy(bn)
+        x = torch.randn(3, 4, 7, 7, dtype=dt) * 3
+        torch.testing.assert_close(kiln.compile(bn)(x), ref(x))
+        torch.testing.assert_close(bn.running_var, ref.running_var, rtol=tol, atol=tol)
+        torch.testing.assert_close(bn.running_mean, ref.running_mean, rtol=tol, atol=tol)

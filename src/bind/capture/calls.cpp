@@ -645,6 +645,52 @@ VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<Var
 
 namespace {
 
+// Whether torch.autocast leaves an ATen function's inputs as they are, as torch's dispatcher
+// says: no overload of the operator has an autocast kernel (on neither device's lists), and
+// none is CompositeImplicitAutograd (whose inner calls autocast would see: einsum's bmm).
+// x.unbind, gather, index_select, topk, roll, repeat. Cached per function object.
+bool autocast_passes_by(PyObject* f) {
+  static std::unordered_map<PyObject*, bool> known;
+  if (auto it = known.find(f); it != known.end()) return it->second;
+  // Indexing (views, aten::index with tensor indices) is on no list and casts nothing.
+  static PyObject* getitem = object_at("torch.Tensor.__getitem__");
+  bool passes = f == getitem;
+  if (passes) return true;
+  static PyObject* aten = object_at("torch.ops.aten");
+  static PyObject* has_kernel = object_at("torch._C._dispatch_has_kernel_for_dispatch_key");
+  const bool builtin = PyCFunction_Check(f) || Py_IS_TYPE(f, &PyMethodDescr_Type);
+  PyObject* fname = builtin ? PyObject_GetAttrString(f, "__name__") : nullptr;
+  PyObject* packet = fname && aten && has_kernel && PyUnicode_Check(fname) && PyUnicode_READ_CHAR(fname, 0) != '_'
+                         ? PyObject_GetAttr(aten, fname)
+                         : nullptr;
+  PyObject* overloads = packet ? PyObject_CallMethod(packet, "overloads", nullptr) : nullptr;
+  if (overloads && PyList_Check(overloads) && PyList_GET_SIZE(overloads) > 0) {
+    passes = true;
+    const std::string base = std::string("aten::") + PyUnicode_AsUTF8(fname);
+    for (Py_ssize_t i = 0; passes && i < PyList_GET_SIZE(overloads); ++i) {
+      const char* ov = PyUnicode_AsUTF8(PyList_GET_ITEM(overloads, i));
+      const std::string full = base + (std::strcmp(ov, "default") == 0 ? "" : std::string(".") + ov);
+      for (const char* key : {"AutocastCPU", "AutocastCUDA", "CompositeImplicitAutograd"}) {
+        PyObject* r = PyObject_CallFunction(has_kernel, "ss", full.c_str(), key);
+        if (!r) {  // an overload torch has in Python only: unknown
+          clear_error();
+          passes = false;
+          break;
+        }
+        passes = passes && r == Py_False;
+        Py_DECREF(r);
+      }
+    }
+  }
+  Py_XDECREF(overloads);
+  Py_XDECREF(packet);
+  Py_XDECREF(fname);
+  clear_error();
+  Py_INCREF(f);  // kept: the cache is keyed by its address
+  known.emplace(f, passes);
+  return passes;
+}
+
 // Whether an ATen function (torch.native_batch_norm) has an overload whose schema writes into a
 // positional argument (`Tensor(a!) running_mean`; out= arguments are keyword-only). Cached per
 // function object.
@@ -2481,6 +2527,8 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
       ir::Attrs unused;
       autocast_inputs(ops::AutocastPolicy::Float32, ops::AutocastPolicy::Float32, name, inputs, unused);
       cast_as_entry = true;
+    } else if (autocast_passes_by(f)) {
+      cast_as_entry = true;  // no cast: autocast's dispatch passes the operator by
     } else if (const OpBinding* b = function_binding(f)) {
       const bool cuda = inputs.front()->meta.device.type == DeviceType::CUDA;
       const ops::AutocastPolicy p = cuda ? b->op->autocast_cuda : b->op->autocast_cpu;

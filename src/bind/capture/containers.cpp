@@ -124,7 +124,9 @@ std::vector<std::pair<PyObject*, VarPtr>> Interpreter::dict_entries(const VarPtr
   }
   PyObject* o = const_obj(d, "dict");
   if (!PyDict_Check(o)) unsupported("expected a dict");
-  if (d->source) out_.guards.add_length(d->source, PyDict_Size(o));
+  // The entries in the dict's order, which a loop over it follows: the keys guarded in order
+  // (an item popped and set again moves to the end).
+  if (d->source) out_.guards.add_key_order(d->source, o);
   PyObject *k, *v;
   Py_ssize_t pos = 0;
   while (PyDict_Next(o, &pos, &k, &v)) {

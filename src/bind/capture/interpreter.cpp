@@ -366,8 +366,10 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
   if (PyDict_CheckExact(v)) {
     // A dict from the caller (keyword arguments, a batch of inputs): its keys and values are
     // guarded, not its identity, so a new dict with the same contents hits the cache.
+    // Its keys in order: the tracker iterates them as the dict does now (one popped and set
+    // again moves to the end), so the order is guarded, which also fixes the length.
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
-    out_.guards.add_length(src, PyDict_Size(v));
+    out_.guards.add_key_order(src, v);
     VarPtr d = Var::dict();
     d->source = src;
     PyObject *k, *item;

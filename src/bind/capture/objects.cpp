@@ -246,6 +246,16 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
     return Var::method(base, name);  // entries read through dict_entries, guarded
   if (base->is_const()) {
     PyObject* v = PyObject_GetAttrString(base->obj(), name.c_str());
+    if (!v && base->source && PyErr_ExceptionMatches(PyExc_AttributeError) && !PyModule_Check(base->obj())) {
+      // Absent, and a handler in the function may take the AttributeError: guarded absent (the
+      // caller may add the attribute before the next call), as hasattr's answer is.
+      PyObject *type, *value, *tb;
+      PyErr_Fetch(&type, &value, &tb);
+      PyObject* key = PyUnicode_FromString(name.c_str());
+      guard_hasattr(base, key, false);
+      Py_DECREF(key);
+      PyErr_Restore(type, value, tb);
+    }
     if (!v) return real(nullptr);
     // Attributes of Python modules (torch.sin) are stable; other objects' are guarded, and so
     // are a module's mutable containers (a registry list someone may append to).

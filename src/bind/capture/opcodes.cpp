@@ -510,6 +510,13 @@ int Interpreter::op_call_function_ex(const Instr& in, const CodeInfo& ci) {
   std::vector<VarPtr> args;
   if (seq->kind() == Var::Kind::Tuple || seq->kind() == Var::Kind::List) {
     args = seq->seq();
+  } else if (auto* it = seq->get_if<IteratorV>()) {
+    // f(*generator): Python makes a tuple of what is left, leaving the iterator exhausted
+    // (torch's parametrize: `self.original(*(t for t in ...))`)
+    args = it->left();
+    while (!it->empty()) it->pop_front();
+  } else if (seq->kind() == Var::Kind::Dict) {
+    args = items_of(seq);  // its keys
   } else {
     PyObject* fast = PySequence_Fast(const_obj(seq, "*args"), "not a sequence");
     if (!fast) real(nullptr);

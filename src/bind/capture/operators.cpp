@@ -2,6 +2,7 @@
 #include "bind/interrupts.h"
 #include "core/sym/shape_env.h"
 #include "bind/capture/resume.h"
+#include "bind/python_objects.h"
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
 #include "bind/torch/tensor_bridge.h"
@@ -472,7 +473,9 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(o); ++i) items.push_back(Var::constant(PySequence_Fast_GET_ITEM(o, i)));
     v = Var::tuple(std::move(items), list);
   };
-  if (base == "ADD" && !inplace) as_items(a, b), as_items(b, a);
+  // t += (x,) on a tuple is t + (x,) (tuples are immutable); a list's += must stay in place.
+  const bool tuple_const_a = a->is_const() && a->known() && PyTuple_CheckExact(a->known());
+  if (base == "ADD" && (!inplace || tuple_const_a)) as_items(a, b), as_items(b, a);
   const bool seq_a = a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List;
   const bool seq_b = b->kind() == Var::Kind::Tuple || b->kind() == Var::Kind::List;
   if ((seq_a || seq_b) && !(a->is_const() && b->is_const())) {
@@ -724,6 +727,11 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
   // (Subclasses of list and tuple keep their storage in the builtin: read below, each item
   // guarded where the container has a source; a dict subclass's __getitem__ reads its storage
   // through dict.__getitem__, a call rule.)
+  // A type annotation (List[torch.Tensor], Optional[int]): typing's own cached, pure answer.
+  static PyObject* typing_final = object_at("typing._Final");
+  if (typing_final && index->is_const() && PyObject_IsInstance(container, typing_final) == 1)
+    return real(PyObject_GetItem(container, index->obj()));
+  clear_error();
   if (!PyDict_CheckExact(container) && !PyList_Check(container) && !PyTuple_Check(container))
     if (VarPtr v = python_dunder(base, Py_TYPE(container), "__getitem__", {index})) return v;
   PyObject* key = const_obj(index, "index");

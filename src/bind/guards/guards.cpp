@@ -37,6 +37,13 @@ std::string Guard::str() const {
     case Kind::HasAttr:
       return std::string("HASATTR: ") + (flag ? "" : "not ") + "hasattr(" + s + ", '" + PyUnicode_AsUTF8(expected) + "')";
     case Kind::Same: return "SAME_OBJECT: " + s + " is " + sources[0]->str();
+    case Kind::KeyOrder: {
+      PyObject* r = PyObject_Repr(expected);
+      std::string keys = r ? PyUnicode_AsUTF8(r) : "?";
+      Py_XDECREF(r);
+      clear_error();
+      return "KEY_ORDER: tuple(" + s + ") == " + keys;
+    }
     case Kind::IntSymbol: return "INT_SYMBOL: " + s + " is an int >= 2, bound to s" + std::to_string(length);
     case Kind::NoAlias: {
       std::string m;
@@ -102,6 +109,19 @@ void GuardSet::add_length(SourcePtr s, Py_ssize_t n) {
   Guard g{Guard::Kind::Length, std::move(s)};
   g.length = n;
   if (needed(g)) guards_.push_back(std::move(g));
+}
+void GuardSet::add_key_order(SourcePtr s, PyObject* dict) {
+  Guard g{Guard::Kind::KeyOrder, std::move(s)};
+  g.expected = PySequence_Tuple(dict);
+  if (!g.expected) {
+    clear_error();
+    return;
+  }
+  if (!needed(g)) {
+    Py_DECREF(g.expected);
+    return;
+  }
+  guards_.push_back(std::move(g));
 }
 void GuardSet::add_grad_mode(bool enabled) {
   Guard g{Guard::Kind::GradMode, nullptr};
@@ -329,6 +349,19 @@ bool Guard::holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail
       int64_t& bound = bindings.values[static_cast<size_t>(length)];
       if (x < 2 || (bound >= 0 && bound != x)) return false;
       bound = x;
+      return true;
+    }
+    case Kind::KeyOrder: {
+      if (!PyDict_Check(v) || PyDict_Size(v) != PyTuple_GET_SIZE(expected)) return false;
+      PyObject *k, *unused;
+      Py_ssize_t pos = 0;
+      for (Py_ssize_t i = 0; PyDict_Next(v, &pos, &k, &unused); ++i) {
+        PyObject* want = PyTuple_GET_ITEM(expected, i);
+        if (k == want) continue;
+        const int eq = PyObject_RichCompareBool(k, want, Py_EQ);
+        if (eq < 0) clear_error();
+        if (eq != 1) return false;
+      }
       return true;
     }
     case Kind::Length: {

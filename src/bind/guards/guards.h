@@ -31,6 +31,7 @@ struct Guard {
     NoAlias,   // the tensors at `sources` flagged in `mutated` share storage with none of the others
     IntSymbol, // an exact int >= 2 (not bool), the value of size symbol `length` (binds it)
     Same,      // value is the object at sources[0] (one tensor reached by two paths)
+    KeyOrder,  // value is a dict whose keys, in iteration order, equal the tuple `expected`
   } kind;
   SourcePtr source;
   TensorInfo tensor;
@@ -69,6 +70,7 @@ class GuardSet {
   void add_equals(SourcePtr s, PyObject* value);
   void add_identity(SourcePtr s, PyObject* obj);
   void add_length(SourcePtr s, Py_ssize_t n);
+  void add_key_order(SourcePtr s, PyObject* dict);  // the dict's keys now (borrowed)
   void add_grad_mode(bool enabled);
   void add_autocast(const AutocastState& state);
   void add_default_dtype(DType dtype);

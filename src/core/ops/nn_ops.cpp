@@ -141,9 +141,10 @@ std::pair<Node*, Node*> batch_norm_running_update(Graph& g, Node* x, Node* runni
   const Ints channels = {-1};
   auto flat = [&](Node* v) { return g.must_add("reshape", {v}, A({{"shape", channels}})); };
   // torch's kernels: running = momentum * batch + (1 - momentum) * running, with the variance
-  // unbiased (count / (count - 1)).
-  Node* unbiased = g.must_add("mul", {flat(st.var), g.must_add("div", {g.size_value(st.count, DType::Float64),
-                                                                         g.size_value(st.count - Expr(1), DType::Float64)})});
+  // unbiased: the sum of squared deviations over count - 1, in the statistics' dtype (a ratio
+  // count / (count - 1) of two Python numbers would be float32, short for float64 statistics).
+  Node* unbiased = g.must_add("div", {g.must_add("mul", {flat(st.var), g.size_value(st.count, DType::Float64)}),
+                                      g.size_value(st.count - Expr(1), DType::Float64)});
   auto blend = [&](Node* running, Node* batch) {
     Node* r = g.must_add("add", {g.must_add("mul", {batch, g.scalar(momentum, DType::Float64)}),
                                  g.must_add("mul", {running, g.scalar(1 - momentum, DType::Float64)})});
