@@ -616,9 +616,11 @@ def test_every_registry_op_has_a_torch_callable():
     # scalar_input: a Python float read per call (optimizer steps), which the eager backend leaves
     # to eager with a reason; custom_grad, custom_vjp: an autograd.Function's backward template
     # and result, taken out of the graph once its gradient is built (a graph holding one runs
-    # eagerly under the eager backend, with the reason)
+    # eagerly under the eager backend, with the reason); grad_passthrough: an in-place op under
+    # no_grad on a tracked tensor (the eager backend runs such a call eagerly, with the reason)
     internal = {"placeholder", "scalar", "scalar_input", "size_value", "arange", "full", "torch_call", "channels_last",
-                "aten_vjp", "conv2d_backward", "philox_uniform", "conv2d_prepacked", "custom_grad", "custom_vjp"}
+                "aten_vjp", "conv2d_backward", "philox_uniform", "conv2d_prepacked", "custom_grad", "custom_vjp",
+                "grad_passthrough"}
     for op in kiln._C.ops():
         if op["name"] in internal:
             assert op["eager"] == ""

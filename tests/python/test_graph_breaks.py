@@ -844,3 +844,59 @@ def test_a_weight_normed_convolution_is_one_graph():
     assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
     with torch.no_grad():
         torch.testing.assert_close(kiln.compile(conv)(x), conv(x))
+
+
+def test_a_dict_and_its_bound_method_stay_one_object_across_breaks():
+    import types
+
+    def through_method(x):
+        d = {"a": 1}
+        update = d.update
+        print(end="")
+        update({"b": 2})
+        return x + len(d), d, update.__self__ is d
+
+    def mapping_proxy(x):
+        d = {"a": 1}
+        d.update(types.MappingProxyType({"b": 2}))
+        return x + 1, d
+
+    for fn in (through_method, mapping_proxy):
+        cf = kiln.compile(fn)
+        for _ in range(2):
+            x = torch.randn(3)
+            got, want = cf(x), fn(x)
+            torch.testing.assert_close(got[0], want[0])
+            assert got[1:] == want[1:]
+
+
+def test_dunder_dict_sees_the_functions_own_attribute_changes():
+    class Obj:
+        def __init__(self):
+            self.a = 3
+            self.b = 5
+
+    def set_then_read(x, o):
+        o.c = 7
+        return x * ("c" in o.__dict__), x * o.__dict__.get("c", 100)
+
+    def delete_then_count(x, o):
+        del o.a
+        return x * len(o.__dict__)
+
+    for fn in (set_then_read, delete_then_count):
+        x = torch.randn(3)
+        mine, theirs = Obj(), Obj()
+        got, want = kiln.compile(fn)(x, mine), fn(x, theirs)
+        torch.testing.assert_close(got, want)
+        assert mine.__dict__ == theirs.__dict__
+
+
+@pytest.mark.parametrize("fn", [lambda x: {}.get([1], x), lambda x: (x, [1] in {1: 2}),
+                                lambda x: {(1, [2]): x}])
+def test_unhashable_dict_keys_raise_as_in_eager(fn):
+    x = torch.randn(2)
+    with pytest.raises(TypeError, match="unhashable"):
+        fn(x)
+    with pytest.raises(TypeError, match="unhashable"):
+        kiln.compile(fn)(x)

@@ -61,7 +61,11 @@ VarPtr Interpreter::known_int(const VarPtr& v) {
 }
 
 PyObject* Interpreter::key_obj(const VarPtr& v, const char* what) {
-  if (!v->is_tensor()) return const_obj(v, what);
+  if (!v->is_tensor()) {
+    PyObject* k = const_obj(v, what);
+    if (PyObject_Hash(k) == -1) real(nullptr);  // TypeError: unhashable type, as the dict raises
+    return k;
+  }
   Interpreter* r = root();
   auto [it, fresh] = r->tensor_keys_.emplace(v->node(), nullptr);
   if (fresh) {

@@ -221,7 +221,10 @@ OutSpec Interpreter::break_spec(const VarPtr& v) {
   OutSpec s = break_spec_of(v);
   if (s.kind == OutSpec::Kind::List || s.kind == OutSpec::Kind::Dict || s.kind == OutSpec::Kind::Copy ||
       s.kind == OutSpec::Kind::Construct || s.kind == OutSpec::Kind::Object || s.kind == OutSpec::Kind::MakeDict) {
-    auto [it, fresh] = break_memo_.emplace(v.get(), static_cast<int>(break_memo_.size()));
+    // A container copied from capture's object is one object per call, however many trackers
+    // or bound methods (d.update on the stack, d in a local) reach it.
+    const void* key = s.kind == OutSpec::Kind::Copy ? static_cast<const void*>(s.value) : v.get();
+    auto [it, fresh] = break_memo_.emplace(key, static_cast<int>(break_memo_.size()));
     s.memo = it->second;
   }
   return s;
@@ -248,6 +251,14 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       if (v->is_const() && is_private(v->known())) unsupported("an object kiln copied during capture at a graph break");
       if (v->kind() == Var::Kind::Module && is_private(v->obj()))
         unsupported("a module the function made (a user nn.Module) at a graph break");  // its state is this capture's
+      if (!v->source && v->is_const() && PyCFunction_Check(v->obj()))
+        if (PyObject* self = PyCFunction_GET_SELF(v->obj()); self && mutable_container(self)) {
+          // A method of a container the function made (d.update): bound to this call's copy.
+          s.kind = OutSpec::Kind::Method;
+          s.value = PyUnicode_FromString(reinterpret_cast<PyCFunctionObject*>(v->obj())->m_ml->ml_name);
+          s.items.push_back(break_spec(Var::constant(self)));
+          return s;
+        }
       if (structural(v) || bound_to_structure(v)) return source_spec(v->source);  // this call's object, not capture's
       // A mutable container is one object per call: the caller's, read again where the frame
       // found it, or one the function made, copied from capture's. (Handed on as capture's

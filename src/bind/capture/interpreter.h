@@ -728,7 +728,8 @@ class Interpreter {
   // Raises `exc` (an exception instance) from the captured code.
   [[noreturn]] void raise(PyObject* exc);
   std::vector<VarPtr> yields_;        // a generator's values, produced all at once
-  std::unordered_map<const Var*, int> break_memo_;  // break_spec's tracker -> object ids
+  // break_spec's tracker (or, for a container copied from capture's object, that object) -> object ids
+  std::unordered_map<const void*, int> break_memo_;
   std::unordered_set<const Var*> building_;  // root: objects whose spec is being built (cycles)
   std::unordered_set<PyObject*> private_;  // root: private copies (kept alive by keep_)
   bool symbolic_outputs_ = false;  // root: an Int spec hands out a symbolic int

@@ -245,6 +245,9 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
       (name == "items" || name == "keys" || name == "values" || name == "get" || name == "copy"))
     return Var::method(base, name);  // entries read through dict_entries, guarded
   if (base->is_const()) {
+    if (name == "__dict__")  // the object's attributes as the function left them: the logged stores are not in it yet
+      for (const AttrStore& st : root()->attr_stores_)
+        if (st.obj == base->obj()) unsupported("__dict__ of an object whose attributes the function set or deleted");
     PyObject* v = PyObject_GetAttrString(base->obj(), name.c_str());
     if (!v && base->source && PyErr_ExceptionMatches(PyExc_AttributeError) && !PyModule_Check(base->obj())) {
       // Absent, and a handler in the function may take the AttributeError: guarded absent (the

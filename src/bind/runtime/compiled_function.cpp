@@ -320,9 +320,20 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
              s.kind == OutSpec::Kind::Tuple || s.kind == OutSpec::Kind::Construct || s.kind == OutSpec::Kind::Object ||
              s.kind == OutSpec::Kind::MakeDict;
     };
-    for (const OutSpec& s : b->locals) fresh.push_back(is_fresh(s));
+    // A container that another value handed on also reaches (d and d.update, or a list inside
+    // another) is one object the resume function must see as one: not its own tracker.
+    std::map<int, int> memo_uses;
+    std::function<void(const OutSpec&)> count = [&](const OutSpec& s) {
+      if (s.memo >= 0) ++memo_uses[s.memo];
+      for (const OutSpec& i : s.items) count(i);
+    };
+    for (const OutSpec& s : b->locals) count(s);
+    for (const OutSpec& s : b->stack) count(s);
+    for (const OutSpec& s : b->operands) count(s);
+    auto is_private = [&](const OutSpec& s) { return is_fresh(s) && (s.memo < 0 || memo_uses[s.memo] == 1); };
+    for (const OutSpec& s : b->locals) fresh.push_back(is_private(s));
     for (const OutSpec& s : b->stack)
-      if (s.kind != OutSpec::Kind::Null) fresh.push_back(is_fresh(s));
+      if (s.kind != OutSpec::Kind::Null) fresh.push_back(is_private(s));
     for (PyObject* f : b->resume) {
       PyObject* cf = make_compiled_function(f, cfg);
       if (cf) set_private_params(cf, fresh);
