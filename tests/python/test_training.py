@@ -1433,3 +1433,58 @@ def test_batch_norm_running_variance_in_float64_is_float64_exact():
         torch.testing.assert_close(kiln.compile(bn)(x), ref(x))
         torch.testing.assert_close(bn.running_var, ref.running_var, rtol=tol, atol=tol)
         torch.testing.assert_close(bn.running_mean, ref.running_mean, rtol=tol, atol=tol)
+
+
+def test_results_made_under_no_grad_do_not_require_grad():
+    """torch's kernels a graph calls (embedding, losses, sort) ran under the caller's grad mode:
+    their results under no_grad took a grad_fn, and a frozen teacher's weights trained."""
+    teacher = torch.nn.Embedding(10, 4)
+    x = torch.randn(3, 5, requires_grad=True)
+    y = torch.tensor([1, 0, 4])
+
+    def targets(ids, x, y):
+        with torch.no_grad():
+            return teacher(ids), F.cross_entropy(x * 2, y), torch.sort(x, 1).values, F.mse_loss(x, x.flip(0))
+
+    ids = torch.tensor([1, 2, 3])
+    got, want = kiln.compile(targets)(ids, x, y), targets(ids, x, y)
+    for g, w in zip(got, want):
+        assert g.requires_grad is False and w.requires_grad is False and g.grad_fn is None
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("kw", [{"dropout_p": 0}, {"scale": 1}, {"dropout_p": 0, "scale": 2}])
+def test_attention_with_python_int_dropout_or_scale(kw):
+    def f(q, k):
+        return F.scaled_dot_product_attention(q, k, k, **kw)
+
+    grads_match(f, rand(2, 4, 6, 8), rand(2, 4, 6, 8))
+
+
+def test_transformer_encoder_layer_with_int_dropout_trains():
+    layer = torch.nn.TransformerEncoderLayer(d_model=16, nhead=4, dropout=0).double().train()
+    ref = copy.deepcopy(layer)
+    x = torch.randn(5, 3, 16, dtype=torch.float64)
+    got, want = kiln.compile(layer)(x), ref(x)
+    torch.testing.assert_close(got, want)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    for a, b in zip(layer.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_embedding_module_keeps_scale_grad_by_freq_and_sparse():
+    ids = torch.tensor([[1, 1, 2], [1, 4, 4]])
+    for kw in ({"scale_grad_by_freq": True}, {"sparse": True}):
+        mine = torch.nn.Embedding(6, 3, **kw)
+        theirs = copy.deepcopy(mine)
+        kiln.compile(lambda i: mine(i).square().sum())(ids).backward()
+        theirs(ids).square().sum().backward()
+        assert mine.weight.grad.is_sparse == theirs.weight.grad.is_sparse
+        torch.testing.assert_close(mine.weight.grad.to_dense(), theirs.weight.grad.to_dense())
+    bag, ref = torch.nn.EmbeddingBag(6, 3, sparse=True), None
+    ref = copy.deepcopy(bag)
+    kiln.compile(bag)(ids).sum().backward()
+    ref(ids).sum().backward()
+    assert bag.weight.grad.is_sparse
+    torch.testing.assert_close(bag.weight.grad.to_dense(), ref.weight.grad.to_dense())

@@ -1,6 +1,7 @@
 #include "bind/capture/interpreter.h"
 #include "bind/capture/mode_setter.h"
 
+#include <cctype>
 #include <cstring>
 #include <set>
 
@@ -669,6 +670,11 @@ bool autocast_passes_by(PyObject* f) {
     const std::string base = std::string("aten::") + PyUnicode_AsUTF8(fname);
     for (Py_ssize_t i = 0; passes && i < PyList_GET_SIZE(overloads); ++i) {
       const char* ov = PyUnicode_AsUTF8(PyList_GET_ITEM(overloads, i));
+      // Overloads over named dims (unbind.Dimname: CompositeImplicitAutograd in some torch
+      // versions) take dim names, never the int dims capture passes.
+      std::string lower(ov);
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (lower.find("dimname") != std::string::npos) continue;
       const std::string full = base + (std::strcmp(ov, "default") == 0 ? "" : std::string(".") + ov);
       for (const char* key : {"AutocastCPU", "AutocastCUDA", "CompositeImplicitAutograd"}) {
         PyObject* r = PyObject_CallFunction(has_kernel, "ss", full.c_str(), key);
@@ -2327,6 +2333,15 @@ std::string Interpreter::rerun_differs(PyObject* f, const std::vector<VarPtr>& a
     return s;
   }();
   if (f == sdpa && positive_float(arg(4, "dropout_p"))) return "attention with dropout draws its mask again in the backward";
+  // embedding_bag(sparse=True): a sparse gradient, which a backward program's dense buffers
+  // cannot hold. (F.embedding_bag(input, weight, offsets, max_norm, norm_type,
+  // scale_grad_by_freq, mode, sparse, ...); torch.embedding_bag(weight, input, offsets,
+  // scale_grad_by_freq, mode, sparse, ...).)
+  static PyObject* embedding_bag = resolve_torch_path("torch.embedding_bag");
+  static PyObject* functional_embedding_bag = resolve_torch_path("torch.nn.functional.embedding_bag");
+  if (f == embedding_bag || f == functional_embedding_bag)
+    if (VarPtr sp = arg(f == embedding_bag ? 5 : 7, "sparse"); sp && sp->is_const() && sp->known() == Py_True)
+      return "embedding_bag(sparse=True) gives a sparse gradient";
   if (fractional.count(f)) {
     VarPtr samples = arg(5, "_random_samples");
     if (!samples || (samples->is_const() && samples->known() == Py_None)) return "fractional max-pooling draws its windows again in the backward";

@@ -139,7 +139,8 @@ struct ModuleRules {
   }
   static VarPtr embedding(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
     if (I.module_attr(mod, "max_norm")->known() != Py_None) unsupported("Embedding with max_norm renormalizes its weight in place");
-    return fn(I, "torch.nn.functional.embedding", {args.at(0), I.module_attr(mod, "weight"), I.module_attr(mod, "padding_idx")});
+    return fn(I, "torch.nn.functional.embedding", {args.at(0), I.module_attr(mod, "weight"), I.module_attr(mod, "padding_idx")},
+              {{"scale_grad_by_freq", I.module_attr(mod, "scale_grad_by_freq")}, {"sparse", I.module_attr(mod, "sparse")}});
   }
   struct Sigmoid { static constexpr const char* f = "torch.sigmoid"; };
   struct Tanh { static constexpr const char* f = "torch.tanh"; };

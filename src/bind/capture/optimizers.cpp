@@ -351,12 +351,18 @@ void Interpreter::optimizer_step(PyObject* self, const SourcePtr& self_src, bool
     if (!pv->is_tensor() || !gv->is_tensor()) unsupported("optimizer parameter or gradient that is not a tensor");
     const ir::TensorMeta& pm = pv->node()->meta;
     if (!is_floating(pm.dtype) || gv->node()->meta.dtype != pm.dtype) unsupported("optimizer parameter of a non-floating dtype, or a gradient of another");
-    PyObject* pstate = PyObject_GetItem(state, p);  // a defaultdict: made empty where missing, as eager's lookup does
-    if (!pstate) real(nullptr);
-    keep_.push_back(pstate);
-    if (!PyDict_Check(pstate)) unsupported("optimizer state of a parameter is not a dict");
-    const SourcePtr pstate_src = Source::key_of(state_src, p);
-    out_.guards.add_type(pstate_src, reinterpret_cast<PyObject*>(Py_TYPE(pstate)));
+    // SGD without momentum never looks at a parameter's state (its state_dict stays empty);
+    // the others read it, a defaultdict made empty where missing, as eager's lookup does.
+    PyObject* pstate = nullptr;
+    SourcePtr pstate_src;
+    if (!sgd || gs.momentum) {
+      pstate = PyObject_GetItem(state, p);
+      if (!pstate) real(nullptr);
+      keep_.push_back(pstate);
+      if (!PyDict_Check(pstate)) unsupported("optimizer state of a parameter is not a dict");
+      pstate_src = Source::key_of(state_src, p);
+      out_.guards.add_type(pstate_src, reinterpret_cast<PyObject*>(Py_TYPE(pstate)));
+    }
     auto state_tensor = [&](const char* name) -> VarPtr {
       PyObject* key = PyUnicode_InternFromString(name);
       keep_.push_back(key);

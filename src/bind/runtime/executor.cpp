@@ -227,6 +227,8 @@ void push_arguments(torch::jit::Stack& stack, const ops::OpDef& def, const ir::A
         stack.push_back(c10::IValue(mask));
       } else if (one && param.is_int_list()) {  // stride=2 for int[2] stride: torch repeats it
         stack.push_back(c10::IValue(std::vector<int64_t>(std::max<size_t>(param.list_size(), 1), *one)));
+      } else if (one && (param.type == "float" || param.type == "float?")) {  // dropout_p=0, scale=1
+        stack.push_back(c10::IValue(static_cast<double>(*one)));
       } else {
         stack.push_back(attr_ivalue(*a));
       }
@@ -723,6 +725,11 @@ bool run(const pipeline::CompiledGraph& cg, PreparedProgram& prep, PyObject* con
     // The graph holds the casts torch.autocast makes (capture put them there): the extern ops
     // it calls must not be cast again by autocast's dispatch keys.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    // Autograd sees none of a program's steps: a training program's gradients are its backward
+    // program's, and an inference program's results need none (torch's own kernels it calls,
+    // under the caller's grad mode, gave embeddings and losses made under no_grad a grad_fn,
+    // which trained a frozen teacher's weights). The gradient steps (aten_vjp) turn it on.
+    torch::autograd::AutoGradMode no_grad(false);
     std::vector<at::Tensor> tensors(p.buffers.size());
     std::vector<void*> ptrs(p.buffers.size(), nullptr);
     for (size_t i = 0; i < p.inputs.size(); ++i) {

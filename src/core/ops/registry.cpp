@@ -391,6 +391,15 @@ bool infer_pointwise(const OpDef& op, const std::vector<Node*>& in, const Attrs&
   out.device = first_tensor ? first_tensor->meta.device : Device{};
   out.strides = pointwise_strides(out.sizes, in, op.promotion == Promotion::IntToFloat ? out.dtype : common);
   out.wrapped_number = false;
+  if (!first_tensor && !in.empty() && out.sizes.empty()) {
+    // Arithmetic on Python numbers alone (an optimizer's -lr, a float read per call times 2):
+    // Python's own, in double precision, and still a Python number to the ops that read it.
+    // (As a tensor it would take the default dtype: float32, 1e-8 off a float64 update.)
+    bool floating = false;
+    for (const Node* n : in) floating = floating || (n && is_floating(n->meta.dtype));
+    if (is_floating(out.dtype) || (floating && out.dtype != DType::Bool)) out.dtype = DType::Float64;
+    out.wrapped_number = true;
+  }
   return true;
 }
 
