@@ -214,7 +214,7 @@ def test_losses_under_autocast_compute_in_float32_in_one_graph(device, dtype, lo
 
 
 @pytest.mark.parametrize("device,dtype", _devices())
-@pytest.mark.parametrize("name", ["unbind", "gather", "index_select", "topk", "roll", "repeat", "index"])
+@pytest.mark.parametrize("name", ["unbind", "gather", "index_select", "topk", "roll", "repeat", "index", "type_as"])
 def test_operators_autocast_passes_by_are_captured_under_autocast(device, dtype, name):
     """Operators torch's dispatcher says autocast leaves alone (no autocast kernel, not a
     composite whose inner calls it would cast) run in their inputs' dtypes, in the graph: a
@@ -230,6 +230,7 @@ def test_operators_autocast_passes_by_are_captured_under_autocast(device, dtype,
         "roll": lambda y: y.roll(2, 1) * y,
         "repeat": lambda y: y.repeat(2, 1).sum(0),
         "index": lambda y: y[rows] + y[:3],
+        "type_as": lambda y: y.float().type_as(y) * 2,  # Gemma's RMSNorm: output.type_as(x)
     }
     tail = tails[name]
 

@@ -610,3 +610,22 @@ def test_a_convolution_weight_passed_as_an_argument_under_dynamic_true(channels)
         x, w = torch.randn(2, channels, h, h + 4), torch.randn(4, channels, k, k)
         torch.testing.assert_close(compiled(x, w), conv(x, w), rtol=1e-4, atol=1e-5)
     assert kiln.explain(compiled)(x, w).graph_count == 1
+
+
+def test_reshape_inferring_a_dim_of_an_empty_shape_generic_tensor_raises_as_eager():
+    """x.reshape(n // 3, -1) with n // 3 == 0: eager raises (-1 is ambiguous); the shape-generic
+    entry returned a (0, 0) tensor."""
+    def f(x):
+        n = x.shape[0]
+        return x[: n // 3 * 3].reshape(n // 3, -1)
+
+    c = kiln.compile(f, dynamic=True)
+    for n in (4, 7, 2, 9):
+        x = torch.randn(n, 5)
+        if n // 3 == 0:
+            with pytest.raises(RuntimeError):
+                f(x)
+            with pytest.raises(RuntimeError, match="ambiguous|invalid"):
+                c(x)
+        else:
+            torch.testing.assert_close(c(x), f(x))

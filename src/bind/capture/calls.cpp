@@ -653,9 +653,11 @@ namespace {
 bool autocast_passes_by(PyObject* f) {
   static std::unordered_map<PyObject*, bool> known;
   if (auto it = known.find(f); it != known.end()) return it->second;
-  // Indexing (views, aten::index with tensor indices) is on no list and casts nothing.
+  // Indexing (views, aten::index with tensor indices) is on no list and casts nothing, and
+  // type_as is a cast itself (its implicit decomposition calls `to`, which autocast leaves).
   static PyObject* getitem = object_at("torch.Tensor.__getitem__");
-  bool passes = f == getitem;
+  static PyObject* type_as = object_at("torch.Tensor.type_as");
+  bool passes = f == getitem || f == type_as;
   if (passes) return true;
   static PyObject* aten = object_at("torch.ops.aten");
   static PyObject* has_kernel = object_at("torch._C._dispatch_has_kernel_for_dispatch_key");

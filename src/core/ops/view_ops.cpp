@@ -101,6 +101,16 @@ bool infer_shape_arg(const TensorMeta& x, const Exprs& shape, Exprs& out, std::s
   }
   Expr numel = x.numel();
   if (infer_at >= 0) {
+    // The other dims' product must be positive, for every size the entry takes (a fact capture
+    // records where it is symbolic): with 0 elements there, -1 could be anything, and eager raises.
+    const auto kc = known.as_const();
+    if (kc ? *kc <= 0 : sym::current_shape_env() && !sym::known_less(Expr(0), known)) {
+      const auto n = sym::size_hint(numel);
+      err = n && *n == 0 ? "RuntimeError: cannot reshape tensor of 0 elements into shape " + sym::str(shape) +
+                               " because the unspecified dimension size -1 can be any value and is ambiguous"
+                         : "RuntimeError: shape '" + sym::str(shape) + "' is invalid for input of size " + numel.str();
+      return false;
+    }
     auto k = known.as_const(), n = numel.as_const();
     if (k && n && (*k == 0 || *n % *k != 0)) {
       err = "RuntimeError: shape '" + sym::str(shape) + "' is invalid for input of size " + std::to_string(*n);
