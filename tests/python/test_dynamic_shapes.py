@@ -629,3 +629,17 @@ def test_reshape_inferring_a_dim_of_an_empty_shape_generic_tensor_raises_as_eage
                 c(x)
         else:
             torch.testing.assert_close(c(x), f(x))
+
+
+def test_a_torch_call_specializes_only_the_sizes_that_change_what_it_returns():
+    """x.unbind(1) returns x.shape[1] tensors: that size is specialized, the growing dim stays
+    symbolic (it was specialized too, and every size recompiled until the cache limit)."""
+    fns = [lambda x: torch.stack(x.unbind(1), 0) * 2,
+           lambda x, y: torch.cat([x, y[:, None].expand(-1, 3)], 0)]
+    for i, fn in enumerate(fns):
+        c = kiln.compile(fn, dynamic=True)
+        before = kiln.stats()["graphs_compiled"]
+        for n in (4, 5, 6, 9):
+            args = (torch.randn(n, 3),) if i == 0 else (torch.randn(n, 3), torch.randn(n))
+            torch.testing.assert_close(c(*args), fn(*args))
+        assert kiln.stats()["graphs_compiled"] - before == 1

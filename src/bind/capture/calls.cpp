@@ -2226,6 +2226,19 @@ std::optional<std::vector<sym::Expr>> Interpreter::symbolic_layouts(const std::v
     return flat;
   };
   if (auto fit = sym::fit_multilinear(syms, hints, probe)) return fit;
+  // The sizes whose change alone changes what the call returns (how many results, their ranks
+  // or dtypes: x.unbind(1) over s1) are specialized, and the others fitted again; where none
+  // stands out, all are this call's.
+  std::vector<sym::Expr> structural;
+  for (size_t i = 0; i < syms.size() && syms.size() > 1; ++i) {
+    std::vector<int64_t> values = hints;
+    values[i] += 1;
+    if (!probe(values)) structural.push_back(syms[i]);
+  }
+  if (!structural.empty() && structural.size() < syms.size()) {
+    for (const sym::Expr& s : structural) concrete_size(s);
+    return symbolic_layouts(inputs, results, make_metas, call_on);
+  }
   for (const sym::Expr& s : syms) concrete_size(s);  // no shape-generic layout: this call's sizes
   return std::nullopt;
 }
