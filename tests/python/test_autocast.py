@@ -214,11 +214,13 @@ def test_losses_under_autocast_compute_in_float32_in_one_graph(device, dtype, lo
 
 
 @pytest.mark.parametrize("device,dtype", _devices())
-@pytest.mark.parametrize("name", ["unbind", "gather", "index_select", "topk", "roll", "repeat", "index", "type_as"])
+@pytest.mark.parametrize("name", ["unbind", "gather", "index_select", "topk", "roll", "repeat", "index", "type_as",
+                                  "cumsum", "baddbmm"])
 def test_operators_autocast_passes_by_are_captured_under_autocast(device, dtype, name):
     """Operators torch's dispatcher says autocast leaves alone (no autocast kernel, not a
-    composite whose inner calls it would cast) run in their inputs' dtypes, in the graph: a
-    ViT's qkv.unbind under bf16 autocast was a graph break per layer."""
+    composite whose inner calls it would cast) run in their inputs' dtypes, in the graph, and
+    those with an autocast kernel of their own take its cast: a ViT's qkv.unbind under bf16
+    autocast was a graph break per layer."""
     lin = torch.nn.Linear(16, 24).to(device)
     idx = torch.tensor([[0, 3], [2, 1], [5, 5], [1, 0]], device=device)
     rows = torch.tensor([3, 0, 2], device=device)
@@ -231,6 +233,10 @@ def test_operators_autocast_passes_by_are_captured_under_autocast(device, dtype,
         "repeat": lambda y: y.repeat(2, 1).sum(0),
         "index": lambda y: y[rows] + y[:3],
         "type_as": lambda y: y.float().type_as(y) * 2,  # Gemma's RMSNorm: output.type_as(x)
+        # on autocast's lists (CUDA's float32 list; the lower precision one): the cast its own
+        # kernel makes, found by running it on one-element tensors (probe_autocast)
+        "cumsum": lambda y: y.cumsum(1) * 2,
+        "baddbmm": lambda y: torch.baddbmm(y.view(4, 3, 8)[:, :, :3], y.view(4, 3, 8), y.view(4, 3, 8).transpose(1, 2)),
     }
     tail = tails[name]
 

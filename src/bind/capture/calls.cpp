@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "bind/capture/polyfills.h"
@@ -644,21 +645,85 @@ VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<Var
   return r;
 }
 
+std::optional<ops::AutocastPolicy> Interpreter::probe_autocast(PyObject* f, PyObject* targs, PyObject* tkw,
+                                                             const std::vector<ir::Node*>& inputs,
+                                                             const std::vector<sym::Expr>& sym_args) {
+  const AutocastState& ac = root()->autocast_;
+  const ir::Node* first = inputs.empty() ? nullptr : inputs.front();
+  if (!first || !ac.on(first->meta.device.type)) return std::nullopt;
+  for (const ir::Node* n : inputs)
+    if (!n || n->meta.wrapped_number || !is_floating(n->meta.dtype) || n->meta.dtype == DType::Float64 ||
+        !(n->meta.device == first->meta.device))
+      return std::nullopt;
+  const DType low = ac.dtype(first->meta.device.type);
+  std::vector<int64_t> sym_values;
+  for (const sym::Expr& e : sym_args) sym_values.push_back(root()->out_.guards.value_at_hints(e));
+  static PyObject* ones = resolve_torch("ones");
+  auto run = [&](DType t) -> PyObject* {  // the first tensor result's dtype object, new reference
+    std::vector<PyObject*> tensors;
+    auto drop = [&] {
+      for (PyObject* x : tensors) Py_DECREF(x);
+    };
+    for (const ir::Node* n : inputs) {
+      PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(n->meta.dim()));
+      for (size_t d = 0; d < n->meta.dim(); ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLong(1));
+      PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(t), "device", n->meta.device.str().c_str());
+      PyObject* a = PyTuple_Pack(1, shape);
+      PyObject* x = kw && a ? PyObject_Call(ones, a, kw) : nullptr;
+      Py_XDECREF(a);
+      Py_XDECREF(kw);
+      Py_DECREF(shape);
+      if (!x) return drop(), nullptr;
+      tensors.push_back(x);
+    }
+    PyObject* args = substitute(targs, tensors.data(), sym_values.data());
+    PyObject* kwargs = tkw ? substitute(tkw, tensors.data(), sym_values.data()) : nullptr;
+    PyObject* r = args && (!tkw || kwargs) ? PyObject_Call(f, args, kwargs) : nullptr;
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    drop();
+    if (!r) return nullptr;
+    PyObject* t0 = PyTuple_Check(r) && PyTuple_GET_SIZE(r) > 0 ? PyTuple_GET_ITEM(r, 0) : r;
+    PyObject* dt = is_tensor(t0) ? PyObject_GetAttrString(t0, "dtype") : nullptr;
+    Py_DECREF(r);
+    return dt;
+  };
+  const AutocastState saved = autocast_state();
+  set_autocast_state(ac);
+  PyObject* from_float = run(DType::Float32);
+  PyObject* from_low = from_float ? run(low) : nullptr;
+  set_autocast_state(saved);
+  std::optional<ops::AutocastPolicy> policy;
+  if (from_float && from_low) {
+    if (from_float == torch_dtype_object(low)) policy = ops::AutocastPolicy::LowerPrecision;
+    else if (from_low == torch_dtype_object(DType::Float32)) policy = ops::AutocastPolicy::Float32;
+    else policy = ops::AutocastPolicy::None;
+  }
+  Py_XDECREF(from_float);
+  Py_XDECREF(from_low);
+  clear_error();
+  return policy;
+}
+
 namespace {
 
-// Whether torch.autocast leaves an ATen function's inputs as they are, as torch's dispatcher
-// says: no overload of the operator has an autocast kernel (on neither device's lists), and
-// none is CompositeImplicitAutograd (whose inner calls autocast would see: einsum's bmm).
-// x.unbind, gather, index_select, topk, roll, repeat. Cached per function object.
-bool autocast_passes_by(PyObject* f) {
-  static std::unordered_map<PyObject*, bool> known;
-  if (auto it = known.find(f); it != known.end()) return it->second;
+// What torch's dispatcher says autocast does to an ATen function on one device type, over the
+// overloads capture could call (those over named dims take dim names, never int dims):
+// PassesBy: no overload has an autocast kernel there and none is CompositeImplicitAutograd
+// (whose inner calls autocast would see: einsum's bmm) - unbind, gather, index_select, topk,
+// roll, repeat, cumsum on the CPU. OwnKernel: some have one and none is implicit, so what
+// autocast does is decided at the call whatever the sizes (probe_autocast finds it: baddbmm).
+// Unknown otherwise. Cached per function.
+enum class AutocastKind { PassesBy, OwnKernel, Unknown };
+
+AutocastKind autocast_kind(PyObject* f, bool cuda) {
+  static std::map<std::pair<PyObject*, bool>, AutocastKind> known;
+  if (auto it = known.find({f, cuda}); it != known.end()) return it->second;
   // Indexing (views, aten::index with tensor indices) is on no list and casts nothing, and
   // type_as is a cast itself (its implicit decomposition calls `to`, which autocast leaves).
   static PyObject* getitem = object_at("torch.Tensor.__getitem__");
   static PyObject* type_as = object_at("torch.Tensor.type_as");
-  bool passes = f == getitem || f == type_as;
-  if (passes) return true;
+  if (f == getitem || f == type_as) return AutocastKind::PassesBy;
   static PyObject* aten = object_at("torch.ops.aten");
   static PyObject* has_kernel = object_at("torch._C._dispatch_has_kernel_for_dispatch_key");
   const bool builtin = PyCFunction_Check(f) || Py_IS_TYPE(f, &PyMethodDescr_Type);
@@ -667,36 +732,42 @@ bool autocast_passes_by(PyObject* f) {
                          ? PyObject_GetAttr(aten, fname)
                          : nullptr;
   PyObject* overloads = packet ? PyObject_CallMethod(packet, "overloads", nullptr) : nullptr;
+  AutocastKind kind = AutocastKind::Unknown;
   if (overloads && PyList_Check(overloads) && PyList_GET_SIZE(overloads) > 0) {
-    passes = true;
+    bool none = true, all = true, counted = false;  // all: no overload is implicit
     const std::string base = std::string("aten::") + PyUnicode_AsUTF8(fname);
-    for (Py_ssize_t i = 0; passes && i < PyList_GET_SIZE(overloads); ++i) {
+    for (Py_ssize_t i = 0; (none || all) && i < PyList_GET_SIZE(overloads); ++i) {
       const char* ov = PyUnicode_AsUTF8(PyList_GET_ITEM(overloads, i));
-      // Overloads over named dims (unbind.Dimname: CompositeImplicitAutograd in some torch
-      // versions) take dim names, never the int dims capture passes.
       std::string lower(ov);
       for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (lower.find("dimname") != std::string::npos) continue;
+      if (lower.find("dimname") != std::string::npos || lower.find("out") != std::string::npos) continue;
       const std::string full = base + (std::strcmp(ov, "default") == 0 ? "" : std::string(".") + ov);
-      for (const char* key : {"AutocastCPU", "AutocastCUDA", "CompositeImplicitAutograd"}) {
+      auto has = [&](const char* key) -> int {
         PyObject* r = PyObject_CallFunction(has_kernel, "ss", full.c_str(), key);
-        if (!r) {  // an overload torch has in Python only: unknown
-          clear_error();
-          passes = false;
-          break;
-        }
-        passes = passes && r == Py_False;
+        if (!r) return clear_error(), -1;  // an overload torch has in Python only
+        const int yes = r == Py_True;
         Py_DECREF(r);
+        return yes;
+      };
+      const int own = has(cuda ? "AutocastCUDA" : "AutocastCPU"), implicit = has("CompositeImplicitAutograd");
+      if (own < 0 || implicit < 0) {
+        none = all = false;
+        break;
       }
+      counted = true;
+      none = none && !own && !implicit;
+      all = all && !implicit;
     }
+    if (counted && none) kind = AutocastKind::PassesBy;
+    else if (counted && all) kind = AutocastKind::OwnKernel;
   }
   Py_XDECREF(overloads);
   Py_XDECREF(packet);
   Py_XDECREF(fname);
   clear_error();
   Py_INCREF(f);  // kept: the cache is keyed by its address
-  known.emplace(f, passes);
-  return passes;
+  known.emplace(std::make_pair(f, cuda), kind);
+  return kind;
 }
 
 // Whether an ATen function (torch.native_batch_norm) has an overload whose schema writes into a
@@ -2557,8 +2628,16 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
       ir::Attrs unused;
       autocast_inputs(ops::AutocastPolicy::Float32, ops::AutocastPolicy::Float32, name, inputs, unused);
       cast_as_entry = true;
-    } else if (autocast_passes_by(f)) {
+    } else if (autocast_kind(f, inputs.front()->meta.device.type == DeviceType::CUDA) == AutocastKind::PassesBy) {
       cast_as_entry = true;  // no cast: autocast's dispatch passes the operator by
+    } else if (std::optional<ops::AutocastPolicy> p =
+                   !function_binding(f) && autocast_kind(f, inputs.front()->meta.device.type == DeviceType::CUDA) ==
+                                               AutocastKind::OwnKernel
+                       ? probe_autocast(f, targs, tkw, inputs, sym_args)
+                       : std::nullopt) {
+      ir::Attrs unused;
+      autocast_inputs(*p, *p, name, inputs, unused);
+      cast_as_entry = true;
     } else if (const OpBinding* b = function_binding(f)) {
       const bool cuda = inputs.front()->meta.device.type == DeviceType::CUDA;
       const ops::AutocastPolicy p = cuda ? b->op->autocast_cuda : b->op->autocast_cpu;

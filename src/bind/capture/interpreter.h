@@ -584,6 +584,14 @@ class Interpreter {
   // result's layout comes from running it on meta tensors now; the runtime calls it for real.
   // nullptr: `f` is a Python function whose result is not tensors (the caller inlines it).
   VarPtr torch_extern(PyObject* f, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  // Under autocast, a torch call kiln has no entry for: the cast torch's autocast makes for it,
+  // found by running it on one-element tensors of each floating input's rank and device, once
+  // in float32 and once in autocast's dtype (float32 in, 16-bit out: the lower precision; 16-bit
+  // in, float32 out: float32; else none). nullopt where a probe raises or an input is not
+  // floating (index tensors made of ones could be out of range).
+  std::optional<ops::AutocastPolicy> probe_autocast(PyObject* f, PyObject* targs, PyObject* tkw,
+                                                    const std::vector<ir::Node*>& inputs,
+                                                    const std::vector<sym::Expr>& sym_args);
   // An in-place update kept out of place as a torch_call on `target` (its first tensor): the
   // operator's in-place form `inplace_fn` goes with it, for the executor to update an input
   // where it lies when nothing else reads its old value (passes::reinplace_input_updates).
