@@ -900,3 +900,23 @@ def test_unhashable_dict_keys_raise_as_in_eager(fn):
         fn(x)
     with pytest.raises(TypeError, match="unhashable"):
         kiln.compile(fn)(x)
+
+
+def test_id_of_a_callers_object_is_guarded_by_identity():
+    """GradScaler keys its per-optimizer state by id(optimizer): id() of an object passed in is a
+    constant of the entry, the object guarded by identity (a new object recompiles)."""
+    class Holder:
+        pass
+
+    a, b = Holder(), Holder()
+    table = {id(a): 2.0, id(b): 3.0}
+
+    def f(x, o):
+        return x * table[id(o)]
+
+    cf = kiln.compile(f)
+    for o in (a, a, b, a):
+        x = torch.randn(3)
+        torch.testing.assert_close(cf(x, o), f(x, o))
+    e = kiln.explain(f)(torch.randn(3), a)
+    assert e.graph_break_count == 0, e.break_reasons

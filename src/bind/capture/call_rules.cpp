@@ -30,6 +30,7 @@ struct CallRules {
       add(I.builtin("setattr"), setattr_);
       add(I.builtin("__build_class__"), build_class);
       add(I.builtin("hasattr"), getattr_);
+      add(I.builtin("id"), id_);
       add(I.builtin("isinstance"), isinstance_);
       add(I.builtin("type"), type_);
       add(I.builtin("len"), len_);
@@ -103,6 +104,17 @@ struct CallRules {
 
   static VarPtr super_(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
     return kwargs.empty() ? I.make_super(args) : nullptr;
+  }
+
+  // id(obj) of an object of the caller's (GradScaler keys its per-optimizer state by
+  // id(optimizer)): the object guarded by identity, its id a constant of the entry.
+  static VarPtr id_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 1 || !kwargs.empty()) return nullptr;
+    const VarPtr& v = args[0];
+    if (!(v->is_const() || v->kind() == Var::Kind::Module) || !v->source || !v->obj()) return nullptr;
+    if (v->source->made_in_frame() || I.is_private(v->obj())) return nullptr;
+    I.out_.guards.add_identity(v->source, v->obj());
+    return Var::steal_constant(PyLong_FromVoidPtr(v->obj()));
   }
 
   // getattr(obj, name[, default]) and hasattr(obj, name): read as obj.name would be, guarded.
