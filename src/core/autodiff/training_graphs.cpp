@@ -127,6 +127,9 @@ VersionFacts version_facts(const ir::Graph& g, const std::vector<Node*>& wrt) {
   for (const auto& n : g.nodes()) {
     bool on_path = false, reached = false;
     for (const Node* in : n->inputs) on_path = on_path || (in && active.count(in)), reached = reached || (in && reach.count(in));
+    // No gradient flows through a value that is not floating (a comparison feeding where's
+    // condition): what it reads is no saved value on a gradient's path (fuzz_grad seed 596017).
+    if (!is_floating(n->meta.dtype)) on_path = reached = false;
     // A detaching alias (a read under no_grad, detach_untracked_reads) ends the path: autograd
     // saves nothing past it.
     if (n->attrs.get_bool("detach")) on_path = false;
