@@ -756,6 +756,17 @@ def test_zero_argument_super_after_a_break():
 # --------------------------------------------------------------------------------------------
 # objects handed from a graph to its resume function are this call's, never capture's
 
+def _tensor_and_python_values_match_eager(fns, calls):
+    """Each fn(x) returns a tensor, then Python values: compiled, each call equals eager."""
+    for fn in fns:
+        cf = kiln.compile(fn)
+        for _ in range(calls):
+            x = torch.randn(3)
+            got, want = cf(x), fn(x)
+            torch.testing.assert_close(got[0], want[0])
+            assert got[1:] == want[1:]
+
+
 def test_containers_made_before_a_break_are_new_each_call():
     from collections import defaultdict
 
@@ -772,13 +783,7 @@ def test_containers_made_before_a_break_are_new_each_call():
         s.add(len(s) + 10)
         return x + 1, s
 
-    for fn in (counts, grow):
-        cf = kiln.compile(fn)
-        for _ in range(4):
-            x = torch.randn(3)
-            got, want = cf(x), fn(x)
-            torch.testing.assert_close(got[0], want[0])
-            assert got[1] == want[1]
+    _tensor_and_python_values_match_eager((counts, grow), calls=4)
 
 
 def test_missing_key_of_the_callers_defaultdict_inserts_once():
@@ -861,13 +866,7 @@ def test_a_dict_and_its_bound_method_stay_one_object_across_breaks():
         d.update(types.MappingProxyType({"b": 2}))
         return x + 1, d
 
-    for fn in (through_method, mapping_proxy):
-        cf = kiln.compile(fn)
-        for _ in range(2):
-            x = torch.randn(3)
-            got, want = cf(x), fn(x)
-            torch.testing.assert_close(got[0], want[0])
-            assert got[1:] == want[1:]
+    _tensor_and_python_values_match_eager((through_method, mapping_proxy), calls=2)
 
 
 def test_dunder_dict_sees_the_functions_own_attribute_changes():

@@ -2622,19 +2622,18 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // (add_node refuses them).
   bool cast_as_entry = false;
   if (root()->autocast_.any() && !inputs.empty()) {
+    const AutocastKind kind = autocast_kind(f, inputs.front()->meta.device.type == DeviceType::CUDA);
     if (float32_loss(f)) {
       // a loss torch's autocast computes in float32 (its own kernel, or log_softmax and
       // nll_loss for cross_entropy, both on the list): its floating inputs cast to float32
       ir::Attrs unused;
       autocast_inputs(ops::AutocastPolicy::Float32, ops::AutocastPolicy::Float32, name, inputs, unused);
       cast_as_entry = true;
-    } else if (autocast_kind(f, inputs.front()->meta.device.type == DeviceType::CUDA) == AutocastKind::PassesBy) {
+    } else if (kind == AutocastKind::PassesBy) {
       cast_as_entry = true;  // no cast: autocast's dispatch passes the operator by
-    } else if (std::optional<ops::AutocastPolicy> p =
-                   !function_binding(f) && autocast_kind(f, inputs.front()->meta.device.type == DeviceType::CUDA) ==
-                                               AutocastKind::OwnKernel
-                       ? probe_autocast(f, targs, tkw, inputs, sym_args)
-                       : std::nullopt) {
+    } else if (std::optional<ops::AutocastPolicy> p = kind == AutocastKind::OwnKernel && !function_binding(f)
+                                                          ? probe_autocast(f, targs, tkw, inputs, sym_args)
+                                                          : std::nullopt) {
       ir::Attrs unused;
       autocast_inputs(*p, *p, name, inputs, unused);
       cast_as_entry = true;

@@ -27,33 +27,10 @@ bool Interpreter::breakable(const Instr& in) {
   }
 }
 
-bool Interpreter::in_loop(const CodeInfo& ci, size_t pc) {
-  std::vector<char> seen(ci.instrs.size(), 0);
-  std::vector<size_t> work = {pc + 1};
-  while (!work.empty()) {
-    size_t i = work.back();
-    work.pop_back();
-    if (i >= ci.instrs.size() || seen[i]) continue;
-    if (i == pc) return true;
-    seen[i] = 1;
-    const std::string& name = ci.opnames[i];
-    const Instr& x = ci.instrs[i];
-    bool jumps = name.find("JUMP") != std::string::npos || name == "FOR_ITER";
-    if (jumps && x.jump_target >= 0) {
-      auto t = ci.by_offset.find(x.jump_target);
-      if (t != ci.by_offset.end()) work.push_back(t->second);
-    }
-    bool ends = name == "JUMP_FORWARD" || name == "JUMP_BACKWARD" || name == "JUMP_BACKWARD_NO_INTERRUPT" ||
-                name == "RETURN_VALUE" || name == "RETURN_CONST" || name == "RAISE_VARARGS" || name == "RERAISE";
-    if (!ends) work.push_back(i + 1);
-  }
-  return false;
-}
-
 std::vector<char> Interpreter::falls_into_loop(const CodeInfo& ci) {
-  // Strongly connected components of the control flow (Tarjan's algorithm, iterative), with
-  // in_loop's edges: an instruction that falls through to the next one is on a loop exactly when
-  // both share a component. Linear in the code's length, where in_loop is per instruction.
+  // Strongly connected components of the control flow (Tarjan's algorithm, iterative): an
+  // instruction that falls through to the next one is on a loop exactly when both share a
+  // component. Linear in the code's length.
   const size_t n = ci.instrs.size();
   std::vector<std::vector<size_t>> succ(n);
   std::vector<char> falls(n, 0);
@@ -315,7 +292,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
 bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, const Snapshot& before, const std::string& why) {
   if (PyErr_Occurred()) clear_error();
   if (pc + 1 >= ci.instrs.size()) return false;
-  if (in_loop(ci, pc)) return false;  // each iteration would resume anew
+  // (run_frame never calls it on a loop, where each iteration would resume anew: falls_into_loop)
   if (!break_leaves_handlers_intact(code_, in.offset)) return false;
   // The instruction runs for real at the break: its own logged stores are dropped; those of
   // the graph before it are replayed before it runs.

@@ -525,9 +525,8 @@ class Interpreter {
 
   // Whether normal control flow (exception handlers aside: 3.12 jumps back from a with
   // block's handler) can come back to instruction pc.
-  static bool in_loop(const CodeInfo& ci, size_t pc);
-  // Per instruction: 1 where it falls through to the next one and lies on a loop, as in_loop
-  // says, for all instructions at once.
+  // Per instruction: 1 where it falls through to the next one and lies on a loop (the next
+  // instruction reaches it again).
   static std::vector<char> falls_into_loop(const CodeInfo& ci);
   // Which of the first `nlocals` locals some path from the instructions `from` reads before
   // storing them (liveness, exception handlers included).

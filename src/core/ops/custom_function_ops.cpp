@@ -25,6 +25,22 @@ std::set<const Node*> reading(const Graph& g, const Node* grad_input) {
   return d;
 }
 
+// A composite whose value is its first input's, differentiated by a rule of its own.
+OpDef value_of_first_input(const char* name, const char* schema, const char* doc) {
+  OpDef d;
+  d.name = name;
+  d.schema = Schema::parse(schema);
+  d.kind = OpKind::Composite;
+  d.promotion = Promotion::None;
+  d.doc = doc;
+  d.infer = [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string&) {
+    out = in[0]->meta;
+    return true;
+  };
+  d.decompose = [](Graph&, Node* n) { return n->inputs[0]; };
+  return d;
+}
+
 }  // namespace
 
 std::vector<OpDef> custom_function_ops() {
@@ -43,17 +59,9 @@ std::vector<OpDef> custom_function_ops() {
 
   // Inputs: the forward's result, the template's custom_grad, the Function's k tensor inputs,
   // then the k gradients its backward returned for them (nullptr: None).
-  OpDef vjp;
-  vjp.name = "custom_vjp";
-  vjp.schema = Schema::parse("custom_vjp(Tensor result, Tensor grad_input, Tensor[] inputs, Tensor?[] grads)");
-  vjp.kind = OpKind::Composite;
-  vjp.promotion = Promotion::None;
-  vjp.doc = "an autograd.Function's result, differentiated by its own backward";
-  vjp.infer = [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string&) {
-    out = in[0]->meta;
-    return true;
-  };
-  vjp.decompose = [](Graph&, Node* n) { return n->inputs[0]; };
+  OpDef vjp = value_of_first_input("custom_vjp",
+                                   "custom_vjp(Tensor result, Tensor grad_input, Tensor[] inputs, Tensor?[] grads)",
+                                   "an autograd.Function's result, differentiated by its own backward");
   vjp.derivative = [](Graph& g, Node* n, Node* grad) {
     const Node* grad_input = n->inputs[1];
     const size_t k = (n->inputs.size() - 2) / 2;
@@ -91,17 +99,9 @@ std::vector<OpDef> custom_function_ops() {
   };
   // An in-place op under torch.no_grad() on a tensor autograd tracks: eager changes the values
   // and leaves the history, so the tensor's gradient still flows to what it was computed from.
-  OpDef passthrough;
-  passthrough.name = "grad_passthrough";
-  passthrough.schema = Schema::parse("grad_passthrough(Tensor value, Tensor history)");
-  passthrough.kind = OpKind::Composite;
-  passthrough.promotion = Promotion::None;
-  passthrough.doc = "the value of an in-place op made under no_grad, differentiated as the tensor's history before it";
-  passthrough.infer = [](const std::vector<Node*>& in, const Attrs&, TensorMeta& out, std::string&) {
-    out = in[0]->meta;
-    return true;
-  };
-  passthrough.decompose = [](Graph&, Node* n) { return n->inputs[0]; };
+  OpDef passthrough = value_of_first_input(
+      "grad_passthrough", "grad_passthrough(Tensor value, Tensor history)",
+      "the value of an in-place op made under no_grad, differentiated as the tensor's history before it");
   passthrough.derivative = [](Graph&, Node*, Node* grad) { return std::vector<Node*>{nullptr, grad}; };
   // No Python spelling: backend="eager" runs such a call eagerly, with this op as the reason.
   return {grad, vjp, passthrough};
