@@ -215,7 +215,8 @@ def test_losses_under_autocast_compute_in_float32_in_one_graph(device, dtype, lo
 
 @pytest.mark.parametrize("device,dtype", _devices())
 @pytest.mark.parametrize("name", ["unbind", "gather", "index_select", "topk", "roll", "repeat", "index", "type_as",
-                                  "cumsum", "baddbmm"])
+                                  "cumsum", "baddbmm", "einsum", "einsum_one_row", "pad", "repeat_interleave",
+                                  "conv1d"])
 def test_operators_autocast_passes_by_are_captured_under_autocast(device, dtype, name):
     """Operators torch's dispatcher says autocast leaves alone (no autocast kernel, not a
     composite whose inner calls it would cast) run in their inputs' dtypes, in the graph, and
@@ -237,6 +238,14 @@ def test_operators_autocast_passes_by_are_captured_under_autocast(device, dtype,
         # kernel makes, found by running it on one-element tensors (probe_autocast)
         "cumsum": lambda y: y.cumsum(1) * 2,
         "baddbmm": lambda y: torch.baddbmm(y.view(4, 3, 8)[:, :, :3], y.view(4, 3, 8), y.view(4, 3, 8).transpose(1, 2)),
+        # composites (no autocast kernel; their inner calls are cast: einsum's bmm, which
+        # einsum calls only where no dim is of one point) and a composite with a kernel of its
+        # own that runs only at the call's sizes (conv1d's kernel is 3 points wide)
+        "einsum": lambda y: torch.einsum("bij,bkj->bik", y.view(4, 3, 8), y.view(4, 3, 8)).relu(),
+        "einsum_one_row": lambda y: torch.einsum("ij,kj->ik", y[:1], y).relu(),
+        "pad": lambda y: torch.nn.functional.pad(y, (1, 2)) * 2,
+        "repeat_interleave": lambda y: y.repeat_interleave(2, dim=0) + 1,
+        "conv1d": lambda y: torch.nn.functional.conv1d(y.view(4, 3, 8), lin.weight[:5, :9].reshape(5, 3, 3)).relu(),
     }
     tail = tails[name]
 

@@ -659,6 +659,12 @@ std::optional<ops::AutocastPolicy> Interpreter::probe_autocast(PyObject* f, PyOb
   std::vector<int64_t> sym_values;
   for (const sym::Expr& e : sym_args) sym_values.push_back(root()->out_.guards.value_at_hints(e));
   static PyObject* ones = resolve_torch("ones");
+  // Each dim at most `cap` points. A composite's inner calls can depend on the sizes (einsum
+  // over dims of one point multiplies where it would call bmm, which autocast casts), so the
+  // probe runs at the call's own sizes where the inputs are small, else at two points a dim,
+  // then, for an operator that needs more (conv1d's kernel is wider than two points), at the
+  // call's sizes again where they are not large.
+  int64_t cap = 0;
   auto run = [&](DType t) -> PyObject* {  // the first tensor result's dtype object, new reference
     std::vector<PyObject*> tensors;
     auto drop = [&] {
@@ -666,7 +672,8 @@ std::optional<ops::AutocastPolicy> Interpreter::probe_autocast(PyObject* f, PyOb
     };
     for (const ir::Node* n : inputs) {
       PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(n->meta.dim()));
-      for (size_t d = 0; d < n->meta.dim(); ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLong(1));
+      for (size_t d = 0; d < n->meta.dim(); ++d)
+        PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(std::min(cap, root()->out_.guards.value_at_hints(n->meta.sizes[d]))));
       PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(t), "device", n->meta.device.str().c_str());
       PyObject* a = PyTuple_Pack(1, shape);
       PyObject* x = kw && a ? PyObject_Call(ones, a, kw) : nullptr;
@@ -688,10 +695,26 @@ std::optional<ops::AutocastPolicy> Interpreter::probe_autocast(PyObject* f, PyOb
     Py_DECREF(r);
     return dt;
   };
+  int64_t elements = 0;  // all inputs together, at the call's sizes
+  for (const ir::Node* n : inputs) {
+    int64_t count = 1;
+    for (const sym::Expr& e : n->meta.sizes) count *= root()->out_.guards.value_at_hints(e);
+    elements += count;
+  }
+  constexpr int64_t kSmall = int64_t{1} << 16, kLarge = int64_t{1} << 24, kWhole = INT64_MAX;
+  std::vector<int64_t> caps = elements <= kSmall ? std::vector<int64_t>{kWhole} : std::vector<int64_t>{2};
+  if (elements > kSmall && elements <= kLarge) caps.push_back(kWhole);
   const AutocastState saved = autocast_state();
   set_autocast_state(ac);
-  PyObject* from_float = run(DType::Float32);
-  PyObject* from_low = from_float ? run(low) : nullptr;
+  PyObject *from_float = nullptr, *from_low = nullptr;
+  for (int64_t c : caps) {
+    if (from_float && from_low) break;
+    Py_XDECREF(from_float);
+    clear_error();
+    cap = c;
+    from_float = run(DType::Float32);
+    from_low = from_float ? run(low) : nullptr;
+  }
   set_autocast_state(saved);
   std::optional<ops::AutocastPolicy> policy;
   if (from_float && from_low) {
@@ -707,23 +730,20 @@ std::optional<ops::AutocastPolicy> Interpreter::probe_autocast(PyObject* f, PyOb
 
 namespace {
 
-// What torch's dispatcher says autocast does to an ATen function on one device type, over the
-// overloads capture could call (those over named dims take dim names, never int dims):
-// PassesBy: no overload has an autocast kernel there and none is CompositeImplicitAutograd
-// (whose inner calls autocast would see: einsum's bmm) - unbind, gather, index_select, topk,
-// roll, repeat, cumsum on the CPU. OwnKernel: some have one and none is implicit, so what
-// autocast does is decided at the call whatever the sizes (probe_autocast finds it: baddbmm).
-// Unknown otherwise. Cached per function.
-enum class AutocastKind { PassesBy, OwnKernel, Unknown };
-
-AutocastKind autocast_kind(PyObject* f, bool cuda) {
-  static std::map<std::pair<PyObject*, bool>, AutocastKind> known;
+// Whether torch's dispatcher says autocast passes an ATen function by on one device type, over
+// the overloads capture could call (those over named dims take dim names, never int dims): no
+// overload has an autocast kernel there and none is CompositeImplicitAutograd (whose inner
+// calls autocast would see: einsum's bmm) - unbind, gather, index_select, topk, roll, repeat,
+// cumsum on the CPU. Other operators' casts are found at the call (probe_autocast). Cached per
+// function.
+bool autocast_passes_by(PyObject* f, bool cuda) {
+  static std::map<std::pair<PyObject*, bool>, bool> known;
   if (auto it = known.find({f, cuda}); it != known.end()) return it->second;
   // Indexing (views, aten::index with tensor indices) is on no list and casts nothing, and
   // type_as is a cast itself (its implicit decomposition calls `to`, which autocast leaves).
   static PyObject* getitem = object_at("torch.Tensor.__getitem__");
   static PyObject* type_as = object_at("torch.Tensor.type_as");
-  if (f == getitem || f == type_as) return AutocastKind::PassesBy;
+  if (f == getitem || f == type_as) return true;
   static PyObject* aten = object_at("torch.ops.aten");
   static PyObject* has_kernel = object_at("torch._C._dispatch_has_kernel_for_dispatch_key");
   const bool builtin = PyCFunction_Check(f) || Py_IS_TYPE(f, &PyMethodDescr_Type);
@@ -732,11 +752,11 @@ AutocastKind autocast_kind(PyObject* f, bool cuda) {
                          ? PyObject_GetAttr(aten, fname)
                          : nullptr;
   PyObject* overloads = packet ? PyObject_CallMethod(packet, "overloads", nullptr) : nullptr;
-  AutocastKind kind = AutocastKind::Unknown;
+  bool passes_by = false;
   if (overloads && PyList_Check(overloads) && PyList_GET_SIZE(overloads) > 0) {
-    bool none = true, all = true, counted = false;  // all: no overload is implicit
+    bool none = true, counted = false;
     const std::string base = std::string("aten::") + PyUnicode_AsUTF8(fname);
-    for (Py_ssize_t i = 0; (none || all) && i < PyList_GET_SIZE(overloads); ++i) {
+    for (Py_ssize_t i = 0; none && i < PyList_GET_SIZE(overloads); ++i) {
       const char* ov = PyUnicode_AsUTF8(PyList_GET_ITEM(overloads, i));
       std::string lower(ov);
       for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -751,23 +771,21 @@ AutocastKind autocast_kind(PyObject* f, bool cuda) {
       };
       const int own = has(cuda ? "AutocastCUDA" : "AutocastCPU"), implicit = has("CompositeImplicitAutograd");
       if (own < 0 || implicit < 0) {
-        none = all = false;
+        none = false;
         break;
       }
       counted = true;
-      none = none && !own && !implicit;
-      all = all && !implicit;
+      none = !own && !implicit;
     }
-    if (counted && none) kind = AutocastKind::PassesBy;
-    else if (counted && all) kind = AutocastKind::OwnKernel;
+    passes_by = counted && none;
   }
   Py_XDECREF(overloads);
   Py_XDECREF(packet);
   Py_XDECREF(fname);
   clear_error();
   Py_INCREF(f);  // kept: the cache is keyed by its address
-  known.emplace(std::make_pair(f, cuda), kind);
-  return kind;
+  known.emplace(std::make_pair(f, cuda), passes_by);
+  return passes_by;
 }
 
 // Whether an ATen function (torch.native_batch_norm) has an overload whose schema writes into a
@@ -2618,20 +2636,22 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   }
   // Under torch.autocast, an operator kiln has an entry for (whose `covers` sent this call to
   // torch: attention with grouped heads, a cat with a legacy empty tensor) casts its inputs as
-  // that entry's policy says, before its layout is probed; other operators' casts are unknown
-  // (add_node refuses them).
+  // that entry's policy says, before its layout is probed. Another takes the cast its own
+  // autocast kernel, or the inner calls of its composite (einsum's bmm), make: what running it
+  // under autocast on small tensors shows (probe_autocast). Where that fails, the cast is
+  // unknown and add_node refuses the call.
   bool cast_as_entry = false;
   if (root()->autocast_.any() && !inputs.empty()) {
-    const AutocastKind kind = autocast_kind(f, inputs.front()->meta.device.type == DeviceType::CUDA);
+    const bool passes_by = autocast_passes_by(f, inputs.front()->meta.device.type == DeviceType::CUDA);
     if (float32_loss(f)) {
       // a loss torch's autocast computes in float32 (its own kernel, or log_softmax and
       // nll_loss for cross_entropy, both on the list): its floating inputs cast to float32
       ir::Attrs unused;
       autocast_inputs(ops::AutocastPolicy::Float32, ops::AutocastPolicy::Float32, name, inputs, unused);
       cast_as_entry = true;
-    } else if (kind == AutocastKind::PassesBy) {
+    } else if (passes_by) {
       cast_as_entry = true;  // no cast: autocast's dispatch passes the operator by
-    } else if (std::optional<ops::AutocastPolicy> p = kind == AutocastKind::OwnKernel && !function_binding(f)
+    } else if (std::optional<ops::AutocastPolicy> p = !function_binding(f)
                                                           ? probe_autocast(f, targs, tkw, inputs, sym_args)
                                                           : std::nullopt) {
       ir::Attrs unused;
