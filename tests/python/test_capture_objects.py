@@ -184,7 +184,8 @@ def test_store_is_done_before_the_code_after_a_graph_break_runs():
     seen = []
 
     def peek(c):
-        seen.append(c.scale)  # print-like: kiln runs it in Python, at a graph break
+        seen.append(c.scale)
+        torch._dynamo.graph_break()  # kiln runs peek in Python, at a graph break
 
     def f(a):
         cfg.scale = 7.0

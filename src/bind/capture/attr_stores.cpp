@@ -93,6 +93,7 @@ std::vector<StoreReplay> Interpreter::store_replays(size_t upto, bool at_break) 
     else r.value.kind = OutSpec::Kind::Unbound;
     out.push_back(std::move(r));
   }
+  for (StoreReplay& r : container_replays(at_break)) out.push_back(std::move(r));
   return out;
 }
 

@@ -594,7 +594,29 @@ struct CallRules {
   }
 };
 
+namespace {
+
+// torch._dynamo.graph_break, once torch._dynamo is loaded (code that calls it has loaded it;
+// kiln does not load it for this: an import of a second or more on a first capture).
+PyObject* dynamo_graph_break() {
+  static PyObject* found = nullptr;
+  if (found) return found;
+  static PyObject* name = PyUnicode_InternFromString("torch._dynamo.decorators");
+  PyObject* decorators = PyImport_GetModule(name);
+  clear_error();
+  if (!decorators) return nullptr;
+  found = PyObject_GetAttrString(decorators, "graph_break");  // kept
+  Py_DECREF(decorators);
+  clear_error();
+  return found;
+}
+
+}  // namespace
+
 VarPtr Interpreter::call_rule(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+  // A break the code asks for, as TorchDynamo makes one: the call runs in Python.
+  if (PyObject* brk = fn->known(); brk && PyFunction_Check(brk) && brk == dynamo_graph_break())
+    unsupported("torch._dynamo.graph_break()");
   const auto& rules = CallRules::table(*this);
   auto it = rules.find(fn->known());
   return it == rules.end() ? nullptr : it->second(*this, fn, args, kwargs);

@@ -118,11 +118,14 @@ struct GraphBreak {
 };
 
 // An attribute store the captured code leaves done: setattr(object at `object`, name, value)
-// (delattr when value is Unbound), after the graph ran and before the output is built.
+// (delattr when value is Unbound), after the graph ran and before the output is built. With
+// `contents`, the object is a list or dict of the caller's that the code changed, and `value`
+// its new contents (a list or dict) to put in it: l[:] = value, or d.clear(); d.update(value).
 struct StoreReplay {
   SourcePtr object;
   std::string name;
   OutSpec value;
+  bool contents = false;
 };
 
 struct CaptureResult {

@@ -133,8 +133,22 @@ std::vector<std::pair<PyObject*, VarPtr>> Interpreter::dict_entries(const VarPtr
   if (d->source) out_.guards.add_key_order(d->source, o);
   PyObject *k, *v;
   Py_ssize_t pos = 0;
-  while (PyDict_Next(o, &pos, &k, &v)) {
-    keep_.push_back(Py_NewRef(k));
+  if (PyDict_CheckExact(o) || !dict_storage_reads(Py_TYPE(o), "keys")) {
+    while (PyDict_Next(o, &pos, &k, &v)) {
+      keep_.push_back(Py_NewRef(k));
+      out.emplace_back(k, d->source ? wrap(v, Source::key_of(d->source, k)) : Var::constant(v));
+    }
+    return out;
+  }
+  // A subclass of OrderedDict (or dict) iterates in its own order (move_to_end): its keys as its
+  // iteration gives them, in C, the values from the storage.
+  PyObject* keys = PySequence_Tuple(o);
+  if (!keys) real(nullptr);
+  keep_.push_back(keys);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); ++i) {
+    k = PyTuple_GET_ITEM(keys, i);
+    v = PyDict_GetItemWithError(o, k);
+    if (!v) real(nullptr);
     out.emplace_back(k, d->source ? wrap(v, Source::key_of(d->source, k)) : Var::constant(v));
   }
   return out;
@@ -201,7 +215,8 @@ void Interpreter::refresh_dict_view(const VarPtr& view) {
 
 VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const bool tracker = d->kind() == Var::Kind::Dict;
-  if (name == "update" && tracker && !d->source && args.size() <= 1) {
+  if (name == "update" && tracker && args.size() <= 1) {
+    note_mutation(d, "dict.update()");
     if (!args.empty()) dict_merge(d, args[0]);
     for (auto& [k, v] : kwargs) {
       PyObject* key = PyUnicode_FromString(k.c_str());
@@ -242,8 +257,9 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     for (auto& [k, v] : dict_entries(d)) dict_set(c, k, v);
     return c;
   }
-  if (!tracker || d->source) unsupported("dict." + name + "() on a dict the caller can see");
+  if (!tracker) unsupported("dict." + name + "() on a dict the caller can see");
   if (name == "clear" && args.empty()) {
+    note_mutation(d, "dict.clear()");
     for (PyObject* k : d->entries().keys) Py_DECREF(k);
     d->entries().keys.clear();
     d->entries().values.clear();
@@ -255,6 +271,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
       if (args.size() == 2) return args[1];
       unsupported("KeyError in dict.pop");
     }
+    note_mutation(d, "dict.pop()");
     VarPtr v = d->entries().values[i];
     Py_DECREF(d->entries().keys[i]);
     d->entries().keys.erase(d->entries().keys.begin() + i);
@@ -266,6 +283,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     const bool last = args.empty() || truth(args[0]);
     Entries& e = d->entries();
     if (e.keys.empty()) unsupported("popitem(): dictionary is empty: KeyError");
+    note_mutation(d, "dict.popitem()");
     const size_t i = last ? e.keys.size() - 1 : 0;
     VarPtr item = Var::tuple({Var::steal_constant(e.keys[i]), e.values[i]});
     e.keys.erase(e.keys.begin() + static_cast<std::ptrdiff_t>(i));
@@ -276,6 +294,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     const bool last = args.size() == 1 || truth(args[1]);
     Py_ssize_t i = dict_find(d, key_obj(args[0], "dict key"));
     if (i < 0) unsupported("move_to_end of a missing key: KeyError");
+    note_mutation(d, "OrderedDict.move_to_end()");
     Entries& e = d->entries();
     PyObject* k = e.keys[i];
     VarPtr v = e.values[i];
@@ -290,9 +309,11 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     Py_ssize_t i = dict_find(d, key);
     if (i >= 0) return d->entries().values[i];
     VarPtr v = args.size() == 2 ? args[1] : Var::constant(Py_None);
+    note_mutation(d, "dict.setdefault()");
     dict_set(d, key, v);
     return v;
   }
+  if (name == "__setitem__" && args.size() == 2) return store_subscript(d, args[0], args[1]), Var::constant(Py_None);
   unsupported("dict." + name + "() is not captured yet");
 }
 
@@ -365,19 +386,25 @@ void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, co
     return;
   }
   if (container->kind() == Var::Kind::Record) return record_store(container, const_obj(key, "key"), value, true);
-  if (container->kind() == Var::Kind::Dict && !container->source) {
-    dict_set(container, key_obj(key, "dict key"), value);
+  if (container->kind() == Var::Kind::Dict) {
+    PyObject* k = key_obj(key, "dict key");
+    note_mutation(container, "item assignment");
+    dict_set(container, k, value);
     return;
   }
-  if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PySlice_Check(key->obj())) {
+  if (container->kind() == Var::Kind::List && key->is_const() && PySlice_Check(key->obj())) {
     const std::vector<VarPtr> values = items_of(value);
-    if (!replace_slice(container->seq(), key->obj(), &values)) unsupported("assignment of another number of values to an extended slice: ValueError");
+    note_mutation(container, "slice assignment");
+    std::vector<VarPtr> items = container->seq();
+    if (!replace_slice(items, key->obj(), &values)) unsupported("assignment of another number of values to an extended slice: ValueError");
+    container->seq() = std::move(items);
     return;
   }
-  if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj())) {
+  if (container->kind() == Var::Kind::List && key->is_const() && PyLong_Check(key->obj())) {
     Py_ssize_t n = static_cast<Py_ssize_t>(container->seq().size()), i = PyLong_AsSsize_t(key->obj());
     if (i < 0) i += n;
     if (i < 0 || i >= n) unsupported("list assignment index out of range");
+    note_mutation(container, "item assignment");
     container->seq()[i] = value;
     return;
   }
@@ -499,7 +526,7 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
   static const char* mutating[] = {"append", "extend", "insert", "pop", "clear", "reverse", "remove", "sort"};
   bool mutates = std::any_of(std::begin(mutating), std::end(mutating), [&](const char* m) { return name == m; });
   if (mutates && !list) unsupported("tuple has no attribute " + name);
-  if (mutates && seq->source) unsupported("list." + name + "() on a list the caller can see");
+  if (mutates) note_mutation(seq, "list." + name + "()");
   auto& items = seq->seq();
   if (name == "append" && args.size() == 1) {
     items.push_back(args[0]);
@@ -570,6 +597,7 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
     items = std::move(sorted);
     return Var::constant(Py_None);
   }
+  if (list && name == "__setitem__" && args.size() == 2) return store_subscript(seq, args[0], args[1]), Var::constant(Py_None);
   unsupported(std::string(list ? "list." : "tuple.") + name + "() is not captured yet");
 }
 

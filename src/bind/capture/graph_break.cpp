@@ -184,6 +184,8 @@ Interpreter::Snapshot Interpreter::snapshot() const {
   for (const VarPtr& v : locals_) s.locals.push_back(clone(v, memo));
   s.kwnames = kwnames_;
   s.attr_stores = parent_ ? 0 : attr_stores_.size();
+  if (!parent_)
+    for (const VarPtr& c : mutated_) s.containers.emplace_back(c, contents_of(c));
   if (!parent_) s.mutations = const_cast<Interpreter*>(this)->input_mutations();
   return s;
 }
@@ -297,6 +299,10 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   // The instruction runs for real at the break: its own logged stores are dropped; those of
   // the graph before it are replayed before it runs.
   attr_stores_.resize(before.attr_stores);
+  // and the caller's containers hold what they held before it (those it changed first: nothing
+  // to put back; it changes them itself)
+  for (const auto& [tracker, then] : before.containers) set_contents(*tracker, *then);
+  mutated_.resize(before.containers.size());
   auto* co = reinterpret_cast<PyCodeObject*>(code_);
   const int nv = co->co_nlocals;
   for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i)

@@ -349,6 +349,8 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     out_.guards.add_equals(src, v);
     return Var::constant(v, src);
   }
+  if (PyList_CheckExact(v) || PyDict_CheckExact(v))
+    if (VarPtr c = known_container(v, src)) return c;
   if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
     Py_ssize_t n = PySequence_Size(v);
@@ -360,7 +362,11 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
       Py_DECREF(item);
     }
     VarPtr seq = Var::tuple(std::move(items), PyList_CheckExact(v));
-    seq->source = src;  // the caller's object: changing it runs in Python
+    seq->source = src;  // the caller's object: changes to it are put back into it (note_mutation)
+    if (PyList_CheckExact(v)) {
+      root()->containers_.emplace(Py_NewRef(v), seq);
+      root()->keep_.push_back(v);
+    }
     return seq;
   }
   if (PyDict_CheckExact(v)) {
@@ -378,6 +384,8 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
       d->entries().keys.push_back(Py_NewRef(k));
       d->entries().values.push_back(wrap(item, Source::key_of(src, k)));
     }
+    root()->containers_.emplace(Py_NewRef(v), d);
+    root()->keep_.push_back(v);
     return d;
   }
   if (is_nn_module(v)) {

@@ -415,6 +415,25 @@ class Interpreter {
   // The logged value of obj.name, if a store in this capture set it. `deleted`: a del did.
   const AttrStore* logged_attr(PyObject* obj, const std::string& name);
 
+  // ---- the caller's lists and dicts changed in place (caller_containers.cpp) ----
+  // A list or dict of the caller's (an argument, a module's or a cache's attribute) is one
+  // tracker however capture reaches it (wrap: a second path is guarded to be the same object).
+  // An update (append, d[k] = v, pop, del, +=, |=) changes the tracker, as for a container the
+  // function made; the caller's object is given the tracker's final contents after the graph
+  // ran (before the instruction at a graph break), as TorchDynamo's side effects are.
+  void note_mutation(const VarPtr& container, const std::string& what);
+  // Whether a dict subclass leaves `name` and its iteration to dict's (or OrderedDict's) own C
+  // methods, which read its storage.
+  static bool dict_storage_reads(PyTypeObject* type, const std::string& name);
+  // The tracker a list or dict of the caller's already has, guarded to be that object at `src`.
+  VarPtr known_container(PyObject* v, const SourcePtr& src);
+  // A new tracker of no source holding what a list or dict tracker holds now (the items shared).
+  static VarPtr contents_of(const VarPtr& c);
+  // Gives `to` the contents `from` holds (a list's items, a dict's entries).
+  static void set_contents(Var& to, const Var& from);
+  // The replays that give each changed container of the caller's its contents.
+  std::vector<StoreReplay> container_replays(bool at_break);
+
   // The stores among the first `upto` logged that leave their object changed, as replays
   // (values built by output_spec, or by break_spec at a graph break). Unsupported where an
   // object has no source to re-read it from.
@@ -536,6 +555,8 @@ class Interpreter {
     std::vector<VarPtr> stack, locals;
     std::vector<std::string> kwnames;
     size_t attr_stores = 0;  // the root's log of attribute stores, as long as it was
+    // the root's caller containers changed so far, each with a copy of its contents then
+    std::vector<std::pair<VarPtr, VarPtr>> containers;
     std::vector<std::pair<size_t, ir::Node*>> mutations;  // input_mutations() then
   };
 
@@ -770,6 +791,9 @@ class Interpreter {
   bool global_hooks_checked_ = false; // root: the global module hook dicts are guarded
   std::unordered_set<const ir::Node*> needs_grad_;  // root: nodes autograd would track
   std::vector<AttrStore> attr_stores_;  // root: the attribute-store log, in program order
+  std::unordered_map<PyObject*, VarPtr> containers_;  // root: caller's list or dict -> its tracker (kept by keep_)
+  std::vector<VarPtr> mutated_;  // root: those of them changed so far, in the order first changed
+  std::vector<VarPtr> replayed_contents_;  // root: container_replays' trackers of their contents
   // root: each torch.nn module built in the frame from constants alone -> its constructor call
   // (functools.partial of its class, owned by keep_), which builds it again where it is handed out
   std::unordered_map<PyObject*, PyObject*> module_makers_;

@@ -1,5 +1,6 @@
 #include "bind/capture/interpreter.h"
 #include "bind/interrupts.h"
+#include "bind/python_objects.h"
 #include "bind/capture/resume.h"
 #include "bind/capture/torch_call.h"
 #include "bind/runtime/compiled_function.h"
@@ -183,6 +184,21 @@ VarPtr Interpreter::generic_getattr(PyObject* f, const VarPtr& obj, const std::v
   return Var::steal_constant(v);
 }
 
+bool Interpreter::dict_storage_reads(PyTypeObject* type, const std::string& name) {
+  static PyObject* ordered = object_at("collections.OrderedDict");
+  auto* base_type = ordered && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(ordered))
+                        ? reinterpret_cast<PyTypeObject*>(ordered)
+                        : &PyDict_Type;
+  bool same = true;
+  for (const char* n : {name.c_str(), "__iter__"}) {
+    PyObject* key = PyUnicode_FromString(n);
+    same = same && key && _PyType_Lookup(type, key) == _PyType_Lookup(base_type, key);
+    Py_XDECREF(key);
+  }
+  clear_error();
+  return same;
+}
+
 VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
   if ((base->is_const() || base->kind() == Var::Kind::Module) && base->obj())
     if (const AttrStore* st = logged_attr(base->obj(), name)) {
@@ -244,6 +260,12 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
   if (base->is_const() && PyDict_CheckExact(base->obj()) &&
       (name == "items" || name == "keys" || name == "values" || name == "get" || name == "copy"))
     return Var::method(base, name);  // entries read through dict_entries, guarded
+  // The same on a dict subclass of the caller's whose class leaves them, and iteration, to dict
+  // or OrderedDict (Hugging Face's ModelOutput handed back into a model: `encoder_outputs[0]`
+  // reads its keys()).
+  if (base->is_const() && base->source && PyDict_Check(base->obj()) &&
+      (name == "items" || name == "keys" || name == "values" || name == "get") && dict_storage_reads(Py_TYPE(base->obj()), name))
+    return Var::method(base, name);
   if (base->is_const()) {
     if (name == "__dict__")  // the object's attributes as the function left them: the logged stores are not in it yet
       for (const AttrStore& st : root()->attr_stores_)

@@ -353,24 +353,27 @@ int Interpreter::op_store_slice(const Instr& in, const CodeInfo& ci) {
 
 int Interpreter::op_delete_subscr(const Instr& in, const CodeInfo& ci) {
   VarPtr key = pop(), container = pop();
-  if (container->kind() == Var::Kind::Dict && !container->source) {
+  if (container->kind() == Var::Kind::Dict) {
     Py_ssize_t i = dict_find(container, key_obj(key, "dict key"));
     if (i < 0) unsupported("KeyError in del");
+    note_mutation(container, "del of an item");
     Entries& e = container->entries();
     Py_DECREF(e.keys[i]);
     e.keys.erase(e.keys.begin() + i);
     e.values.erase(e.values.begin() + i);
     return -1;
   }
-  if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PySlice_Check(key->obj())) {
+  if (container->kind() == Var::Kind::List && key->is_const() && PySlice_Check(key->obj())) {
+    note_mutation(container, "del of a slice");
     replace_slice(container->seq(), key->obj(), nullptr);
     return -1;
   }
-  if (container->kind() == Var::Kind::List && !container->source && key->is_const() && PyLong_Check(key->obj())) {
+  if (container->kind() == Var::Kind::List && key->is_const() && PyLong_Check(key->obj())) {
     auto& items = container->seq();
     Py_ssize_t n = static_cast<Py_ssize_t>(items.size()), i = PyLong_AsSsize_t(key->obj());
     if (i < 0) i += n;
     if (i < 0 || i >= n) unsupported("list index out of range in del");
+    note_mutation(container, "del of an item");
     items.erase(items.begin() + i);
     return -1;
   }

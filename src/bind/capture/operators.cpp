@@ -451,7 +451,7 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
   // updates a dict tracker only this frame holds.
   if (base == "OR" && (a->kind() == Var::Kind::Dict || b->kind() == Var::Kind::Dict) && is_dict(a) && (inplace || is_dict(b))) {
     if (inplace && a->kind() == Var::Kind::Dict) {
-      if (a->source) unsupported("|= on a dict the caller can see");
+      note_mutation(a, "|=");
       dict_merge(a, b);
       return a;
     }
@@ -480,8 +480,9 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
   const bool seq_b = b->kind() == Var::Kind::Tuple || b->kind() == Var::Kind::List;
   if ((seq_a || seq_b) && !(a->is_const() && b->is_const())) {
     if (base == "ADD" && inplace && a->kind() == Var::Kind::List) {  // list += any iterable: extend
-      if (a->source) unsupported("+= on a list the caller can see");
-      for (const VarPtr& x : items_of(b)) a->seq().push_back(x);
+      const std::vector<VarPtr> more = items_of(b);  // before the change: l += l doubles it
+      note_mutation(a, "+=");
+      for (const VarPtr& x : more) a->seq().push_back(x);
       return a;
     }
     if (base == "ADD" && a->kind() == b->kind()) {  // (x,) + rest, [a] + [b]

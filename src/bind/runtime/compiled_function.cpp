@@ -833,26 +833,41 @@ std::string current_error_text() {
 // Python bounds its own recursion, so that runaway recursion raises instead of overflowing.
 thread_local int t_break_depth = 0;
 
-// Does the attribute stores the captured code left done (StoreReplay), in program order.
+// Does the attribute stores the captured code left done (StoreReplay), in program order, and
+// gives the caller's changed lists and dicts their new contents. Every object and value is
+// read before anything changes: a value may be read from the caller's objects (an item that
+// moved in a list the code changed), and those reads must see them as the code found them.
 bool replay_stores(const Entry& e, const std::vector<PyObject*>& outs, const FrameView& frame, std::vector<PyObject*>* memo) {
-  for (const StoreReplay& r : e.capture.replays) {
+  const std::vector<StoreReplay>& replays = e.capture.replays;
+  std::vector<PyObject*> objects, values;  // owned
+  auto drop = [&] {
+    for (PyObject* o : objects) Py_XDECREF(o);
+    for (PyObject* v : values) Py_XDECREF(v);
+    return false;
+  };
+  for (const StoreReplay& r : replays) {
     PyObject* obj = eval_source(*r.object, frame);
     if (!obj) {
       if (!PyErr_Occurred())
         PyErr_Format(PyExc_RuntimeError, "kiln: %s vanished between guard and use", r.object->str().c_str());
-      return false;
+      return drop();
     }
-    int rc;
-    if (r.value.kind == OutSpec::Kind::Unbound) {
-      rc = PyObject_DelAttrString(obj, r.name.c_str());
-    } else {
-      PyObject* v = build_output(r.value, outs, frame, memo);
-      rc = v ? PyObject_SetAttrString(obj, r.name.c_str(), v) : -1;
-      Py_XDECREF(v);
-    }
-    Py_DECREF(obj);
-    if (rc < 0) return false;
+    objects.push_back(obj);
+    PyObject* v = r.value.kind == OutSpec::Kind::Unbound ? nullptr : build_output(r.value, outs, frame, memo);
+    if (!v && r.value.kind != OutSpec::Kind::Unbound) return drop();
+    values.push_back(v);
   }
+  for (size_t i = 0; i < replays.size(); ++i) {
+    const StoreReplay& r = replays[i];
+    PyObject *obj = objects[i], *v = values[i];
+    int rc;
+    if (r.contents && PyList_Check(obj)) rc = PyList_SetSlice(obj, 0, PY_SSIZE_T_MAX, v);
+    else if (r.contents) rc = (PyDict_Clear(obj), PyDict_Update(obj, v));
+    else if (!v) rc = PyObject_DelAttrString(obj, r.name.c_str());
+    else rc = PyObject_SetAttrString(obj, r.name.c_str(), v);
+    if (rc < 0) return drop();
+  }
+  drop();
   return true;
 }
 
