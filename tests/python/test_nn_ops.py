@@ -139,6 +139,16 @@ def test_rms_norm_module_and_float64(device):
     check(m64, torch.randn(2, 3, 4, device=device, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16),
+                                             (torch.float32, torch.bfloat16), (torch.float32, torch.float64)])
+def test_rms_norm_with_a_weight_of_another_dtype_keeps_the_inputs(device, x_dtype, w_dtype):
+    """torch multiplies by the weight in float and casts the result to the input's type: a
+    bfloat16 activation and a float32 RMSNorm weight (as under autocast) give bfloat16."""
+    x = torch.randn(3, 16, device=device, dtype=x_dtype)
+    w = torch.randn(16, device=device, dtype=w_dtype)
+    check(lambda x, w: F.rms_norm(x, (16,), w, eps=1e-6), x, w)
+
+
 def test_rms_norm_shape_mismatch_raises_like_eager():
     x = torch.randn(2, 5)
     with pytest.raises(RuntimeError):

@@ -187,8 +187,9 @@ Node* decompose_layer_norm(Graph& g, Node* n) {
 }
 
 // rms_norm as torch's composite computes it: in float for 16-bit inputs, x * rsqrt(mean(x^2) +
-// eps) cast back to the input's type, then times the weight. eps defaults to the machine
-// epsilon of the type the arithmetic is done in.
+// eps) times the weight, cast back to the input's type (a bfloat16 input with a float32 weight,
+// as under autocast, gives bfloat16). eps defaults to the machine epsilon of the type the
+// arithmetic is done in.
 Node* decompose_rms_norm(Graph& g, Node* n) {
   Node *x = n->inputs[0], *w = n->inputs.size() > 1 ? n->inputs[1] : nullptr;
   Ints dims = trailing_norm_dims("rms_norm", x, n->attrs.get_ints("normalized_shape"));
@@ -197,8 +198,8 @@ Node* decompose_rms_norm(Graph& g, Node* n) {
   Node* xc = ct == t ? x : g.must_add("convert", {x}, A({{"dtype", ct}}));
   Node* ms = g.must_add("mean", {g.must_add("mul", {xc, xc})}, A({{"dim", dims}, {"keepdim", true}}));
   Node* y = g.must_add("mul", {xc, g.must_add("rsqrt", {g.must_add("add", {ms, g.scalar(eps, DType::Float64)})})});
-  if (ct != t) y = g.must_add("convert", {y}, A({{"dtype", t}}));
-  return w ? g.must_add("mul", {y, w}) : y;
+  if (w) y = g.must_add("mul", {y, w});
+  return y->meta.dtype == t ? y : g.must_add("convert", {y}, A({{"dtype", t}}));
 }
 
 // group_norm: channels split into groups, each (sample, group) normalized over its channels
