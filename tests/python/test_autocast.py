@@ -216,7 +216,7 @@ def test_losses_under_autocast_compute_in_float32_in_one_graph(device, dtype, lo
 @pytest.mark.parametrize("device,dtype", _devices())
 @pytest.mark.parametrize("name", ["unbind", "gather", "index_select", "topk", "roll", "repeat", "index", "type_as",
                                   "cumsum", "baddbmm", "einsum", "einsum_one_row", "pad", "repeat_interleave",
-                                  "conv1d"])
+                                  "conv1d", "index_copy", "embedding_bag"])
 def test_operators_autocast_passes_by_are_captured_under_autocast(device, dtype, name):
     """Operators torch's dispatcher says autocast leaves alone (no autocast kernel, not a
     composite whose inner calls it would cast) run in their inputs' dtypes, in the graph, and
@@ -246,6 +246,9 @@ def test_operators_autocast_passes_by_are_captured_under_autocast(device, dtype,
         "pad": lambda y: torch.nn.functional.pad(y, (1, 2)) * 2,
         "repeat_interleave": lambda y: y.repeat_interleave(2, dim=0) + 1,
         "conv1d": lambda y: torch.nn.functional.conv1d(y.view(4, 3, 8), lin.weight[:5, :9].reshape(5, 3, 3)).relu(),
+        # an integer tensor among the inputs (an index), which the probe passes as zeros
+        "index_copy": lambda y: y.index_copy(0, rows, y[:3] * 2),
+        "embedding_bag": lambda y: torch.nn.functional.embedding_bag(rows, y, torch.tensor([0, 2], device=device)),
     }
     tail = tails[name]
 
@@ -258,3 +261,16 @@ def test_operators_autocast_passes_by_are_captured_under_autocast(device, dtype,
     assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
     with torch.no_grad():
         _compare_under_autocast(fn, (x,), device, dtype)
+
+
+def test_rnn_module_under_autocast_is_one_graph():
+    """nn.RNNBase asks torch._C._is_any_autocast_enabled() before it checks the input's dtype
+    against its weights: answered from the autocast state capture guards."""
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LSTM(8, 6, batch_first=True))
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        e = kiln.explain(m)(x)
+        assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+        got, want = kiln.compile(m)(x), m(x)
+    assert got[0].dtype == want[0].dtype == torch.bfloat16
+    assert_same(got, want, rtol=2e-2, atol=2e-2)

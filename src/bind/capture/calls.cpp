@@ -648,17 +648,21 @@ VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<Var
 std::optional<ops::AutocastPolicy> Interpreter::probe_autocast(PyObject* f, PyObject* targs, PyObject* tkw,
                                                              const std::vector<ir::Node*>& inputs,
                                                              const std::vector<sym::Expr>& sym_args) {
+  // The floating inputs (not float64) are what autocast casts; integer ones (index_copy's
+  // index, embedding_bag's indices) pass as zeros of their own type, a valid index anywhere.
   const AutocastState& ac = root()->autocast_;
-  const ir::Node* first = inputs.empty() ? nullptr : inputs.front();
+  const ir::Node* first = nullptr;
+  for (const ir::Node* n : inputs)
+    if (n && is_floating(n->meta.dtype)) first = first ? first : n;
   if (!first || !ac.on(first->meta.device.type)) return std::nullopt;
   for (const ir::Node* n : inputs)
-    if (!n || n->meta.wrapped_number || !is_floating(n->meta.dtype) || n->meta.dtype == DType::Float64 ||
-        !(n->meta.device == first->meta.device))
+    if (!n || n->meta.wrapped_number || n->meta.dtype == DType::Float64 || !(n->meta.device == first->meta.device))
       return std::nullopt;
   const DType low = ac.dtype(first->meta.device.type);
   std::vector<int64_t> sym_values;
   for (const sym::Expr& e : sym_args) sym_values.push_back(root()->out_.guards.value_at_hints(e));
   static PyObject* ones = resolve_torch("ones");
+  static PyObject* zeros = resolve_torch("zeros");
   // Each dim at most `cap` points. A composite's inner calls can depend on the sizes (einsum
   // over dims of one point multiplies where it would call bmm, which autocast casts), so the
   // probe runs at the call's own sizes where the inputs are small, else at two points a dim,
@@ -674,9 +678,11 @@ std::optional<ops::AutocastPolicy> Interpreter::probe_autocast(PyObject* f, PyOb
       PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(n->meta.dim()));
       for (size_t d = 0; d < n->meta.dim(); ++d)
         PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(std::min(cap, root()->out_.guards.value_at_hints(n->meta.sizes[d]))));
-      PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(t), "device", n->meta.device.str().c_str());
+      const bool floating = is_floating(n->meta.dtype);
+      PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(floating ? t : n->meta.dtype), "device",
+                                   n->meta.device.str().c_str());
       PyObject* a = PyTuple_Pack(1, shape);
-      PyObject* x = kw && a ? PyObject_Call(ones, a, kw) : nullptr;
+      PyObject* x = kw && a ? PyObject_Call(floating ? ones : zeros, a, kw) : nullptr;
       Py_XDECREF(a);
       Py_XDECREF(kw);
       Py_DECREF(shape);
@@ -1129,6 +1135,7 @@ const std::unordered_map<PyObject*, Interpreter::Known>& Interpreter::known_torc
         {"torch._C._has_torch_function_unary", Known::False}, {"torch._C._has_torch_function_variadic", Known::False},
         {"torch._C._len_torch_dispatch_stack", Known::Zero}, {"torch._C._log_api_usage_once", Known::NoOp},
         {"torch.is_autocast_enabled", Known::AutocastQuery}, {"torch.is_autocast_cpu_enabled", Known::AutocastQuery},
+        {"torch._C._is_any_autocast_enabled", Known::AutocastQuery},
         {"torch.get_default_dtype", Known::StateQuery},     {"torch.is_inference_mode_enabled", Known::StateQuery},
         {"torch.get_autocast_gpu_dtype", Known::AutocastQuery}, {"torch.get_autocast_cpu_dtype", Known::AutocastQuery},
         {"torch.get_autocast_dtype", Known::AutocastQuery}, {"torch.nn.functional.dropout", Known::Dropout},

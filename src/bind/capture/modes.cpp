@@ -149,7 +149,9 @@ VarPtr Interpreter::autocast_query(PyObject* f, const std::vector<VarPtr>& args,
   static PyObject* gpu_dtype = object_at("torch.get_autocast_gpu_dtype");
   static PyObject* cpu_dtype = object_at("torch.get_autocast_cpu_dtype");
   static PyObject* dtype_of = object_at("torch.get_autocast_dtype");
+  static PyObject* any_enabled = object_at("torch._C._is_any_autocast_enabled");  // nn.RNNBase's check
   if (!kwargs.empty() || args.size() > 1) return nullptr;
+  if (f == any_enabled) return args.empty() ? Var::constant(root()->autocast_.any() ? Py_True : Py_False) : nullptr;
   std::string device = "cuda";
   if (f == is_cpu_enabled || f == cpu_dtype) device = "cpu";
   if (args.size() == 1) {
