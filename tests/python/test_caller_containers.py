@@ -329,3 +329,24 @@ def test_t5_style_cache_flags_are_one_graph():
         x = torch.randn(2, 4)
         _same_state(compiled(x, mine), m(x, theirs))
         _same_state((mine.is_updated, mine.keys), (theirs.is_updated, theirs.keys))
+
+
+def test_a_callers_model_output_is_read_through_its_storage():
+    """generate() hands the encoder's ModelOutput back into the model: `encoder_outputs[0]`
+    reads its keys() (OrderedDict's own), which capture reads from the dict's storage, guarded
+    by key order."""
+    from transformers.modeling_outputs import BaseModelOutput
+
+    def fn(x, out):
+        h = out[0] + out.last_hidden_state
+        keys = list(out.keys())
+        return h * len(keys), [v.sum() for v in out.values() if isinstance(v, torch.Tensor)], keys
+
+    x = torch.randn(3)
+    out = BaseModelOutput(last_hidden_state=torch.randn(2, 3))
+    e = kiln.explain(fn)(x, out)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    compiled = kiln.compile(fn)
+    for o in (out, BaseModelOutput(last_hidden_state=torch.randn(2, 3)),
+              BaseModelOutput(last_hidden_state=torch.randn(2, 3), hidden_states=(torch.randn(2, 3),))):
+        _same_state(compiled(x, o), fn(x, o))
