@@ -274,3 +274,23 @@ def test_rnn_module_under_autocast_is_one_graph():
         got, want = kiln.compile(m)(x), m(x)
     assert got[0].dtype == want[0].dtype == torch.bfloat16
     assert_same(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_type_as_gives_the_tensor_it_reads_the_type_of_no_gradient():
+    """x.type_as(w) reads w's dtype and device only: w.grad stays None, as in eager (under
+    autocast the cast is real, and w had been an input of a torch call: a zero gradient)."""
+    def fn(a, b):
+        return (a @ a.T).type_as(b) * 2
+
+    results = []
+    for f in (fn, kiln.compile(fn)):
+        torch.manual_seed(0)
+        a, b = torch.randn(3, 3, requires_grad=True), torch.randn(1, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = f(a, b)
+        out.sum().backward()
+        results.append((out, a.grad, b.grad))
+    (got, ga, gb), (want, wa, wb) = results[1], results[0]
+    assert gb is None and wb is None
+    assert_same(got, want, rtol=2e-2, atol=2e-2)
+    assert_same(ga, wa, rtol=2e-2, atol=2e-2)

@@ -843,6 +843,13 @@ bool writes_arguments(PyObject* f) {
 
 }  // namespace
 
+std::vector<VarPtr> Interpreter::drain(const VarPtr& v) {
+  std::vector<VarPtr> items = items_of(v);
+  if (auto* it = v->get_if<IteratorV>())
+    while (!it->empty()) it->pop_front();
+  return items;
+}
+
 std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
   if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) return v->seq();
   if (auto* it = v->get_if<IteratorV>()) return it->left();
@@ -1551,13 +1558,13 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
   const VarPtr& a = args[0];
   if (f == builtin("len") && args.size() == 1 && a->kind() != Var::Kind::Iterator)
     return Var::steal_constant(PyLong_FromSize_t(a->kind() == Var::Kind::Dict ? a->entries().values.size() : a->seq().size()));
-  if ((f == builtin("list") || f == builtin("tuple")) && args.size() == 1) return Var::tuple(items_of(a), f == builtin("list"));
+  if ((f == builtin("list") || f == builtin("tuple")) && args.size() == 1) return Var::tuple(drain(a), f == builtin("list"));
   if (f == builtin("dict") && args.size() == 1) {
     VarPtr d = Var::dict();
     if (a->kind() == Var::Kind::Dict) {
       for (auto& [k, v] : dict_entries(a)) dict_set(d, k, v);
     } else {
-      for (const VarPtr& pair : items_of(a)) {
+      for (const VarPtr& pair : drain(a)) {
         std::vector<VarPtr> kv = items_of(pair);
         if (kv.size() != 2) unsupported("dict() of items that are not pairs");
         dict_set(d, key_obj(kv[0], "dict key"), kv[1]);
@@ -1811,7 +1818,9 @@ VarPtr Interpreter::shape_tuple(const ir::TensorMeta& m) {
   if (symbolic) {  // a tuple of symbolic ints (torch.Size of SymInts in torch)
     std::vector<VarPtr> items;
     for (const sym::Expr& e : m.sizes) items.push_back(size_const(e));
-    return Var::tuple(std::move(items));
+    VarPtr shape = Var::tuple(std::move(items));
+    shape->as<TupleV>().structseq = Py_NewRef(size_type);  // a torch.Size: numel(), its type, and so made at the boundary
+    return shape;
   }
   PyObject* t = PyTuple_New(m.dim());
   for (int64_t i = 0; i < m.dim(); ++i) {
@@ -1947,6 +1956,12 @@ VarPtr Interpreter::in_layout(const VarPtr& x, PyObject* fmt) {
 
 VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const ir::TensorMeta& m = self->node()->meta;
+  // x.type_as(w) reads only w's type and device: w is no input of the result, so autograd
+  // gives w no gradient (as a call to torch with w among its inputs would: a zero one).
+  if (name == "type_as" && args.size() == 1 && kwargs.empty() && args[0]->is_tensor()) {
+    const ir::TensorMeta& w = args[0]->node()->meta;
+    return call_tensor_method(self, "to", {Var::constant(torch_device_object(w.device)), Var::constant(torch_dtype_object(w.dtype))}, {});
+  }
   if (name == "size") {
     if (args.empty() && kwargs.empty()) return shape_tuple(m);
     int64_t d = PyLong_AsLongLong(const_obj(args.empty() ? kwargs[0].second : args[0], "dim"));

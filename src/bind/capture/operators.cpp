@@ -182,6 +182,16 @@ void Interpreter::write_back(const std::vector<std::pair<size_t, ir::Node*>>& mu
 }
 
 VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
+  // A result of a wider type (a bfloat16 tensor += a float32 one, as under autocast) is cast to
+  // the tensor's type, as torch's in-place ops do where that cast is allowed: never a floating
+  // value into an integer tensor, nor a number into a bool one.
+  const DType self = a->node()->meta.dtype, got = result->meta.dtype;
+  const bool castable = (is_floating(self) || !is_floating(got)) && (self != DType::Bool || got == DType::Bool);
+  if (got != self && castable && result->meta.sizes == a->node()->meta.sizes && !result->meta.wrapped_number) {
+    ir::Attrs to;
+    to.set("dtype", self);
+    result = add_node("convert", {result}, to);
+  }
   if (result->meta.dtype != a->node()->meta.dtype || result->meta.sizes != a->node()->meta.sizes) {
     // torch keeps the tensor's dtype and shape in place: a result that changes either is an error
     // there (or a cast), which eager reports. The result is not computed: eager raises before it
@@ -621,7 +631,13 @@ bool Interpreter::truth(const VarPtr& v) {
   if (v->is_array()) unsupported("data-dependent branch on an ndarray value");
   if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List || v->kind() == Var::Kind::Dict)
     return !(v->kind() == Var::Kind::Dict ? v->entries().values.empty() : v->seq().empty());
-  if (v->kind() == Var::Kind::Module || v->kind() == Var::Kind::Function) return true;
+  if (v->kind() == Var::Kind::Function) return true;
+  if (v->kind() == Var::Kind::Module) {
+    // a container module's __len__ (an empty ModuleList or Sequential is false), else true
+    const int r = PyObject_IsTrue(v->obj());
+    if (r < 0) real(nullptr);
+    return r == 1;
+  }
   // An object made in the frame or a caller's: __bool__, else __len__, inlined; else true. A
   // caller's object whose class has them in C (a dict subclass) is asked for real below.
   if (PyTypeObject* t = dunder_class(v)) {
