@@ -33,6 +33,18 @@ void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr 
   }
   if (!(obj->is_const() || obj->kind() == Var::Kind::Module) || !obj->obj())
     unsupported("attribute assignment on a value kiln does not track");
+  if (obj->is_const()) {
+    // The log holds the value as stored; a class that changes it on the way in (its own
+    // __setattr__, a data descriptor) would be read back differently in this call.
+    PyTypeObject* t = Py_TYPE(obj->obj());
+    if (!PyType_Check(obj->obj()) && t->tp_setattro != PyObject_GenericSetAttr)
+      unsupported(std::string("attribute assignment through ") + t->tp_name + ".__setattr__");
+    PyObject* key = PyUnicode_FromString(name.c_str());
+    PyObject* d = key && !PyType_Check(obj->obj()) ? _PyType_Lookup(t, key) : nullptr;  // borrowed
+    Py_XDECREF(key);
+    if (d && Py_TYPE(d)->tp_descr_set && !Py_IS_TYPE(d, &PyMemberDescr_Type))  // (a __slots__ member stores as is)
+      unsupported("attribute " + name + " of a " + t->tp_name + " is a data descriptor: its store runs in Python");
+  }
   if (value && value->kind() == Var::Kind::Module && is_private(value->obj()))
     unsupported("a module the function made (a user nn.Module) stored where the caller sees it");  // its state is this capture's
   keep_.push_back(Py_NewRef(obj->obj()));

@@ -271,6 +271,16 @@ struct CallRules {
   }
 
   static VarPtr isinstance_(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (!kwargs.empty()) {  // eager's TypeError, which the code may catch
+      PyObject* name = PyObject_GetAttrString(fn->obj(), "__name__");
+      PyObject* msg = name ? PyUnicode_FromFormat("%U() takes no keyword arguments", name) : nullptr;
+      PyObject* e = msg ? PyObject_CallOneArg(PyExc_TypeError, msg) : nullptr;
+      Py_XDECREF(msg);
+      Py_XDECREF(name);
+      if (!e) return I.real(nullptr);
+      I.root()->keep_.push_back(e);
+      I.raise(e);
+    }
     if (args.size() != 2) return nullptr;
     const VarPtr& a = args[0];
     if (a->kind() == Var::Kind::Record)

@@ -159,7 +159,7 @@ void Interpreter::dict_merge(const VarPtr& d, const VarPtr& other) {
     for (auto& [k, v] : dict_entries(other)) dict_set(d, k, v);
     return;
   }
-  for (const VarPtr& pair : items_of(other)) {  // an iterable of (key, value) pairs
+  for (const VarPtr& pair : drain(other)) {  // an iterable of (key, value) pairs
     std::vector<VarPtr> kv = items_of(pair);
     if (kv.size() != 2) unsupported("dict update sequence element of length " + std::to_string(kv.size()) + ": ValueError");
     dict_set(d, key_obj(kv[0], "dict key"), kv[1]);
@@ -465,11 +465,11 @@ VarPtr Interpreter::call_deque_method(const VarPtr& dq, const std::string& name,
   if (name == "append" && args.size() == 1) return items.push_back(args[0]), trim(true), none();
   if (name == "appendleft" && args.size() == 1) return items.insert(items.begin(), args[0]), trim(false), none();
   if (name == "extend" && args.size() == 1) {
-    for (const VarPtr& v : items_of(args[0])) items.push_back(v), trim(true);
+    for (const VarPtr& v : drain(args[0])) items.push_back(v), trim(true);
     return none();
   }
   if (name == "extendleft" && args.size() == 1) {
-    for (const VarPtr& v : items_of(args[0])) items.insert(items.begin(), v), trim(false);
+    for (const VarPtr& v : drain(args[0])) items.insert(items.begin(), v), trim(false);
     return none();
   }
   if ((name == "pop" || name == "popleft") && args.empty()) {
@@ -504,6 +504,12 @@ VarPtr Interpreter::call_deque_method(const VarPtr& dq, const std::string& name,
 
 VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const bool list = seq->kind() == Var::Kind::List;
+  static PyObject* size_type = resolve_torch("Size");
+  if (auto* t = seq->get_if<TupleV>(); t && t->structseq == size_type && name == "numel" && args.empty() && kwargs.empty()) {
+    VarPtr n = Var::steal_constant(PyLong_FromLong(1));  // torch.Size.numel() of symbolic sizes
+    for (const VarPtr& d : t->items) n = binary("NB_MULTIPLY", n, d);
+    return n;
+  }
   if (auto* t = seq->get_if<TupleV>(); t && t->structseq && name == "_replace" && args.empty() &&
                                         is_namedtuple_class(t->structseq)) {
     // nt._replace(b=x): a new tuple of the class with those fields changed
@@ -533,7 +539,7 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
     return Var::constant(Py_None);
   }
   if (name == "extend" && args.size() == 1) {
-    for (const VarPtr& v : items_of(args[0])) items.push_back(v);
+    for (const VarPtr& v : drain(args[0])) items.push_back(v);
     return Var::constant(Py_None);
   }
   if (name == "insert" && args.size() == 2 && args[0]->is_const() && PyLong_Check(args[0]->obj())) {

@@ -227,6 +227,7 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
     case Var::Kind::Module:
       if (v->is_const() && v->as<ConstV>().super_self) unsupported("a super() object at a graph break");
       if (sym::Expr e = v->symint(); e.valid()) return output_spec(v);  // evaluated per call
+      if (ir::Node* f = v->symfloat(); f && v->source && f->op_name() == "scalar_input") return source_spec(v->source);
       if (v->is_const() && is_private(v->known())) unsupported("an object kiln copied during capture at a graph break");
       if (v->kind() == Var::Kind::Module && is_private(v->obj()))
         unsupported("a module the function made (a user nn.Module) at a graph break");  // its state is this capture's

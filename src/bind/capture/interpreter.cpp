@@ -660,6 +660,9 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
         root()->symbolic_outputs_ = true;
         return s;
       }
+      // A float argument read at each call, handed out as it is: the caller's object again (a
+      // resume function's value of x.item()), not a value to specialize on.
+      if (ir::Node* f = v->symfloat(); f && v->source && f->op_name() == "scalar_input") return source_spec(v->source);
       if (is_private(v->known())) unsupported("hands out an object kiln copied during capture");
       if (structural(v) || bound_to_structure(v)) return source_spec(v->source);  // this call's object, not capture's
       if (holds_tensor_key(v->obj())) unsupported("a set or dict holding tensors as keys is handed out: not captured yet");

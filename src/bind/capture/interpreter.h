@@ -229,6 +229,9 @@ class Interpreter {
 
   // The items of a value that a loop could walk at capture time.
   std::vector<VarPtr> items_of(const VarPtr& v);
+  // items_of, by something that iterates to the end (list(it), unpacking, extend): an iterator
+  // is left exhausted, as Python leaves it.
+  std::vector<VarPtr> drain(const VarPtr& v);
   // collections.OrderedDict(...) and defaultdict(factory, ...) called in the frame: dict trackers
   // that remember their class (and factory), rebuilt as such (containers.cpp). nullptr: cls is
   // neither.

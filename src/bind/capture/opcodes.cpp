@@ -198,7 +198,7 @@ int Interpreter::op_jump_if_true_or_pop(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_unpack_ex(const Instr& in, const CodeInfo& ci) {
   int before = in.arg & 0xff, after = in.arg >> 8;
   VarPtr seq = pop();
-  std::vector<VarPtr> items = seq->kind() == Var::Kind::Tuple || seq->kind() == Var::Kind::List ? seq->seq() : items_of(seq);
+  std::vector<VarPtr> items = seq->kind() == Var::Kind::Tuple || seq->kind() == Var::Kind::List ? seq->seq() : drain(seq);
   if (static_cast<int>(items.size()) < before + after) unsupported("not enough values to unpack");
   std::vector<VarPtr> out(items.begin(), items.begin() + before);
   out.push_back(Var::tuple(std::vector<VarPtr>(items.begin() + before, items.end() - after), true));
@@ -705,7 +705,7 @@ int Interpreter::op_unpack_sequence(const Instr& in, const CodeInfo& ci) {
       items.push_back(Var::constant(PySequence_Fast_GET_ITEM(fast, i)));
     Py_DECREF(fast);
   } else if (seq->kind() == Var::Kind::Iterator || seq->kind() == Var::Kind::Dict) {
-    items = items_of(seq);
+    items = drain(seq);
   } else {
     unsupported("unpacking a tensor is not captured yet");
   }

@@ -158,6 +158,8 @@ bool Interpreter::object_has_attr(const VarPtr& rec, const std::string& name) {
 
 void Interpreter::object_store(const VarPtr& rec, const std::string& name, VarPtr value) {
   PyTypeObject* t = type_of(rec);
+  if (t->tp_setattro != PyObject_GenericSetAttr)  // its own __setattr__ decides what is stored
+    unsupported(std::string("attribute assignment through ") + t->tp_name + ".__setattr__");
   PyObject* a = class_lookup(t, name.c_str());
   if (a && Py_TYPE(a)->tp_descr_set) {
     if (PyObject_TypeCheck(a, &PyProperty_Type)) {

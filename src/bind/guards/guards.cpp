@@ -209,7 +209,9 @@ void GuardSet::size_changes(const FrameView& f, std::map<std::string, std::set<i
       // a Python int (an argument, a counter attribute) that changed: the int itself becomes a
       // symbol (dim -1); a float that changed, a value read at each call
       PyObject* v = eval_source(*g.source, f);
-      if (v && Py_TYPE(v) == Py_TYPE(g.expected) && PyObject_RichCompareBool(v, g.expected, Py_EQ) == 0)
+      const bool both_nan = v && PyFloat_CheckExact(v) && PyFloat_CheckExact(g.expected) &&
+                            std::isnan(PyFloat_AS_DOUBLE(v)) && std::isnan(PyFloat_AS_DOUBLE(g.expected));
+      if (v && !both_nan && Py_TYPE(v) == Py_TYPE(g.expected) && PyObject_RichCompareBool(v, g.expected, Py_EQ) == 0)
         out[g.source->str()].insert(-1);
       Py_XDECREF(v);
       if (PyErr_Occurred()) clear_error();
@@ -372,9 +374,9 @@ bool Guard::holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail
     case Kind::Equals: {
       if (Py_TYPE(v) != Py_TYPE(expected)) return false;
       if (v == expected) return true;
-      if (PyFloat_CheckExact(v)) {  // -0.0 == 0.0, but 1 / -0.0 and copysign tell them apart
-        const double a = PyFloat_AS_DOUBLE(v), b = PyFloat_AS_DOUBLE(expected);
-        return a == b && std::signbit(a) == std::signbit(b);
+      if (PyFloat_CheckExact(v)) {  // -0.0 == 0.0, but 1 / -0.0 and copysign tell them apart;
+        const double a = PyFloat_AS_DOUBLE(v), b = PyFloat_AS_DOUBLE(expected);  // nan is nan
+        return (a == b && std::signbit(a) == std::signbit(b)) || (std::isnan(a) && std::isnan(b));
       }
       int r = PyObject_RichCompareBool(v, expected, Py_EQ);
       if (r < 0) clear_error();

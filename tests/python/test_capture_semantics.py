@@ -1,0 +1,153 @@
+"""Python semantics capture keeps, found by porting TorchDynamo's test_functions.py and
+test_misc.py: each case equal to eager, and where it matters without extra recompiles."""
+import pytest
+import torch
+
+import kiln
+
+from _helpers import assert_same
+
+
+def test_list_of_an_iterator_exhausts_it():
+    def fn(x):
+        it = iter([x, x + 1])
+        a = list(it)
+        b = list(it)
+        pairs = iter([("a", x), ("b", 2)])
+        d = dict(pairs)
+        rest = dict(pairs)
+        it2 = iter([1, 2, 3])
+        next(it2)
+        first, *others = it2
+        return len(a), len(b), sorted(d), len(rest), first, others, list(it2)
+
+    x = torch.randn(3)
+    assert kiln.compile(fn)(x) == fn(x)
+
+
+@pytest.mark.parametrize("container", [torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict])
+def test_an_empty_container_module_is_false(container):
+    empty = container()
+    full = {torch.nn.ModuleDict: lambda: container({"a": torch.nn.ReLU()}), torch.nn.ModuleList: lambda: container([torch.nn.ReLU()]),
+            torch.nn.Sequential: lambda: container(torch.nn.ReLU())}[container]()
+
+    def fn(x):
+        return (x + 1 if empty else x - 1) * (2 if full else 3)
+
+    x = torch.randn(3)
+    assert_same(kiln.compile(fn)(x), fn(x))
+
+
+def test_isinstance_with_keywords_raises_type_error():
+    def fn(x):
+        x = x.sin()
+        try:
+            isinstance(x, torch.Tensor, invalid=True)
+        except TypeError as e:
+            return x, str(e)
+        return x, None
+
+    x = torch.randn(3)
+    got, want = kiln.compile(fn)(x), fn(x)
+    assert got[1] == want[1] == "isinstance() takes no keyword arguments"
+    assert_same(got[0], want[0])
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_size_numel_and_type_of_a_symbolic_shape(dynamic):
+    def fn(x):
+        return x + x.size().numel(), type(x.shape), x.shape
+
+    compiled = kiln.compile(fn, dynamic=dynamic)
+    for shape in ((2, 3), (4, 5), (3, 7)):
+        x = torch.randn(*shape)
+        got, want = compiled(x), fn(x)
+        assert_same(got[0], want[0])
+        assert got[1] is want[1] is torch.Size and type(got[2]) is torch.Size and got[2] == want[2]
+
+
+def test_a_float_from_item_handed_on_past_a_break_is_not_a_guard_per_value():
+    def fn(a, b):
+        return (a + b).sum().item()
+
+    compiled = kiln.compile(fn)
+    kiln.reset()
+    for _ in range(5):
+        a, b = torch.randn(10), torch.randn(10)
+        assert compiled(a, b) == pytest.approx(fn(a, b), rel=1e-6)
+    assert kiln.stats()["recompiles"] <= 1  # once, to read it at each call from then on
+
+
+def test_a_nan_argument_holds_its_own_guard():
+    def fn(x, n):
+        return x * 2 + n
+
+    compiled = kiln.compile(fn)
+    x = torch.randn(4)
+    kiln.reset()
+    for _ in range(4):
+        torch.testing.assert_close(compiled(x, float("nan")), fn(x, float("nan")), equal_nan=True)
+    assert kiln.stats()["recompiles"] == 0
+
+
+class Doubling:
+    def __setattr__(self, k, v):
+        object.__setattr__(self, k, v * 2)
+
+
+class WithSetter:
+    def __init__(self):
+        self.__dict__["_v"] = 0
+
+    @property
+    def v(self):
+        return self._v
+
+    @v.setter
+    def v(self, value):
+        self.__dict__["_v"] = value + 1
+
+
+def test_a_store_through_a_classes_own_setattr_reads_back_what_it_stored():
+    def on_callers(x, c, s):
+        c.a = x
+        s.v = x
+        return c.a + s.v
+
+    def on_own(x):
+        c = Doubling()
+        c.a = x
+        return c.a + 0
+
+    x = torch.randn(3)
+    c1, s1, c2, s2 = Doubling(), WithSetter(), Doubling(), WithSetter()
+    assert_same(kiln.compile(on_callers)(x, c1, s1), on_callers(x, c2, s2))
+    assert_same(c1.a, c2.a)
+    assert_same(s1.v, s2.v)
+    assert_same(kiln.compile(on_own)(x), on_own(x))
+
+
+@pytest.mark.parametrize("x_dtype,y_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float64),
+                                             (torch.float32, torch.int64), (torch.int64, torch.float32),
+                                             (torch.bool, torch.int64), (torch.float16, torch.bfloat16)])
+def test_in_place_op_with_a_wider_operand_keeps_the_tensors_dtype(x_dtype, y_dtype):
+    """x += y computes in the promoted type and casts into x where torch allows the cast (a
+    bfloat16 score plus a float32 bias, Hugging Face MPNet under autocast), else raises."""
+    def fn(x, y):
+        x += y
+        return x * 2
+
+    x, y = (torch.randn(4) * 3).to(x_dtype), (torch.randn(4) * 3).to(y_dtype)
+    try:
+        want = fn(x.clone(), y)
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            kiln.compile(fn)(x.clone(), y)
+        return
+    mine = x.clone()
+    got = kiln.compile(fn)(mine, y)
+    assert got.dtype == want.dtype == x_dtype
+    assert_same(got, want)
+    assert_same(mine, want / 2)
+    e = kiln.explain(fn)(x.clone(), y)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
