@@ -185,13 +185,22 @@ def dict_(*args, **kwargs):
     return d
 
 
-def partial(func, /, *args, **keywords):
+class _Partial:
     # functools.partial over tensors, modules, bound methods or other closures made in the
-    # function (a partial of constants is built for real): a closure with the same calling rule,
-    # the call's keywords overriding the partial's
-    def call(*more, **more_keywords):
-        return func(*args, *more, **{**keywords, **more_keywords})
-    return call
+    # function (a partial of constants is built for real): an object with partial's fields
+    # (func, args, keywords: what hasattr and code reading them see) and calling rule, the
+    # call's keywords overriding the partial's
+    def __init__(self, func, args, keywords):
+        self.func = func
+        self.args = args
+        self.keywords = keywords
+
+    def __call__(self, *more, **more_keywords):
+        return self.func(*self.args, *more, **{**self.keywords, **more_keywords})
+
+
+def partial(func, /, *args, **keywords):
+    return _Partial(func, args, keywords)
 
 
 def itemgetter(*items):

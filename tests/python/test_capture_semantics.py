@@ -151,3 +151,91 @@ def test_in_place_op_with_a_wider_operand_keeps_the_tensors_dtype(x_dtype, y_dty
     assert_same(mine, want / 2)
     e = kiln.explain(fn)(x.clone(), y)
     assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+
+
+def test_torch_query_functions_on_a_tensor_are_python_values():
+    def fn(x):
+        return x * torch.numel(x), torch.is_floating_point(x), torch.is_complex(x)
+
+    x = torch.randn(2, 3)
+    e = kiln.explain(fn)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    got, want = kiln.compile(fn)(x), fn(x)
+    assert_same(got[0], want[0])
+    assert got[1:] == want[1:]
+
+
+class Plain:
+    pass
+
+
+def test_objects_made_in_the_function_compare_by_identity():
+    def fn(x):
+        o = Plain()
+        f = lambda: 1  # noqa: E731
+        return x + 1, o != None, o == o, Plain() == o, None == o, f == f, f != (lambda: 1)  # noqa: E711
+
+    x = torch.randn(2)
+    e = kiln.explain(fn)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    assert kiln.compile(fn)(x)[1:] == fn(x)[1:]
+
+
+def test_sorted_min_max_with_a_key_made_in_the_function():
+    def fn(x, xs):
+        return (x + 1, sorted([3, 1, 2], key=lambda s: -s), sorted(xs, key=lambda t: t.shape[0], reverse=True),
+                max(["a", "bbb", "cc"], key=len), min([(1, "x"), (0, "y")], key=lambda p: p[0]))
+
+    x, xs = torch.randn(2), [torch.randn(2), torch.randn(5), torch.randn(3)]
+    e = kiln.explain(fn)(x, xs)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    got, want = kiln.compile(fn)(x, xs), fn(x, xs)
+    assert got[1] == want[1] and got[3:] == want[3:]
+    assert [t is u for t, u in zip(got[2], want[2])] == [True] * 3
+
+
+def test_in_place_view_methods_on_a_tensor_the_function_made():
+    def fn(x):
+        y = x * 2
+        alias = y
+        row = y[0]
+        y.t_()
+        y.unsqueeze_(0)
+        y.squeeze_(0)
+        y.transpose_(0, 1)
+        y.swapdims_(0, 1)
+        y.add_(1)            # through the view: row, a view of the same memory, sees it
+        return y, alias.shape, row
+
+    x = torch.randn(2, 3)
+    e = kiln.explain(fn)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    got, want = kiln.compile(fn)(x), fn(x)
+    assert_same(got[0], want[0])
+    assert got[0].stride() == want[0].stride() and got[1] == want[1]
+    assert_same(got[2], want[2])
+
+
+def test_in_place_view_method_on_an_input_changes_the_callers_tensor():
+    def fn(x):
+        x.t_()
+        return x + 1
+
+    a, b = torch.randn(2, 3), None
+    b = a.clone()
+    assert_same(kiln.compile(fn)(a), fn(b))
+    assert a.shape == b.shape == (3, 2)
+
+
+def test_a_partial_over_trackers_has_partials_fields():
+    import functools
+
+    def fn(t):
+        p = functools.partial(lambda x, y: x + y, y=t)
+        return (p(t), hasattr(p, "func"), hasattr(p, "args"), hasattr(p, "keywords"), hasattr(p, "__name__"),
+                p.keywords["y"] is t)
+
+    t = torch.randn(2)
+    got, want = kiln.compile(fn)(t), fn(t)
+    assert_same(got[0], want[0])
+    assert got[1:] == want[1:]

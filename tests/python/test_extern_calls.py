@@ -110,3 +110,16 @@ def test_extern_shape_error_is_eagers():
     with pytest.raises(RuntimeError) as compiled:
         kiln.compile(f)(a, b)
     assert str(compiled.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("loss,n,target", [("multi_margin_loss", 0, [0]), ("multilabel_margin_loss", 0, [0]),
+                                           ("multi_margin_loss", 4, [1]), ("multilabel_margin_loss", 4, [2, 0, -1, 1])])
+def test_a_torch_call_whose_meta_kernel_gives_another_shape_runs_in_python(loss, n, target):
+    """torch's meta kernel gives F.multi_margin_loss(0-d input, reduction='none') the shape [1]
+    where its kernel gives []: the compiled graph expected [1] and raised at run time."""
+    x = torch.tensor(-8.5) if n == 0 else torch.randn(n)
+    t = torch.tensor(target[0]) if len(target) == 1 else torch.tensor(target)
+    fn = lambda x, t: getattr(torch.nn.functional, loss)(x, t, reduction="none") * 2  # noqa: E731
+    got, want = kiln.compile(fn)(x, t), fn(x, t)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)

@@ -321,6 +321,15 @@ struct CallRules {
     const VarPtr& a = args[0];
     if (auto* r = a->get_if<RecordV>()) return Var::constant(r->cls);
     if (auto* t = a->get_if<TupleV>(); t && t->structseq && kwargs.empty()) return Var::constant(t->structseq);  // a namedtuple's class
+    if (const DictView* v = a->dict_view(); v && kwargs.empty()) {  // dict_keys, dict_values, dict_items
+      PyObject* empty = PyDict_New();
+      PyObject* view = empty ? PyObject_CallMethod(empty, v->which.c_str(), nullptr) : nullptr;
+      Py_XDECREF(empty);
+      if (!view) return I.real(nullptr);
+      VarPtr r = Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(view)));
+      Py_DECREF(view);
+      return r;
+    }
     if (a->is_array() && kwargs.empty()) return Var::constant(I.array_type(a));
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     // type(self) of a caller's object: the class, read through the object, so that what is read

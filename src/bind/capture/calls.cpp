@@ -1262,8 +1262,8 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (VarPtr r = make_user_module(f, args, kwargs)) return r;
     if (VarPtr r = make_object(f, args, kwargs)) return r;  // a plain user class: __init__ inlined
   }
-  if (const std::string* method = inplace_function_method(f); method && !args.empty() && args[0]->is_tensor()) {
-    // torch.relu_(x), torch.sigmoid_(x): the Tensor method of the same name
+  if (const std::string* method = function_as_method(f); method && !args.empty() && args[0]->is_tensor()) {
+    // torch.relu_(x), torch.numel(x): the Tensor method of the same name
     std::vector<VarPtr> rest(args.begin() + 1, args.end());
     return call_tensor_method(args[0], *method, std::move(rest), kwargs);
   }
@@ -1470,11 +1470,52 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   return real(r);
 }
 
+VarPtr Interpreter::order_by_key(PyObject* f, const VarPtr& iterable, const KwArgs& kwargs) {
+  // sorted(items, key=fn, reverse=r), min/max(items, key=fn): fn called on each item as the
+  // code would call it (a lambda made here, a method), and Python orders the items by the keys
+  // it gave, where they are Python values. nullptr: another keyword, or keys that are tensors.
+  VarPtr key, reverse;
+  for (const auto& [k, v] : kwargs) {
+    if (k == "key") key = v;
+    else if (k == "reverse" && f == builtin("sorted")) reverse = v;
+    else return nullptr;
+  }
+  const std::vector<VarPtr> items = items_of(iterable);  // drained once answered
+  PyObject* keys = PyList_New(0);
+  keep_.push_back(keys);
+  for (const VarPtr& item : items) {
+    VarPtr k = key && !(key->is_const() && key->known() == Py_None) ? call(key, {item}, {}) : item;
+    if (!k->is_const() || k->symint().valid() || k->symfloat()) return nullptr;
+    if (PyList_Append(keys, k->obj()) < 0) real(nullptr);
+  }
+  PyObject* count = PyLong_FromSsize_t(PyList_GET_SIZE(keys));
+  PyObject* positions = PyObject_CallOneArg(reinterpret_cast<PyObject*>(&PyRange_Type), count);
+  Py_DECREF(count);
+  keep_.push_back(positions);
+  PyObject* by = PyObject_GetAttrString(keys, "__getitem__");
+  keep_.push_back(by);
+  PyObject* kw = Py_BuildValue("{s:O}", "key", by);
+  keep_.push_back(kw);
+  if (reverse && PyDict_SetItemString(kw, "reverse", const_obj(reverse, "reverse")) < 0) real(nullptr);
+  PyObject* a = PyTuple_Pack(1, positions);
+  keep_.push_back(a);
+  PyObject* r = PyObject_Call(f, a, kw);  // the positions in order (min/max: one), or Python's error
+  if (!r) real(nullptr);
+  keep_.push_back(r);
+  drain(iterable);
+  if (PyLong_Check(r)) return items[PyLong_AsSize_t(r)];
+  std::vector<VarPtr> ordered;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(r); ++i) ordered.push_back(items[PyLong_AsSize_t(PyList_GET_ITEM(r, i))]);
+  return Var::list(std::move(ordered));
+}
+
 VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   auto tracker = [](const VarPtr& v) {
     return v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List || v->kind() == Var::Kind::Dict ||
            v->kind() == Var::Kind::Iterator;
   };
+  if ((f == builtin("sorted") || f == builtin("min") || f == builtin("max")) && args.size() == 1 && !kwargs.empty())
+    if (VarPtr r = order_by_key(f, args[0], kwargs)) return r;
   if (!kwargs.empty()) return nullptr;
   if ((f == builtin("min") || f == builtin("max")) && args.size() >= 2 && kwargs.empty()) {
     // max(n - w + 1, 0) over symbolic ints: a min/max expression, not the values at capture
@@ -1956,6 +1997,18 @@ VarPtr Interpreter::in_layout(const VarPtr& x, PyObject* fmt) {
 
 VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const ir::TensorMeta& m = self->node()->meta;
+  // x.t_(), x.unsqueeze_(0): x itself becomes that view of its memory, under every name the
+  // function has for it. An input's would change the caller's tensor: that runs in Python.
+  static const std::set<std::string> view_in_place = {"t_", "transpose_", "squeeze_", "unsqueeze_", "swapaxes_", "swapdims_"};
+  if (view_in_place.count(name)) {
+    const auto& ins = root()->input_vars_;
+    if (std::find(ins.begin(), ins.end(), self) != ins.end() || self->node()->op_name() == "placeholder")
+      unsupported("Tensor." + name + "() on an input (it changes the caller's tensor's shape)");
+    VarPtr view = call_tensor_method(self, name.substr(0, name.size() - 1), std::move(args), kwargs);
+    if (!view->is_tensor()) unsupported("Tensor." + name + "() gave no tensor");
+    self->node() = view->node();
+    return self;
+  }
   // x.type_as(w) reads only w's type and device: w is no input of the result, so autograd
   // gives w no gradient (as a call to torch with w among its inputs would: a zero one).
   if (name == "type_as" && args.size() == 1 && kwargs.empty() && args[0]->is_tensor()) {
@@ -2369,6 +2422,69 @@ void Interpreter::offer_in_place(const VarPtr& result, const VarPtr& target, PyO
 // on its arguments alone, by torch's own op metadata: the aten op of its name, none of whose
 // functional overloads is tagged nondeterministic_seeded (random numbers) or mutates an input.
 // The prologue (passes/prologue.cpp) may compute such a call once.
+bool Interpreter::meta_disagrees(PyObject* meta_result, const std::vector<ir::Node*>& inputs,
+                                 const std::function<PyObject*(const std::vector<PyObject*>&)>& call) {
+  constexpr int64_t kSmall = 4096;  // elements, all inputs together
+  int64_t elements = 0;
+  for (const ir::Node* n : inputs) {
+    if (!n || n->meta.device.type != DeviceType::CPU) return false;
+    int64_t count = 1;
+    for (const sym::Expr& e : n->meta.sizes) {
+      if (!e.as_const()) return false;
+      count *= *e.as_const();
+    }
+    elements += count;
+    if (elements > kSmall) return false;
+  }
+  static PyObject* ones = resolve_torch("ones");
+  static PyObject* zeros = resolve_torch("zeros");
+  static PyObject* get_state = resolve_torch("get_rng_state");
+  static PyObject* set_state = resolve_torch("set_rng_state");
+  std::vector<PyObject*> reals;
+  auto drop = [&] {
+    for (PyObject* t : reals) Py_DECREF(t);
+  };
+  for (const ir::Node* n : inputs) {
+    PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(n->meta.dim()));
+    for (size_t d = 0; d < n->meta.dim(); ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(*n->meta.sizes[d].as_const()));
+    PyObject* kw = Py_BuildValue("{s:O}", "dtype", torch_dtype_object(n->meta.dtype));
+    PyObject* a = PyTuple_Pack(1, shape);
+    PyObject* t = kw && a ? PyObject_Call(is_floating(n->meta.dtype) ? ones : zeros, a, kw) : nullptr;
+    Py_XDECREF(a);
+    Py_XDECREF(kw);
+    Py_DECREF(shape);
+    if (!t) return clear_error(), drop(), false;
+    reals.push_back(t);
+  }
+  PyObject* state = PyObject_CallNoArgs(get_state);
+  PyObject* r = state ? call(reals) : nullptr;
+  if (state) {
+    PyObject* done = PyObject_CallOneArg(set_state, state);
+    Py_XDECREF(done);
+    Py_DECREF(state);
+  }
+  drop();
+  bool differs = false;
+  if (r) {
+    const bool tuple = PyTuple_Check(meta_result);
+    const Py_ssize_t n = tuple ? PyTuple_GET_SIZE(meta_result) : 1;
+    if (tuple != static_cast<bool>(PyTuple_Check(r)) || (tuple && PyTuple_GET_SIZE(r) != n)) differs = true;
+    for (Py_ssize_t i = 0; !differs && i < n; ++i) {
+      PyObject* m = tuple ? PyTuple_GET_ITEM(meta_result, i) : meta_result;
+      PyObject* x = tuple ? PyTuple_GET_ITEM(r, i) : r;
+      if (!is_tensor(m) || !is_tensor(x)) continue;
+      PyObject* ms = PyObject_GetAttrString(m, "shape");
+      PyObject* xs = PyObject_GetAttrString(x, "shape");
+      differs = ms && xs && PyObject_RichCompareBool(ms, xs, Py_NE) == 1;
+      Py_XDECREF(ms);
+      Py_XDECREF(xs);
+    }
+    Py_DECREF(r);
+  }
+  clear_error();  // the real call may fail on these values (a solver of a singular matrix): no answer
+  return differs;
+}
+
 static bool deterministic_torch_function(PyObject* f) {
   static std::unordered_map<PyObject*, bool> known;
   auto [it, fresh] = known.emplace(f, false);
@@ -2770,6 +2886,15 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   };
   const std::vector<long long> before = versions();
   PyObject* r = call_on(metas);
+  // torch's meta kernels are a second implementation of each operator's shape rule, and a few
+  // disagree with the kernel (multi_margin_loss of a 0-d input: [1] where the kernel gives []).
+  // On small CPU inputs of fixed sizes the call runs for real too, torch's random state kept,
+  // and a disagreement sends the call to Python.
+  if (r && meta_disagrees(r, inputs, [&](const std::vector<PyObject*>& reals) { return call_on(reals); })) {
+    Py_DECREF(r);
+    drop_metas();
+    unsupported("call to " + name + ": torch's meta kernel gives its result another shape than its kernel");
+  }
   // An operator that hands back an input itself, unchanged (x.type_as(x)): eager's result is
   // that very tensor, so it is that very tracker, and later in-place updates reach both names.
   // (F.hardtanh(x, inplace=True) hands back x changed: its version counter moved.)

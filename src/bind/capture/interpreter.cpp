@@ -587,7 +587,8 @@ PyObject* Interpreter::const_obj(const VarPtr& v, const char* what) {
       if (PyDict_SetItem(d, e.keys[i], const_obj(e.values[i], what)) < 0) real(nullptr);
     return d;
   }
-  unsupported(std::string("expected a Python value for ") + what + ", got a tensor");
+  unsupported(std::string("expected a Python value for ") + what + ", got a " + Var::kind_name(v->kind()) +
+              (v->kind() == Var::Kind::Record || v->kind() == Var::Kind::Function ? " made in the function" : ""));
 }
 
 OutSpec Interpreter::output_spec(const VarPtr& v) {

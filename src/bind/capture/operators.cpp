@@ -553,6 +553,29 @@ VarPtr Interpreter::object_operator(const std::string& base, bool inplace, const
 }
 
 VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
+  // d.keys() and d.items() are sets to compare with (== {"a", "b"}, <=): as Python sets of the
+  // values they show, where those are Python values. values() views compare by identity.
+  auto as_set = [&](const VarPtr& v) -> VarPtr {
+    const DictView* view = v->dict_view();
+    if (!view) return v;
+    if (view->which == "values") return nullptr;
+    PyObject* s = PySet_New(nullptr);
+    keep_.push_back(s);
+    for (const VarPtr& item : v->seq()) {
+      if (item->kind() == Var::Kind::Tuple && item->seq().size() == 2 && item->seq()[1]->in_graph())
+        unsupported("comparing a dict's items() holding tensors");
+      if (PySet_Add(s, key_obj(item, "dict view item")) < 0) real(nullptr);
+    }
+    return Var::constant(s);
+  };
+  if (a->dict_view() || b->dict_view()) {
+    VarPtr sa = as_set(a), sb = as_set(b);
+    if (!sa || !sb) {  // a values() view: equal only to itself
+      if (op == "==" || op == "!=") return Var::constant((a.get() == b.get()) == (op == "==") ? Py_True : Py_False);
+      unsupported("'" + op + "' between a dict's values() and another value: TypeError");
+    }
+    a = sa, b = sb;
+  }
   // Tuples (lists) holding tensors compare as Python compares them: item by item until two
   // differ, identity first. (2, x) < (0, y) is decided by the ints; two different tensors in
   // the deciding place would need their values.
@@ -580,6 +603,16 @@ VarPtr Interpreter::compare(const std::string& op, VarPtr a, VarPtr b) {
   }
   if (VarPtr r = symint_compare(op, a, b)) return r;
   if (VarPtr r = object_compare(op, a, b)) return r;
+  // An object made in the frame whose class leaves equality to object (a plain class's
+  // instance, a function): == and != are identity, whatever the other side is.
+  auto made = [](const VarPtr& v) {
+    const auto* r = v->get_if<RecordV>();
+    return (r && r->plain) || v->kind() == Var::Kind::Function;
+  };
+  if ((op == "==" || op == "!=") && (made(a) || made(b))) {
+    const bool same = a.get() == b.get();
+    return Var::constant(same == (op == "==") ? Py_True : Py_False);
+  }
   static const std::unordered_map<std::string, int> cmp = {{"<", Py_LT}, {"<=", Py_LE}, {"==", Py_EQ},
                                                           {"!=", Py_NE}, {">", Py_GT}, {">=", Py_GE}};
   return real(PyObject_RichCompare(const_obj(a, "operand"), const_obj(b, "operand"), cmp.at(op)));

@@ -9,7 +9,7 @@ namespace {
 struct Tables {
   std::unordered_map<PyObject*, OpBinding> functions;
   std::unordered_map<std::string, OpBinding> methods;
-  std::unordered_map<PyObject*, std::string> inplace_functions;  // torch.relu_ -> "relu_"
+  std::unordered_map<PyObject*, std::string> method_functions;  // torch.relu_ -> "relu_", torch.numel -> "numel"
 };
 
 // "torch.nn.functional.relu" -> the object, or nullptr.
@@ -58,7 +58,10 @@ Tables& tables() {
       }
     }
     for (const auto& [name, b] : tb->methods)
-      if (PyObject* obj = resolve("torch." + name + "_")) tb->inplace_functions.emplace(obj, name + "_");
+      if (PyObject* obj = resolve("torch." + name + "_")) tb->method_functions.emplace(obj, name + "_");
+    // questions about a tensor that capture answers from its metadata
+    for (const char* name : {"numel", "is_floating_point", "is_complex"})
+      if (PyObject* obj = resolve(std::string("torch.") + name)) tb->method_functions.emplace(obj, name);
     return tb;
   }();
   return *t;
@@ -78,8 +81,8 @@ const OpBinding* method_binding(const std::string& name) {
   return it == m.end() ? nullptr : &it->second;
 }
 
-const std::string* inplace_function_method(PyObject* callable) {
-  auto& f = tables().inplace_functions;
+const std::string* function_as_method(PyObject* callable) {
+  auto& f = tables().method_functions;
   auto it = f.find(callable);
   return it == f.end() ? nullptr : &it->second;
 }

@@ -16,7 +16,7 @@ struct OpBinding {
 
 const OpBinding* function_binding(PyObject* callable);
 const OpBinding* method_binding(const std::string& name);
-// torch.relu_, torch.sigmoid_, ...: the in-place Tensor method a torch function stands for.
-const std::string* inplace_function_method(PyObject* callable);
+// torch.relu_, torch.sigmoid_, torch.numel, ...: the Tensor method a torch function stands for.
+const std::string* function_as_method(PyObject* callable);
 
 }  // namespace kiln::bind

@@ -125,11 +125,21 @@ Node* decompose_batch_norm(Graph& g, Node* n) {
     if (b) y = g.must_add("add", {y, per_channel(b)});
     return y->meta.dtype == x->meta.dtype ? y : g.must_add("convert", {y}, A({{"dtype", x->meta.dtype}}));
   }
+  // The scale and shift, and the normalized value, in float for 16-bit tensors, as torch's
+  // kernels compute them (in bfloat16 the scale alone was off by a rounding, and results twice
+  // as far from float64's as eager's).
+  auto wide = [&](Node* v) {
+    const DType ct = compute_dtype(v->meta.dtype);
+    return ct == v->meta.dtype ? v : g.must_add("convert", {v}, A({{"dtype", ct}}));
+  };
+  mean = wide(mean), var = wide(var);
+  if (w) w = wide(w);
+  if (b) b = wide(b);
   Node* invstd = g.must_add("rsqrt", {g.must_add("add", {var, g.scalar(n->attrs.get_float("eps", 1e-5), DType::Float64)})});
   Node* alpha = w ? g.must_add("mul", {w, invstd}) : invstd;
   Node* shift = g.must_add("mul", {mean, alpha});
   Node* beta = b ? g.must_add("sub", {b, shift}) : g.must_add("neg", {shift});
-  Node* y = g.must_add("add", {g.must_add("mul", {x, per_channel(alpha)}), per_channel(beta)});
+  Node* y = g.must_add("add", {g.must_add("mul", {wide(x), per_channel(alpha)}), per_channel(beta)});
   if (y->meta.dtype != x->meta.dtype) y = g.must_add("convert", {y}, A({{"dtype", x->meta.dtype}}));
   return y;
 }
