@@ -22,6 +22,12 @@ def chain(*iterables):
             yield x
 
 
+def chain_from_iterable(iterables):
+    for it in iterables:
+        for x in it:
+            yield x
+
+
 def product(*iterables, repeat=1):
     pools = [tuple(p) for p in iterables] * repeat
     result = [()]
@@ -231,7 +237,14 @@ _OPERATORS = {
     operator.le: lambda a, b: a <= b, operator.eq: lambda a, b: a == b, operator.ne: lambda a, b: a != b,
     operator.ge: lambda a, b: a >= b, operator.gt: lambda a, b: a > b, operator.getitem: lambda a, b: a[b],
     operator.neg: lambda a: -a, operator.pos: lambda a: +a, operator.abs: lambda a: abs(a),
-    operator.invert: lambda a: ~a,
+    operator.invert: lambda a: ~a, operator.contains: lambda a, b: b in a, operator.concat: lambda a, b: a + b,
+}
+# ... and those capture runs on any arguments (Python values too: operator.index(3) at capture)
+_OPERATORS_ALWAYS = {
+    operator.not_: lambda a: not a, operator.truth: lambda a: True if a else False,
+    operator.is_: lambda a, b: a is b, operator.is_not: lambda a, b: a is not b,
+    operator.index: lambda a: a if type(a) is int else a.__index__(),
+    operator.length_hint: lambda obj, default=0: len(obj),
 }
 
 
@@ -302,6 +315,7 @@ def _function_setup_context(ctx, inputs, output):  # replaced by torch's in regi
 def register(register_polyfill) -> None:
     models = {
         itertools.chain: chain, itertools.product: product, itertools.combinations: combinations,
+        itertools.chain.from_iterable: chain_from_iterable,
         itertools.permutations: permutations, itertools.zip_longest: zip_longest, itertools.islice: islice,
         itertools.accumulate: accumulate, itertools.repeat: repeat, functools.reduce: reduce,
         builtins.sum: sum_, builtins.sorted: sorted_, builtins.dict: dict_, builtins.max: max_, builtins.min: min_,
@@ -315,6 +329,8 @@ def register(register_polyfill) -> None:
     register_polyfill(operator.itemgetter, itemgetter, always=True)
     register_polyfill(operator.attrgetter, attrgetter, always=True)
     register_polyfill(functools.partial, partial, always=True)
+    for original, model in _OPERATORS_ALWAYS.items():
+        register_polyfill(original, model, always=True)
     global _function_setup_context
     import torch
     _function_setup_context = torch.autograd.Function.setup_context

@@ -239,3 +239,42 @@ def test_a_partial_over_trackers_has_partials_fields():
     got, want = kiln.compile(fn)(t), fn(t)
     assert_same(got[0], want[0])
     assert got[1:] == want[1:]
+
+
+class _Base:
+    scale = 4
+
+
+class _Derived(_Base):
+    def f(self, x):
+        return super().scale * x
+
+
+def test_a_class_attribute_read_through_super_is_guarded():
+    d = _Derived()
+    compiled = kiln.compile(d.f)
+    x = torch.ones(2)
+    try:
+        assert_same(compiled(x), d.f(x))
+        _Base.scale = 5
+        assert_same(compiled(x), d.f(x))
+    finally:
+        _Base.scale = 4
+
+
+def test_itertools_and_operator_helpers_are_captured():
+    import itertools
+    import operator
+
+    def fn(x):
+        flat = [y * 2 for y in itertools.chain.from_iterable([[x, x + 1], [x + 2]])]
+        n = operator.index(3) + operator.length_hint([1, 2]) + hash(3)
+        flags = (operator.truth(n), operator.not_(0), operator.is_(x, x), operator.is_not(x, flat[0]))
+        return sum(flat) * n, flags
+
+    x = torch.randn(3)
+    e = kiln.explain(fn)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    got, want = kiln.compile(fn)(x), fn(x)
+    assert_same(got[0], want[0])
+    assert got[1] == want[1]

@@ -123,3 +123,25 @@ def test_a_torch_call_whose_meta_kernel_gives_another_shape_runs_in_python(loss,
     got, want = kiln.compile(fn)(x, t), fn(x, t)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want)
+
+
+def test_an_input_a_torch_calls_autograd_graph_does_not_reach_gets_no_gradient():
+    """hinge_embedding_loss reads its target only through a comparison, linalg.norm(x, 0) counts
+    nonzeros: eager's autograd gives those inputs None (an optimizer skips them), not zeros."""
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0], dtype=torch.float64, requires_grad=True)
+    hinge = lambda x, y: F.hinge_embedding_loss(x, y, margin=2.0)  # noqa: E731
+    want = torch.autograd.grad(hinge(x, y), (x, y), allow_unused=True)
+    got = torch.autograd.grad(kiln.compile(hinge)(x, y), (x, y), allow_unused=True)
+    assert want[1] is None and got[1] is None
+    torch.testing.assert_close(got[0], want[0])
+    count = lambda x: torch.linalg.norm(x, 0) + x.sum()  # noqa: E731
+    mine = x.detach().clone().requires_grad_()
+    kiln.compile(count)(mine).backward()
+    theirs = x.detach().clone().requires_grad_()
+    count(theirs).backward()
+    torch.testing.assert_close(mine.grad, theirs.grad)
+    only_norm = lambda x: torch.linalg.norm(x, 0)  # noqa: E731
+    mine = x.detach().clone().requires_grad_()
+    kiln.compile(only_norm)(mine).backward()
+    assert mine.grad is None

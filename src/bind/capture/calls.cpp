@@ -1731,7 +1731,7 @@ bool Interpreter::pure_callable(PyObject* f) {
   static const char* names[] = {"len",   "abs",     "min",        "max",     "int",     "float",     "bool",
                                 "range", "tuple",   "list",       "round",   "pow",     "divmod",    "isinstance",
                                 "sum",   "any",     "all",        "str",     "hasattr", "getattr",   "set",
-                                "frozenset", "sorted", "callable", "repr",   "dict",    "issubclass", "chr", "ord", "slice"};
+                                "frozenset", "sorted", "callable", "repr",   "dict",    "issubclass", "chr", "ord", "slice", "hash"};
   for (const char* n : names)
     if (f == builtin(n)) return true;
   if (f == builtin("type")) return true;  // type(obj) of a Python value
@@ -2987,6 +2987,9 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // cumprod's): changed in place before backward(), eager's backward raises, and kiln's must.
   std::vector<bool> saves_result(results.size(), false);
   std::set<int64_t> kept_inputs;  // inputs torch's backward keeps (OpDef::keeps_inputs, found)
+  // Per result, the tracked inputs its autograd graph does not reach (hinge_embedding_loss's
+  // target, read only by a comparison): eager gives them no gradient (None), not a zero one.
+  std::vector<std::vector<int64_t>> unreached(results.size());
   bool tracked_input = false;
   for (ir::Node* n : inputs) tracked_input |= root()->needs_grad_.count(n) > 0;
   if (root()->grad_mode_ && tracked_input) {
@@ -3026,6 +3029,33 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
           clear_error();
         }
         Py_XDECREF(node);
+        // torch.autograd.grad over the meta tensors (no arithmetic): None for what is unreached
+        static PyObject* grad_fn = object_at("torch.autograd.grad");
+        static PyObject* ones_like = resolve_torch("ones_like");
+        std::vector<size_t> asked;
+        for (size_t j = 0; j < inputs.size(); ++j)
+          if (root()->needs_grad_.count(inputs[j]) && is_floating(inputs[j]->meta.dtype)) asked.push_back(j);
+        PyObject* rq2 = t && tracked[k] && !asked.empty() ? PyObject_GetAttrString(t, "requires_grad") : nullptr;
+        if (rq2 == Py_True && grad_fn && ones_like) {
+          PyObject* wrt = PyTuple_New(static_cast<Py_ssize_t>(asked.size()));
+          for (size_t i = 0; i < asked.size(); ++i) PyTuple_SET_ITEM(wrt, i, Py_NewRef(leaves[asked[i]]));
+          PyObject* seed = PyObject_CallOneArg(ones_like, t);
+          PyObject* kw = seed ? Py_BuildValue("{s:O,s:O,s:O}", "grad_outputs", seed, "allow_unused", Py_True, "retain_graph", Py_True)
+                              : nullptr;
+          PyObject* a = kw ? PyTuple_Pack(2, t, wrt) : nullptr;
+          const bool was_on = set_grad_enabled(true);
+          PyObject* grads = a ? PyObject_Call(grad_fn, a, kw) : nullptr;
+          set_grad_enabled(was_on);
+          for (size_t i = 0; grads && PyTuple_Check(grads) && i < asked.size(); ++i)
+            if (PyTuple_GET_ITEM(grads, i) == Py_None) unreached[k].push_back(static_cast<int64_t>(asked[i]));
+          Py_XDECREF(grads);
+          Py_XDECREF(a);
+          Py_XDECREF(kw);
+          Py_XDECREF(seed);
+          Py_DECREF(wrt);
+          clear_error();  // no meta backward: every tracked input takes a gradient, as before
+        }
+        Py_XDECREF(rq2);
       }
       Py_XDECREF(rg);
     }
@@ -3057,6 +3087,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     if (deterministic_torch_function(f)) a.set("deterministic", true);
     if (saves_result[k]) a.set("saves_result", true);
     if (!kept_inputs.empty()) a.set("kept_inputs", std::vector<int64_t>(kept_inputs.begin(), kept_inputs.end()));
+    if (!unreached[k].empty()) a.set("unreached_inputs", unreached[k]);
     if (factory_device) {
       PyObject* type = PyObject_GetAttrString(factory_device, "type");
       PyObject* index = PyObject_GetAttrString(factory_device, "index");

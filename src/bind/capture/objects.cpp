@@ -127,8 +127,10 @@ VarPtr Interpreter::super_attr(const VarPtr& sup, const std::string& name) {
   PyObject* mro = reinterpret_cast<PyTypeObject*>(self_type)->tp_mro;
   PyObject* raw = nullptr;
   bool after = false;
+  Py_ssize_t found_at = -1;
   for (Py_ssize_t i = 0; mro && i < PyTuple_GET_SIZE(mro) && !raw; ++i) {
     PyObject* base = PyTuple_GET_ITEM(mro, i);
+    found_at = i;
     if (after) {
       // the class's own namespace (a mappingproxy: built-in types keep theirs out of tp_dict on 3.12)
       PyObject* ns = PyObject_GetAttrString(base, "__dict__");
@@ -155,8 +157,17 @@ VarPtr Interpreter::super_attr(const VarPtr& sup, const std::string& name) {
     keep_.push_back(fget);
     if (fget && PyFunction_Check(fget)) return inline_call(fget, nullptr, {self}, {});
   }
-  // a staticmethod's function, a plain class attribute: what super(cls, type(self)) gives
-  return real(PyObject_GetAttrString(sup->obj(), name.c_str()));
+  // a staticmethod's function, a plain class attribute: what super(cls, type(self)) gives,
+  // guarded where it lives (type(self).__mro__[i].name) when self came from the caller, since a
+  // class attribute can be reassigned between calls
+  PyObject* v = PyObject_GetAttrString(sup->obj(), name.c_str());
+  if (v && self->source && !self->source->made_in_frame() && found_at >= 0 && !PyFunction_Check(v)) {
+    SourcePtr where = Source::attr(Source::item(Source::attr(Source::attr(self->source, "__class__"), "__mro__"), found_at), name);
+    VarPtr r = wrap(v, where);
+    Py_DECREF(v);
+    return r;
+  }
+  return real(v);
 }
 
 VarPtr Interpreter::generic_getattr(PyObject* f, const VarPtr& obj, const std::vector<VarPtr>& args, const KwArgs& kwargs) {

@@ -9,6 +9,8 @@
 // (`fn` names that call in the binding layer's table; `target` is for printing).
 #include "core/ops/registry.h"
 
+#include <algorithm>
+
 namespace kiln::ops {
 
 namespace {
@@ -53,9 +55,12 @@ std::vector<Node*> vjp_nodes(Graph& g, Node* n, Node* grad, const char* op, cons
   const int64_t group = vjp_group(g);
   std::vector<Node*> ins = n->inputs;
   ins.push_back(grad);
+  const std::vector<int64_t> unreached = n->attrs.has("unreached_inputs") ? n->attrs.get_ints("unreached_inputs") : std::vector<int64_t>{};
   for (size_t k = 0; k < n->inputs.size(); ++k) {
     const Node* in = n->inputs[k];
     if (!in || !is_floating(in->meta.dtype)) continue;
+    // an input torch's autograd graph of the call does not reach: no gradient (None in eager)
+    if (std::find(unreached.begin(), unreached.end(), static_cast<int64_t>(k)) != unreached.end()) continue;
     Attrs a = without_layout(n->attrs);
     for (const auto& [key, v] : extra.items()) a.set(key, v);
     a.set("vjp_input", static_cast<int64_t>(k));
