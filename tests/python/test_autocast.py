@@ -294,3 +294,57 @@ def test_type_as_gives_the_tensor_it_reads_the_type_of_no_gradient():
     assert gb is None and wb is None
     assert_same(got, want, rtol=2e-2, atol=2e-2)
     assert_same(ga, wa, rtol=2e-2, atol=2e-2)
+
+
+def test_a_torch_python_helper_that_reads_the_device_is_not_run_on_meta_tensors():
+    """torch.amp's `_cast` casts a tensor only where its device is the one named: on the meta
+    tensors capture works layouts out on, it left a bfloat16 tensor as it was, and the graph
+    took the result for bfloat16 (a silent wrong dtype, inside autocast(enabled=False))."""
+    from torch.amp.autocast_mode import _cast
+
+    def fn(x, w):
+        y = x @ w
+        with torch.autocast("cpu", enabled=False):
+            a = _cast(y, "cpu", torch.float32)
+            return a * 2, a.dtype
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = kiln.compile(fn)(x, w), fn(x, w)
+    assert got[1] == want[1] == torch.float32 and got[0].dtype == torch.float32
+    assert_same(got[0], want[0])
+
+
+class _CastToFloat(torch.autograd.Function):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g @ b.T, a.T @ g
+
+
+def test_custom_fwd_with_cast_inputs_is_one_graph():
+    def fn(x, w):
+        return _CastToFloat.apply(x @ w, w)
+
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        e = kiln.explain(fn)(x, torch.randn(8, 8, requires_grad=True))
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    results = []
+    for f in (fn, kiln.compile(fn)):
+        torch.manual_seed(0)
+        w = torch.randn(8, 8, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = f(x, w)
+        out.sum().backward()
+        results.append((out, w.grad))
+    assert results[1][0].dtype == results[0][0].dtype == torch.float32
+    assert_same(results[1][0], results[0][0], rtol=2e-2, atol=2e-2)
+    assert_same(results[1][1], results[0][1], rtol=2e-2, atol=2e-2)

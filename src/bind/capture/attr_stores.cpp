@@ -42,7 +42,8 @@ void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr 
     PyObject* key = PyUnicode_FromString(name.c_str());
     PyObject* d = key && !PyType_Check(obj->obj()) ? _PyType_Lookup(t, key) : nullptr;  // borrowed
     Py_XDECREF(key);
-    if (d && Py_TYPE(d)->tp_descr_set && !Py_IS_TYPE(d, &PyMemberDescr_Type))  // (a __slots__ member stores as is)
+    // (a __slots__ member, or a C type's field as autograd's ctx.to_save, stores as is)
+    if (d && Py_TYPE(d)->tp_descr_set && !Py_IS_TYPE(d, &PyMemberDescr_Type) && !Py_IS_TYPE(d, &PyGetSetDescr_Type))
       unsupported("attribute " + name + " of a " + t->tp_name + " is a data descriptor: its store runs in Python");
   }
   if (value && value->kind() == Var::Kind::Module && is_private(value->obj()))

@@ -321,6 +321,11 @@ struct CallRules {
     const VarPtr& a = args[0];
     if (auto* r = a->get_if<RecordV>()) return Var::constant(r->cls);
     if (auto* t = a->get_if<TupleV>(); t && t->structseq && kwargs.empty()) return Var::constant(t->structseq);  // a namedtuple's class
+    if (kwargs.empty() && !a->dict_view()) {  // a tuple, list or dict tracker: its builtin class
+      if (auto* t = a->get_if<TupleV>(); t && !t->structseq) return Var::constant(reinterpret_cast<PyObject*>(&PyTuple_Type));
+      if (auto* l = a->get_if<ListV>(); l && !l->deque && !l->sliced_module) return Var::constant(reinterpret_cast<PyObject*>(&PyList_Type));
+      if (auto* d = a->get_if<DictV>()) return Var::constant(d->cls ? d->cls : reinterpret_cast<PyObject*>(&PyDict_Type));
+    }
     if (const DictView* v = a->dict_view(); v && kwargs.empty()) {  // dict_keys, dict_values, dict_items
       PyObject* empty = PyDict_New();
       PyObject* view = empty ? PyObject_CallMethod(empty, v->which.c_str(), nullptr) : nullptr;

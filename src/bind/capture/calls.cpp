@@ -1399,6 +1399,16 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
                     std::any_of(kwargs.begin(), kwargs.end(), [&](auto& kv) { return has_tensor(kv.second); });
   if (auto known = known_torch_calls().find(f); known != known_torch_calls().end())
     if (VarPtr r = known_torch_call(known->second, f, args, kwargs, any_tensor)) return r;
+  // Values a call to torch cannot be handed (an object made in the function: custom_fwd's
+  // `_cast` of the ctx with the inputs): a Python function of torch's is inlined instead.
+  std::function<bool(const VarPtr&)> passable = [&](const VarPtr& a) {
+    if (a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List) return std::all_of(a->seq().begin(), a->seq().end(), passable);
+    return a->kind() == Var::Kind::Tensor || a->kind() == Var::Kind::Const;
+  };
+  const bool all_passable = std::all_of(args.begin(), args.end(), passable) &&
+                            std::all_of(kwargs.begin(), kwargs.end(), [&](auto& kv) { return passable(kv.second); });
+  if (any_tensor && is_torch_internal(f) && !all_passable && PyFunction_Check(f))
+    return inline_call(f, fn->source, std::move(args), kwargs);
   if (any_tensor && is_torch_internal(f)) {
     if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
     // a torch Python helper that answers with Python values (a check, a size): inlined
@@ -2422,20 +2432,25 @@ void Interpreter::offer_in_place(const VarPtr& result, const VarPtr& target, PyO
 // on its arguments alone, by torch's own op metadata: the aten op of its name, none of whose
 // functional overloads is tagged nondeterministic_seeded (random numbers) or mutates an input.
 // The prologue (passes/prologue.cpp) may compute such a call once.
-bool Interpreter::meta_disagrees(PyObject* meta_result, const std::vector<ir::Node*>& inputs,
+bool Interpreter::meta_disagrees(PyObject* f, PyObject* meta_result, const std::vector<ir::Node*>& inputs,
                                  const std::function<PyObject*(const std::vector<PyObject*>&)>& call) {
   constexpr int64_t kSmall = 4096;  // elements, all inputs together
   int64_t elements = 0;
+  bool fixed = true;
   for (const ir::Node* n : inputs) {
     if (!n || n->meta.device.type != DeviceType::CPU) return false;
     int64_t count = 1;
     for (const sym::Expr& e : n->meta.sizes) {
-      if (!e.as_const()) return false;
-      count *= *e.as_const();
+      fixed = fixed && e.as_const();
+      count *= e.as_const() ? *e.as_const() : kSmall;
     }
     elements += count;
-    if (elements > kSmall) return false;
   }
+  // Larger inputs: a Python function of torch's (which may ask a tensor's device: autocast's
+  // `_cast` leaves a meta tensor as it is) still runs for real at two points a dim, for the
+  // dtypes of its results.
+  const bool whole = fixed && elements <= kSmall;
+  if (!whole && !PyFunction_Check(f)) return false;
   static PyObject* ones = resolve_torch("ones");
   static PyObject* zeros = resolve_torch("zeros");
   static PyObject* get_state = resolve_torch("get_rng_state");
@@ -2446,7 +2461,10 @@ bool Interpreter::meta_disagrees(PyObject* meta_result, const std::vector<ir::No
   };
   for (const ir::Node* n : inputs) {
     PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(n->meta.dim()));
-    for (size_t d = 0; d < n->meta.dim(); ++d) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(*n->meta.sizes[d].as_const()));
+    for (size_t d = 0; d < n->meta.dim(); ++d) {
+      const int64_t size = whole ? *n->meta.sizes[d].as_const() : std::min<int64_t>(2, root()->out_.guards.value_at_hints(n->meta.sizes[d]));
+      PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(size));
+    }
     PyObject* kw = Py_BuildValue("{s:O}", "dtype", torch_dtype_object(n->meta.dtype));
     PyObject* a = PyTuple_Pack(1, shape);
     PyObject* t = kw && a ? PyObject_Call(is_floating(n->meta.dtype) ? ones : zeros, a, kw) : nullptr;
@@ -2473,11 +2491,14 @@ bool Interpreter::meta_disagrees(PyObject* meta_result, const std::vector<ir::No
       PyObject* m = tuple ? PyTuple_GET_ITEM(meta_result, i) : meta_result;
       PyObject* x = tuple ? PyTuple_GET_ITEM(r, i) : r;
       if (!is_tensor(m) || !is_tensor(x)) continue;
-      PyObject* ms = PyObject_GetAttrString(m, "shape");
-      PyObject* xs = PyObject_GetAttrString(x, "shape");
-      differs = ms && xs && PyObject_RichCompareBool(ms, xs, Py_NE) == 1;
-      Py_XDECREF(ms);
-      Py_XDECREF(xs);
+      for (const char* what : {"dtype", "shape"}) {
+        if (!whole && std::strcmp(what, "shape") == 0) continue;
+        PyObject* ms = PyObject_GetAttrString(m, what);
+        PyObject* xs = PyObject_GetAttrString(x, what);
+        differs = differs || (ms && xs && PyObject_RichCompareBool(ms, xs, Py_NE) == 1);
+        Py_XDECREF(ms);
+        Py_XDECREF(xs);
+      }
     }
     Py_DECREF(r);
   }
@@ -2665,7 +2686,7 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
     if (flag && (*flag)->is_const() && (*flag)->known() == Py_True && !a.empty() && a[0]->is_tensor()) {
       *flag = Var::constant(Py_False);
       VarPtr out = torch_extern(f, name, a, kw);
-      if (!out->is_tensor()) unsupported("in-place " + name + " with a result kiln cannot take");
+      if (!out || !out->is_tensor()) unsupported("in-place " + name + " with a result kiln cannot take");
       check_inplace_target(args[0], name);
       return mutate(args[0], out->node());
     }
@@ -2890,10 +2911,11 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   // disagree with the kernel (multi_margin_loss of a 0-d input: [1] where the kernel gives []).
   // On small CPU inputs of fixed sizes the call runs for real too, torch's random state kept,
   // and a disagreement sends the call to Python.
-  if (r && meta_disagrees(r, inputs, [&](const std::vector<PyObject*>& reals) { return call_on(reals); })) {
+  if (r && meta_disagrees(f, r, inputs, [&](const std::vector<PyObject*>& reals) { return call_on(reals); })) {
     Py_DECREF(r);
     drop_metas();
-    unsupported("call to " + name + ": torch's meta kernel gives its result another shape than its kernel");
+    if (PyFunction_Check(f) && is_torch_internal(f)) return nullptr;  // a Python function of torch's: inlined instead (call)
+    unsupported("call to " + name + ": on meta tensors it gives its result another shape or dtype than on the call's device");
   }
   // An operator that hands back an input itself, unchanged (x.type_as(x)): eager's result is
   // that very tensor, so it is that very tracker, and later in-place updates reach both names.

@@ -236,7 +236,7 @@ class Interpreter {
   VarPtr order_by_key(PyObject* f, const VarPtr& iterable, const KwArgs& kwargs);
   // Whether a torch call's result on meta tensors (meta_result) has other sizes than the call
   // run for real gives, on small CPU inputs of fixed sizes (`call` runs it on the given tensors).
-  bool meta_disagrees(PyObject* meta_result, const std::vector<ir::Node*>& inputs,
+  bool meta_disagrees(PyObject* f, PyObject* meta_result, const std::vector<ir::Node*>& inputs,
                       const std::function<PyObject*(const std::vector<PyObject*>&)>& call);
   // collections.OrderedDict(...) and defaultdict(factory, ...) called in the frame: dict trackers
   // that remember their class (and factory), rebuilt as such (containers.cpp). nullptr: cls is
