@@ -278,3 +278,25 @@ def test_itertools_and_operator_helpers_are_captured():
     got, want = kiln.compile(fn)(x), fn(x)
     assert_same(got[0], want[0])
     assert got[1] == want[1]
+
+
+def test_a_set_of_tensors_made_in_the_function():
+    def grows(x, y):
+        s = {x, y}
+        s.add(x)
+        s.discard(y)
+        return len(s), x in s, y in s, x * 2
+
+    def across_a_break(x, y):
+        s = {x, y}
+        print("", end="")  # a graph break with the set live
+        s.add(x)
+        return len(s)
+
+    x, y = torch.zeros(2), torch.zeros(2)
+    e = kiln.explain(grows)(x, y)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    got, want = kiln.compile(grows)(x, y), grows(x, y)
+    assert got[:3] == want[:3]
+    assert_same(got[3], want[3])
+    assert kiln.compile(across_a_break)(x, y) == across_a_break(x, y) == 2

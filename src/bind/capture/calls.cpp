@@ -1431,6 +1431,13 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   // itertools, functools.reduce, operator, sum(start=), sorted(key=), min/max over tensors, and
   // dict.fromkeys: their Python model, traced like user code (kiln/_polyfills.py)
   if (PyObject* model = polyfill_of(f, any_tensor)) return inline_call(model, nullptr, std::move(args), kwargs);
+  if (any_tensor && !fn->source && PyCFunction_Check(f) && PyCFunction_GET_SELF(f) && PyAnySet_CheckExact(PyCFunction_GET_SELF(f)) &&
+      args.size() == 1 && kwargs.empty() && args[0]->is_tensor()) {
+    // s.add(x), s.discard(x) on a set the function made: x hashes by identity, as its stand-in
+    // key object (key_obj) does, which the set already holds where it holds x
+    PyObject* r = PyObject_CallOneArg(f, key_obj(args[0], "set item"));
+    return real(r);
+  }
   if (any_tensor) unsupported("call to " + name + " with tensor arguments is not captured");
   // Reduction("sum"): an Enum member looked up by value, a constant (an unknown value raises
   // ValueError when the call runs eagerly)

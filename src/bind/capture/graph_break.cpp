@@ -240,6 +240,10 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
           return s;
         }
       if (structural(v) || bound_to_structure(v)) return source_spec(v->source);  // this call's object, not capture's
+      // A set or dict made here with tensors as keys holds capture's stand-ins for them, which
+      // the code after the break would compare with the real tensors ({x, y}.add(x) grew it).
+      if (v->is_const() && !v->source && holds_tensor_key(v->obj()))
+        unsupported("a set or dict holding tensors as keys at a graph break");
       // A mutable container is one object per call: the caller's, read again where the frame
       // found it, or one the function made, copied from capture's. (Handed on as capture's
       // object, a set guarded by equality, or a defaultdict made in the function, was the first
