@@ -350,3 +350,24 @@ def test_a_callers_model_output_is_read_through_its_storage():
     for o in (out, BaseModelOutput(last_hidden_state=torch.randn(2, 3)),
               BaseModelOutput(last_hidden_state=torch.randn(2, 3), hidden_states=(torch.randn(2, 3),))):
         _same_state(compiled(x, o), fn(x, o))
+
+
+def test_a_new_model_output_each_call_hits_the_cache():
+    """generate() hands the decoder a new encoder output every call: indexing it (`eo[0]`,
+    `eo["key"]`, `to_tuple()`) and len() read its storage, guarded by its keys, not pinned by
+    identity (which recompiled every encoder-decoder model's graphs per generate())."""
+    from transformers.modeling_outputs import BaseModelOutput
+
+    def fn(x, eo):
+        n = len(eo) if not isinstance(eo, tuple) else 0
+        return x + eo[0] + eo["last_hidden_state"] + eo.to_tuple()[0] * n
+
+    compiled = kiln.compile(fn)
+    x = torch.randn(2, 4)
+    kiln.reset()
+    for _ in range(3):
+        eo = BaseModelOutput(last_hidden_state=torch.randn(2, 4))
+        _same_state(compiled(x, eo), fn(x, eo))
+    assert kiln.stats()["recompiles"] == 0, kiln.stats()["recompile_reasons"]
+    eo = BaseModelOutput(last_hidden_state=torch.randn(2, 4), hidden_states=(x,))  # another key set
+    _same_state(compiled(x, eo), fn(x, eo))

@@ -362,6 +362,11 @@ struct CallRules {
     }
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if (a->kind() == Var::Kind::Module) return Var::steal_constant(PyLong_FromSsize_t(I.module_children(a)));
+    // a caller's dict subclass that leaves len to dict (a ModelOutput): its keys, read in order
+    // and guarded so, not the object pinned by identity
+    if (Interpreter::structural(a) && a->source && PyDict_Check(a->known()) &&
+        Interpreter::dict_storage_reads(Py_TYPE(a->known()), "__len__"))
+      return Var::steal_constant(PyLong_FromSize_t(I.dict_entries(a).size()));
     if (a->is_array()) {
       if (a->node()->meta.dim() == 0) unsupported("len() of unsized object: TypeError");
       return I.size_const(a->node()->meta.sizes[0]);

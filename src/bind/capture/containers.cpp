@@ -126,7 +126,10 @@ std::vector<std::pair<PyObject*, VarPtr>> Interpreter::dict_entries(const VarPtr
     for (size_t i = 0; i < d->entries().keys.size(); ++i) out.emplace_back(d->entries().keys[i], d->entries().values[i]);
     return out;
   }
-  PyObject* o = const_obj(d, "dict");
+  // A caller's dict subclass guarded by structure (a ModelOutput handed back in) is read from its
+  // storage, its key order and each value guarded below: not pinned by identity (every
+  // generate() makes a new one).
+  PyObject* o = structural(d) && d->source && PyDict_Check(d->known()) ? d->known() : const_obj(d, "dict");
   if (!PyDict_Check(o)) unsupported("expected a dict");
   // The entries in the dict's order, which a loop over it follows: the keys guarded in order
   // (an item popped and set again moves to the end).

@@ -558,6 +558,7 @@ ir::Node* Interpreter::as_node(const VarPtr& v, const char* what) {
 PyObject* Interpreter::const_obj(const VarPtr& v, const char* what) {
   if (structural(v)) {
     // the object itself goes into a Python operation: from here on its identity is what holds
+    if (log_enabled("guards")) log("guards", "pinned " + v->source->str() + " by identity (" + what + ") at " + location());
     out_.guards.add_identity(v->source, v->obj());
     v->as<ConstV>().by_type = false;
   }

@@ -770,7 +770,14 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
     if (i < 0 || i >= n) unsupported("module index out of range");
     return module_attr(base, names[i].c_str());
   }
-  PyObject* container = const_obj(base, "container");
+  // A caller's object guarded by structure stays so where what is read of it is guarded itself:
+  // its class's Python __getitem__ inlined (ModelOutput's `eo[0]`), or a dict's or list's item
+  // through its source below. (Pinned by identity, every generate() call's new encoder output
+  // recompiled the decoder.)
+  PyObject* known = structural(base) ? base->known() : nullptr;
+  const bool python_getitem = known && !PyDict_CheckExact(known) && !PyList_Check(known) && !PyTuple_Check(known) &&
+                              python_function(Py_TYPE(known), "__getitem__");
+  PyObject* container = known && (python_getitem || PyDict_Check(known) || PyList_Check(known)) ? known : const_obj(base, "container");
   // An object whose class defines __getitem__ in Python (a Mapping of the caller's, Hugging
   // Face's GeneralInterface): its __getitem__ inlined, so what it reads of the object is
   // guarded; called for real here, its answer would outlive a change of the object's state.
