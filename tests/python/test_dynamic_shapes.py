@@ -643,3 +643,33 @@ def test_a_torch_call_specializes_only_the_sizes_that_change_what_it_returns():
             args = (torch.randn(n, 3),) if i == 0 else (torch.randn(n, 3), torch.randn(n))
             torch.testing.assert_close(c(*args), fn(*args))
         assert kiln.stats()["graphs_compiled"] - before == 1
+
+
+def test_baddbmm_of_two_growing_lengths_that_must_match_is_one_entry():
+    """BLOOM's ALiBi: a bias of the mask's length added by baddbmm to scores over the cache's
+    length + 1. A registry composite (beta * input + alpha * bmm), the two lengths meet as a
+    broadcast's sizes do; as a torch call both were specialized, a recompile per decode step."""
+    def f(mask, q, k_past, k_new):
+        alibi = (mask.cumsum(dim=-1) * 0.5)[:, None, :].to(torch.float32)
+        k = torch.cat([k_past, k_new], dim=1)
+        return alibi.baddbmm(batch1=q, batch2=k.transpose(-1, -2), beta=1.0, alpha=0.5)
+
+    compiled = kiln.compile(f)
+    kiln.reset()
+    for n in range(7, 13):
+        args = torch.ones(8, n + 1), torch.randn(8, 1, 8), torch.randn(8, n, 8), torch.randn(8, 1, 8)
+        torch.testing.assert_close(compiled(*args), f(*args))
+    assert kiln.stats()["graphs_compiled"] <= 2, kiln.stats()["recompile_reasons"]
+
+
+@pytest.mark.parametrize("kw", [{}, {"beta": 0.5, "alpha": 2}, {"beta": 0}])
+def test_baddbmm_values_and_beta_zero(kw):
+    a, b, c = torch.randn(2, 3, 4), torch.randn(2, 3, 5), torch.randn(2, 5, 4)
+    if kw.get("beta") == 0:
+        a = torch.full((2, 3, 4), float("nan"))  # left out where beta is 0
+    fn = lambda x, y, z: torch.baddbmm(x, y, z, **kw)  # noqa: E731
+    torch.testing.assert_close(kiln.compile(fn)(a, b, c), fn(a, b, c))
+    ints = (a.nan_to_num().int(), b.int(), c.int())
+    got, want = kiln.compile(fn)(*ints), fn(*ints)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)

@@ -17,6 +17,7 @@ void set_autocast_policies(std::map<std::string, OpDef>& ops) {
       {"mm", P::LowerPrecision, P::LowerPrecision},
       {"bmm", P::LowerPrecision, P::LowerPrecision},
       {"addmm", P::LowerPrecision, P::LowerPrecision},
+      {"baddbmm", P::LowerPrecision, P::LowerPrecision},
       {"matmul", P::LowerPrecision, P::LowerPrecision},
       {"linear", P::LowerPrecision, P::LowerPrecision},
       {"conv2d", P::LowerPrecision, P::LowerPrecision},

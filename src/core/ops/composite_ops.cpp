@@ -90,6 +90,26 @@ Node* decompose_matmul(Graph& g, Node* n) {
   return reshape(g, r, out);
 }
 
+// baddbmm: beta * input + alpha * bmm(batch1, batch2), the input broadcast over the product (a
+// model's ALiBi bias over its attention scores). beta = 0 leaves the input out (nan in it does not
+// reach the result), as torch's kernel. The product's sizes and the input's meet as any
+// broadcast's do, in size symbols: a growing cache length equal to the mask's is one fact.
+Node* decompose_baddbmm(Graph& g, Node* n) {
+  Node *in = n->inputs[0], *b1 = n->inputs[1], *b2 = n->inputs[2];
+  if (in->meta.dtype != b1->meta.dtype || b1->meta.dtype != b2->meta.dtype)
+    throw std::runtime_error(std::string("RuntimeError: Input dtypes must be the same, got: input ") + dtype_name(in->meta.dtype) +
+                             ", batch1: " + dtype_name(b1->meta.dtype) + ", batch2: " + dtype_name(b2->meta.dtype));
+  if (b1->meta.dim() != 3 || b2->meta.dim() != 3) throw std::runtime_error("RuntimeError: batch1 and batch2 must be 3D tensors");
+  const double beta = n->attrs.get_float("beta", 1), alpha = n->attrs.get_float("alpha", 1);
+  // an integer product scaled by integers stays integer, as torch's
+  const DType scalar_type = is_floating(b1->meta.dtype) ? DType::Float64 : DType::Int64;
+  Node* product = g.must_add("bmm", {b1, b2});
+  if (alpha != 1) product = g.must_add("mul", {product, g.scalar(alpha, scalar_type)});
+  if (beta == 0) return product;
+  Node* base = beta == 1 ? in : g.must_add("mul", {in, g.scalar(beta, scalar_type)});
+  return g.must_add("add", {base, product});
+}
+
 Node* decompose_linear(Graph& g, Node* n) {
   Node *x = n->inputs[0], *w = n->inputs[1], *b = n->inputs.size() > 2 ? n->inputs[2] : nullptr;
   Node* wt = g.must_add("transpose", {w}, A({{"dim0", int64_t(0)}, {"dim1", int64_t(1)}}));
@@ -202,6 +222,8 @@ std::vector<OpDef> composite_ops() {
   ops.push_back(composite_op("matmul", "matmul(Tensor self, Tensor other)", decompose_matmul,
                           {"torch.matmul", "Tensor.matmul", "Tensor.__matmul__"}));
   ops.back().keeps_inputs = {{1}, {0}};  // as the mm, bmm or dot it becomes, through views
+  ops.push_back(composite_op("baddbmm", "baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1)",
+                             decompose_baddbmm, {"torch.baddbmm", "Tensor.baddbmm"}));
   ops.push_back(composite_op("linear", "linear(Tensor input, Tensor weight, Tensor? bias=None)", decompose_linear,
                           {"torch.nn.functional.linear"}));
   ops.back().keeps_inputs = {{1}, {0}, {}};
