@@ -371,3 +371,27 @@ def test_a_new_model_output_each_call_hits_the_cache():
     assert kiln.stats()["recompiles"] == 0, kiln.stats()["recompile_reasons"]
     eo = BaseModelOutput(last_hidden_state=torch.randn(2, 4), hidden_states=(x,))  # another key set
     _same_state(compiled(x, eo), fn(x, eo))
+
+
+def _fresh_state():
+    return {"stage": 0, "seen": []}
+
+
+def test_a_callers_defaultdict_missing_key_inserts_its_factorys_value():
+    import collections
+
+    def fn(x, states, key):
+        st = states[key]            # missing: the factory's value, inserted into the caller's
+        st["stage"] += 1
+        st["seen"].append(x.sum())
+        return x * st["stage"], [s["stage"] for s in states.values()]
+
+    x = torch.randn(3)
+    e = kiln.explain(fn)(x, collections.defaultdict(_fresh_state), 7)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    compiled = kiln.compile(fn)
+    mine, theirs = collections.defaultdict(_fresh_state), collections.defaultdict(_fresh_state)
+    for key in (7, 7, 8):
+        _same_state(compiled(x, mine, key), fn(x, theirs, key))
+        assert type(mine) is collections.defaultdict and mine.default_factory is _fresh_state
+        _same_state(dict(mine), dict(theirs))

@@ -673,3 +673,26 @@ def test_baddbmm_values_and_beta_zero(kw):
     got, want = kiln.compile(fn)(*ints), fn(*ints)
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want)
+
+
+def test_dynamic_true_makes_a_cache_objects_tensors_symbolic():
+    """dynamic=True: a tensor reached through an argument's attributes (a KV cache's keys) is
+    symbolic from the first call, as torch.compile's; a module's own tensors stay static."""
+    class Cache:
+        def __init__(self, k):
+            self.keys = k
+
+    lin = torch.nn.Linear(8, 8)
+
+    def f(x, cache):
+        return (lin(x) @ cache.keys.transpose(-1, -2)).softmax(-1)
+
+    compiled = kiln.compile(f, dynamic=True)
+    x = torch.randn(1, 8)
+    kiln.reset()
+    for n in range(7, 11):
+        c = Cache(torch.randn(n, 8))
+        torch.testing.assert_close(compiled(x, c), f(x, c))
+    assert kiln.stats()["graphs_compiled"] == 1, kiln.stats()["recompile_reasons"]
+    e = kiln.explain(compiled)(x, Cache(torch.randn(9, 8)))
+    assert any("TENSOR_MATCH" in g and "weight" in g and "size=[8, 8]" in g for g in e.guards), e.guards

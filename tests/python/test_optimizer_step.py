@@ -351,3 +351,36 @@ def test_sgd_without_momentum_leaves_the_state_empty():
         compiled()
     assert opt.state_dict()["state"] == {}
     torch.testing.assert_close(p.detach(), torch.full((3,), 0.4))
+
+
+def test_grad_scaler_step_function_equals_eager_with_an_overflow():
+    """A step with GradScaler: scale, backward, step, update. Its per-optimizer state is a
+    defaultdict of the caller's whose missing key inserts (captured, put back after the graph);
+    an inf in one step skips it and halves the scale, as eager."""
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Linear(8, 4)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
+
+        def step(x, y):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = torch.nn.functional.mse_loss(m(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            return loss
+        return m, scaler, step
+
+    (m1, s1, eager), (m2, s2, step) = make(), make()
+    compiled = kiln.compile(step)
+    for i in range(5):
+        x, y = torch.randn(16, 8), torch.randn(16, 4)
+        if i == 2:
+            x[0, 0] = float("inf")
+        torch.testing.assert_close(compiled(x, y), eager(x, y))
+        assert s1.get_scale() == s2.get_scale()
+        torch.testing.assert_close(m2.weight, m1.weight)
+    reasons = " ".join(r["reason"] for r in kiln.explain(step)(x, y).break_reasons)
+    assert "defaultdict" not in reasons and "convert()" not in reasons, reasons

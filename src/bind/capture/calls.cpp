@@ -2111,7 +2111,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     // x.to(dtype), x.to(device), x.to(other), with dtype=/device=/non_blocking=: a conversion, or x
     // itself where nothing changes. Device moves and copy=True stay eager.
     std::optional<DType> dtype;
-    bool same_device = true, plain = true;
+    bool same_device = true, plain = true, copy = false;
     PyObject* target = nullptr;  // the device named, if any (a torch.device)
     auto take = [&](const VarPtr& v) {
       if (v->is_tensor()) {
@@ -2142,7 +2142,7 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     PyObject* format = preserve_format;
     for (auto& [k, v] : kwargs) {
       if (k == "dtype" || k == "device") take(v);
-      else if (k == "copy" && v->is_const() && v->known() == Py_True) plain = false;
+      else if (k == "copy" && v->is_const() && v->known() == Py_True) copy = true;
       else if (k == "memory_format") format = const_obj(v, "memory_format");
       else if (k != "non_blocking" && k != "copy") plain = false;
     }
@@ -2152,9 +2152,12 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
         ir::Attrs a;
         a.set("dtype", *dtype);
         r = Var::tensor(add_node("convert", {self->node()}, a));
+      } else if (copy) {  // copy=True: a new tensor even where nothing changes (GradScaler's replicas)
+        r = call_tensor_method(self, "clone", {}, {});
       }
       return in_layout(r, format);
     }
+    if (copy) plain = false;  // a move with copy=True: torch's
     if (format != preserve_format) plain = false;
     if (plain && target) {
       // A move to another device (a CPU counter moved to the GPU): torch's Tensor.to as a

@@ -119,20 +119,15 @@ void marked_dims(PyObject* t, const char* name, std::set<int64_t>& out) {
   if (PyErr_Occurred()) clear_error();
 }
 
-// dynamic=True leaves module attributes (parameters, buffers) static, as torch.compile does.
-bool through_attribute(const Source& s) {
-  for (const Source* a = &s; a; a = a->base.get())
-    if (a->kind == Source::Kind::Attr) return true;
-  return false;
-}
-
 }  // namespace
 
 void Interpreter::symbolic_sizes(PyObject* v, const Source& src, TensorInfo& info, ir::TensorMeta& m) {
   if (dynamic_ && dynamic_->none) return;
   const size_t n = info.sizes.size();
   std::set<int64_t> dyn;
-  if (dynamic_ && dynamic_->all && !through_attribute(src))
+  // dynamic=True: every tensor input's dims but a module's own tensors (parameters, buffers),
+  // as torch.compile's; a cache object's tensors (past_key_values.layers[i].keys) are symbolic
+  if (dynamic_ && dynamic_->all && !module_state_)
     for (size_t d = 0; d < n; ++d) dyn.insert(static_cast<int64_t>(d));
   // Automatic dynamic leaves parameters static, as torch.compile does (its
   // force_parameter_static_shapes): one code object serving modules of several widths (a stage's
@@ -349,7 +344,9 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     out_.guards.add_equals(src, v);
     return Var::constant(v, src);
   }
-  if (PyList_CheckExact(v) || PyDict_CheckExact(v))
+  static PyObject* defaultdict_type = object_at("collections.defaultdict");
+  const bool defaultdict = defaultdict_type && Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(defaultdict_type);
+  if (PyList_CheckExact(v) || PyDict_CheckExact(v) || defaultdict)
     if (VarPtr c = known_container(v, src)) return c;
   if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
@@ -369,15 +366,24 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     }
     return seq;
   }
-  if (PyDict_CheckExact(v)) {
+  if (PyDict_CheckExact(v) || defaultdict) {
     // A dict from the caller (keyword arguments, a batch of inputs): its keys and values are
-    // guarded, not its identity, so a new dict with the same contents hits the cache.
+    // guarded, not its identity, so a new dict with the same contents hits the cache. A
+    // defaultdict (GradScaler's per-optimizer states) also has its factory, guarded by identity,
+    // which a missing key calls (the insert is put back into the caller's object).
     // Its keys in order: the tracker iterates them as the dict does now (one popped and set
     // again moves to the end), so the order is guarded, which also fixes the length.
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
     out_.guards.add_key_order(src, v);
     VarPtr d = Var::dict();
     d->source = src;
+    if (defaultdict) {
+      PyObject* factory = PyObject_GetAttrString(v, "default_factory");
+      if (!factory) real(nullptr);
+      out_.guards.add_identity(Source::attr(src, "default_factory"), factory);
+      d->as<DictV>().cls = Py_NewRef(defaultdict_type);
+      d->as<DictV>().factory = factory;  // owned
+    }
     PyObject *k, *item;
     Py_ssize_t pos = 0;
     while (PyDict_Next(v, &pos, &k, &item)) {

@@ -803,6 +803,9 @@ class Interpreter {
   std::unordered_map<PyObject*, VarPtr> containers_;  // root: caller's list or dict -> its tracker (kept by keep_)
   std::vector<VarPtr> mutated_;  // root: those of them changed so far, in the order first changed
   std::vector<VarPtr> replayed_contents_;  // root: container_replays' trackers of their contents
+ public:
+  bool module_state_ = false;  // root: wrap is reading a module's attribute (static under dynamic=True)
+ private:
   // root: each torch.nn module built in the frame from constants alone -> its constructor call
   // (functools.partial of its class, owned by keep_), which builds it again where it is handed out
   std::unordered_map<PyObject*, PyObject*> module_makers_;

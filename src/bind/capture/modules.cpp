@@ -669,7 +669,19 @@ VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {
     Py_DECREF(v);
     return Var::method(mod, name);
   }
-  VarPtr r = wrap(v, Source::attr(mod->source, name));
+  // a module's own tensors (parameters, buffers, cached tables) stay static under dynamic=True
+  Interpreter* root_it = root();
+  const bool was = root_it->module_state_;
+  root_it->module_state_ = true;
+  VarPtr r;
+  try {
+    r = wrap(v, Source::attr(mod->source, name));
+  } catch (...) {
+    root_it->module_state_ = was;
+    Py_DECREF(v);
+    throw;
+  }
+  root_it->module_state_ = was;
   Py_DECREF(v);
   return r;
 }

@@ -718,8 +718,10 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
     PyObject* key = key_obj(index, "dict key");
     Py_ssize_t i = dict_find(base, key);
     if (auto* dv = base->get_if<DictV>();
-        i < 0 && dv && ((dv->factory && dv->factory != Py_None) || dv->made_factory) && !base->source) {
-      // a defaultdict's missing key: its factory's value, stored under the key
+        i < 0 && dv && ((dv->factory && dv->factory != Py_None) || dv->made_factory)) {
+      // a defaultdict's missing key: its factory's value, stored under the key (in a caller's
+      // defaultdict too, put back after the graph)
+      note_mutation(base, "a missing key of a defaultdict");
       PyObject* f = dv->factory;
       VarPtr v = dv->made_factory                                  ? call(dv->made_factory, {}, {})
                  : f == reinterpret_cast<PyObject*>(&PyList_Type) ? Var::list({})  // trackers: tensors go in
