@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import copy
 import sys
 import types
 from dataclasses import dataclass, field
@@ -88,6 +89,31 @@ class CompiledModule(torch.nn.Module):
         if name in ("_orig_mod", "_kiln_forward", "_kiln_call"):
             return super().__getattr__(name)
         return getattr(self._orig_mod, name)
+
+    # `training` is the wrapped module's, as torch.compile's wrapper has it: mod.eval() shows in
+    # compiled.training, and compiled.train() reaches mod (nn.Module.__init__ sets the flag
+    # before the module is there: ignored).
+    @property
+    def training(self):
+        mod = self.__dict__.get("_modules", {}).get("_orig_mod")
+        return mod.training if mod is not None else True
+
+    @training.setter
+    def training(self, value):
+        mod = self.__dict__.get("_modules", {}).get("_orig_mod")
+        if mod is not None:
+            mod.training = value
+
+    def __deepcopy__(self, memo):
+        # a copy of the module, run through the same compiled functions (their guards tell the
+        # modules apart): the compiled code is not copied
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        torch.nn.Module.__init__(clone)
+        clone._orig_mod = copy.deepcopy(self._orig_mod, memo)
+        clone._kiln_forward = self._kiln_forward
+        clone._kiln_call = self._kiln_call
+        return clone
 
 
 class CompiledDataParallel(CompiledModule):

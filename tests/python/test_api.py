@@ -589,3 +589,43 @@ def test_a_compiled_function_carries_the_wrapped_functions_name_and_docs():
     assert outer.__name__ == "scaled" and outer.__doc__ == "Scales x."
     x = torch.randn(5)
     torch.testing.assert_close(outer(x), x * 2 + 1)
+
+
+def test_a_compiled_modules_training_flag_is_the_modules():
+    mod = torch.nn.Linear(3, 3).eval()
+    opt = kiln.compile(mod)
+    assert opt.training is False
+    opt.train()
+    assert opt.training and mod.training
+    mod.eval()
+    assert not opt.training
+
+
+def test_a_compiled_module_deep_copies():
+    import copy
+
+    opt = kiln.compile(torch.nn.Linear(2, 3))
+    x = torch.randn(1, 2)
+    c = copy.deepcopy(opt)
+    assert c._orig_mod is not opt._orig_mod
+    torch.testing.assert_close(c(x), opt(x))
+    with torch.no_grad():
+        c._orig_mod.weight.add_(1)  # the copy's own parameters
+    torch.testing.assert_close(c(x), c._orig_mod(x))
+    assert not torch.allclose(c(x), opt(x))
+
+
+def test_identical_views_of_identical_computations_are_tensors_of_their_own():
+    """x, y = v * 2, v * 2; return x[0], y[0]: CSE may merge x and y, but the two outputs view
+    memory of their own in eager, and an in-place change of one must not show in the other."""
+    def fn(v):
+        x, y = v * 2, v * 2
+        return x[0], y[0], (v + 1).t(), (v + 1).t(), (v * 3).reshape(-1), (v * 3).reshape(-1)
+
+    outs = {}
+    for name, f in (("eager", fn), ("kiln", kiln.compile(fn))):
+        o = f(torch.ones(2, 2))
+        o[0].add_(10), o[2].add_(5), o[4].add_(7)
+        outs[name] = o
+    for a, b in zip(outs["kiln"], outs["eager"]):
+        torch.testing.assert_close(a, b)

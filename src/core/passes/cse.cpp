@@ -13,7 +13,16 @@ void common_subexpression_elimination(ir::Graph& g) {
   // are rewired before its key is made, and later keys see the survivors' ids; rewiring as we go
   // keeps the pass linear (a chain of scalar ops repeats its constants once per op).
   std::unordered_map<const ir::Node*, ir::Node*> survivor;
-  const std::unordered_set<const ir::Node*> outputs(g.outputs().begin(), g.outputs().end());
+  // Outputs, and what they view: an output is a tensor of its own in eager, and so is the
+  // memory it views. Merged into another node, it could alias another output (that node, or a
+  // view of it), and an in-place change of one (after a break, or by the caller) would show in
+  // the other (fuzzer seed 320145; `x, y = v * 2, v * 2; return x[0], y[0]`).
+  std::unordered_set<const ir::Node*> outputs;
+  for (const ir::Node* o : g.outputs())
+    for (const ir::Node* n = o; n && outputs.insert(n).second;) {
+      const bool view = (n->op->aliases() || n->attrs.get_bool("view")) && !n->inputs.empty() && !(n->op->copies && n->op->copies(*n));
+      n = view ? n->inputs[0] : nullptr;
+    }
   for (auto& up : g.nodes()) {
     ir::Node* n = up.get();
     for (ir::Node*& in : n->inputs)
@@ -24,9 +33,6 @@ void common_subexpression_elimination(ir::Graph& g) {
     key += ")" + n->attrs.str();
     auto [it, inserted] = seen.emplace(key, n);
     if (inserted) continue;
-    // An output is a tensor of its own in eager: merged into another node it could alias
-    // another output (that node, or a view of it), and an in-place change of one (after a
-    // break, or by the caller) would show in the other (fuzzer seed 320145).
     if (outputs.count(n)) continue;
     survivor.emplace(n, it->second);
   }
