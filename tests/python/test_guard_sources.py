@@ -294,3 +294,21 @@ def test_the_order_of_a_dicts_keys_is_guarded():
     _same(cf(x, d), f(x, d))
     d[2] = d.pop(2)  # the same items, another order
     _same(cf(x, d), f(x, d))
+
+
+def test_attributes_of_a_users_module_are_guarded():
+    """m.fn and m.SCALE of a module of the user's can be rebound between calls (a monkeypatch):
+    guarded where read. torch's and the standard library's module attributes are taken as fixed."""
+    import types
+
+    m = types.ModuleType("kiln_test_user_module")
+    m.fn, m.SCALE = torch.sin, 2
+
+    def foo(x):
+        return m.fn(x) * m.SCALE + 1
+
+    compiled = kiln.compile(foo)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), foo(x))
+    m.fn, m.SCALE = torch.cos, 3
+    torch.testing.assert_close(compiled(x), foo(x))

@@ -1516,3 +1516,20 @@ def test_prod_gradient_with_zeros_in_a_slice(dim, zeros):
     assert len(e.backward_graphs) == 1, e.break_reasons
     a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
     torch.testing.assert_close(torch.autograd.grad(kiln.compile(f)(a), a)[0], torch.autograd.grad(f(b), b)[0])
+
+
+def test_two_backward_calls_in_a_compiled_function():
+    """The second graph reads `e` only through e.detach(): no gradient reaches e, so its node
+    has no edge to the graph that made e, which the first backward() freed."""
+    def f(a, b):
+        e = a.sin()
+        e.sum().backward()
+        (b * e.detach()).sum().backward()
+
+    grads = []
+    for fn in (f, kiln.compile(f)):
+        torch.manual_seed(0)
+        a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        fn(a, b)
+        grads.append((a.grad, b.grad))
+    torch.testing.assert_close(grads[1], grads[0])

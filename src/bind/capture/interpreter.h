@@ -434,6 +434,9 @@ class Interpreter {
   // Whether a dict subclass leaves `name` and its iteration to dict's (or OrderedDict's) own C
   // methods, which read its storage.
   static bool dict_storage_reads(PyTypeObject* type, const std::string& name);
+  // Whether a Python module's attributes are taken as fixed (torch's, the standard library's,
+  // NumPy's); other modules' are guarded where read.
+  static bool stable_module(PyObject* module);
   // The tracker a list or dict of the caller's already has, guarded to be that object at `src`.
   VarPtr known_container(PyObject* v, const SourcePtr& src);
   // A new tracker of no source holding what a list or dict tracker holds now (the items shared).

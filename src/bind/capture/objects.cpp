@@ -195,6 +195,23 @@ VarPtr Interpreter::generic_getattr(PyObject* f, const VarPtr& obj, const std::v
   return Var::steal_constant(v);
 }
 
+bool Interpreter::stable_module(PyObject* module) {
+  static std::unordered_map<PyObject*, bool> known;  // modules live for the process
+  if (auto it = known.find(module); it != known.end()) return it->second;
+  PyObject* name = PyModule_GetNameObject(module);
+  std::string n = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "";
+  Py_XDECREF(name);
+  const std::string top = n.substr(0, n.find('.'));
+  static PyObject* stdlib = object_at("sys.stdlib_module_names");
+  PyObject* top_name = PyUnicode_FromString(top.c_str());
+  const bool in_stdlib = stdlib && top_name && PySet_Contains(stdlib, top_name) == 1;
+  Py_XDECREF(top_name);
+  clear_error();
+  const bool stable = top == "torch" || in_stdlib || top == "numpy";
+  known.emplace(module, stable);
+  return stable;
+}
+
 bool Interpreter::dict_storage_reads(PyTypeObject* type, const std::string& name) {
   static PyObject* ordered = object_at("collections.OrderedDict");
   auto* base_type = ordered && PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(ordered))
@@ -293,10 +310,12 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
       PyErr_Restore(type, value, tb);
     }
     if (!v) return real(nullptr);
-    // Attributes of Python modules (torch.sin) are stable; other objects' are guarded, and so
-    // are a module's mutable containers (a registry list someone may append to).
+    // Attributes of torch's and the standard library's modules (torch.sin, math.pi) are taken
+    // as stable; other objects' are guarded, and so are other modules' (a user module's
+    // function or constant rebound between calls: `m.fn = torch.cos`) and any module's mutable
+    // containers (a registry list someone may append to).
     bool container = PyList_Check(v) || PyDict_Check(v) || PyAnySet_Check(v);
-    if (base->source && (!PyModule_Check(base->obj()) || container)) {
+    if (base->source && (!PyModule_Check(base->obj()) || container || !stable_module(base->obj()))) {
       VarPtr r = wrap(v, Source::attr(base->source, name));
       Py_DECREF(v);
       return r;

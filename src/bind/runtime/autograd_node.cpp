@@ -271,9 +271,14 @@ bool run_forward_with_backward(const pipeline::CompiledGraph& forward, PreparedP
       node->scalars.assign(scalars, scalars + ints);
       for (const auto& [input, dim] : bp.symbol_dims) node->scalars.push_back(THPVariable_Unpack(inputs[input]).size(dim));
       node->scalars.insert(node->scalars.end(), scalars + ints, scalars + scalar_count);
-      std::vector<at::Tensor> wrt;
-      for (int k : st.grad_wrt) wrt.push_back(THPVariable_Unpack(inputs[bp.wrt[static_cast<size_t>(k)]]));
-      torch::autograd::edge_list edges = torch::autograd::collect_next_edges(wrt);
+      // An input no gradient reaches (read only through a detach, a comparison) has no edge, as
+      // in eager's graph: an edge would lead backward() into the graph that made it, which
+      // an earlier backward() may have freed ("backward through the graph a second time").
+      torch::autograd::edge_list edges;
+      for (size_t i = 0; i < st.grad_wrt.size(); ++i) {
+        const at::Tensor& t = THPVariable_Unpack(inputs[bp.wrt[static_cast<size_t>(st.grad_wrt[i])]]);
+        edges.push_back(st.grad_output[i] >= 0 ? torch::autograd::impl::gradient_edge(t) : torch::autograd::Edge());
+      }
       if (st.feeds_next) edges.emplace_back(nodes[s + 1], 0);
       node->set_next_edges(std::move(edges));
       // A later stage's input is told its shape when the stage before it runs.
