@@ -395,3 +395,15 @@ def test_a_callers_defaultdict_missing_key_inserts_its_factorys_value():
         _same_state(compiled(x, mine, key), fn(x, theirs, key))
         assert type(mine) is collections.defaultdict and mine.default_factory is _fresh_state
         _same_state(dict(mine), dict(theirs))
+
+
+def test_a_container_that_holds_itself_runs_in_python():
+    """l.append(l): every walk over trackers went round it without end, and capture hung."""
+    def f(x, l, d):
+        return x + len(l) + len(l[1]) + len(d["me"]) + len(str(l))
+
+    l, d = [1], {}
+    l.append(l)
+    d["me"] = d
+    x = torch.ones(1)
+    torch.testing.assert_close(kiln.compile(f)(x, l, d), f(x, l, d))

@@ -121,6 +121,7 @@ OTHERS = {
     "sum": lambda: grads_match(lambda a: (a.sum(1, keepdim=True) * a).sum(0), rand(3, 4)),
     "amax": lambda: grads_match(lambda a: a.amax(1) + a.round().amax(0).sum(), rand(3, 4)),
     "amin": lambda: grads_match(lambda a: a.amin((0, 1), keepdim=True) * a, rand(3, 4)),
+    "prod": lambda: grads_match(lambda a: a.prod(1) + a.prod(), rand(3, 4)),
     "mm": lambda: grads_match(lambda a, b: a @ b, rand(3, 4), rand(4, 5)),
     "bmm": lambda: grads_match(lambda a, b: torch.bmm(a, b), rand(2, 3, 4), rand(2, 4, 5)),
     "addmm": lambda: grads_match(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2), rand(5), rand(3, 4), rand(4, 5)),
@@ -295,17 +296,18 @@ def test_remainder_of_a_number_by_a_tensor_raises_in_backward_as_in_eager():
 
 
 def test_an_op_without_a_derivative_runs_eagerly_with_its_name():
+    """floor_divide has no derivative (in torch neither): the call runs eagerly, with the op
+    named, and its backward raises eager's error."""
     import warnings
-    f = lambda x: x.prod(1)  # noqa: E731  (prod has no derivative yet)
+    f = lambda x: torch.floor_divide(x, 0.5) * x  # noqa: E731
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         x = rand(3, 4)
         out = kiln.compile(f)(x)
-    assert any("no derivative for prod" in str(w.message) for w in caught)
-    out.sum().backward()
-    y = x.detach().requires_grad_()
-    f(y).sum().backward()
-    torch.testing.assert_close(x.grad, y.grad)
+    assert any("no derivative for floor_divide" in str(w.message) for w in caught)
+    with pytest.raises(RuntimeError, match="floor_divide"):
+        out.sum().backward()
+    torch.testing.assert_close(out, f(x.detach()))
 
 
 # --- dropout in training mode -------------------------------------------------------------------

@@ -346,24 +346,41 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
   }
   static PyObject* defaultdict_type = object_at("collections.defaultdict");
   const bool defaultdict = defaultdict_type && Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(defaultdict_type);
-  if (PyList_CheckExact(v) || PyDict_CheckExact(v) || defaultdict)
+  if (PyList_CheckExact(v) || PyDict_CheckExact(v) || defaultdict) {
+    // A container that holds itself (`l.append(l)`): every walk over trackers would go round it
+    // without end (capture hung); such a call runs in Python.
+    if (root()->wrapping_.count(v)) unsupported("a list or dict of the caller's that holds itself");
     if (VarPtr c = known_container(v, src)) return c;
+  }
+  struct Wrapping {  // v's items are being wrapped
+    std::unordered_set<PyObject*>* set = nullptr;
+    PyObject* v = nullptr;
+    ~Wrapping() {
+      if (set) set->erase(v);
+    }
+  } wrapping;
+  if (PyList_CheckExact(v) || PyDict_CheckExact(v) || defaultdict || PyTuple_CheckExact(v)) {
+    wrapping.set = &root()->wrapping_;
+    wrapping.v = v;
+    root()->wrapping_.insert(v);
+  }
   if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
     Py_ssize_t n = PySequence_Size(v);
     out_.guards.add_length(src, n);
+    VarPtr seq = Var::tuple({}, PyList_CheckExact(v));
+    seq->source = src;  // the caller's object: changes to it are put back into it (note_mutation)
+    if (PyList_CheckExact(v)) {  // known before its items: a list that holds itself is this tracker
+      root()->containers_.emplace(Py_NewRef(v), seq);
+      root()->keep_.push_back(v);
+    }
     std::vector<VarPtr> items;
     for (Py_ssize_t i = 0; i < n; ++i) {
       PyObject* item = PySequence_GetItem(v, i);
       items.push_back(wrap(item, Source::item(src, i)));
       Py_DECREF(item);
     }
-    VarPtr seq = Var::tuple(std::move(items), PyList_CheckExact(v));
-    seq->source = src;  // the caller's object: changes to it are put back into it (note_mutation)
-    if (PyList_CheckExact(v)) {
-      root()->containers_.emplace(Py_NewRef(v), seq);
-      root()->keep_.push_back(v);
-    }
+    seq->seq() = std::move(items);
     return seq;
   }
   if (PyDict_CheckExact(v) || defaultdict) {
@@ -384,14 +401,14 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
       d->as<DictV>().cls = Py_NewRef(defaultdict_type);
       d->as<DictV>().factory = factory;  // owned
     }
+    root()->containers_.emplace(Py_NewRef(v), d);  // before its values: a dict that holds itself
+    root()->keep_.push_back(v);
     PyObject *k, *item;
     Py_ssize_t pos = 0;
     while (PyDict_Next(v, &pos, &k, &item)) {
       d->entries().keys.push_back(Py_NewRef(k));
       d->entries().values.push_back(wrap(item, Source::key_of(src, k)));
     }
-    root()->containers_.emplace(Py_NewRef(v), d);
-    root()->keep_.push_back(v);
     return d;
   }
   if (is_nn_module(v)) {

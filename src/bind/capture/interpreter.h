@@ -806,6 +806,7 @@ class Interpreter {
   std::unordered_map<PyObject*, VarPtr> containers_;  // root: caller's list or dict -> its tracker (kept by keep_)
   std::vector<VarPtr> mutated_;  // root: those of them changed so far, in the order first changed
   std::vector<VarPtr> replayed_contents_;  // root: container_replays' trackers of their contents
+  std::unordered_set<PyObject*> wrapping_;  // root: containers wrap is reading the items of
  public:
   bool module_state_ = false;  // root: wrap is reading a module's attribute (static under dynamic=True)
  private:
