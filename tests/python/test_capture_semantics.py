@@ -300,3 +300,28 @@ def test_a_set_of_tensors_made_in_the_function():
     assert got[:3] == want[:3]
     assert_same(got[3], want[3])
     assert kiln.compile(across_a_break)(x, y) == across_a_break(x, y) == 2
+
+
+def test_torch_functions_with_out():
+    def fn(x, o, v, i):
+        torch.sigmoid(x, out=o)
+        r = torch.add(x, x, alpha=2, out=v)
+        torch.sort(x, dim=-1, out=(v, i))
+        made = torch.zeros(3, 4)
+        torch.mul(x, 2, out=made)
+        n = torch.nn.functional.normalize(x, dim=-1, out=None)
+        return o * 2, r is v, v + 1, i, made, n
+
+    def make():
+        return torch.zeros(3, 4), torch.zeros(3, 4), torch.zeros(3, 4, dtype=torch.long)
+
+    x = torch.randn(3, 4)
+    e = kiln.explain(fn)(x, *make())
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    mine, theirs = make(), make()
+    got, want = kiln.compile(fn)(x, *mine), fn(x, *theirs)
+    assert got[1] is True and want[1] is True
+    for a, b in zip(got[:1] + got[2:], want[:1] + want[2:]):
+        assert_same(a, b)
+    for a, b in zip(mine, theirs):
+        assert_same(a, b)

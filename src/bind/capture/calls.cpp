@@ -1240,6 +1240,34 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     return Var::constant(Py_False);
   }
   if (VarPtr r = numpy_call(fn, args, kwargs)) return r;  // numpy.cpp: NumPy functions, torch.from_numpy
+  // torch.sigmoid(x, out=o), torch.sort(x, out=(v, i)): the call without `out`, written into
+  // the tensors named, which keep their dtype (a cast where torch allows one), as copy_ would.
+  // Another shape (torch resizes `out`) runs in Python.
+  if (auto at = std::find_if(kwargs.begin(), kwargs.end(), [](const auto& kv) { return kv.first == "out"; });
+      at != kwargs.end() && is_torch_internal(f)) {
+    VarPtr out = at->second;
+    if (out->is_const() && out->known() == Py_None) {
+      KwArgs rest(kwargs.begin(), kwargs.end());
+      rest.erase(rest.begin() + (at - kwargs.begin()));
+      return call(fn, std::move(args), std::move(rest));
+    }
+    std::vector<VarPtr> targets = out->kind() == Var::Kind::Tuple || out->kind() == Var::Kind::List ? out->seq() : std::vector<VarPtr>{out};
+    if (targets.empty() || !std::all_of(targets.begin(), targets.end(), [](const VarPtr& t) { return t->is_tensor(); }))
+      unsupported("call to " + callable_name(f) + " with an out= kiln cannot write");
+    KwArgs rest(kwargs.begin(), kwargs.end());
+    rest.erase(rest.begin() + (at - kwargs.begin()));
+    VarPtr r = call(fn, std::move(args), std::move(rest));
+    std::vector<VarPtr> results = targets.size() == 1 && r->is_tensor() ? std::vector<VarPtr>{r}
+                                  : r->kind() == Var::Kind::Tuple ? r->seq() : std::vector<VarPtr>{};
+    if (results.size() != targets.size()) unsupported("call to " + callable_name(f) + " with out= of another arity");
+    for (size_t i = 0; i < targets.size(); ++i) {
+      if (!results[i]->is_tensor() || results[i]->node()->meta.sizes != targets[i]->node()->meta.sizes)
+        unsupported("call to " + callable_name(f) + " with out= of another shape (torch resizes it)");
+      check_inplace_target(targets[i], "out=");
+      mutate(targets[i], results[i]->node());
+    }
+    return out->kind() == Var::Kind::List ? Var::tuple(targets) : out;
+  }
   if (const OpBinding* b = function_binding(f)) {
     if (VarPtr r = pointwise_of_numbers(f, *b, args, kwargs)) return r;
     if (VarPtr r = call_op(*b, args, kwargs)) return r;  // else a call the entry leaves to torch
