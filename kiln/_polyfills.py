@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import functools
 import itertools
+import os
 import operator
 
 _MISSING = object()
@@ -331,6 +332,12 @@ def register(register_polyfill) -> None:
     register_polyfill(functools.partial, partial, always=True)
     for original, model in _OPERATORS_ALWAYS.items():
         register_polyfill(original, model, always=True)
+    # itertools over Python values too: the real call hands back an iterator object capture
+    # cannot walk (`for a, b in itertools.product((1, 2), (3,))` broke twice)
+    for original in (itertools.chain, itertools.chain.from_iterable, itertools.product, itertools.combinations,
+                     itertools.permutations, itertools.zip_longest, itertools.islice, itertools.accumulate):
+        register_polyfill(original, models[original], always=True)
+    register_polyfill(os.fspath, lambda path: path if isinstance(path, (str, bytes)) else path.__fspath__(), always=True)
     global _function_setup_context
     import torch
     _function_setup_context = torch.autograd.Function.setup_context

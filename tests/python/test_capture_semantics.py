@@ -325,3 +325,28 @@ def test_torch_functions_with_out():
         assert_same(a, b)
     for a, b in zip(mine, theirs):
         assert_same(a, b)
+
+
+def test_more_helpers_torchdynamo_captures():
+    import contextlib
+    import itertools
+    import os
+
+    def fn(x, p, ctx):
+        for a, b in itertools.product((1, 2), (3,)):
+            x = x + a * b
+        with ctx as got:
+            x = x.cos()
+        xs = [1, 2, 3, 2]
+        bits = x.view(torch.int32)
+        return (x + xs.index(2, 2), isinstance(p, torch.nn.Parameter), isinstance(x, torch.nn.Parameter), got,
+                os.fspath("a/b"), bits + 1)
+
+    x, p = torch.randn(3), torch.nn.Parameter(torch.ones(2))
+    ctx = contextlib.nullcontext("entered")
+    e = kiln.explain(fn)(x, p, ctx)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    got, want = kiln.compile(fn)(x, p, ctx), fn(x, p, ctx)
+    assert_same(got[0], want[0])
+    assert got[1:5] == want[1:5] == (True, False, "entered", "a/b")
+    assert got[5].dtype == torch.int32 and torch.equal(got[5], want[5])

@@ -309,6 +309,14 @@ struct CallRules {
     for (Py_ssize_t i = 0; PyTuple_Check(cls) && i < PyTuple_GET_SIZE(cls); ++i) custom |= custom_check(PyTuple_GET_ITEM(cls, i));
     if (custom) {
       if (Interpreter::structural(a)) return Var::constant(PyObject_IsInstance(a->obj(), cls) == 1 ? Py_True : Py_False);
+      // isinstance(p, nn.Parameter): _ParameterMeta asks the tensor (its `_is_param`). An input
+      // answers as the caller's tensor does (its class is guarded); a tensor the graph made is a
+      // plain tensor, as eager's is.
+      if (a->is_tensor()) {
+        PyObject* t = a->node()->op_name() == "placeholder" ? I.input_object(a->node()) : nullptr;
+        if (t) return Var::constant(PyObject_IsInstance(t, cls) == 1 ? Py_True : Py_False);
+        if (a->node()->op_name() != "placeholder") return Var::constant(PyObject_IsSubclass(I.resolve_torch("Tensor"), cls) == 1 ? Py_True : Py_False);
+      }
       unsupported("isinstance() with a metaclass's own __instancecheck__");
     }
     int r = PyObject_IsSubclass(of, cls);

@@ -2054,6 +2054,14 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
     self->node() = view->node();
     return self;
   }
+  // x.view(torch.int32): the same memory read as another dtype, torch's view as a torch call
+  if (name == "view" && args.size() == 1 && kwargs.empty() && args[0]->is_const()) {
+    DType t;
+    if (dtype_from_object(args[0]->known(), t)) {
+      static PyObject* view = PyObject_GetAttrString(resolve_torch("Tensor"), "view");
+      if (VarPtr r = torch_extern(view, "Tensor.view", {self, args[0]}, {})) return r;
+    }
+  }
   // x.type_as(w) reads only w's type and device: w is no input of the result, so autograd
   // gives w no gradient (as a call to torch with w among its inputs would: a zero one).
   if (name == "type_as" && args.size() == 1 && kwargs.empty() && args[0]->is_tensor()) {

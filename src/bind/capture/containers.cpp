@@ -575,6 +575,18 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
     if (eq < 0) real(nullptr);
     return eq == 1;
   };
+  if (name == "index" && (args.size() == 2 || args.size() == 3)) {  // index(x, start[, stop])
+    const Py_ssize_t n = static_cast<Py_ssize_t>(items.size());
+    auto bound = [&](const VarPtr& v) {
+      Py_ssize_t b = PyNumber_AsSsize_t(const_obj(v, "index bound"), nullptr);
+      if (b < 0) b = std::max<Py_ssize_t>(0, b + n);
+      return std::min(b, n);
+    };
+    const Py_ssize_t start = bound(args[1]), stop = args.size() == 3 ? bound(args[2]) : n;
+    for (Py_ssize_t i = start; i < stop; ++i)
+      if (equal_at(static_cast<size_t>(i), args[0])) return Var::steal_constant(PyLong_FromSsize_t(i));
+    unsupported(std::string(list ? "list." : "tuple.") + "index(x): x not in the range: ValueError");
+  }
   if ((name == "remove" || name == "index") && args.size() == 1) {
     for (size_t i = 0; i < items.size(); ++i)
       if (equal_at(i, args[0])) {

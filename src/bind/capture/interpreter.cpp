@@ -468,6 +468,14 @@ PyObject* Interpreter::input_type(const ir::Node* placeholder) {
   return nullptr;
 }
 
+PyObject* Interpreter::input_object(const ir::Node* placeholder) {
+  Interpreter* r = root();
+  const auto& ins = g_->inputs();
+  for (size_t i = 0; i < ins.size() && i < r->input_objects_.size(); ++i)
+    if (ins[i] == placeholder) return r->input_objects_[i];
+  return nullptr;
+}
+
 bool Interpreter::bound_to_structure(const VarPtr& v) {
   PyObject* o = v->is_const() && v->source ? v->known() : nullptr;
   if (!o) return false;

@@ -121,6 +121,7 @@ class Interpreter {
   static bool bound_to_structure(const VarPtr& v);
   // The class of the tensor a graph input was read from (its tensor guard checks it), or nullptr.
   PyObject* input_type(const ir::Node* placeholder);
+  PyObject* input_object(const ir::Node* placeholder);  // the caller's tensor at capture (borrowed)
 
   // ---- the stack ----
   VarPtr pop();

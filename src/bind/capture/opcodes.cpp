@@ -147,13 +147,19 @@ int Interpreter::op_load_build_class(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_before_with(const Instr& in, const CodeInfo& ci) {
   VarPtr ctx = pop();
   ModeChange m;
+  static PyObject* nullcontext = object_at("contextlib.nullcontext");
+  VarPtr entered = Var::constant(Py_None);  // what `as` binds
   if (ctx->kind() == Var::Kind::Context) m = *ctx->as<ContextV>().mode;
-  else if (ctx->is_const()) m = modes_of_object(const_obj(ctx, "context manager"));
+  else if (ctx->is_const() && nullcontext && PyObject_TypeCheck(ctx->known(), reinterpret_cast<PyTypeObject*>(nullcontext)) &&
+           Py_TYPE(ctx->known()) == reinterpret_cast<PyTypeObject*>(nullcontext)) {
+    // a nullcontext the caller made: no modes; `as` binds its enter_result
+    entered = getattr(ctx, "enter_result");
+  } else if (ctx->is_const()) m = modes_of_object(const_obj(ctx, "context manager"));
   else unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/autocast/nullcontext");
   VarPtr exit = Var::context(enter_modes(m), Var::Kind::ContextExit);  // its __exit__ restores the modes before
   exit->as<ContextExitV>().entered = std::make_shared<const ModeChange>(m);
   push(exit);
-  push(Var::constant(Py_None));
+  push(entered);
   return -1;
 }
 
