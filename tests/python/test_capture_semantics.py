@@ -350,3 +350,21 @@ def test_more_helpers_torchdynamo_captures():
     assert_same(got[0], want[0])
     assert got[1:5] == want[1:5] == (True, False, "entered", "a/b")
     assert got[5].dtype == torch.int32 and torch.equal(got[5], want[5])
+
+
+class _Batch(__import__("typing").TypedDict):
+    data: torch.Tensor
+    scale: float
+
+
+def test_a_typed_dict_holding_tensors():
+    def fn(x, y):
+        b = _Batch(data=y, scale=2.0)
+        return x * b["data"] * b["scale"], type(b) is dict
+
+    x, y = torch.randn(3), torch.randn(3)
+    e = kiln.explain(fn)(x, y)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    got, want = kiln.compile(fn)(x, y), fn(x, y)
+    assert_same(got[0], want[0])
+    assert got[1] is want[1] is True

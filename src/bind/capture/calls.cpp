@@ -1284,6 +1284,10 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (kwargs.empty()) return real(r);
   }
   if (PyType_Check(f)) {
+    // a typing.TypedDict class: calling it makes a plain dict
+    static PyObject* typed_dict_meta = object_at("typing._TypedDictMeta");
+    if (typed_dict_meta && Py_TYPE(f) == reinterpret_cast<PyTypeObject*>(typed_dict_meta))
+      return call(Var::constant(reinterpret_cast<PyObject*>(&PyDict_Type)), std::move(args), std::move(kwargs));
     if (VarPtr r = make_typed_dict(f, args, kwargs)) return r;
     if (VarPtr r = make_torch_module(f, args, kwargs)) return r;
     if (VarPtr r = make_record(f, args, kwargs)) return r;
