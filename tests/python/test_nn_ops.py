@@ -339,3 +339,10 @@ def test_eval_batch_norm_in_16_bit_computes_its_scale_in_float(device, dtype):
                     (torch.randn(2, device=device) * 5).to(dtype), (torch.randn(2, device=device) * 5).to(dtype))
     check(lambda x, rm, rv, w, b: F.batch_norm(x, rm, rv, w, b, training=False, eps=0.5), x, rm, rv, w, b,
           rtol=1e-2, atol=1e-2)
+
+
+def test_softmax2d_module_is_one_graph(device):
+    """nn.Softmax2d calls F.softmax(..., _stacklevel=5): a keyword that only places warnings."""
+    m = nn.Softmax2d()
+    x = torch.randn(2, 3, 4, 5, device=device)
+    check(m, x)

@@ -227,7 +227,9 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
   }
   if (pos < args.size()) unsupported(b.op->name + "() got too many positional arguments");
   for (size_t k = 0; k < kwargs.size(); ++k)
-    if (!used_kw[k]) unsupported(b.op->name + "() got an unexpected keyword argument '" + kwargs[k].first + "'");
+    // (F.softmax's `_stacklevel`, which nn.Softmax2d passes, only says where a warning points)
+    if (!used_kw[k] && kwargs[k].first != "_stacklevel")
+      unsupported(b.op->name + "() got an unexpected keyword argument '" + kwargs[k].first + "'");
   // Python numbers only as operands of ops with other tensor operands (torch.sin(2.0) is eager's).
   bool any_tensor = false;
   for (ir::Node* n : inputs) any_tensor |= n && !n->meta.wrapped_number;
