@@ -71,6 +71,7 @@ std::vector<OpDef> reduction_ops() {
   // gradient is the product of the rest and the others' zero; with two or more, all zero.
   for (OpDef& d : ops) {
     if (d.reduce != ReduceOp::Prod) continue;
+    d.saves_result = true;  // its backward reads the product: changed in place, eager's raises
     d.derivative = [](Graph& g, Node* n, Node* grad) {
       using namespace grad_ops;
       Node* x = n->inputs[0];
