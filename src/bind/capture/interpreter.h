@@ -122,6 +122,9 @@ class Interpreter {
   // The class of the tensor a graph input was read from (its tensor guard checks it), or nullptr.
   PyObject* input_type(const ir::Node* placeholder);
   PyObject* input_object(const ir::Node* placeholder);  // the caller's tensor at capture (borrowed)
+  // Whether a Python module's attributes are taken as fixed (torch's, the standard library's,
+  // NumPy's); other modules' are guarded where read.
+  static bool stable_module(PyObject* module);
 
   // ---- the stack ----
   VarPtr pop();
@@ -235,8 +238,10 @@ class Interpreter {
   std::vector<VarPtr> drain(const VarPtr& v);
   // sorted/min/max(items, key=..., reverse=...) over items known here.
   VarPtr order_by_key(PyObject* f, const VarPtr& iterable, const KwArgs& kwargs);
-  // Whether a torch call's result on meta tensors (meta_result) has other sizes than the call
-  // run for real gives, on small CPU inputs of fixed sizes (`call` runs it on the given tensors).
+  // Whether a torch call's result on meta tensors (meta_result) has other sizes or dtypes than
+  // the call run for real gives: on small CPU inputs of fixed sizes, or, for a Python function of
+  // torch's (which may ask a tensor's device), dtypes at two points a dim (`call` runs it on the
+  // given tensors).
   bool meta_disagrees(PyObject* f, PyObject* meta_result, const std::vector<ir::Node*>& inputs,
                       const std::function<PyObject*(const std::vector<PyObject*>&)>& call);
   // collections.OrderedDict(...) and defaultdict(factory, ...) called in the frame: dict trackers
@@ -435,9 +440,6 @@ class Interpreter {
   // Whether a dict subclass leaves `name` and its iteration to dict's (or OrderedDict's) own C
   // methods, which read its storage.
   static bool dict_storage_reads(PyTypeObject* type, const std::string& name);
-  // Whether a Python module's attributes are taken as fixed (torch's, the standard library's,
-  // NumPy's); other modules' are guarded where read.
-  static bool stable_module(PyObject* module);
   // The tracker a list or dict of the caller's already has, guarded to be that object at `src`.
   VarPtr known_container(PyObject* v, const SourcePtr& src);
   // A new tracker of no source holding what a list or dict tracker holds now (the items shared).
@@ -808,9 +810,7 @@ class Interpreter {
   std::vector<VarPtr> mutated_;  // root: those of them changed so far, in the order first changed
   std::vector<VarPtr> replayed_contents_;  // root: container_replays' trackers of their contents
   std::unordered_set<PyObject*> wrapping_;  // root: containers wrap is reading the items of
- public:
   bool module_state_ = false;  // root: wrap is reading a module's attribute (static under dynamic=True)
- private:
   // root: each torch.nn module built in the frame from constants alone -> its constructor call
   // (functools.partial of its class, owned by keep_), which builds it again where it is handed out
   std::unordered_map<PyObject*, PyObject*> module_makers_;
