@@ -90,6 +90,14 @@ class CompiledModule(torch.nn.Module):
             return super().__getattr__(name)
         return getattr(self._orig_mod, name)
 
+    def __setattr__(self, name, value):
+        # an attribute set on the compiled module is set on the module it runs (c.step = 20
+        # reaches m.step, as torch.compile's wrapper forwards it)
+        if name in ("_orig_mod", "_kiln_forward", "_kiln_call", "training") or "_orig_mod" not in self.__dict__.get("_modules", {}):
+            super().__setattr__(name, value)
+        else:
+            setattr(self._orig_mod, name, value)
+
     # `training` is the wrapped module's, as torch.compile's wrapper has it: mod.eval() shows in
     # compiled.training, and compiled.train() reaches mod (nn.Module.__init__ sets the flag
     # before the module is there: ignored).
@@ -146,10 +154,11 @@ def _global_hooks() -> bool:
 
 
 def _has_hooks(m: torch.nn.Module) -> bool:
-    # forward hooks are captured with the forward; a module with backward hooks is called as
-    # nn.Module.__call__ calls it, which capture leaves to Python (its hooks fire in backward)
+    # Called as `m(...)` is, not through its class's forward: a module with hooks (forward hooks
+    # are captured with the forward; backward hooks leave the call to Python, where they fire),
+    # a forward set on the instance, or a class with a __call__ of its own.
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks or
-                _global_hooks())
+                _global_hooks() or "forward" in m.__dict__ or type(m).__call__ is not torch.nn.Module.__call__)
 
 
 def _call_module(module, *args, **kwargs):

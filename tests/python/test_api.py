@@ -629,3 +629,46 @@ def test_identical_views_of_identical_computations_are_tensors_of_their_own():
         outs[name] = o
     for a, b in zip(outs["kiln"], outs["eager"]):
         torch.testing.assert_close(a, b)
+
+
+def test_a_forward_set_on_the_instance_and_an_own_call_run_as_eager():
+    """m(x) runs the instance's `forward` where one is set (a patch), and a class's own
+    `__call__`: kiln went to the class's forward."""
+    import types
+
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.cos(x)
+
+    class Own(nn.Module):
+        def __call__(self, x):
+            return 5 * self.forward(x)
+
+        def forward(self, x):
+            return x * 3
+
+    m = M()
+    m.forward = types.MethodType(lambda self, x: torch.sin(x) - 1, m)
+    own = Own()
+    x = torch.randn(3)
+    for mod in (m, own):
+        outer = lambda x, mod=mod: mod(x) + 1  # noqa: E731
+        torch.testing.assert_close(kiln.compile(outer)(x), outer(x))
+        torch.testing.assert_close(kiln.compile(mod)(x), mod(x))
+
+
+def test_an_attribute_set_on_a_compiled_module_reaches_the_module():
+    class S(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.step = 10
+
+        def forward(self, x):
+            return x + self.step
+
+    m = S()
+    c = kiln.compile(m)
+    c(torch.zeros(1))
+    c.step = 20
+    assert m.step == 20
+    torch.testing.assert_close(c(torch.zeros(1)), torch.full((1,), 20.0))

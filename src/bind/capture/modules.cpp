@@ -689,6 +689,20 @@ VarPtr Interpreter::module_attr(const VarPtr& mod, const char* name) {
 VarPtr Interpreter::call_module(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
   PyObject* m = mod->obj();
   Interpreter* r = root();
+  // A class that overrides nn.Module.__call__: its own __call__ is what m(x) runs.
+  static PyObject* module_call = [] {
+    PyObject* cls = object_at("torch.nn.Module");
+    PyObject* c = cls ? PyObject_GetAttrString(cls, "__call__") : nullptr;  // kept for the process
+    clear_error();
+    return c;
+  }();
+  static PyObject* call_name = PyUnicode_InternFromString("__call__");
+  if (PyObject* own = _PyType_Lookup(Py_TYPE(m), call_name); own && module_call && own != module_call) {
+    if (!PyFunction_Check(own)) unsupported(std::string("module ") + Py_TYPE(m)->tp_name + " with a __call__ of its own in C");
+    keep_.push_back(Py_NewRef(own));
+    args.insert(args.begin(), mod);
+    return inline_call(own, nullptr, std::move(args), kwargs);
+  }
   if (!r->global_hooks_checked_) {
     r->global_hooks_checked_ = true;
     static PyObject* mm = [] {
@@ -766,6 +780,16 @@ VarPtr Interpreter::call_module(VarPtr mod, std::vector<VarPtr> args, const KwAr
 }
 
 VarPtr Interpreter::call_module_body(VarPtr mod, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  // A forward set on the instance (`mod.forward = ...`, a patch) is what nn.Module.__call__ runs,
+  // guarded where it is read.
+  if (PyObject* d = PyObject_GenericGetDict(mod->obj(), nullptr)) {
+    PyObject* own = PyDict_GetItemString(d, "forward");  // borrowed
+    VarPtr f = own ? (mod->source ? wrap(own, Source::attr(mod->source, "forward")) : Var::constant(own)) : nullptr;
+    Py_DECREF(d);
+    if (f) return call(f, std::move(args), kwargs);
+  } else {
+    clear_error();
+  }
   PyObject* forward = forward_of(mod->obj());
   const auto& rules = ModuleRules::table();
   if (auto it = rules.find(forward); forward && it != rules.end()) {
