@@ -312,3 +312,25 @@ def test_attributes_of_a_users_module_are_guarded():
     torch.testing.assert_close(compiled(x), foo(x))
     m.fn, m.SCALE = torch.cos, 3
     torch.testing.assert_close(compiled(x), foo(x))
+
+
+def test_the_order_of_a_modules_buffers_and_children_is_guarded():
+    """mod.buffers() follows _buffers' order: a buffer moved to the end must be seen."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b1", torch.ones(1))
+            self.register_buffer("b2", torch.ones(1) * 2)
+
+    mod = M()
+
+    def fn(x):
+        for i, b in enumerate(mod.buffers()):
+            x = x + b.sum() * (i + 2)
+        return x
+
+    compiled = kiln.compile(fn)
+    x = torch.zeros(1)
+    torch.testing.assert_close(compiled(x), fn(x))
+    mod._buffers["b1"] = mod._buffers.pop("b1")
+    torch.testing.assert_close(compiled(x), fn(x))

@@ -408,7 +408,8 @@ VarPtr Interpreter::module_members(const VarPtr& mod, PyObject* f, const std::ve
       unsupported("module without _modules");
     }
     keep_.push_back(children);
-    out_.guards.add_length(Source::attr(m->source, "_modules"), PyDict_Size(children));
+    // the names in order: the walk follows it (a child moved to the end changes it)
+    out_.guards.add_key_order(Source::attr(m->source, "_modules"), children);
     PyObject *k, *v;
     Py_ssize_t pos = 0;
     std::vector<std::string> keys;
@@ -448,7 +449,7 @@ VarPtr Interpreter::module_members(const VarPtr& mod, PyObject* f, const std::ve
       unsupported(std::string("module without ") + store);
     }
     keep_.push_back(dict);
-    out_.guards.add_length(Source::attr(m->source, store), PyDict_Size(dict));
+    out_.guards.add_key_order(Source::attr(m->source, store), dict);  // the order they come in
     PyObject *k, *v;
     Py_ssize_t pos = 0;
     std::vector<std::pair<std::string, PyObject*>> items;
