@@ -86,14 +86,14 @@ class CompiledModule(torch.nn.Module):
         return self._kiln_forward(m, *args, **kwargs)
 
     def __getattr__(self, name):
-        if name in ("_orig_mod", "_kiln_forward", "_kiln_call"):
+        if name in ("_orig_mod", "_kiln_forward", "_kiln_call", "_kiln_args"):
             return super().__getattr__(name)
         return getattr(self._orig_mod, name)
 
     def __setattr__(self, name, value):
         # an attribute set on the compiled module is set on the module it runs (c.step = 20
         # reaches m.step, as torch.compile's wrapper forwards it)
-        if name in ("_orig_mod", "_kiln_forward", "_kiln_call", "training") or "_orig_mod" not in self.__dict__.get("_modules", {}):
+        if name in ("_orig_mod", "_kiln_forward", "_kiln_call", "_kiln_args", "training") or "_orig_mod" not in self.__dict__.get("_modules", {}):
             super().__setattr__(name, value)
         else:
             setattr(self._orig_mod, name, value)
@@ -112,6 +112,11 @@ class CompiledModule(torch.nn.Module):
         if mod is not None:
             mod.training = value
 
+    def __reduce__(self):
+        # torch.save / pickle: the module, compiled again with the same keywords where loaded
+        # (compiled code is not pickled; the disk cache serves it)
+        return (_compile_again, (self._orig_mod, self.__dict__.get("_kiln_args", {})))
+
     def __deepcopy__(self, memo):
         # a copy of the module, run through the same compiled functions (their guards tell the
         # modules apart): the compiled code is not copied
@@ -121,6 +126,8 @@ class CompiledModule(torch.nn.Module):
         clone._orig_mod = copy.deepcopy(self._orig_mod, memo)
         clone._kiln_forward = self._kiln_forward
         clone._kiln_call = self._kiln_call
+        if "_kiln_args" in self.__dict__:
+            clone._kiln_args = self._kiln_args
         return clone
 
 
@@ -159,6 +166,10 @@ def _has_hooks(m: torch.nn.Module) -> bool:
     # a forward set on the instance, or a class with a __call__ of its own.
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks or
                 _global_hooks() or "forward" in m.__dict__ or type(m).__call__ is not torch.nn.Module.__call__)
+
+
+def _compile_again(module, kwargs):
+    return compile(module, **kwargs)
 
 
 def _call_module(module, *args, **kwargs):
@@ -220,7 +231,10 @@ def compile(
     if ddp is not None and isinstance(model, ddp):
         return CompiledDataParallel(model, make(type(model.module).forward), None)
     if isinstance(model, torch.nn.Module):
-        return CompiledModule(model, make(type(model).forward), make(_call_module))
+        compiled = CompiledModule(model, make(type(model).forward), make(_call_module))
+        compiled._kiln_args = dict(mode=None if options else mode, fullgraph=fullgraph, dynamic=dynamic,
+                                   backend=backend, options=options, disable=disable)
+        return compiled
     if isinstance(model, types.MethodType):
         # A bound method: compile the function, bind the same receiver.
         return types.MethodType(make(model.__func__), model.__self__)

@@ -672,3 +672,20 @@ def test_an_attribute_set_on_a_compiled_module_reaches_the_module():
     c.step = 20
     assert m.step == 20
     torch.testing.assert_close(c(torch.zeros(1)), torch.full((1,), 20.0))
+
+
+def test_a_compiled_module_saves_and_loads():
+    """torch.save of a compiled module: the module, compiled again with the same keywords
+    where it is loaded (torch.compile's wrapper pickles too)."""
+    import io
+
+    m = nn.Linear(4, 4)
+    c = kiln.compile(m, dynamic=False)
+    x = torch.randn(2, 4)
+    buf = io.BytesIO()
+    torch.save(c, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert isinstance(loaded, kiln.CompiledModule) and loaded._orig_mod is not m
+    assert loaded._kiln_args["dynamic"] is False
+    torch.testing.assert_close(loaded(x), c(x))
