@@ -647,6 +647,41 @@ VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<Var
   return r;
 }
 
+namespace {
+
+// Real tensors standing in for a call's inputs, to run it on: ones where floating (in
+// `floating_as` where given), zeros of their own type otherwise (a valid index anywhere), each
+// dim at most `cap` points of its size at the hints, on the input's device. False (no error
+// set, `out` empty) where torch cannot make one.
+bool stand_in_tensors(const GuardSet& guards, const std::vector<ir::Node*>& inputs, int64_t cap,
+                      std::optional<DType> floating_as, std::vector<PyObject*>& out) {
+  static PyObject* ones = object_at("torch.ones");
+  static PyObject* zeros = object_at("torch.zeros");
+  for (const ir::Node* n : inputs) {
+    PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(n->meta.dim()));
+    for (size_t d = 0; d < n->meta.dim(); ++d)
+      PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(std::min(cap, guards.value_at_hints(n->meta.sizes[d]))));
+    const bool floating = is_floating(n->meta.dtype);
+    PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(floating && floating_as ? *floating_as : n->meta.dtype),
+                                 "device", n->meta.device.str().c_str());
+    PyObject* a = PyTuple_Pack(1, shape);
+    PyObject* x = kw && a ? PyObject_Call(floating ? ones : zeros, a, kw) : nullptr;
+    Py_XDECREF(a);
+    Py_XDECREF(kw);
+    Py_DECREF(shape);
+    if (!x) {
+      for (PyObject* t : out) Py_DECREF(t);
+      out.clear();
+      clear_error();
+      return false;
+    }
+    out.push_back(x);
+  }
+  return true;
+}
+
+}  // namespace
+
 std::optional<ops::AutocastPolicy> Interpreter::probe_autocast(PyObject* f, PyObject* targs, PyObject* tkw,
                                                              const std::vector<ir::Node*>& inputs,
                                                              const std::vector<sym::Expr>& sym_args) {
@@ -663,8 +698,6 @@ std::optional<ops::AutocastPolicy> Interpreter::probe_autocast(PyObject* f, PyOb
   const DType low = ac.dtype(first->meta.device.type);
   std::vector<int64_t> sym_values;
   for (const sym::Expr& e : sym_args) sym_values.push_back(root()->out_.guards.value_at_hints(e));
-  static PyObject* ones = resolve_torch("ones");
-  static PyObject* zeros = resolve_torch("zeros");
   // Each dim at most `cap` points. A composite's inner calls can depend on the sizes (einsum
   // over dims of one point multiplies where it would call bmm, which autocast casts), so the
   // probe runs at the call's own sizes where the inputs are small, else at two points a dim,
@@ -676,21 +709,7 @@ std::optional<ops::AutocastPolicy> Interpreter::probe_autocast(PyObject* f, PyOb
     auto drop = [&] {
       for (PyObject* x : tensors) Py_DECREF(x);
     };
-    for (const ir::Node* n : inputs) {
-      PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(n->meta.dim()));
-      for (size_t d = 0; d < n->meta.dim(); ++d)
-        PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(std::min(cap, root()->out_.guards.value_at_hints(n->meta.sizes[d]))));
-      const bool floating = is_floating(n->meta.dtype);
-      PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(floating ? t : n->meta.dtype), "device",
-                                   n->meta.device.str().c_str());
-      PyObject* a = PyTuple_Pack(1, shape);
-      PyObject* x = kw && a ? PyObject_Call(floating ? ones : zeros, a, kw) : nullptr;
-      Py_XDECREF(a);
-      Py_XDECREF(kw);
-      Py_DECREF(shape);
-      if (!x) return drop(), nullptr;
-      tensors.push_back(x);
-    }
+    if (!stand_in_tensors(root()->out_.guards, inputs, cap, t, tensors)) return nullptr;
     PyObject* args = substitute(targs, tensors.data(), sym_values.data());
     PyObject* kwargs = tkw ? substitute(tkw, tensors.data(), sym_values.data()) : nullptr;
     PyObject* r = args && (!tkw || kwargs) ? PyObject_Call(f, args, kwargs) : nullptr;
@@ -2503,29 +2522,13 @@ bool Interpreter::meta_disagrees(PyObject* f, PyObject* meta_result, const std::
   // dtypes of its results.
   const bool whole = fixed && elements <= kSmall;
   if (!whole && !PyFunction_Check(f)) return false;
-  static PyObject* ones = resolve_torch("ones");
-  static PyObject* zeros = resolve_torch("zeros");
   static PyObject* get_state = resolve_torch("get_rng_state");
   static PyObject* set_state = resolve_torch("set_rng_state");
   std::vector<PyObject*> reals;
   auto drop = [&] {
     for (PyObject* t : reals) Py_DECREF(t);
   };
-  for (const ir::Node* n : inputs) {
-    PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(n->meta.dim()));
-    for (size_t d = 0; d < n->meta.dim(); ++d) {
-      const int64_t size = whole ? *n->meta.sizes[d].as_const() : std::min<int64_t>(2, root()->out_.guards.value_at_hints(n->meta.sizes[d]));
-      PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(size));
-    }
-    PyObject* kw = Py_BuildValue("{s:O}", "dtype", torch_dtype_object(n->meta.dtype));
-    PyObject* a = PyTuple_Pack(1, shape);
-    PyObject* t = kw && a ? PyObject_Call(is_floating(n->meta.dtype) ? ones : zeros, a, kw) : nullptr;
-    Py_XDECREF(a);
-    Py_XDECREF(kw);
-    Py_DECREF(shape);
-    if (!t) return clear_error(), drop(), false;
-    reals.push_back(t);
-  }
+  if (!stand_in_tensors(root()->out_.guards, inputs, whole ? INT64_MAX : 2, std::nullopt, reals)) return false;
   PyObject* state = PyObject_CallNoArgs(get_state);
   PyObject* r = state ? call(reals) : nullptr;
   if (state) {
