@@ -66,34 +66,6 @@ std::vector<OpDef> reduction_ops() {
       return std::vector<Node*>{mul(g, spread_over_input(g, div(g, grad, count), *n), mask)};
     };
   }
-  // prod: each element's gradient is the product of the others in its slice, as torch's
-  // prod_backward: result / x where the slice holds no zero; where it holds one, the zero's
-  // gradient is the product of the rest and the others' zero; with two or more, all zero.
-  for (OpDef& d : ops) {
-    if (d.reduce != ReduceOp::Prod) continue;
-    d.saves_result = true;  // its backward reads the product: changed in place, eager's raises
-    d.derivative = [](Graph& g, Node* n, Node* grad) {
-      using namespace grad_ops;
-      Node* x = n->inputs[0];
-      const DType t = n->meta.dtype;
-      auto as = [&](Node* v, DType to) {
-        ir::Attrs a;
-        a.set("dtype", to);
-        return v->meta.dtype == to ? v : g.must_add("convert", {v}, a);
-      };
-      Node* xt = as(x, t);
-      Node* zero = g.must_add("eq", {xt, g.scalar(0.0, DType::Float64)});
-      Node* rest = g.must_add("prod", {g.must_add("where", {zero, g.scalar(1.0, DType::Float64), xt})}, n->attrs);
-      Node* zeros = g.must_add("sum", {as(zero, t)}, n->attrs);  // zeros per slice
-      Node* spread_grad = spread_over_input(g, grad, *n);
-      Node* none = spread_over_input(g, g.must_add("eq", {zeros, g.scalar(0.0, DType::Float64)}), *n);
-      Node* one = spread_over_input(g, g.must_add("eq", {zeros, g.scalar(1.0, DType::Float64)}), *n);
-      Node* no_zero = mul(g, spread_grad, div(g, spread_over_input(g, n, *n), xt));
-      Node* the_zero = g.must_add("where", {zero, mul(g, spread_grad, spread_over_input(g, rest, *n)), g.scalar(0.0, DType::Float64)});
-      Node* r = g.must_add("where", {none, no_zero, g.must_add("where", {one, the_zero, g.scalar(0.0, DType::Float64)})});
-      return std::vector<Node*>{as(r, x->meta.dtype)};
-    };
-  }
   return ops;
 }
 
