@@ -17,6 +17,8 @@ VarPtr Interpreter::known_container(PyObject* v, const SourcePtr& src) {
 }
 
 void Interpreter::note_mutation(const VarPtr& container, const std::string& what) {
+  for (const auto& [obj, view] : root()->dict_views_)
+    if (view == container) unsupported(what + " through the __dict__ of an object made during capture");
   if (!container->source) return;  // the frame's own
   // An object a call made during capture (its source leads through that call) is gone after
   // the call: nothing to change it in.

@@ -297,6 +297,56 @@ ir::Node* Interpreter::uniform_draw(const std::vector<sym::Expr>& sizes, const s
   return add_node("random_uniform", {rng_seed()->node()}, a);
 }
 
+// x.normal_(mean, std) and x.uniform_(from, to) with Python numbers: every element drawn anew
+// from kiln's draws (torch.distributions' rsample fills torch.empty(shape) so), in x's dtype.
+// nullptr: arguments kiln leaves to torch (a generator, tensors).
+VarPtr Interpreter::random_fill(const VarPtr& self, bool normal, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  const ir::TensorMeta& m = self->node()->meta;
+  const char* names[2] = {normal ? "mean" : "from", normal ? "std" : "to"};
+  double p[2] = {0, 1};
+  if (args.size() > 2) return nullptr;
+  auto number = [&](const VarPtr& v, double& out) {
+    PyObject* o = v->is_const() ? v->known() : nullptr;
+    if (!o || PyBool_Check(o) || !(PyFloat_Check(o) || PyLong_Check(o))) return false;
+    out = PyFloat_AsDouble(o);
+    return !PyErr_Occurred();
+  };
+  for (size_t i = 0; i < args.size(); ++i)
+    if (!number(args[i], p[i])) return nullptr;
+  for (const auto& [k, v] : kwargs) {
+    if (k == "generator" && v->is_const() && v->known() == Py_None) continue;
+    const int i = k == names[0] ? 0 : k == names[1] ? 1 : -1;
+    if (i < 0 || !number(v, p[i])) return nullptr;
+  }
+  clear_error();
+  if (normal && !(p[1] >= 0)) unsupported("normal_ expects std >= 0.0: RuntimeError");
+  if (!normal && !(p[0] <= p[1])) unsupported("uniform_ expects to return a [from, to) range: RuntimeError");
+  if (root()->grad_mode_ && root()->needs_grad_.count(self->node())) return nullptr;
+  check_inplace_target(self, normal ? "normal_" : "uniform_");
+  ir::Node* draw;
+  if (normal) {
+    ir::Attrs a;
+    a.set("size", m.sizes);
+    a.set("dtype", m.dtype == DType::Float64 ? DType::Float64 : DType::Float32);
+    a.set("device", m.device.str());
+    a.set("offset", next_draw_offset());
+    draw = add_node("random_normal", {rng_seed()->node()}, a);
+  } else {
+    draw = uniform_draw(m.sizes, m.device.str());
+  }
+  const double scale = normal ? p[1] : p[1] - p[0], shift = p[0];
+  auto number_node = [&](double d, const char* what) { return as_node(Var::steal_constant(PyFloat_FromDouble(d)), what); };
+  ir::Node* r = draw;
+  if (scale != 1) r = add_node("mul", {r, number_node(scale, names[1])});
+  if (shift != 0) r = add_node("add", {r, number_node(shift, names[0])});
+  if (r->meta.dtype != m.dtype) {
+    ir::Attrs c;
+    c.set("dtype", m.dtype);
+    r = add_node("convert", {r}, c);
+  }
+  return mutate(self, r);
+}
+
 int64_t Interpreter::next_draw_offset() { return root()->rng_draws_++ * (int64_t{1} << 40); }  // each draw its own stretch of counters
 
 std::optional<std::string> Interpreter::device_name(PyObject* device) {
@@ -1169,7 +1219,7 @@ const std::unordered_map<PyObject*, Interpreter::Known>& Interpreter::known_torc
         {"torch.get_autocast_dtype", Known::AutocastQuery}, {"torch.nn.functional.dropout", Known::Dropout},
         {"torch.nn.functional.dropout1d", Known::Dropout},  {"torch.nn.functional.dropout2d", Known::Dropout},
         {"torch.nn.functional.dropout3d", Known::Dropout},  {"torch.nn.functional.alpha_dropout", Known::Dropout},
-        {"torch.nn.functional.feature_alpha_dropout", Known::Dropout},
+        {"torch.nn.functional.feature_alpha_dropout", Known::Dropout}, {"torch.as_tensor", Known::AsTensor},
     };
     for (const auto& [path, k] : entries)
       if (PyObject* o = object_at(path)) t->emplace(o, k);
@@ -1212,6 +1262,18 @@ VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<Var
         if (name == "training") training = v;
       if (!training && args.size() >= 3) training = args[2];
       return training && training->is_const() && training->known() == Py_False ? args[0] : nullptr;
+    }
+    case Known::AsTensor: {
+      // torch.as_tensor(x, dtype=, device=) of a tensor: x itself where both match, else a copy
+      // converted, which is what x.to(device=, dtype=) gives (torch.distributions' log_prob)
+      if (args.size() != 1 || !args[0]->is_tensor()) return nullptr;
+      KwArgs to_kwargs;
+      for (const auto& [name, v] : kwargs) {
+        if (name != "dtype" && name != "device") return nullptr;
+        if (!v->is_const()) return nullptr;
+        if (v->known() != Py_None) to_kwargs.emplace_back(name, v);
+      }
+      return call_tensor_method(args[0], "to", {}, to_kwargs);
     }
   }
   return nullptr;
@@ -1428,6 +1490,14 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
       PyObject* r = PyObject_Call(f, t, nullptr);
       Py_DECREF(t);
       return real(r);
+    }
+    if (!fn->source && is_torch_internal(PyMethod_GET_FUNCTION(f))) {
+      // a method of one of torch's objects that capture holds as a constant (a distribution's
+      // constraint, read from its class's arg_constraints): inlined on it, as torch's own
+      // objects are taken as fixed
+      args.insert(args.begin(), Var::constant(PyMethod_GET_SELF(f)));
+      keep_.push_back(Py_NewRef(f));
+      return inline_call(PyMethod_GET_FUNCTION(f), nullptr, std::move(args), kwargs);
     }
     if (!fn->source) unsupported("bound method " + callable_name(f) + " with no known source");
     VarPtr self = wrap(PyMethod_GET_SELF(f), Source::attr(fn->source, "__self__"));
@@ -2326,6 +2396,8 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
         return mutate(self, add_node("convert", {add_node("lt", {u, as_node(Var::steal_constant(PyFloat_FromDouble(prob)), "p")})}, c));
       }
     }
+    if ((base == "normal" || base == "uniform") && is_floating(m.dtype))
+      if (VarPtr r = random_fill(self, base == "normal", args, kwargs)) return r;
     if (base == "zero" && args.empty() && kwargs.empty())  // x.zero_() is x.fill_(0) (NaNs too)
       return call_tensor_method(self, "fill_", {Var::steal_constant(PyLong_FromLong(0))}, {});
     if (base == "fill" && args.size() == 1 && kwargs.empty()) {

@@ -159,6 +159,11 @@ struct CaptureResult {
   // copies each output into its input after the graph ran, before anything else sees them.
   std::vector<std::pair<int, int>> writebacks;
   std::vector<StoreReplay> replays;  // attribute stores to do after the graph, in program order
+  // Branches on a tensor whose other side only raises (`assert (x > 0).all()`, a validation's
+  // `if not ok: raise ValueError(...)`), captured as the side the call took: graph outputs, one
+  // bool each, that must be true. Where one is false the call runs again eagerly, which raises
+  // eager's error; capture keeps going past them instead of breaking the graph.
+  std::vector<int> checks;
   // Grad mode and autocast as the function leaves them, where it left a with block a graph break
   // had entered for real (it called a mode setter, mode_setter.h): set before the graph runs.
   std::optional<ModeChange> modes_after;

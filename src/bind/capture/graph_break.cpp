@@ -184,6 +184,7 @@ Interpreter::Snapshot Interpreter::snapshot() const {
   for (const VarPtr& v : locals_) s.locals.push_back(clone(v, memo));
   s.kwnames = kwnames_;
   s.attr_stores = parent_ ? 0 : attr_stores_.size();
+  s.checks = parent_ ? 0 : checks_.size();
   if (!parent_)
     for (const VarPtr& c : mutated_) s.containers.emplace_back(c, contents_of(c));
   if (!parent_) s.mutations = const_cast<Interpreter*>(this)->input_mutations();
@@ -368,6 +369,8 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   ResumeShape shape;
   try {
     write_back(before.mutations);  // the updates of inputs done before the instruction
+    checks_.resize(before.checks);  // and the checks made before it
+    output_checks();
     for (size_t i = 0; i < before.stack.size(); ++i) {
       OutSpec spec = break_spec(before.stack[i]);
       if (i < below) {

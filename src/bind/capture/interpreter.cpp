@@ -35,6 +35,7 @@ void Interpreter::run(const BoundArgs& args) {
   VarPtr r = run_frame();
   if (!r) return;  // the capture ended in a graph break
   write_back(input_mutations());
+  output_checks();
   out_.replays = store_replays(attr_stores_.size(), false);
   out_.output = output_spec(r);
   locate_symbols();

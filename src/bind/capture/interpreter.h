@@ -211,7 +211,8 @@ class Interpreter {
   std::string rerun_differs(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // Uniform [0, 1) float32s of `sizes` on `device`, a draw of its own (bernoulli's masks).
   ir::Node* uniform_draw(const std::vector<sym::Expr>& sizes, const std::string& device);
-  int64_t next_draw_offset();  // the counters of the graph's next random draw
+  int64_t next_draw_offset();
+  VarPtr random_fill(const VarPtr& self, bool normal, const std::vector<VarPtr>& args, const KwArgs& kwargs);  // the counters of the graph's next random draw
   // str(torch.device(device)) ("cpu", "cuda:0"), torch's default device for None or nullptr
   std::optional<std::string> device_name(PyObject* device);
   // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False): fn(*args) inlined, the
@@ -275,7 +276,7 @@ class Interpreter {
   VarPtr call_rule(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs);
 
   // torch calls with an answer at capture time, and what it is
-  enum class Known { False, True, None, Zero, NoOp, GradEnabled, Assert, StateQuery, AutocastQuery, Dropout };
+  enum class Known { False, True, None, Zero, NoOp, GradEnabled, Assert, StateQuery, AutocastQuery, Dropout, AsTensor };
   static const std::unordered_map<PyObject*, Known>& known_torch_calls();
   VarPtr known_torch_call(Known k, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool any_tensor);
 
@@ -492,6 +493,10 @@ class Interpreter {
   // children's too): "parameters", "buffers", with `tensor_attributes` "tensors"; nullptr: none.
   static const char* fresh_state(PyObject* module, bool tensor_attributes);
   VarPtr object_attr(const VarPtr& rec, const std::string& name);
+  VarPtr python_descriptor_get(PyObject* descriptor, const VarPtr& rec);
+  VarPtr record_dict_view(const VarPtr& rec);
+  static void fill_dict_view(const VarPtr& rec, const VarPtr& d);
+  std::vector<std::pair<VarPtr, VarPtr>> dict_views_;  // the root's: (object made in the frame, its __dict__)
   bool object_has_attr(const VarPtr& rec, const std::string& name);
   void object_store(const VarPtr& rec, const std::string& name, VarPtr value);  // value nullptr: del
   // type(obj).name(obj, *args) inlined, or nullptr when the class has no such method.
@@ -570,10 +575,20 @@ class Interpreter {
     std::vector<VarPtr> stack, locals;
     std::vector<std::string> kwnames;
     size_t attr_stores = 0;  // the root's log of attribute stores, as long as it was
+    size_t checks = 0;       // the root's checks (checks_), as many as there were
     // the root's caller containers changed so far, each with a copy of its contents then
     std::vector<std::pair<VarPtr, VarPtr>> containers;
     std::vector<std::pair<size_t, ir::Node*>> mutations;  // input_mutations() then
   };
+
+  // ---- branches on tensors whose other side raises (CaptureResult::checks) ----
+  // POP_JUMP_IF_TRUE/FALSE on a one-element tensor: where exactly one side of the branch only
+  // raises, the jump target or -1 (fall through) of the other side, the condition kept as a
+  // check; else truth() refuses it.
+  int tensor_jump(const VarPtr& cond, const Instr& in, const CodeInfo& ci, bool jump_if_true);
+  // Makes the checks so far graph outputs (at the end of capture or at a break).
+  void output_checks();
+  std::vector<ir::Node*> checks_;  // the root's: bool nodes that must hold
 
   // ---- in-place updates of inputs (functionalized, written back) ----
   // The inputs an in-place op has changed so far: (input index, the node holding its value).

@@ -781,11 +781,15 @@ int Interpreter::op_swap(const Instr& in, const CodeInfo& ci) {
 }
 
 int Interpreter::op_pop_jump_if_false(const Instr& in, const CodeInfo& ci) {
-  return truth(pop()) ? -1 : in.jump_target;
+  VarPtr v = pop();
+  if (v->is_tensor()) return tensor_jump(v, in, ci, false);
+  return truth(v) ? -1 : in.jump_target;
 }
 
 int Interpreter::op_pop_jump_if_true(const Instr& in, const CodeInfo& ci) {
-  return truth(pop()) ? in.jump_target : -1;
+  VarPtr v = pop();
+  if (v->is_tensor()) return tensor_jump(v, in, ci, true);
+  return truth(v) ? in.jump_target : -1;
 }
 
 int Interpreter::op_pop_jump_if_none(const Instr& in, const CodeInfo& ci) {

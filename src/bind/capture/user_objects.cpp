@@ -89,8 +89,42 @@ VarPtr Interpreter::make_object(PyObject* cls, std::vector<VarPtr> args, const K
   return rec;
 }
 
+// A descriptor whose class is written in Python (torch.distributions' lazy_property, a
+// library's own cached attribute): its __get__ inlined with the object and its class, as
+// Python's attribute lookup calls it. nullptr where __get__ is not a Python function.
+VarPtr Interpreter::python_descriptor_get(PyObject* descriptor, const VarPtr& rec) {
+  PyObject* get = python_function(Py_TYPE(descriptor), "__get__");
+  if (!get) return nullptr;
+  keep_.push_back(Py_NewRef(descriptor));
+  keep_.push_back(Py_NewRef(get));
+  return inline_call(get, nullptr, {Var::constant(descriptor), rec, Var::constant(rec->as<RecordV>().cls)}, {});
+}
+
+// obj.__dict__ of an object made in the frame: a dict of its attributes, kept equal to them as
+// the function sets and deletes attributes (object_store). A change made through the dict itself
+// (`obj.__dict__[k] = v`) is refused (note_mutation): it would not reach the object.
+VarPtr Interpreter::record_dict_view(const VarPtr& rec) {
+  VarPtr d = Var::dict();
+  fill_dict_view(rec, d);
+  root()->dict_views_.emplace_back(rec, d);
+  return d;
+}
+
+void Interpreter::fill_dict_view(const VarPtr& rec, const VarPtr& d) {
+  Entries& e = d->entries();
+  for (PyObject* k : e.keys) Py_DECREF(k);
+  e.keys.clear();
+  e.values.clear();
+  const RecordV& r = rec->as<RecordV>();
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    e.keys.push_back(Py_NewRef(r.keys[i]));
+    e.values.push_back(r.values[i]);
+  }
+}
+
 VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
   PyTypeObject* t = type_of(rec);
+  if (name == "__dict__" && rec->as<RecordV>().plain) return record_dict_view(rec);
   PyObject* a = class_lookup(t, name.c_str());
   if (a && Py_TYPE(a)->tp_descr_set) {  // a data descriptor wins over the instance's attributes
     if (PyObject_TypeCheck(a, &PyProperty_Type)) {
@@ -100,6 +134,7 @@ VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
       if (!PyFunction_Check(fget)) unsupported("property " + name + " without a Python getter");
       return inline_call(fget, nullptr, {rec}, {});
     }
+    if (VarPtr v = python_descriptor_get(a, rec)) return v;
     unsupported("attribute " + name + " of a " + t->tp_name + " is a data descriptor kiln does not model");
   }
   const RecordV& r = rec->as<RecordV>();
@@ -134,6 +169,7 @@ VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
       }
       return real(PyObject_GetAttrString(r.cls, name.c_str()));  // a plain class attribute
     }
+    if (VarPtr v = python_descriptor_get(a, rec)) return v;
     unsupported("attribute " + name + " of a " + t->tp_name + " is a descriptor kiln does not model");
   }
   if (PyObject* ga = class_lookup(t, "__getattr__"); ga && PyFunction_Check(ga)) {
@@ -172,6 +208,15 @@ void Interpreter::object_store(const VarPtr& rec, const std::string& name, VarPt
       inline_call(f, nullptr, std::move(args), {});
       return;
     }
+    // a descriptor class written in Python: its __set__ (or __delete__) inlined
+    if (PyObject* f = python_function(Py_TYPE(a), value ? "__set__" : "__delete__")) {
+      keep_.push_back(Py_NewRef(a));
+      keep_.push_back(Py_NewRef(f));
+      std::vector<VarPtr> args = {Var::constant(a), rec};
+      if (value) args.push_back(value);
+      inline_call(f, nullptr, std::move(args), {});
+      return;
+    }
     unsupported("attribute " + name + " of a " + t->tp_name + " is a data descriptor kiln does not model");
   }
   RecordV& r = rec->as<RecordV>();
@@ -184,11 +229,15 @@ void Interpreter::object_store(const VarPtr& rec, const std::string& name, VarPt
         r.keys.erase(r.keys.begin() + static_cast<std::ptrdiff_t>(i));
         r.values.erase(r.values.begin() + static_cast<std::ptrdiff_t>(i));
       }
+      for (const auto& [obj, view] : root()->dict_views_)
+        if (obj == rec) fill_dict_view(rec, view);
       return;
     }
   if (!value) unsupported("AttributeError: del of attribute " + name + " the object does not have");
   r.keys.push_back(PyUnicode_FromString(name.c_str()));
   r.values.push_back(std::move(value));
+  for (const auto& [obj, view] : root()->dict_views_)
+    if (obj == rec) fill_dict_view(rec, view);
 }
 
 VarPtr Interpreter::object_dunder(const VarPtr& obj, const char* name, std::vector<VarPtr> args) {

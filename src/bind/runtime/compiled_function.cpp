@@ -1106,6 +1106,28 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound, bool* rerun_
       for (PyObject* c : counters) Py_DECREF(c);
       return nullptr;
     }
+    // A branch capture took on a tensor's value (CaptureResult::checks) that this call does not
+    // take: its other side raises in eager. Before anything reaches the caller, the call runs
+    // again eagerly, for eager's error (or, from a program that updated an input where it lies
+    // already, an error saying so: eager raises there too, after the same updates).
+    for (size_t k = 0; ran && k < e.capture.checks.size(); ++k) {
+      const int holds = PyObject_IsTrue(outs[static_cast<size_t>(e.capture.checks[k])]);
+      if (holds == 1) continue;
+      ran = false;
+      if (holds < 0) break;
+      if (rerun_eagerly && (!e.compiled || e.compiled->program.first_step_writing_inputs() < 0)) {
+        log("fallback", "kiln: " + e.location + ": a check of the compiled graph failed (a branch on a tensor whose " +
+                            "other side raises); the call runs again eagerly");
+        *rerun_eagerly = true;
+        for (PyObject* o : outs) Py_XDECREF(o);
+        for (size_t i = 0; i < fetched; ++i) Py_XDECREF(inputs[i]);
+        for (PyObject* c : counters) Py_DECREF(c);
+        return nullptr;
+      }
+      PyErr_SetString(PyExc_RuntimeError,
+                      "kiln: a branch on a tensor's value took the side that raises in eager (an assert or a "
+                      "validation failed), after the compiled graph had updated an input in place");
+    }
     for (size_t k = 0; ran && k < e.capture.detached_outputs.size(); ++k) {
       PyObject*& o = outs[static_cast<size_t>(e.capture.detached_outputs[k])];
       Py_SETREF(o, detached(o));
