@@ -39,7 +39,12 @@ def product(*iterables, repeat=1):
 
 
 def combinations(iterable, r):
-    pool = tuple(iterable)
+    if r < 0:
+        raise ValueError("r must be non-negative")
+    return _combinations(tuple(iterable), r)
+
+
+def _combinations(pool, r):
     n = len(pool)
     if r > n:
         return
@@ -59,9 +64,13 @@ def combinations(iterable, r):
 
 def permutations(iterable, r=None):
     pool = tuple(iterable)
-    n = len(pool)
-    r = n if r is None else r
-    for idx in product(range(n), repeat=r):
+    if r is not None and r < 0:
+        raise ValueError("r must be non-negative")
+    return _permutations(pool, len(pool) if r is None else r)
+
+
+def _permutations(pool, r):
+    for idx in product(range(len(pool)), repeat=r):
         if len(set(idx)) == r:
             yield tuple(pool[i] for i in idx)
 
@@ -77,12 +86,34 @@ def zip_longest(*iterables, fillvalue=None):
 
 def islice(iterable, *args):
     s = slice(*args)
-    start, stop, step = s.start or 0, s.stop, s.step or 1
-    for i, x in enumerate(iterable):
-        if stop is not None and i >= stop:
+    start, stop, step = s.start, s.stop, s.step
+    if start is not None and (not isinstance(start, int) or start < 0) or (stop is not None and (not isinstance(stop, int) or stop < 0)):
+        what = "Stop argument for islice()" if len(args) == 1 else "Indices for islice()"
+        raise ValueError(f"{what} must be None or an integer: 0 <= x <= sys.maxsize.")
+    if step is not None and (not isinstance(step, int) or step < 1):
+        raise ValueError("Step for islice() must be a positive integer or None.")
+    return _islice(iter(iterable), start or 0, stop, step or 1)
+
+
+def _islice(it, start, stop, step):
+    # as CPython's: items up to the next index taken, never one past the stop
+    count, nxt = 0, start if stop is None else min(start, stop)
+    while True:
+        while count < nxt:
+            try:
+                next(it)
+            except StopIteration:
+                return
+            count += 1
+        if stop is not None and count >= stop:
             return
-        if i >= start and (i - start) % step == 0:
-            yield x
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        count += 1
+        nxt = nxt + step if stop is None else min(nxt + step, stop)
+        yield item
 
 
 def accumulate(iterable, func=None, *, initial=None):
@@ -122,6 +153,9 @@ def reduce(function, iterable, initial=_MISSING):
 
 
 def sum_(iterable, /, start=0):
+    if isinstance(start, (str, bytes, bytearray)):
+        kind = "strings [use ''.join(seq) instead]" if isinstance(start, str) else "bytes [use b''.join(seq) instead]" if isinstance(start, bytes) else "bytearray [use b''.join(seq) instead]"
+        raise TypeError(f"sum() can't sum {kind}")
     total = start
     for x in iterable:
         total = total + x

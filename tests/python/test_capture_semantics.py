@@ -368,3 +368,134 @@ def test_a_typed_dict_holding_tensors():
     got, want = kiln.compile(fn)(x, y), fn(x, y)
     assert_same(got[0], want[0])
     assert got[1] is want[1] is True
+
+
+def test_a_namedtuple_across_a_break_is_read_per_call():
+    import collections
+
+    R = collections.namedtuple("R", "lo hi")
+
+    def stats(x):
+        print("", end="")  # a break: the namedtuple is handed to the resume function
+        return R(x.min().item(), x.max().item())
+
+    def fn(x):
+        lo, hi = stats(x)
+        return x * 0 + (hi - lo)
+
+    cf = kiln.compile(fn)
+    for hi in (1.0, 10.0, 3.0):
+        x = torch.tensor([0.0, hi])
+        assert_same(cf(x), fn(x))
+
+
+def test_a_namedtuple_argument_unpacks_and_keeps_its_methods():
+    import typing
+
+    class P(typing.NamedTuple):
+        a: torch.Tensor
+        b: int
+
+        def total(self):
+            return self.a * self.b
+
+    def fn(p):
+        a, b = p
+        return p.total() + a, p._replace(b=3), p
+
+    cf = kiln.compile(fn)
+    for p in (P(torch.ones(2), 2), P(torch.randn(2), 4)):
+        assert_same(cf(p), fn(p))
+
+
+def test_a_property_reads_the_callers_state_as_the_function_left_it():
+    class Acc:
+        def __init__(self):
+            self.items = []
+
+        @property
+        def total(self):
+            return sum(self.items)
+
+    def fn(x, acc):
+        acc.items.append(x)
+        return acc.total
+
+    cf = kiln.compile(fn)
+    mine, theirs = Acc(), Acc()
+    for _ in range(2):
+        x = torch.randn(3)
+        assert_same(cf(x, mine), fn(x, theirs))
+    assert len(mine.items) == len(theirs.items) == 2
+
+
+def test_islice_leaves_the_iterator_where_cpython_does():
+    import itertools
+
+    def fn(x):
+        it = iter([1, 2, 3, 4])
+        head = list(itertools.islice(it, 2))
+        tensors = iter([x, x + 1, x + 2])
+        first = sum(itertools.islice(tensors, 1))
+        return x + next(it), head, first + next(tensors), list(itertools.islice(range(10), 1, 8, 3))
+
+    x = torch.randn(2)
+    assert_same(kiln.compile(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("call", ["combinations", "permutations", "islice", "sum_str"])
+def test_polyfills_raise_cpythons_errors(call):
+    import itertools
+
+    def fn(x):
+        try:
+            if call == "combinations":
+                itertools.combinations([1, 2], -1)
+            elif call == "permutations":
+                itertools.permutations([1, 2], -1)
+            elif call == "islice":
+                itertools.islice([1, 2], -1)
+            else:
+                sum(["a", "b"], "")
+        except (ValueError, TypeError) as e:
+            return x + 1, type(e).__name__, str(e)
+        return x, None, None
+
+    x = torch.randn(2)
+    assert_same(kiln.compile(fn)(x), fn(x))
+
+
+def test_in_place_set_operators_change_the_set_its_aliases_see():
+    import collections
+
+    def fn(x):
+        a = {1, 2}
+        alias = a
+        a |= {3}
+        s = {5, 6}
+        s -= {5}
+        c = collections.Counter("ab")
+        c2 = c
+        c += collections.Counter("a")
+        return x * len(alias), a is alias, c2["a"], sorted(s)
+
+    x = torch.randn(2)
+    assert_same(kiln.compile(fn)(x), fn(x))
+
+
+def test_function_get_binds_without_a_guard_on_the_bound_method():
+    class Box:
+        def scale(self, x):
+            return x * 2
+
+    box, func = Box(), Box.scale
+
+    def wrapper(x):  # what an LR scheduler does to opt.step
+        return func.__get__(box, Box)(x)
+
+    cf = kiln.compile(lambda x: wrapper(x) + 1)
+    kiln.reset()
+    for _ in range(5):
+        x = torch.randn(3)
+        assert_same(cf(x), wrapper(x) + 1)
+    assert kiln.stats()["recompiles"] == 0

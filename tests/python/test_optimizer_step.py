@@ -384,3 +384,40 @@ def test_grad_scaler_step_function_equals_eager_with_an_overflow():
         torch.testing.assert_close(m2.weight, m1.weight)
     reasons = " ".join(r["reason"] for r in kiln.explain(step)(x, y).break_reasons)
     assert "defaultdict" not in reasons and "convert()" not in reasons, reasons
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+@pytest.mark.parametrize("warm", [False, True])
+def test_two_steps_in_one_call_count_two(name, warm):
+    def make():
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(5))
+        opt = getattr(torch.optim, name)([p], lr=0.1)
+        p.grad = torch.randn(5)
+        if warm:
+            opt.step()
+        return p, opt
+
+    p, opt = make()
+    q, ref = make()
+    f = kiln.compile(lambda: (opt.step(), opt.step()))
+    for _ in range(2):
+        f()
+        ref.step()
+        ref.step()
+    torch.testing.assert_close(p, q)
+    assert opt.state[p]["step"].item() == ref.state[q]["step"].item()
+
+
+def test_the_callers_optimizer_state_is_looked_up_by_parameter():
+    from collections import defaultdict
+
+    p, q = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    state = defaultdict(dict)
+    state[p]["x"] = torch.full((3,), 2.0)
+    read = kiln.compile(lambda: state[p]["x"] * 3)
+    for _ in range(2):
+        torch.testing.assert_close(read(), torch.full((3,), 6.0))
+    assert list(state) == [p]
+    assert kiln.compile(lambda: state[q])() == {}  # a missing key: the parameter itself inserted
+    assert list(state) == [p, q]

@@ -589,6 +589,33 @@ def test_checkpoint_recomputes_its_region_in_the_backward():
     assert saved_ckpt < saved_plain, (saved_ckpt, saved_plain)
 
 
+@pytest.mark.parametrize("inputs_need_grad", [True, False])
+def test_reentrant_checkpoint_trains_like_eager(inputs_need_grad):
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4).double()
+
+    def fn(x):
+        return checkpoint(torch.sin, x, use_reentrant=True) + checkpoint(lin, x, use_reentrant=True).sum()
+
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=inputs_need_grad)
+    cf = kiln.compile(fn)
+    got, want = cf(x), fn(x)
+    assert got.requires_grad == want.requires_grad
+    torch.testing.assert_close(got, want)
+    if inputs_need_grad:
+        got.sum().backward()
+        gx, gw = x.grad.clone(), lin.weight.grad.clone()
+        x.grad = None
+        lin.weight.grad = None
+        want.sum().backward()
+        torch.testing.assert_close(gx, x.grad)
+        torch.testing.assert_close(gw, lin.weight.grad)
+        e = kiln.explain(cf)(x)
+        assert (e.graph_count, e.graph_break_count) == (1, 0)
+
+
 def test_checkpointed_layers_train_like_eager():
     from torch.utils.checkpoint import checkpoint
 

@@ -622,7 +622,17 @@ struct CallRules {
         passed.emplace_back(k, v);
       }
     }
-    if (reentrant) return nullptr;
+    // The reentrant form differs where no tensor argument requires grad: its result then
+    // requires none (parameters inside get no gradient), as torch's own function gives.
+    // Otherwise its gradients are the non-reentrant form's: the region recomputed in the
+    // backward (torch's reentrant backward, run from kiln's, would call .grad() and raise).
+    if (reentrant) {
+      bool tracked = false;
+      auto check = [&](const VarPtr& v) { tracked = tracked || (v->is_tensor() && I.tracked().count(v->node())); };
+      for (size_t i = 1; i < args.size(); ++i) check(args[i]);
+      for (auto& [k, v] : passed) check(v);
+      if (!tracked) return nullptr;
+    }
     return I.checkpointed_call(args[0], std::vector<VarPtr>(args.begin() + 1, args.end()), std::move(passed));
   }
 

@@ -564,6 +564,12 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
         args.insert(args.begin(), m.self);  // a C method through super(): called with the receiver
         return call(Var::constant(m.fn), std::move(args), std::move(kwargs));
       }
+      if (m.name == "__get__" && m.self->is_const() && PyFunction_Check(m.self->obj())) {
+        // f.__get__(obj, cls): f bound to obj (f itself for obj None), as the descriptor protocol
+        if (args.empty() || args.size() > 2 || !kwargs.empty()) unsupported("function.__get__ with these arguments: TypeError");
+        if (args[0]->is_const() && args[0]->known() == Py_None) return m.self;
+        return Var::method(args[0], callable_name(m.self->obj()), m.self->obj());
+      }
       if (m.self->kind() == Var::Kind::Tuple || m.self->kind() == Var::Kind::List)
         return call_sequence_method(m.self, m.name, std::move(args), kwargs);
       if (is_dict(m.self)) return call_dict_method(m.self, m.name, std::move(args), kwargs);
@@ -1772,6 +1778,11 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
   }
   if (f == builtin("sum") && (args.size() == 1 || args.size() == 2)) {
     VarPtr acc = args.size() == 2 ? args[1] : Var::steal_constant(PyLong_FromLong(0));
+    if (PyObject* s = acc->is_const() ? acc->known() : nullptr; s && (PyUnicode_Check(s) || PyBytes_Check(s) || PyByteArray_Check(s))) {
+      PyErr_Format(PyExc_TypeError, "sum() can't sum %s [use %s''.join(seq) instead]",
+                   PyUnicode_Check(s) ? "strings" : PyBytes_Check(s) ? "bytes" : "bytearray", PyUnicode_Check(s) ? "" : "b");
+      real(nullptr);
+    }
     for (const VarPtr& x : items_of(a)) acc = binary("NB_ADD", acc, x);
     return acc;
   }

@@ -140,7 +140,7 @@ struct CaptureResult {
   // runtime increments by one after the graph ran, as the optimizer's step does.
   struct ScalarInput {
     SourcePtr source;
-    bool counter = false;
+    int counter = 0;  // a counter: the steps the graph takes (optimizer steps in one call), added after it
   };
   std::vector<ScalarInput> scalar_inputs;
   bool dynamic_floats = false;  // some are Python floats made dynamic (Interpreter::symbolic_float)

@@ -60,13 +60,21 @@ VarPtr Interpreter::known_int(const VarPtr& v) {
   return Var::steal_constant(i);
 }
 
-PyObject* Interpreter::key_obj(const VarPtr& v, const char* what) {
+PyObject* Interpreter::key_obj(const VarPtr& v, const char* what, const VarPtr& caller_dict) {
   if (!v->is_tensor()) {
     PyObject* k = const_obj(v, what);
     if (PyObject_Hash(k) == -1) real(nullptr);  // TypeError: unhashable type, as the dict raises
     return k;
   }
   Interpreter* r = root();
+  // A tensor the function was handed, as a key of a dict the caller holds (a parameter keying an
+  // optimizer's state): the object itself, as a tensor hashes by identity, so a lookup finds
+  // its key and an insert puts that key into the caller's dict
+  for (size_t i = 0; caller_dict && caller_dict->source && i < r->input_vars_.size() && i < r->input_objects_.size(); ++i)
+    if (r->input_vars_[i] == v) {
+      r->input_keys_.emplace(r->input_objects_[i], v);
+      return r->input_objects_[i];
+    }
   auto [it, fresh] = r->tensor_keys_.emplace(v->node(), nullptr);
   if (fresh) {
     it->second = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
@@ -80,7 +88,9 @@ PyObject* Interpreter::key_obj(const VarPtr& v, const char* what) {
 VarPtr Interpreter::key_var(PyObject* k) {
   Interpreter* r = root();
   auto it = r->key_tensors_.find(k);
-  return it != r->key_tensors_.end() ? it->second : Var::constant(k);
+  if (it != r->key_tensors_.end()) return it->second;
+  auto in = r->input_keys_.find(k);
+  return in != r->input_keys_.end() ? in->second : Var::constant(k);
 }
 
 bool Interpreter::holds_tensor_key(PyObject* o) {
@@ -242,7 +252,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
   }
   if (name == "get" && (args.size() == 1 || args.size() == 2)) {
     // Reading every entry guards the dict's exact key set, so a missing key stays missing.
-    PyObject* key = key_obj(args[0], "dict key");
+    PyObject* key = key_obj(args[0], "dict key", d);
     for (auto& [k, v] : dict_entries(d)) {
       int eq = PyObject_RichCompareBool(k, key, Py_EQ);
       if (eq < 0) real(nullptr);
@@ -269,7 +279,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     return Var::constant(Py_None);
   }
   if (name == "pop" && (args.size() == 1 || args.size() == 2)) {
-    Py_ssize_t i = dict_find(d, key_obj(args[0], "dict key"));
+    Py_ssize_t i = dict_find(d, key_obj(args[0], "dict key", d));
     if (i < 0) {
       if (args.size() == 2) return args[1];
       unsupported("KeyError in dict.pop");
@@ -295,7 +305,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
   }
   if (name == "move_to_end" && (args.size() == 1 || args.size() == 2) && d->as<DictV>().cls) {
     const bool last = args.size() == 1 || truth(args[1]);
-    Py_ssize_t i = dict_find(d, key_obj(args[0], "dict key"));
+    Py_ssize_t i = dict_find(d, key_obj(args[0], "dict key", d));
     if (i < 0) unsupported("move_to_end of a missing key: KeyError");
     note_mutation(d, "OrderedDict.move_to_end()");
     Entries& e = d->entries();
@@ -308,7 +318,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     return Var::constant(Py_None);
   }
   if (name == "setdefault" && (args.size() == 1 || args.size() == 2)) {
-    PyObject* key = key_obj(args[0], "dict key");
+    PyObject* key = key_obj(args[0], "dict key", d);
     Py_ssize_t i = dict_find(d, key);
     if (i >= 0) return d->entries().values[i];
     VarPtr v = args.size() == 2 ? args[1] : Var::constant(Py_None);
@@ -390,7 +400,7 @@ void Interpreter::store_subscript(const VarPtr& container, const VarPtr& key, co
   }
   if (container->kind() == Var::Kind::Record) return record_store(container, const_obj(key, "key"), value, true);
   if (container->kind() == Var::Kind::Dict) {
-    PyObject* k = key_obj(key, "dict key");
+    PyObject* k = key_obj(key, "dict key", container);
     note_mutation(container, "item assignment");
     dict_set(container, k, value);
     return;

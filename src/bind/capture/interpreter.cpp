@@ -365,6 +365,20 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     wrapping.v = v;
     root()->wrapping_.insert(v);
   }
+  // A namedtuple's instance: a tuple of its class, items read through their sources as any
+  // tuple's (unpacking read them from the object at capture, never again: values handed across
+  // a graph break were the first call's).
+  if (PyTuple_Check(v) && !PyTuple_CheckExact(v) && PyType_HasFeature(Py_TYPE(v), Py_TPFLAGS_HEAPTYPE) &&
+      is_namedtuple_class(reinterpret_cast<PyObject*>(Py_TYPE(v)))) {
+    out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
+    const Py_ssize_t n = PyTuple_GET_SIZE(v);
+    std::vector<VarPtr> items;
+    for (Py_ssize_t i = 0; i < n; ++i) items.push_back(wrap(PyTuple_GET_ITEM(v, i), Source::item(src, i)));
+    VarPtr t = Var::tuple(std::move(items));
+    t->as<TupleV>().structseq = Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(v)));
+    t->source = src;
+    return t;
+  }
   if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
     Py_ssize_t n = PySequence_Size(v);

@@ -163,7 +163,7 @@ class Interpreter {
   // ---- tensors as dict keys and set items (hashed by identity, as eager's are) ----
   // A key object standing for tensor `v` (one per graph node: the same tensor, the same key);
   // other values as const_obj gives them.
-  PyObject* key_obj(const VarPtr& v, const char* what);
+  PyObject* key_obj(const VarPtr& v, const char* what, const VarPtr& caller_dict = nullptr);
   // The value a dict key or set item stands for: the tensor behind a key object, else k.
   VarPtr key_var(PyObject* k);
   // Whether a Python value holds a key object (a set or dict handed out would show it).
@@ -211,8 +211,9 @@ class Interpreter {
   std::string rerun_differs(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // Uniform [0, 1) float32s of `sizes` on `device`, a draw of its own (bernoulli's masks).
   ir::Node* uniform_draw(const std::vector<sym::Expr>& sizes, const std::string& device);
-  int64_t next_draw_offset();
-  VarPtr random_fill(const VarPtr& self, bool normal, const std::vector<VarPtr>& args, const KwArgs& kwargs);  // the counters of the graph's next random draw
+  int64_t next_draw_offset();  // the counters of the graph's next random draw
+  // x.normal_(mean, std) / x.uniform_(from, to) from kiln's draws; nullptr: left to torch
+  VarPtr random_fill(const VarPtr& self, bool normal, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // str(torch.device(device)) ("cpu", "cuda:0"), torch's default device for None or nullptr
   std::optional<std::string> device_name(PyObject* device);
   // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False): fn(*args) inlined, the
@@ -665,6 +666,7 @@ class Interpreter {
   // A Python float (or, `counter`, a 0-d CPU tensor's value) at `src`, read at each call: a
   // scalar_input node (one per source), its type guarded rather than its value.
   ir::Node* scalar_input(const SourcePtr& src, bool counter);
+  ir::Node* counter_step(const SourcePtr& src);
   // torch.nn.utils.clip_grad_norm_: the gradients' norm and their in-place scaling, as nodes.
   VarPtr clip_grad_norm(std::vector<VarPtr>& args, KwArgs& kwargs);
 
@@ -815,6 +817,7 @@ class Interpreter {
   std::unordered_map<const ir::Node*, size_t> written_back_;  // root: final value of a mutated input -> input
   std::unordered_map<const ir::Node*, PyObject*> tensor_keys_;  // root: key_obj's objects (owned by keep_)
   std::unordered_map<PyObject*, VarPtr> key_tensors_;           // root: and the tensors they stand for
+  std::unordered_map<PyObject*, VarPtr> input_keys_;  // root: input tensors used as keys, and their trackers
   std::unordered_map<const ir::Node*, PyObject*> known_values_;  // root: known_tensor's values (owned by keep_)
   bool grad_mode_ = true;             // root: torch.is_grad_enabled() where capture is
   AutocastState autocast_;            // root: torch.autocast's state where capture is

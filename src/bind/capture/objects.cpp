@@ -294,6 +294,25 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
   if (base->is_const() && base->source && PyDict_Check(base->obj()) &&
       (name == "items" || name == "keys" || name == "values" || name == "get") && dict_storage_reads(Py_TYPE(base->obj()), name))
     return Var::method(base, name);
+  // f.__get__ of a Python function: made afresh at every read (an identity guard on it never
+  // holds); its call binds f (call(), below), as an LR scheduler's step wrapper does.
+  if (base->is_const() && name == "__get__" && PyFunction_Check(base->obj())) return Var::method(base, name);
+  // A property of a caller's object, once the function changed the caller's state (a list it
+  // appended to, an attribute it set): its getter inlined, to read that state as the function
+  // left it (run for real, it read the caller's objects as they were before the call).
+  if (base->is_const() && base->source && PyType_HasFeature(Py_TYPE(base->obj()), Py_TPFLAGS_HEAPTYPE) &&
+      !PyType_Check(base->obj()) && !PyModule_Check(base->obj()) &&
+      (!root()->mutated_.empty() || !root()->attr_stores_.empty())) {
+    PyObject* key = PyUnicode_FromString(name.c_str());
+    PyObject* a = key ? _PyType_Lookup(Py_TYPE(base->obj()), key) : nullptr;
+    Py_XDECREF(key);
+    if (a && PyObject_TypeCheck(a, &PyProperty_Type)) {
+      PyObject* fget = PyObject_GetAttrString(a, "fget");
+      if (!fget) clear_error();
+      else keep_.push_back(fget);
+      if (fget && PyFunction_Check(fget) && !is_torch_internal(fget)) return inline_call(fget, nullptr, {base}, {});
+    }
+  }
   if (base->is_const()) {
     if (name == "__dict__")  // the object's attributes as the function left them: the logged stores are not in it yet
       for (const AttrStore& st : root()->attr_stores_)

@@ -360,7 +360,7 @@ int Interpreter::op_store_slice(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_delete_subscr(const Instr& in, const CodeInfo& ci) {
   VarPtr key = pop(), container = pop();
   if (container->kind() == Var::Kind::Dict) {
-    Py_ssize_t i = dict_find(container, key_obj(key, "dict key"));
+    Py_ssize_t i = dict_find(container, key_obj(key, "dict key", container));
     if (i < 0) unsupported("KeyError in del");
     note_mutation(container, "del of an item");
     Entries& e = container->entries();
@@ -591,7 +591,7 @@ int Interpreter::op_contains_op(const Instr& in, const CodeInfo& ci) {
   if (b->kind() == Var::Kind::Dict || b->kind() == Var::Kind::Tuple || b->kind() == Var::Kind::List) {
     bool found = false;
     if (b->kind() == Var::Kind::Dict) {
-      found = dict_find(b, key_obj(a, "key")) >= 0;
+      found = dict_find(b, key_obj(a, "key", b)) >= 0;
     } else {
       for (const VarPtr& x : b->seq()) {
         if (found) break;  // Python stops at the first item that is (or equals) the value

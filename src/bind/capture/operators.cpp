@@ -517,6 +517,24 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
       {"AND", PyNumber_And}, {"OR", PyNumber_Or}, {"XOR", PyNumber_Xor}, {"LSHIFT", PyNumber_Lshift},
       {"RSHIFT", PyNumber_Rshift}, {"MATRIX_MULTIPLY", PyNumber_MatrixMultiply}};
   PyObject *x = const_obj(a, "operand"), *y = const_obj(b, "operand");
+  // s |= t on a mutable object (a set, a Counter, a bytearray) changes it in place: its aliases
+  // see the change. One the function made is changed as it is; a caller's would change at capture.
+  const bool mutable_operand = (PyAnySet_Check(x) && !PyFrozenSet_Check(x)) || PyByteArray_Check(x) ||
+                               (PyDict_Check(x) && !PyDict_CheckExact(x)) || PyList_Check(x);
+  if (inplace && mutable_operand) {
+    if (a->source) unsupported("in-place operator " + nb + " on a caller's " + Py_TYPE(x)->tp_name);
+    static const std::unordered_map<std::string, binaryfunc> in_place = {
+        {"ADD", PyNumber_InPlaceAdd}, {"SUBTRACT", PyNumber_InPlaceSubtract}, {"MULTIPLY", PyNumber_InPlaceMultiply},
+        {"AND", PyNumber_InPlaceAnd}, {"OR", PyNumber_InPlaceOr}, {"XOR", PyNumber_InPlaceXor}};
+    if (auto ip = in_place.find(base); ip != in_place.end()) {
+      PyObject* r = ip->second(x, y);
+      if (r == x) {  // the same object: the same tracker, so `a is alias` holds
+        Py_DECREF(r);
+        return a;
+      }
+      return real(r);
+    }
+  }
   if (base == "POWER") return real(PyNumber_Power(x, y, Py_None));
   auto it = py.find(base);
   if (it == py.end()) unsupported("operator " + nb);
@@ -715,7 +733,7 @@ VarPtr Interpreter::subscript(VarPtr base, VarPtr index) {
     unsupported("subscript of a container with a non-constant index");
   }
   if (base->kind() == Var::Kind::Dict) {
-    PyObject* key = key_obj(index, "dict key");
+    PyObject* key = key_obj(index, "dict key", base);
     Py_ssize_t i = dict_find(base, key);
     if (auto* dv = base->get_if<DictV>();
         i < 0 && dv && ((dv->factory && dv->factory != Py_None) || dv->made_factory)) {

@@ -238,8 +238,21 @@ ir::Node* Interpreter::scalar_input(const SourcePtr& src, bool counter) {
   a.set("dtype", DType::Float64);
   ir::Node* n = add_node("scalar_input", {}, a);
   ++g_->scalar_inputs;
-  out_.scalar_inputs.push_back({src, counter});
+  out_.scalar_inputs.push_back({src, 0});
   return known = n;
+}
+
+// The counter at `src` after one more step of this call: its value read at the call, plus the
+// steps taken so far in the graph (two opt.step() in one call count 1 and 2). The runtime adds
+// them all to the counter after the graph.
+ir::Node* Interpreter::counter_step(const SourcePtr& src) {
+  ir::Node* base = scalar_input(src, true);
+  for (CaptureResult::ScalarInput& in : root()->out_.scalar_inputs)
+    if (in.source->str() == src->str()) {
+      ++in.counter;
+      return add_node("add", {base, g_->scalar(static_cast<double>(in.counter), DType::Float64)});
+    }
+  unsupported("a step counter without its input");
 }
 
 namespace {
@@ -419,7 +432,7 @@ void Interpreter::optimizer_step(PyObject* self, const SourcePtr& self_src, bool
     ir::Node* count;
     if (info.device.type == DeviceType::CPU && info.sizes.empty() && is_floating(info.dtype) && !gs.capturable) {
       out_.guards.add_tensor(step_src, info);
-      count = node("add", scalar_input(step_src, true), num(1.0));
+      count = counter_step(step_src);
     } else {
       VarPtr sv = wrap(step, step_src);
       check_inplace_target(sv, "optimizer step");

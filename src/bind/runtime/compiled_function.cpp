@@ -1047,8 +1047,12 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound, bool* rerun_
     int64_t bits;
     std::memcpy(&bits, &d, sizeof bits);
     scalars.push_back(bits);
-    if (ok && in.counter) counters.push_back(v);
-    else Py_XDECREF(v);
+    if (ok && in.counter) {
+      for (int k = 1; k < in.counter; ++k) counters.push_back(Py_NewRef(v));  // one increment per step
+      counters.push_back(v);
+    } else {
+      Py_XDECREF(v);
+    }
   }
   // Every size symbol's value, where a symbolic int is handed out (a counter stored back)
   std::vector<int64_t> symbol_values;
