@@ -822,3 +822,40 @@ def test_results_share_memory_as_numpy_views_do():
     assert a[0, 0] == -1.0
     out[1, 1] = 42.0
     assert a[1, 1] == 42.0, "the transposed result does not view the caller's array"
+
+
+def test_where_of_two_python_numbers_is_numpys_dtype():
+    a = np.array([0.5, -1.0, 2.0])
+    for fn in (lambda a: np.where(a > 0, 1.0, -1), lambda a: np.where(a > 0, 1, -1)):
+        got, want = kiln.compile(fn)(a), fn(a)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_apply_along_axis_runs_numpys_iterator_in_python():
+    # np.ndindex is an iterator object of the caller's, its own __iter__: capture once recursed
+    # without end draining it (a crash)
+    fn = lambda a: np.apply_along_axis(np.sum, 1, a)
+    a = np.random.default_rng(0).standard_normal((3, 4))
+    np.testing.assert_allclose(kiln.compile(fn)(a), fn(a))
+
+
+def test_a_callers_iterator_object_is_not_drained():
+    class It:
+        def __init__(self, n):
+            self._iter = iter(range(n))
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self._iter)
+
+    def fn(x, inds):
+        g = (i + 1 for i in inds)
+        return x + next(g)
+
+    x = torch.randn(2)
+    mine, theirs = It(3), It(3)
+    torch.testing.assert_close(kiln.compile(fn)(x, mine), fn(x, theirs))
+    assert list(mine) == list(theirs)

@@ -996,7 +996,15 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
       // An object whose class iterates in Python (collections.abc.Sequence's __iter__ over its
       // __getitem__ until IndexError: a config's per-layer view): that __iter__ inlined, a
       // generator run to its end.
-      if (VarPtr it = python_dunder(v, Py_TYPE(o), "__iter__", {})) return items_of(it);
+      if (VarPtr it = python_dunder(v, Py_TYPE(o), "__iter__", {})) {
+        // An iterator of the caller's (`__iter__` returns itself, or another object iterating by
+        // its Python __next__): yields one item at a time, possibly without end; not drained
+        // (items_of of it again recursed without end: numpy's ndindex in apply_along_axis).
+        if (it.get() == v.get() || (it->is_const() && it->known() == o) || it->get_if<RecordV>() ||
+            (it->is_const() && it->known() && python_function(Py_TYPE(it->known()), "__next__")))
+          unsupported("iteration over a user-defined iterator object (__next__)");
+        return items_of(it);
+      }
       unsupported("iteration over a " + std::string(Py_TYPE(o)->tp_name));
     }
     Py_ssize_t n = PySequence_Size(o);

@@ -558,7 +558,13 @@ struct NumpyRules {
     if (!args[0]->is_array() && !args[1]->is_array() && !args[2]->is_array()) unsupported("numpy where() of no array");
     const DType r = dtype_or_fail({args[1], args[2]}, "where");
     VarPtr c = args[0]->is_array() ? as_tensor(I, args[0], DType::Bool) : as_tensor(I, args[0], DType::Bool);
-    return as_array(I, call_torch(I, "where", {c, as_tensor(I, args[1], r), as_tensor(I, args[2], r)}), true);
+    VarPtr w = call_torch(I, "where", {c, as_tensor(I, args[1], r), as_tensor(I, args[2], r)});
+    if (w->is_tensor() && w->node()->meta.dtype != r) {  // two Python numbers: torch's float32, NumPy's float64
+      ir::Attrs a;
+      a.set("dtype", r);
+      w = Var::tensor(I.add_node("convert", {w->node()}, a));
+    }
+    return as_array(I, w, true);
   }
   static VarPtr matmul(Interpreter& I, const char* name, std::vector<VarPtr>& args, KwArgs& kwargs) {
     Args a = bind(name, {"a", "b", "out"}, args, kwargs);
