@@ -370,6 +370,7 @@ def register(register_polyfill) -> None:
     # cannot walk (`for a, b in itertools.product((1, 2), (3,))` broke twice)
     for original in (itertools.chain, itertools.chain.from_iterable, itertools.product, itertools.combinations,
                      itertools.permutations, itertools.zip_longest, itertools.islice, itertools.accumulate,
+                     itertools.repeat,  # tuple(repeat(v, 2)): torch's _pair
                      functools.reduce):  # reduce(max, (len(s) for s in shapes)) in torch._refs
         register_polyfill(original, models[original], always=True)
     register_polyfill(os.fspath, lambda path: path if isinstance(path, (str, bytes)) else path.__fspath__(), always=True)

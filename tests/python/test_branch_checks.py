@@ -130,9 +130,17 @@ DISTRIBUTIONS = {
 }
 
 
+@pytest.fixture
+def validating():
+    # torch's default; TorchDynamo turns it off for the process once it runs (kiln does not)
+    before = D.Distribution._validate_args
+    D.Distribution.set_default_validate_args(True)
+    yield
+    D.Distribution.set_default_validate_args(before)
+
+
 @pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
-def test_distributions_with_validation_are_one_graph(name):
-    assert D.Distribution._validate_args  # torch's default (TorchDynamo turns it off; kiln does not)
+def test_distributions_with_validation_are_one_graph(name, validating):
     fn, make = DISTRIBUTIONS[name]
     cf = kiln.compile(fn)
     for _ in range(2):
@@ -141,14 +149,14 @@ def test_distributions_with_validation_are_one_graph(name):
     assert _counts(cf, *make()) == (1, 0)
 
 
-def test_distribution_validation_errors_are_eagers():
+def test_distribution_validation_errors_are_eagers(validating):
     fn = lambda m, s: D.Normal(m, s).log_prob(m)
     cf = kiln.compile(fn)
     cf(torch.zeros(3), torch.ones(3))
     _raises_like_eager(fn, cf, torch.zeros(3), -torch.ones(3))
 
 
-def test_rsample_and_in_place_random_fills_draw_with_eagers_distribution():
+def test_rsample_and_in_place_random_fills_draw_with_eagers_distribution(validating):
     def fn(m, s):
         d = D.Normal(m, s)
         a = d.rsample()

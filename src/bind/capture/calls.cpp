@@ -297,6 +297,29 @@ ir::Node* Interpreter::uniform_draw(const std::vector<sym::Expr>& sizes, const s
   return add_node("random_uniform", {rng_seed()->node()}, a);
 }
 
+// x.addcdiv(t1, t2, value=v) and addcmul: x + v * (t1 / t2), x + v * (t1 * t2), in-place
+// too, with v a Python number or a 0-d tensor (a torch.optim update's step size, a tensor while
+// compiling). nullptr: other arguments (torch's call reports them).
+VarPtr Interpreter::add_product(const VarPtr& self, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  if (args.size() < 2 || args.size() > 3 || !args[0]->is_tensor() || !args[1]->is_tensor()) return nullptr;
+  VarPtr value = args.size() == 3 ? args[2] : nullptr;
+  for (const auto& [k, v] : kwargs) {
+    if (k != "value" || value) return nullptr;
+    value = v;
+  }
+  if (value && !value->is_tensor() && !(value->is_const() && (PyFloat_Check(value->known()) || PyLong_Check(value->known()))))
+    return nullptr;
+  const bool divide = name.rfind("addcdiv", 0) == 0;
+  for (const VarPtr& t : {args[0], args[1]})
+    if (!is_floating(t->node()->meta.dtype)) return nullptr;  // integer addcdiv is torch's error
+  VarPtr term = binary(divide ? "NB_TRUE_DIVIDE" : "NB_MULTIPLY", args[0], args[1]);
+  if (value) term = binary("NB_MULTIPLY", value, term);
+  VarPtr r = binary("NB_ADD", self, term);
+  if (name.back() != '_') return r;
+  check_inplace_target(self, name);
+  return mutate(self, r->node());
+}
+
 // x.normal_(mean, std) and x.uniform_(from, to) with Python numbers: every element drawn anew
 // from kiln's draws (torch.distributions' rsample fills torch.empty(shape) so), in x's dtype.
 // nullptr: arguments kiln leaves to torch (a generator, tensors).
@@ -600,6 +623,7 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
     }
     case Var::Kind::ContextExit:  // with's __exit__(None, None, None): the modes before the block
       enter_modes(*fn->as<ContextExitV>().mode);
+      if (root()->out_.modes_after) root()->out_.modes_after = current_modes();  // a set_grad_enabled call's, undone
       return Var::constant(Py_False);
     case Var::Kind::Context:
       if (args.size() == 1 && kwargs.empty() &&
@@ -1155,6 +1179,27 @@ bool Interpreter::own_forward_of(PyObject* module, PyObject* f) {
   return false;
 }
 
+// torch's own functions that TorchDynamo wraps in torch._dynamo.disable once it has run
+// (TorchPatcher: optimizer internals): the function itself, which kiln traces (borrowed, kept by
+// the wrapper). nullptr otherwise: a user's disabled function stays a call in Python (its
+// wrapper's set_eval_frame ends capture there).
+PyObject* Interpreter::dynamo_disabled_torch_function(PyObject* f) {
+  PyObject* disabled = PyObject_GetAttrString(f, "_torchdynamo_disable");
+  PyObject* wrapped = disabled == Py_True ? PyObject_GetAttrString(f, "__wrapped__") : nullptr;
+  clear_error();
+  Py_XDECREF(disabled);
+  if (wrapped) Py_DECREF(wrapped);  // the wrapper's __dict__ keeps it
+  return wrapped && PyFunction_Check(wrapped) && is_torch_internal(wrapped) ? wrapped : nullptr;
+}
+
+bool Interpreter::torch_optim_function(PyObject* f) {
+  PyObject* mod = PyObject_GetAttrString(f, "__module__");
+  if (!mod) clear_error();
+  const bool optim = mod && PyUnicode_Check(mod) && std::string(PyUnicode_AsUTF8(mod)).rfind("torch.optim.", 0) == 0;
+  Py_XDECREF(mod);
+  return optim;
+}
+
 bool Interpreter::is_torch_internal(PyObject* f) {
   PyObject* mod = PyObject_GetAttrString(f, "__module__");
   if (!mod) clear_error();
@@ -1229,6 +1274,7 @@ const std::unordered_map<PyObject*, Interpreter::Known>& Interpreter::known_torc
         {"torch.is_autocast_enabled", Known::AutocastQuery}, {"torch.is_autocast_cpu_enabled", Known::AutocastQuery},
         {"torch._C._is_any_autocast_enabled", Known::AutocastQuery},
         {"torch.get_default_dtype", Known::StateQuery},     {"torch.is_inference_mode_enabled", Known::StateQuery},
+        {"torch._C._get_privateuse1_backend_name", Known::StateQuery},
         {"torch.get_autocast_gpu_dtype", Known::AutocastQuery}, {"torch.get_autocast_cpu_dtype", Known::AutocastQuery},
         {"torch.get_autocast_dtype", Known::AutocastQuery}, {"torch.nn.functional.dropout", Known::Dropout},
         {"torch.nn.functional.dropout1d", Known::Dropout},  {"torch.nn.functional.dropout2d", Known::Dropout},
@@ -1470,6 +1516,9 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     // nn.LayerNorm.forward(self, x) in a subclass's forward (SqueezeBERT): that class's forward,
     // inlined on the module, as a call of the module inlines it
     return inline_call(f, fn->source, std::move(args), kwargs);
+  if (PyFunction_Check(f) && fn->source)
+    if (PyObject* inner = dynamo_disabled_torch_function(f))
+      return inline_call(inner, Source::attr(fn->source, "__wrapped__"), std::move(args), kwargs);
   {
     // A functools.lru_cache / cache helper: its function inlined, the cache neither read nor
     // filled, as TorchDynamo does (the function's result is what the cache would hold, for the
@@ -1516,6 +1565,8 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     if (!fn->source) unsupported("bound method " + callable_name(f) + " with no known source");
     VarPtr self = wrap(PyMethod_GET_SELF(f), Source::attr(fn->source, "__self__"));
     args.insert(args.begin(), self);
+    if (PyObject* inner = dynamo_disabled_torch_function(PyMethod_GET_FUNCTION(f)))
+      return inline_call(inner, Source::attr(Source::attr(fn->source, "__func__"), "__wrapped__"), std::move(args), kwargs);
     return inline_call(PyMethod_GET_FUNCTION(f), Source::attr(fn->source, "__func__"), std::move(args), kwargs);
   }
   if (fn->source && !PyType_Check(f) && !PyCFunction_Check(f) &&
@@ -1546,6 +1597,20 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
                             std::all_of(kwargs.begin(), kwargs.end(), [&](auto& kv) { return passable(kv.second); });
   if (any_tensor && is_torch_internal(f) && !all_passable && PyFunction_Check(f))
     return inline_call(f, fn->source, std::move(args), kwargs);
+  // torch.optim's functional updates (adagrad(params, grads, ...)): Python over torch's ops,
+  // updating the state tensors in place, which a call to torch would hide from the graph
+  if (any_tensor && PyFunction_Check(f) && torch_optim_function(f)) {
+    // While compiling, torch.optim keeps the step count a float32 tensor and derives step sizes
+    // from it in float32 (as under torch.compile), where eager reads it as a Python float: within
+    // float32's rounding, not float64's. Float64 parameters' updates run in Python.
+    std::function<bool(const VarPtr&)> f64 = [&](const VarPtr& a) {
+      if (a->kind() == Var::Kind::Tuple || a->kind() == Var::Kind::List) return std::any_of(a->seq().begin(), a->seq().end(), f64);
+      return a->is_tensor() && a->node()->meta.dtype == DType::Float64;
+    };
+    if (std::any_of(args.begin(), args.end(), f64))
+      unsupported("torch.optim update of float64 parameters (its compiled form derives step sizes in float32)");
+    return inline_call(f, fn->source, std::move(args), kwargs);
+  }
   if (any_tensor && is_torch_internal(f)) {
     if (VarPtr r = torch_extern(f, name, args, kwargs)) return r;
     // a torch Python helper that answers with Python values (a check, a size): inlined
@@ -2156,6 +2221,15 @@ VarPtr Interpreter::in_layout(const VarPtr& x, PyObject* fmt) {
 
 VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std::vector<VarPtr> args, const KwArgs& kwargs) {
   const ir::TensorMeta& m = self->node()->meta;
+  // x.requires_grad_() on a tensor autograd already tracks (transformers' enable_input_require_grads
+  // hook on an embedding's output): nothing changes, x is the result
+  if (name == "requires_grad_" && args.size() + kwargs.size() <= 1 && root()->grad_mode_ && root()->needs_grad_.count(self->node())) {
+    const VarPtr& flag = args.empty() ? (kwargs.empty() ? nullptr : kwargs[0].second) : args[0];
+    if (!flag || (flag->is_const() && flag->known() == Py_True && (kwargs.empty() || kwargs[0].first == "requires_grad")))
+      return self;
+  }
+  if ((name == "addcdiv" || name == "addcmul" || name == "addcdiv_" || name == "addcmul_") && is_floating(m.dtype))
+    if (VarPtr r = add_product(self, name, args, kwargs)) return r;
   // x.t_(), x.unsqueeze_(0): x itself becomes that view of its memory, under every name the
   // function has for it. An input's would change the caller's tensor: that runs in Python.
   static const std::set<std::string> view_in_place = {"t_", "transpose_", "squeeze_", "unsqueeze_", "swapaxes_", "swapdims_"};

@@ -185,6 +185,7 @@ Interpreter::Snapshot Interpreter::snapshot() const {
   s.kwnames = kwnames_;
   s.attr_stores = parent_ ? 0 : attr_stores_.size();
   s.checks = parent_ ? 0 : checks_.size();
+  if (!parent_) s.modes_after = out_.modes_after;
   if (!parent_)
     for (const VarPtr& c : mutated_) s.containers.emplace_back(c, contents_of(c));
   if (!parent_) s.mutations = const_cast<Interpreter*>(this)->input_mutations();
@@ -371,6 +372,9 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
     write_back(before.mutations);  // the updates of inputs done before the instruction
     checks_.resize(before.checks);  // and the checks made before it
     output_checks();
+    // modes a call inside the instruction set (torch.set_grad_enabled in an inlined optimizer
+    // step) are set when it runs for real, not before the graph
+    out_.modes_after = before.modes_after;
     for (size_t i = 0; i < before.stack.size(); ++i) {
       OutSpec spec = break_spec(before.stack[i]);
       if (i < below) {

@@ -214,6 +214,7 @@ class Interpreter {
   int64_t next_draw_offset();  // the counters of the graph's next random draw
   // x.normal_(mean, std) / x.uniform_(from, to) from kiln's draws; nullptr: left to torch
   VarPtr random_fill(const VarPtr& self, bool normal, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  VarPtr add_product(const VarPtr& self, const std::string& name, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // str(torch.device(device)) ("cpu", "cuda:0"), torch's default device for None or nullptr
   std::optional<std::string> device_name(PyObject* device);
   // torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False): fn(*args) inlined, the
@@ -267,6 +268,8 @@ class Interpreter {
   VarPtr iteration_builtin(PyObject* f, const std::vector<VarPtr>& args);
 
   static bool is_torch_internal(PyObject* f);
+  static bool torch_optim_function(PyObject* f);  // defined in torch.optim's modules
+  static PyObject* dynamo_disabled_torch_function(PyObject* f);
 
   VarPtr call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs);
   // torch.div(16, 4, rounding_mode="trunc"): a pointwise registry op on Python numbers alone
@@ -496,6 +499,8 @@ class Interpreter {
   VarPtr object_attr(const VarPtr& rec, const std::string& name);
   VarPtr python_descriptor_get(PyObject* descriptor, const VarPtr& rec);
   VarPtr record_dict_view(const VarPtr& rec);
+  static bool is_profiler_range(const VarPtr& ctx);
+  static bool is_thread_lock(PyObject* o);
   static void fill_dict_view(const VarPtr& rec, const VarPtr& d);
   std::vector<std::pair<VarPtr, VarPtr>> dict_views_;  // the root's: (object made in the frame, its __dict__)
   bool object_has_attr(const VarPtr& rec, const std::string& name);
@@ -577,6 +582,7 @@ class Interpreter {
     std::vector<std::string> kwnames;
     size_t attr_stores = 0;  // the root's log of attribute stores, as long as it was
     size_t checks = 0;       // the root's checks (checks_), as many as there were
+    std::optional<ModeChange> modes_after;  // the root's out_.modes_after then (a set_grad_enabled call's)
     // the root's caller containers changed so far, each with a copy of its contents then
     std::vector<std::pair<VarPtr, VarPtr>> containers;
     std::vector<std::pair<size_t, ir::Node*>> mutations;  // input_mutations() then

@@ -81,8 +81,21 @@ VarPtr Interpreter::mode_context(PyObject* f, const std::vector<VarPtr>& args, c
     // results would be ordinary tensors. The block runs for real (a break at the call).
     if (args.empty() || truth(args[0])) unsupported("torch.inference_mode() inside the function: its results are inference tensors, not captured");
   }
-  else if (f == set_grad_enabled && kwargs.empty() && args.size() == 1)
-    unsupported("torch.set_grad_enabled() changes grad mode when called: not captured yet");
+  else if (f == set_grad_enabled && kwargs.empty() && args.size() == 1) {
+    // torch.set_grad_enabled(b) sets grad mode when called (a statement of its own, or a with
+    // block's head, whose exit restores the mode before the call). Left set at the return, the
+    // function leaves it so for the caller (modes_after).
+    PyObject* b = const_obj(args[0], "set_grad_enabled argument");
+    if (!PyBool_Check(b)) unsupported("torch.set_grad_enabled() of a non-bool: TypeError");
+    ModeChange set;
+    set.grad = b == Py_True;
+    ModeChange before = enter_modes(set);
+    Interpreter* r = root();
+    if (before.grad != set.grad || r->out_.modes_after) r->out_.modes_after = current_modes();
+    VarPtr c = Var::context(std::move(set));
+    c->as<ContextV>().restore = std::make_shared<const ModeChange>(std::move(before));
+    return c;
+  }
   else if (f == nullcontext && args.empty() && kwargs.empty()) {
     // changes nothing
   } else if (const AutocastClass* ac = autocast_class(f)) {

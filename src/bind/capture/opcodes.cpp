@@ -144,6 +144,24 @@ int Interpreter::op_load_build_class(const Instr& in, const CodeInfo& ci) {
   return -1;
 }
 
+// torch.autograd.profiler.record_function (torch.profiler's too): a named range for the
+// profiler, which a compiled graph does not show (as under torch.compile); nothing else.
+bool Interpreter::is_profiler_range(const VarPtr& ctx) {
+  static PyObject* record_function = object_at("torch.autograd.profiler.record_function");
+  if (!record_function) return false;
+  if (auto* r = ctx->get_if<RecordV>()) return PyObject_IsSubclass(r->cls, record_function) == 1;  // made in the frame
+  return ctx->is_const() && ctx->known() && PyObject_TypeCheck(ctx->known(), reinterpret_cast<PyTypeObject*>(record_function));
+}
+
+// A threading.Lock or RLock of the caller's (a library's guard around a one-time setup): the
+// compiled graph runs as one step, so `with lock:` around captured code is nothing, as under
+// torch.compile; `as` binds acquire()'s True.
+bool Interpreter::is_thread_lock(PyObject* o) {
+  static PyObject* lock = object_at("_thread.LockType");
+  static PyObject* rlock = object_at("_thread.RLock");
+  return (lock && Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(lock)) || (rlock && Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(rlock));
+}
+
 int Interpreter::op_before_with(const Instr& in, const CodeInfo& ci) {
   VarPtr ctx = pop();
   ModeChange m;
@@ -154,9 +172,13 @@ int Interpreter::op_before_with(const Instr& in, const CodeInfo& ci) {
            Py_TYPE(ctx->known()) == reinterpret_cast<PyTypeObject*>(nullcontext)) {
     // a nullcontext the caller made: no modes; `as` binds its enter_result
     entered = getattr(ctx, "enter_result");
-  } else if (ctx->is_const()) m = modes_of_object(const_obj(ctx, "context manager"));
+  } else if (is_profiler_range(ctx)) entered = ctx;  // record_function: no modes
+  else if (ctx->is_const() && is_thread_lock(ctx->known())) entered = Var::constant(Py_True);  // capture runs on one thread
+  else if (ctx->is_const()) m = modes_of_object(const_obj(ctx, "context manager"));
   else unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/autocast/nullcontext");
-  VarPtr exit = Var::context(enter_modes(m), Var::Kind::ContextExit);  // its __exit__ restores the modes before
+  ModeChange before = enter_modes(m);
+  if (auto* c = ctx->get_if<ContextV>(); c && c->restore) before = *c->restore;
+  VarPtr exit = Var::context(std::move(before), Var::Kind::ContextExit);  // its __exit__ restores the modes before
   exit->as<ContextExitV>().entered = std::make_shared<const ModeChange>(m);
   push(exit);
   push(entered);

@@ -92,7 +92,7 @@ VarPtr Interpreter::optimizer_method(const VarPtr& fn, std::vector<VarPtr>& args
   PyObject* self = nullptr;
   SourcePtr self_src;
   PyObject* func = nullptr;
-  bool scheduler_wrapper = false;
+  bool scheduler_wrapper = false, self_in_args = false;
   if (PyMethod_Check(f)) {
     self = PyMethod_GET_SELF(f);
     func = unwrapped(PyMethod_GET_FUNCTION(f));
@@ -104,6 +104,14 @@ VarPtr Interpreter::optimizer_method(const VarPtr& fn, std::vector<VarPtr>& args
     self_src = fn->source->base;
     func = unwrapped(f);
     scheduler_wrapper = true;
+  } else if (PyFunction_Check(f) && !args.empty() && args[0]->is_const() && args[0]->source) {
+    // Optimizer.step(opt) called as a function with the optimizer first: torch's own wrapper
+    // (profile_hook_step) calls it so, under `kiln.compile(opt.step)`
+    func = unwrapped(f);
+    if (func != k.zero_grad && func != k.sgd_step && func != k.adam_step) return nullptr;
+    self = args[0]->obj();
+    self_src = args[0]->source;
+    self_in_args = true;
   } else {
     return nullptr;
   }
@@ -131,6 +139,7 @@ VarPtr Interpreter::optimizer_method(const VarPtr& fn, std::vector<VarPtr>& args
   if (!is_sgd && !is_adam) return nullptr;  // a subclass of its own: inlined as any code
   if ((sgd_step && !is_sgd) || (adam_step && !is_adam)) return nullptr;
   out_.guards.add_type(self_src, cls);
+  if (self_in_args) args.erase(args.begin());
   if (zero_grad) return optimizer_zero_grad(self, self_src, args, kwargs);
   if (!args.empty() || !kwargs.empty()) unsupported("optimizer step with a closure or arguments");
   optimizer_step(self, self_src, is_sgd, cls == k.adamw);

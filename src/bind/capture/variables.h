@@ -137,6 +137,9 @@ struct RecordV : Entries {  // an object made in the frame: a dataclass instance
 };
 struct ContextV {  // torch.no_grad(), torch.autocast(...), nullcontext(): what it changes
   ModeChangePtr mode;
+  // torch.set_grad_enabled(b): set when called, so the modes its block's exit restores are those
+  // before the call (nullptr: those before the block)
+  ModeChangePtr restore;
 };
 struct ContextExitV {  // the __exit__ of an entered Context: what it restores
   ModeChangePtr mode;

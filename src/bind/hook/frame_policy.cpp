@@ -103,6 +103,11 @@ bool takes(PyObject* func) {
   if (!(co->co_flags & CO_OPTIMIZED)) return false;  // module and class bodies
   std::string file = PyUnicode_AsUTF8(co->co_filename);
   if (file == "<string>") return false;
+  // A comprehension's own frame (3.11: <listcomp>, <dictcomp>, <setcomp>) takes a new iterator
+  // each time (`.0`), which an entry would be guarded on: it would recompile at every call.
+  // Inside a captured function it is inlined; under an eager caller it runs as it is.
+  const std::string name = PyUnicode_AsUTF8(co->co_name);
+  if (name == "<listcomp>" || name == "<dictcomp>" || name == "<setcomp>") return false;
   for (const std::string& dir : skipped_dirs())
     if (file.rfind(dir, 0) == 0 && !in_site_packages(file, dir.size())) return false;
   PyObject* module = PyDict_GetItemString(PyFunction_GET_GLOBALS(func), "__name__");  // borrowed

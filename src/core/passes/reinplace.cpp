@@ -27,7 +27,11 @@ void reinplace_input_updates(ir::Graph& g) {
     // not returned), and the result laid out as the input is (kernels read it by those strides).
     const bool only_reader = std::all_of(input->users.begin(), input->users.end(), [&](const ir::Node* u) { return u == n.get(); });
     const bool returned = std::find(g.outputs().begin(), g.outputs().end(), input) != g.outputs().end();
-    if (!only_reader || returned || !(n->meta.strides == input->meta.strides)) continue;
+    // and the update is used (written back, or read on the way there): a call left over from an
+    // inlined function a graph break stopped (an optimizer step that then runs for real) changes
+    // nothing in place
+    const bool used = !n->users.empty() || std::find(g.outputs().begin(), g.outputs().end(), n.get()) != g.outputs().end();
+    if (!only_reader || returned || !used || !(n->meta.strides == input->meta.strides)) continue;
     n->attrs.set("in_place", true);
   }
 }
