@@ -920,3 +920,33 @@ def test_id_of_a_callers_object_is_guarded_by_identity():
         torch.testing.assert_close(cf(x, o), f(x, o))
     e = kiln.explain(f)(torch.randn(3), a)
     assert e.graph_break_count == 0, e.break_reasons
+
+
+def test_a_break_after_a_comprehension_over_a_cell_variable_splits_the_graph():
+    # `k` is a cell (the comprehension closes over it); the comprehension has run, so the resume
+    # function may make a cell of its own (torchvision's RetinaNet.forward)
+    def fn(x):
+        y = x.sin() * 2
+        k = 3
+        ks = [k * i for i in range(2)]
+        print("", end="")
+        k = 5
+        return y.cos() + ks[1] + k
+
+    x = torch.randn(8)
+    torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
+    e = kiln.explain(fn)(x)
+    assert (e.graph_count, e.graph_break_count) == (2, 1)
+
+
+def test_a_break_with_a_live_closure_over_a_cell_runs_eagerly():
+    def fn(x):
+        k = 3
+        g = lambda t: t * k
+        y = x.sin()
+        print("", end="")
+        k = 5  # g must see this
+        return g(y)
+
+    x = torch.randn(4)
+    torch.testing.assert_close(kiln.compile(fn)(x), fn(x))

@@ -1544,3 +1544,23 @@ def test_two_backward_calls_in_a_compiled_function():
         fn(a, b)
         grads.append((a.grad, b.grad))
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_batch_norm_training_on_an_empty_batch_keeps_the_running_statistics():
+    m, ref = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+    out = kiln.compile(m)(torch.randn(0, 3))
+    ref(torch.randn(0, 3))
+    assert out.shape == (0, 3)
+    torch.testing.assert_close(m.running_mean, ref.running_mean)
+    torch.testing.assert_close(m.running_var, ref.running_var)
+    assert int(m.num_batches_tracked) == int(ref.num_batches_tracked)
+
+
+def test_poisson_nll_loss_is_captured_as_the_loss_it_is():
+    import torch.nn.functional as F
+
+    f = lambda x, t: F.poisson_nll_loss(x, t)
+    x, t = torch.randn(4, 5, requires_grad=True), torch.rand(4, 5)
+    e = kiln.explain(kiln.compile(f))(x, t)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    torch.testing.assert_close(kiln.compile(f)(x, t), f(x, t))

@@ -627,6 +627,7 @@ struct CallRules {
     // Otherwise its gradients are the non-reentrant form's: the region recomputed in the
     // backward (torch's reentrant backward, run from kiln's, would call .grad() and raise).
     if (reentrant) {
+      if (!passed.empty()) return nullptr;  // the reentrant form takes no keyword arguments: torch's error
       bool tracked = false;
       auto check = [&](const VarPtr& v) { tracked = tracked || (v->is_tensor() && I.tracked().count(v->node())); };
       for (size_t i = 1; i < args.size(); ++i) check(args[i]);

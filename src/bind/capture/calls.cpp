@@ -2936,7 +2936,10 @@ VarPtr Interpreter::torch_extern(PyObject* f, const std::string& name, const std
   static PyObject* torch_dropout = resolve_torch_path("torch.dropout");
   if (f == f_dropout || f == torch_dropout) return dropout(args, kwargs, f == f_dropout);
   if (VarPtr drawn = random_draw(f, args, kwargs)) return drawn;
-  if (draws()) unsupported("call to " + name + " draws random numbers: not captured yet");
+  // named after a distribution, drawing nothing: the Poisson negative log-likelihood
+  static const std::set<PyObject*> draw_free = {resolve_torch_path("torch.nn.functional.poisson_nll_loss"),
+                                                resolve_torch_path("torch.poisson_nll_loss")};
+  if (draws() && !draw_free.count(f)) unsupported("call to " + name + " draws random numbers: not captured yet");
   // x.detach(): the same values, outside autograd (the training graph stops gradients there).
   if (leaf == "detach" && args.size() == 1 && args[0]->is_tensor() && kwargs.empty()) {
     ir::Attrs a;

@@ -312,8 +312,44 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   mutated_.resize(before.containers.size());
   auto* co = reinterpret_cast<PyCodeObject*>(code_);
   const int nv = co->co_nlocals;
+  // A bound cell of the frame: the resume function makes a new cell around its value, so a
+  // closure made before the break over the old one (still reachable: a lambda in a local, on the
+  // stack, stored on an object) would no longer see the variable. One consumed already (a
+  // comprehension's function, run where it was made) is no obstacle.
+  std::unordered_set<const Var*> cells;
   for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i)
-    if (before.locals[i]) return false;  // a bound cell: closures made before would lose it
+    if (before.locals[i] && static_cast<size_t>(i) < locals_.size() && locals_[i]) cells.insert(locals_[i].get());
+  if (!cells.empty()) {
+    std::unordered_set<const Var*> seen;
+    bool closes = false;
+    std::function<void(const VarPtr&)> walk = [&](const VarPtr& v) {
+      if (!v || closes || !seen.insert(v.get()).second) return;
+      switch (v->kind()) {
+        case Var::Kind::Function:
+          for (const VarPtr& c : v->as<FunctionV>().cells) closes = closes || cells.count(c.get());
+          break;
+        case Var::Kind::Tuple:
+        case Var::Kind::List:
+          for (const VarPtr& x : v->seq()) walk(x);
+          break;
+        case Var::Kind::Dict:
+        case Var::Kind::Record:
+          for (const VarPtr& x : v->entries().values) walk(x);
+          break;
+        case Var::Kind::Method: walk(v->as<MethodV>().self); break;
+        case Var::Kind::Cell: walk(v->as<CellV>().content); break;
+        case Var::Kind::Iterator:
+          for (const VarPtr& x : v->as<IteratorV>().left()) walk(x);
+          break;
+        default: break;
+      }
+    };
+    for (const VarPtr& v : before.stack) walk(v);
+    for (const VarPtr& v : before.locals) walk(v);
+    for (size_t i = 0; i < before.attr_stores && i < attr_stores_.size(); ++i) walk(attr_stores_[i].value);
+    for (const auto& [tracker, then] : before.containers) walk(then);
+    if (closes) return false;
+  }
   auto brk = std::make_unique<GraphBreak>();
   brk->reason = why;
   brk->location = location();

@@ -148,6 +148,8 @@ Node* decompose_batch_norm(Graph& g, Node* n) {
 
 std::pair<Node*, Node*> batch_norm_running_update(Graph& g, Node* x, Node* running_mean, Node* running_var, double momentum) {
   const BatchStats st = batch_statistics(g, x);
+  // an empty batch updates nothing (torch's kernels return before; its statistics are nan)
+  if (st.count.is_const(0)) return {running_mean, running_var};
   const Ints channels = {-1};
   auto flat = [&](Node* v) { return g.must_add("reshape", {v}, A({{"shape", channels}})); };
   // torch's kernels: running = momentum * batch + (1 - momentum) * running, with the variance
