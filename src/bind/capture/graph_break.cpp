@@ -98,7 +98,9 @@ std::vector<bool> Interpreter::live_locals(PyObject* code, const CodeInfo& ci, c
                       name == "JUMP_FORWARD" || name == "JUMP_BACKWARD" || name == "JUMP_BACKWARD_NO_INTERRUPT" ||
                       name == "JUMP";
     if (!ends && i + 1 < n) succ[i].push_back(i + 1);
-    if (x.jump_target >= 0)
+    // (jump_target holds any integer argument: only jumps branch there)
+    const bool jumps = name.find("JUMP") != std::string::npos || name == "FOR_ITER" || name == "SEND";
+    if (jumps && x.jump_target >= 0)
       if (auto t = ci.by_offset.find(x.jump_target); t != ci.by_offset.end()) succ[i].push_back(t->second);
     ExceptionHandler h = exception_handler(code, x.offset);
     if (h.target >= 0)
@@ -316,9 +318,22 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   // closure made before the break over the old one (still reachable: a lambda in a local, on the
   // stack, stored on an object) would no longer see the variable. One consumed already (a
   // comprehension's function, run where it was made) is no obstacle.
+  // The resume function does not take a cell's value either: one code after the break uses
+  // (reads, stores, closes over) declines the break.
   std::unordered_set<const Var*> cells;
-  for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i)
-    if (before.locals[i] && static_cast<size_t>(i) < locals_.size() && locals_[i]) cells.insert(locals_[i].get());
+  std::vector<bool> cell_live;
+  for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i) {
+    if (!before.locals[i]) continue;
+    if (cell_live.empty()) {
+      std::vector<size_t> from{pc + 1};
+      if (in.op == OP_POP_JUMP_IF_TRUE || in.op == OP_POP_JUMP_IF_FALSE || in.op == OP_POP_JUMP_FORWARD_IF_TRUE ||
+          in.op == OP_POP_JUMP_FORWARD_IF_FALSE)
+        if (auto t = ci.by_offset.find(in.jump_target); t != ci.by_offset.end()) from.push_back(t->second);
+      cell_live = live_locals(code_, ci, from, co->co_nlocalsplus);
+    }
+    if (cell_live[static_cast<size_t>(i)]) return false;
+    if (static_cast<size_t>(i) < locals_.size() && locals_[i]) cells.insert(locals_[i].get());
+  }
   if (!cells.empty()) {
     std::unordered_set<const Var*> seen;
     bool closes = false;
