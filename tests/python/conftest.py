@@ -29,3 +29,15 @@ def device(request):
 @pytest.fixture
 def check():
     return _check
+
+
+@pytest.fixture
+def quiet_fallbacks():
+    """kiln's fallback warnings off for a test whose eager calls are expected (a sweep of other
+    projects' cases), restored after it for the other files."""
+    import kiln
+
+    before = kiln.config.suppress_fallback_warnings
+    kiln.config.suppress_fallback_warnings = True
+    yield
+    kiln.config.suppress_fallback_warnings = before

@@ -43,13 +43,12 @@ except Exception as e:  # noqa: BLE001
 torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
 
 
+pytestmark = pytest.mark.usefixtures("quiet_fallbacks")
+
+
 @pytest.fixture(autouse=True)
-def _quiet_fallbacks():
-    # this sweep's eager calls are expected; the flag is restored for the other files
-    before = kiln.config.suppress_fallback_warnings
-    kiln.config.suppress_fallback_warnings = True
+def _backend_flags_settable():
     yield
-    kiln.config.suppress_fallback_warnings = before
     torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True  # a lazy import may forbid it again
 
 MAX_SAMPLES = int(os.environ.get("KILN_MODULE_DB_MAX_SAMPLES", 4))

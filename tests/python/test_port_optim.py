@@ -33,12 +33,7 @@ LS = torch.optim.lr_scheduler
 warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
 
 
-@pytest.fixture(autouse=True)
-def _quiet_fallbacks():
-    before = kiln.config.suppress_fallback_warnings
-    kiln.config.suppress_fallback_warnings = True
-    yield
-    kiln.config.suppress_fallback_warnings = before
+pytestmark = pytest.mark.usefixtures("quiet_fallbacks")
 
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-12)}

@@ -288,13 +288,25 @@ VarPtr Interpreter::dropout(const std::vector<VarPtr>& args, const KwArgs& kwarg
   return Var::tensor(add_node("dropout", {x, seed}, at));
 }
 
-ir::Node* Interpreter::uniform_draw(const std::vector<sym::Expr>& sizes, const std::string& device) {
+namespace {
+
+ir::Attrs draw_attrs(const std::vector<sym::Expr>& sizes, const std::string& device, DType dtype, int64_t offset) {
   ir::Attrs a;
   a.set("size", sizes);
-  a.set("dtype", DType::Float32);
+  a.set("dtype", dtype);
   a.set("device", device);
-  a.set("offset", next_draw_offset());
-  return add_node("random_uniform", {rng_seed()->node()}, a);
+  a.set("offset", offset);
+  return a;
+}
+
+}  // namespace
+
+ir::Node* Interpreter::uniform_draw(const std::vector<sym::Expr>& sizes, const std::string& device) {
+  return add_node("random_uniform", {rng_seed()->node()}, draw_attrs(sizes, device, DType::Float32, next_draw_offset()));
+}
+
+ir::Node* Interpreter::normal_draw(const std::vector<sym::Expr>& sizes, const std::string& device, DType dtype) {
+  return add_node("random_normal", {rng_seed()->node()}, draw_attrs(sizes, device, dtype, next_draw_offset()));
 }
 
 // x.addcdiv(t1, t2, value=v) and addcmul: x + v * (t1 / t2), x + v * (t1 * t2), in-place
@@ -346,17 +358,8 @@ VarPtr Interpreter::random_fill(const VarPtr& self, bool normal, const std::vect
   if (!normal && !(p[0] <= p[1])) unsupported("uniform_ expects to return a [from, to) range: RuntimeError");
   if (root()->grad_mode_ && root()->needs_grad_.count(self->node())) return nullptr;
   check_inplace_target(self, normal ? "normal_" : "uniform_");
-  ir::Node* draw;
-  if (normal) {
-    ir::Attrs a;
-    a.set("size", m.sizes);
-    a.set("dtype", m.dtype == DType::Float64 ? DType::Float64 : DType::Float32);
-    a.set("device", m.device.str());
-    a.set("offset", next_draw_offset());
-    draw = add_node("random_normal", {rng_seed()->node()}, a);
-  } else {
-    draw = uniform_draw(m.sizes, m.device.str());
-  }
+  ir::Node* draw = normal ? normal_draw(m.sizes, m.device.str(), m.dtype == DType::Float64 ? DType::Float64 : DType::Float32)
+                          : uniform_draw(m.sizes, m.device.str());
   const double scale = normal ? p[1] : p[1] - p[0], shift = p[0];
   auto number_node = [&](double d, const char* what) { return as_node(Var::steal_constant(PyFloat_FromDouble(d)), what); };
   ir::Node* r = draw;
@@ -1192,21 +1195,24 @@ PyObject* Interpreter::dynamo_disabled_torch_function(PyObject* f) {
   return wrapped && PyFunction_Check(wrapped) && is_torch_internal(wrapped) ? wrapped : nullptr;
 }
 
-bool Interpreter::torch_optim_function(PyObject* f) {
-  PyObject* mod = PyObject_GetAttrString(f, "__module__");
-  if (!mod) clear_error();
-  const bool optim = mod && PyUnicode_Check(mod) && std::string(PyUnicode_AsUTF8(mod)).rfind("torch.optim.", 0) == 0;
-  Py_XDECREF(mod);
-  return optim;
-}
+namespace {
 
-bool Interpreter::is_torch_internal(PyObject* f) {
+// f.__module__ ("" where it has none)
+std::string module_name(PyObject* f) {
   PyObject* mod = PyObject_GetAttrString(f, "__module__");
   if (!mod) clear_error();
   std::string m = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : "";
-  bool torch = m == "torch" || m.rfind("torch.", 0) == 0;  // torchvision and others are user code here
   Py_XDECREF(mod);
-  return torch;
+  return m;
+}
+
+}  // namespace
+
+bool Interpreter::torch_optim_function(PyObject* f) { return module_name(f).rfind("torch.optim.", 0) == 0; }
+
+bool Interpreter::is_torch_internal(PyObject* f) {
+  const std::string m = module_name(f);
+  return m == "torch" || m.rfind("torch.", 0) == 0;  // torchvision and others are user code here
 }
 
 namespace {

@@ -320,18 +320,16 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   // comprehension's function, run where it was made) is no obstacle.
   // The resume function does not take a cell's value either: one code after the break uses
   // (reads, stores, closes over) declines the break.
+  // Where the resume function goes on (after the instruction; for a branch, at its target too)
+  // and what code from there uses: locals handed on, cells that decline the break.
+  std::vector<size_t> resumes_at{pc + 1};
+  if (in.op != OP_CALL && in.op != OP_BINARY_OP)  // a branch on the value (GraphBreak::Kind::Jump)
+    if (auto t = ci.by_offset.find(in.jump_target); t != ci.by_offset.end()) resumes_at.push_back(t->second);
+  std::vector<bool> live = live_locals(code_, ci, resumes_at, co->co_nlocalsplus);
   std::unordered_set<const Var*> cells;
-  std::vector<bool> cell_live;
   for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i) {
     if (!before.locals[i]) continue;
-    if (cell_live.empty()) {
-      std::vector<size_t> from{pc + 1};
-      if (in.op == OP_POP_JUMP_IF_TRUE || in.op == OP_POP_JUMP_IF_FALSE || in.op == OP_POP_JUMP_FORWARD_IF_TRUE ||
-          in.op == OP_POP_JUMP_FORWARD_IF_FALSE)
-        if (auto t = ci.by_offset.find(in.jump_target); t != ci.by_offset.end()) from.push_back(t->second);
-      cell_live = live_locals(code_, ci, from, co->co_nlocalsplus);
-    }
-    if (cell_live[static_cast<size_t>(i)]) return false;
+    if (live[static_cast<size_t>(i)]) return false;
     if (static_cast<size_t>(i) < locals_.size() && locals_[i]) cells.insert(locals_[i].get());
   }
   if (!cells.empty()) {
@@ -438,10 +436,6 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
     // Locals no path after the break reads are not handed on, as in TorchDynamo: a value only
     // they hold is no output of the graph (an unused `(-1.5) ** x` that requires grad would
     // otherwise take a zero gradient into a backward that multiplies it by nan).
-    std::vector<size_t> resumes_at{pc + 1};
-    if (brk->kind == GraphBreak::Kind::Jump)
-      if (auto t = ci.by_offset.find(in.jump_target); t != ci.by_offset.end()) resumes_at.push_back(t->second);
-    std::vector<bool> live = live_locals(code_, ci, resumes_at, nv);
     // Zero-argument super() reads the frame's first argument with no instruction of its own:
     // a method that uses it (its code has the __class__ cell) hands that argument on.
     if (auto* co = reinterpret_cast<PyCodeObject*>(code_); co->co_argcount > 0 && !live.empty()) {

@@ -211,6 +211,7 @@ class Interpreter {
   std::string rerun_differs(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // Uniform [0, 1) float32s of `sizes` on `device`, a draw of its own (bernoulli's masks).
   ir::Node* uniform_draw(const std::vector<sym::Expr>& sizes, const std::string& device);
+  ir::Node* normal_draw(const std::vector<sym::Expr>& sizes, const std::string& device, DType dtype);  // standard normal
   int64_t next_draw_offset();  // the counters of the graph's next random draw
   // x.normal_(mean, std) / x.uniform_(from, to) from kiln's draws; nullptr: left to torch
   VarPtr random_fill(const VarPtr& self, bool normal, const std::vector<VarPtr>& args, const KwArgs& kwargs);
