@@ -1503,9 +1503,7 @@ class temp_globals:
                 self.ns[k] = v
 
 
-_FULLGRAPH = [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="fullgraph=True: DELETE_GLOBAL / STORE_GLOBAL are not supported "
-    "('bytecode DELETE_GLOBAL is not supported yet'); TorchDynamo captures them in one graph"))]
+_FULLGRAPH = [False, True]
 
 
 @pytest.mark.parametrize("fullgraph", _FULLGRAPH)
@@ -1908,7 +1906,6 @@ def test_builtins_module_patched_between_calls():
         builtins.abs = orig
 
 
-@pytest.mark.xfail(strict=True, reason="STORE_GLOBAL is a graph break ('bytecode STORE_GLOBAL is not supported yet'); TorchDynamo: 1 graph, 0 breaks")
 def test_global_counts_not_more_than_dynamo():
     global g_counter
     g_counter = 1
@@ -3083,9 +3080,6 @@ def _pa_backwards2(a, b):
 
 
 _PA_FNS = [_pa_forwards1, _pa_forwards2, _pa_backwards1, _pa_backwards2]
-_STORE_GLOBAL_XFAIL = pytest.mark.xfail(
-    strict=True, reason="STORE_GLOBAL (`global _name; _name += 1` in an inlined helper) is a graph break: "
-    "'bytecode STORE_GLOBAL is not supported yet'; TorchDynamo captures one graph")
 
 
 @pytest.mark.parametrize("fn", _PA_FNS)
@@ -3111,7 +3105,6 @@ def test_python_autograd_values_and_tape(fn):
     assert tape1 == etape1 and tape2 == etape2, (tape1, etape1, tape2, etape2)
 
 
-@_STORE_GLOBAL_XFAIL
 @pytest.mark.parametrize("fn", _PA_FNS)
 def test_python_autograd_one_graph(fn):
     kiln.reset()
@@ -3144,7 +3137,6 @@ def test_python_autograd_split_forward_and_grad():
     reset_tape()
 
 
-@_STORE_GLOBAL_XFAIL
 def test_python_autograd_split_two_graphs():
     v1 = Variable.constant(torch.randn(10), name="a")
     v2 = Variable.constant(torch.randn(10), name="b")
@@ -3158,7 +3150,6 @@ def test_python_autograd_split_two_graphs():
     assert kiln.stats()["graphs_compiled"] <= 2
 
 
-@_STORE_GLOBAL_XFAIL
 def test_python_autograd_counts_not_more_than_dynamo():
     def fn(a, b):
         reset_tape()

@@ -13,7 +13,7 @@ VarPtr Interpreter::private_copy(PyObject* copier, const VarPtr& of) {
   return Var::constant(copy);
 }
 
-void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr value) {
+void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr value, bool generic) {
   const bool private_module = obj->kind() == Var::Kind::Module && obj->obj() && is_private(obj->obj());
   if ((obj->is_const() && is_private(obj->known())) || private_module) {  // a private object: the store is done now
     PyObject* v = !value ? nullptr
@@ -37,8 +37,17 @@ void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr 
     // The log holds the value as stored; a class that changes it on the way in (its own
     // __setattr__, a data descriptor) would be read back differently in this call.
     PyTypeObject* t = Py_TYPE(obj->obj());
-    if (!PyType_Check(obj->obj()) && t->tp_setattro != PyObject_GenericSetAttr)
+    if (!generic && !PyType_Check(obj->obj()) && t->tp_setattro != PyObject_GenericSetAttr) {
+      // The class's own __setattr__ written in Python (transformers' configs map attribute
+      // names): inlined, its super().__setattr__ a generic store logged here.
+      static PyObject* setattr_name = PyUnicode_InternFromString("__setattr__");
+      PyObject* f = _PyType_Lookup(t, setattr_name);
+      if (value && f && PyFunction_Check(f) && !is_torch_internal(f)) {
+        call(Var::method(obj, "__setattr__", f), {Var::steal_constant(PyUnicode_FromString(name.c_str())), std::move(value)}, {});
+        return;
+      }
       unsupported(std::string("attribute assignment through ") + t->tp_name + ".__setattr__");
+    }
     PyObject* key = PyUnicode_FromString(name.c_str());
     PyObject* d = key && !PyType_Check(obj->obj()) ? _PyType_Lookup(t, key) : nullptr;  // borrowed
     Py_XDECREF(key);
@@ -49,21 +58,24 @@ void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr 
   if (value && value->kind() == Var::Kind::Module && is_private(value->obj()))
     unsupported("a module the function made (a user nn.Module) stored where the caller sees it");  // its state is this capture's
   keep_.push_back(Py_NewRef(obj->obj()));
-  root()->attr_stores_.push_back(AttrStore{obj->obj(), name, std::move(value), obj->source});
+  root()->attr_stores_.push_back(AttrStore{obj->obj(), name, std::move(value), obj->source, generic});
 }
 
 const Interpreter::AttrStore* Interpreter::logged_attr(PyObject* obj, const std::string& name) {
   auto& log = root()->attr_stores_;
+  // a module's attribute is an item of its dict, which `global name` stores into
+  PyObject* dict = PyModule_Check(obj) ? PyModule_GetDict(obj) : nullptr;
   for (auto it = log.rbegin(); it != log.rend(); ++it)
-    if (it->obj == obj && it->name == name) return &*it;
+    if ((it->obj == obj || (dict && it->obj == dict)) && it->name == name) return &*it;
   return nullptr;
 }
 
 namespace {
 
-// Whether `v` is what obj.name holds now: the same object, or an equal Python scalar.
-bool holds(PyObject* obj, const std::string& name, const VarPtr& v) {
-  PyObject* now = PyObject_GetAttrString(obj, name.c_str());
+// Whether `v` is what obj.name (an item of a module's dict: a global) holds now: the same
+// object, or an equal Python scalar.
+bool holds(PyObject* obj, const std::string& name, const VarPtr& v, bool global) {
+  PyObject* now = global ? Py_XNewRef(PyDict_GetItemString(obj, name.c_str())) : PyObject_GetAttrString(obj, name.c_str());
   if (!now) {
     clear_error();
     return !v;
@@ -96,12 +108,14 @@ std::vector<StoreReplay> Interpreter::store_replays(size_t upto, bool at_break) 
     bool last = true;  // only the last store of each attribute decides
     for (size_t j = i + 1; j < upto && j < log.size(); ++j)
       if (log[j].obj == log[i].obj && log[j].name == log[i].name) last = false;
-    if (!last || holds(log[i].obj, log[i].name, log[i].value)) continue;
+    const bool global = log[i].source && log[i].source->kind == Source::Kind::Globals;
+    if (!last || holds(log[i].obj, log[i].name, log[i].value, global)) continue;
     if (log[i].source && log[i].source->made_in_frame()) continue;  // the frame's own object: gone after the call
     if (!log[i].source)
       unsupported("attribute assignment on an object the caller can see (" + std::string(Py_TYPE(log[i].obj)->tp_name) + "." +
                   log[i].name + " would stay changed, and kiln has no source to redo the store on)");
     StoreReplay r{log[i].source, log[i].name, {}};
+    r.generic = log[i].generic;
     if (log[i].value) r.value = at_break ? break_spec(log[i].value) : output_spec(log[i].value);
     else r.value.kind = OutSpec::Kind::Unbound;
     out.push_back(std::move(r));

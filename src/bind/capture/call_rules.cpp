@@ -28,6 +28,7 @@ struct CallRules {
       add(I.builtin("super"), super_);
       add(I.builtin("getattr"), getattr_);
       add(I.builtin("setattr"), setattr_);
+      add(PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__setattr__"), object_setattr);
       add(I.builtin("__build_class__"), build_class);
       add(I.builtin("hasattr"), getattr_);
       add(I.builtin("id"), id_);
@@ -47,6 +48,7 @@ struct CallRules {
       add(object_at("copy.deepcopy"), copy_);
       add(object_at("copy.copy"), copy_);
       add(object_at("functools.partial"), partial);
+      add(object_at("contextlib.contextmanager"), contextmanager);
       add(object_at("collections.Counter"), counter);
       add(object_at("collections.deque"), deque_);
       add(object_at("collections.namedtuple"), namedtuple_class);
@@ -175,6 +177,15 @@ struct CallRules {
   static VarPtr setattr_(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (args.size() != 3 || !kwargs.empty() || !args[1]->is_const() || !PyUnicode_Check(args[1]->known())) return nullptr;
     I.store_attr(args[0], PyUnicode_AsUTF8(args[1]->known()), args[2]);
+    return Var::constant(Py_None);
+  }
+
+  // object.__setattr__(obj, name, value): the generic store, past the class's own __setattr__
+  // (a frozen dataclass's __init__, or super().__setattr__ in a class's own).
+  static VarPtr object_setattr(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 3 || !kwargs.empty() || !args[1]->is_const() || !PyUnicode_Check(args[1]->known())) return nullptr;
+    if (!args[0]->is_const()) return nullptr;  // objects made in the frame have the generic __setattr__ (user_objects.cpp)
+    I.store_attr(args[0], PyUnicode_AsUTF8(args[1]->known()), args[2], true);
     return Var::constant(Py_None);
   }
 
@@ -460,6 +471,19 @@ struct CallRules {
     }
     if (args[0]->kind() == Var::Kind::Iterator) return args[0];  // iter(it) is it
     return Var::iterator(I.items_of(args[0]));
+  }
+
+  // @contextlib.contextmanager over a generator function made in the frame: that function,
+  // marked so a call makes its context manager (python_contexts.cpp). Over a function of the
+  // caller's, contextmanager runs as any Python function.
+  static VarPtr contextmanager(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 1 || !kwargs.empty() || args[0]->kind() != Var::Kind::Function) return nullptr;
+    const FunctionV& f = args[0]->as<FunctionV>();
+    FunctionV d;
+    d.fn = Py_NewRef(f.fn);
+    d.cells = f.cells;
+    d.makes_context = true;
+    return std::make_shared<Var>(std::move(d));  // not rebuildable: a break or return cannot hand it out
   }
 
   // functools.partial(g, ...) of values known here: a real partial, built now. Others (over

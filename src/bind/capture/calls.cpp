@@ -185,6 +185,9 @@ VarPtr Interpreter::call_op(const OpBinding& b, std::vector<VarPtr> args, const 
     // overload of torch's, which its operator runs.
     if (v->is_tensor() && (p.type == "Scalar" || p.type == "Scalar?")) return nullptr;
     PyObject* o = const_obj(v, p.name.c_str());
+    // A str where the entry takes ints: another overload of torch's (conv's padding="same"),
+    // which its operator runs.
+    if (p.is_int_list() && PyUnicode_Check(o)) return nullptr;
     if (o == Py_None) {
       if (p.type.back() != '?' && !(p.has_default && p.dflt == "None")) unsupported(p.name + " must not be None");
       continue;
@@ -611,6 +614,7 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
       unsupported("call of a non-callable object: TypeError");
     case Var::Kind::Function: {
       FunctionV& f = fn->as<FunctionV>();
+      if (f.makes_context) return make_generator_context(f.fn, &f.cells, args, kwargs);
       if (!f.mode) return inline_call(f.fn, nullptr, std::move(args), kwargs, &f.cells);
       // a function decorated with @torch.no_grad(), @torch.autocast(...): its body runs in those modes
       ModeChange saved = enter_modes(*f.mode);
@@ -625,6 +629,8 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
       return r;
     }
     case Var::Kind::ContextExit:  // with's __exit__(None, None, None): the modes before the block
+      if (fn->as<ContextExitV>().python_exit || fn->as<ContextExitV>().generator)
+        return exit_python_context(fn->as<ContextExitV>(), std::move(args), kwargs);
       enter_modes(*fn->as<ContextExitV>().mode);
       if (root()->out_.modes_after) root()->out_.modes_after = current_modes();  // a set_grad_enabled call's, undone
       return Var::constant(Py_False);
@@ -662,12 +668,27 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
 
 VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<VarPtr> args, const KwArgs& kwargs,
                    const std::vector<VarPtr>* cells) {
+  if (VarPtr cm = generator_context(f, args, kwargs, cells)) return cm;
+  std::unique_ptr<Interpreter> frame = bound_frame(f, std::move(f_source), std::move(args), kwargs, cells);
+  VarPtr r = frame->run_frame();
+  if (reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(f))->co_flags & CO_GENERATOR) {
+    // A generator runs to its end at once: the caller iterates over what it yielded.
+    VarPtr it = Var::iterator(std::move(frame->yields_));
+    it->as<IteratorV>().returned = r;
+    return it;
+  }
+  return r;
+}
+
+std::unique_ptr<Interpreter> Interpreter::bound_frame(PyObject* f, SourcePtr f_source, std::vector<VarPtr> args,
+                                                      const KwArgs& kwargs, const std::vector<VarPtr>* cells) {
   auto* co = reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(f));
   std::string name = PyUnicode_AsUTF8(co->co_qualname);
   if (depth_ >= 32) unsupported("inlining deeper than 32 calls (recursion?) at " + name);
   if (co->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE))
     unsupported(name + " is a coroutine");
-  Interpreter child(f, out_, this, std::move(f_source));
+  auto frame = std::make_unique<Interpreter>(f, out_, this, std::move(f_source));
+  Interpreter& child = *frame;
   if (cells) {
     int first_free = co->co_nlocalsplus - co->co_nfreevars;
     for (size_t k = 0; k < cells->size(); ++k) child.locals_[first_free + k] = (*cells)[k];
@@ -720,14 +741,7 @@ VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<Var
     if (child.fn_source_) out_.guards.add_identity(Source::attr(child.fn_source_, "__kwdefaults__"), kwdefaults);
     L[i] = Var::constant(v);
   }
-  VarPtr r = child.run_frame();
-  if (co->co_flags & CO_GENERATOR) {
-    // A generator runs to its end at once: the caller iterates over what it yielded.
-    VarPtr it = Var::iterator(std::move(child.yields_));
-    it->as<IteratorV>().returned = r;
-    return it;
-  }
-  return r;
+  return frame;
 }
 
 namespace {
@@ -1281,6 +1295,10 @@ const std::unordered_map<PyObject*, Interpreter::Known>& Interpreter::known_torc
         {"torch._C._is_any_autocast_enabled", Known::AutocastQuery},
         {"torch.get_default_dtype", Known::StateQuery},     {"torch.is_inference_mode_enabled", Known::StateQuery},
         {"torch._C._get_privateuse1_backend_name", Known::StateQuery},
+        {"torch.are_deterministic_algorithms_enabled", Known::Deterministic},
+        {"torch._C._get_deterministic_algorithms", Known::Deterministic},
+        {"torch.is_deterministic_algorithms_warn_only_enabled", Known::DeterministicWarnOnly},
+        {"torch._C._get_deterministic_algorithms_warn_only", Known::DeterministicWarnOnly},
         {"torch.get_autocast_gpu_dtype", Known::AutocastQuery}, {"torch.get_autocast_cpu_dtype", Known::AutocastQuery},
         {"torch.get_autocast_dtype", Known::AutocastQuery}, {"torch.nn.functional.dropout", Known::Dropout},
         {"torch.nn.functional.dropout1d", Known::Dropout},  {"torch.nn.functional.dropout2d", Known::Dropout},
@@ -1319,6 +1337,14 @@ VarPtr Interpreter::known_torch_call(Known k, PyObject* f, const std::vector<Var
       PyObject* r = PyObject_Call(f, t, nullptr);
       Py_DECREF(t);
       return real(r);
+    }
+    case Known::Deterministic:
+    case Known::DeterministicWarnOnly: {
+      // torch's deterministic-algorithms setting, read now and guarded (the call sees the same)
+      if (!args.empty() || !kwargs.empty()) return nullptr;
+      const bool on = k == Known::Deterministic ? deterministic_algorithms() : deterministic_algorithms_warn_only();
+      out_.guards.add_global_flag(k == Known::Deterministic ? Guard::Kind::Deterministic : Guard::Kind::DeterministicWarnOnly, on);
+      return Var::constant(on ? Py_True : Py_False);
     }
     case Known::Dropout: {
       // F.dropout(x, p, training=False) is x; in training it draws random numbers (Python's)

@@ -126,6 +126,7 @@ struct StoreReplay {
   std::string name;
   OutSpec value;
   bool contents = false;
+  bool generic = false;  // object.__setattr__: past the class's own __setattr__, which capture ran
 };
 
 struct CaptureResult {

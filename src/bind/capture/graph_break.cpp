@@ -290,6 +290,8 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       // for real (the instruction and the resume function run in them) and the resume function
       // gets a callable that restores the modes before the block, as __exit__ would.
       const ContextExitV& c = v->as<ContextExitV>();
+      if (c.python_exit || c.generator)  // as under TorchDynamo: its exit would run half in the graph
+        unsupported("a graph break inside the with block of a context manager written in Python");
       if (!c.entered) unsupported("a with block's exit without its modes at a graph break");
       s.kind = OutSpec::Kind::ModeExit;
       s.value = Py_BuildValue("(OO)", mode_setter(*c.mode), mode_setter(*c.entered));

@@ -43,7 +43,18 @@ void Interpreter::run(const BoundArgs& args) {
 
 VarPtr Interpreter::run_frame() {
   const CodeInfo& ci = decode(code_);
-  size_t pc = 0;
+  size_t pc = resume_pc_;
+  if (PyObject* exc = thrown_) {  // GeneratorContext::throw_in: raised at the yield it stopped at
+    thrown_ = nullptr;
+    ExceptionHandler h = exception_handler(code_, ci.instrs[pc - 1].offset);
+    if (h.target < 0 || static_cast<size_t>(h.depth) > stack_.size()) raise(exc);
+    stack_.resize(static_cast<size_t>(h.depth));
+    if (h.lasti) push(Var::steal_constant(PyLong_FromLong(ci.instrs[pc - 1].offset)));
+    push(Var::constant(exc));
+    auto it = ci.by_offset.find(h.target);
+    if (it == ci.by_offset.end()) unsupported("jump to an unknown offset");
+    pc = it->second;
+  }
   // The instructions on a loop. A break there is refused (graph_break), so no snapshot is
   // taken before them: snapshots copy the frame's trackers, and one per instruction of a long
   // unrolled loop made capture quadratic in the loop's length. (The breakable instructions all
@@ -88,6 +99,11 @@ VarPtr Interpreter::run_frame() {
       }
     }
     if (next == kReturn) return return_value_;
+    if (next == kYield) {  // a @contextmanager generator's frame: on from the next instruction later
+      resume_pc_ = pc + 1;
+      yielded_ = true;
+      return return_value_;
+    }
     if (next >= 0) {
       auto it = ci.by_offset.find(next);
       if (it == ci.by_offset.end()) unsupported("jump to an unknown offset");

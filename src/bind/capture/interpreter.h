@@ -100,6 +100,7 @@ class Interpreter {
 
  private:
   static constexpr int kReturn = -2;
+  static constexpr int kYield = -3;  // a generator frame run by generator_context stops at its yield
   using KwArgs = std::vector<std::pair<std::string, VarPtr>>;
 
   // ---- values read from the frame: wrap and guard ----
@@ -234,6 +235,23 @@ class Interpreter {
   // `cells`: for a function made in the frame, its closure cells (trackers).
   VarPtr inline_call(PyObject* f, SourcePtr f_source, std::vector<VarPtr> args, const KwArgs& kwargs,
                      const std::vector<VarPtr>* cells = nullptr);
+  // inline_call's frame for f with the arguments bound, not yet run.
+  std::unique_ptr<Interpreter> bound_frame(PyObject* f, SourcePtr f_source, std::vector<VarPtr> args, const KwArgs& kwargs,
+                                           const std::vector<VarPtr>* cells);
+
+  // ---- context managers written in Python (python_contexts.cpp) ----
+  // A call of a @contextlib.contextmanager function (its `helper`): a Context tracker holding the
+  // generator's frame, or nullptr where f is not one.
+  VarPtr generator_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, const std::vector<VarPtr>* cells);
+  // The context manager a call of generator function `gen` (its closure `cells` where it was
+  // made in the frame) under @contextmanager makes.
+  VarPtr make_generator_context(PyObject* gen, const std::vector<VarPtr>* cells, const std::vector<VarPtr>& args,
+                                const KwArgs& kwargs);
+  // `with ctx` of a context manager written in Python: runs its __enter__ (or the generator to
+  // its yield), pushes the exit tracker and what `as` binds. False where ctx is not one.
+  bool enter_python_context(const VarPtr& ctx);
+  // The block's end: __exit__(None, None, None), or the generator run on from its yield.
+  VarPtr exit_python_context(const ContextExitV& exit, std::vector<VarPtr> args, const KwArgs& kwargs);
 
   // The items of a value that a loop could walk at capture time.
   std::vector<VarPtr> items_of(const VarPtr& v);
@@ -281,7 +299,8 @@ class Interpreter {
   VarPtr call_rule(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs);
 
   // torch calls with an answer at capture time, and what it is
-  enum class Known { False, True, None, Zero, NoOp, GradEnabled, Assert, StateQuery, AutocastQuery, Dropout, AsTensor };
+  enum class Known { False, True, None, Zero, NoOp, GradEnabled, Assert, StateQuery, AutocastQuery, Dropout, AsTensor,
+                     Deterministic, DeterministicWarnOnly };
   static const std::unordered_map<PyObject*, Known>& known_torch_calls();
   VarPtr known_torch_call(Known k, PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool any_tensor);
 
@@ -430,8 +449,11 @@ class Interpreter {
     std::string name;
     VarPtr value;       // nullptr: deleted
     SourcePtr source;   // where the object was read from (nullptr: nowhere kiln can re-read)
+    bool generic = false;  // object.__setattr__ (a class's own __setattr__ passed it on): replayed so
   };
-  void store_attr(const VarPtr& obj, const std::string& name, VarPtr value);
+  // obj.name = value (value nullptr: del). `generic`: object.__setattr__(obj, name, value), past
+  // the class's own __setattr__ (which a plain store inlines where it is Python).
+  void store_attr(const VarPtr& obj, const std::string& name, VarPtr value, bool generic = false);
 
   // The logged value of obj.name, if a store in this capture set it. `deleted`: a del did.
   const AttrStore* logged_attr(PyObject* obj, const std::string& name);
@@ -733,6 +755,7 @@ class Interpreter {
   int op_return_value(const Instr& in, const CodeInfo& ci);
   int op_push_null(const Instr& in, const CodeInfo& ci);
   int op_load_global(const Instr& in, const CodeInfo& ci);
+  int op_store_global(const Instr& in, const CodeInfo& ci);
   int op_load_attr(const Instr& in, const CodeInfo& ci);
   int op_kw_names(const Instr& in, const CodeInfo& ci);
   int op_call(const Instr& in, const CodeInfo& ci);
@@ -773,6 +796,7 @@ class Interpreter {
   int op_check_exc_match(const Instr& in, const CodeInfo& ci);
   int op_pop_except(const Instr& in, const CodeInfo& ci);
   int op_reraise(const Instr& in, const CodeInfo& ci);
+  int op_with_except_start(const Instr& in, const CodeInfo& ci);
 
   PyObject* fn_;
   CaptureResult& out_;
@@ -795,6 +819,13 @@ class Interpreter {
   // Raises `exc` (an exception instance) from the captured code.
   [[noreturn]] void raise(PyObject* exc);
   std::vector<VarPtr> yields_;        // a generator's values, produced all at once
+  // A @contextmanager generator's frame (GeneratorContext): it stops at each yield (run_frame
+  // returns the yielded value with `yielded_` set) and goes on from `resume_pc_`.
+  bool stops_at_yield_ = false;
+  bool yielded_ = false;
+  size_t resume_pc_ = 0;
+  PyObject* thrown_ = nullptr;  // raised at the yield it stopped at when it goes on (gen.throw)
+  friend struct GeneratorContext;
   // break_spec's tracker (or, for a container copied from capture's object, that object) -> object ids
   std::unordered_map<const void*, int> break_memo_;
   std::unordered_set<const Var*> building_;  // root: objects whose spec is being built (cycles)
@@ -862,5 +893,27 @@ class Interpreter {
   ~Interpreter() {
     for (PyObject* o : keep_) Py_DECREF(o);
   }};
+
+// The generator of a @contextlib.contextmanager function, interpreted into the graph: run to its
+// yield when its with block is entered and on to its end at the block's exit. The frame outlives
+// the call that made it (a helper may return the context manager), so it is re-parented to the
+// frame that steps it.
+struct GeneratorContext {
+  std::unique_ptr<Interpreter> frame;
+  bool entered = false;
+  // Runs the frame from where it stopped under `by`; the value it yielded or returned.
+  VarPtr step(Interpreter* by) {
+    frame->parent_ = by;
+    frame->yielded_ = false;
+    return frame->run_frame();
+  }
+  // gen.throw(exc): the exception raised at the yield the frame stopped at; the value it
+  // yields or returns after handling it (a Raised propagates where it does not).
+  VarPtr throw_in(Interpreter* by, PyObject* exc) {
+    frame->thrown_ = exc;
+    return step(by);
+  }
+  bool yielded() const { return frame->yielded_; }
+};
 
 }  // namespace kiln::bind::detail

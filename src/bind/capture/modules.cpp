@@ -200,7 +200,7 @@ struct ModuleRules {
               {args.at(0), mean, var, I.module_attr(mod, "weight"), I.module_attr(mod, "bias")}, {{"eps", I.module_attr(mod, "eps")}});
   }
   static VarPtr max_pool2d(Interpreter& I, const VarPtr& mod, std::vector<VarPtr>& args, const Interpreter::KwArgs&) {
-    if (I.module_attr(mod, "return_indices")->known() == Py_True) unsupported("MaxPool2d with return_indices");
+    if (I.module_attr(mod, "return_indices")->known() == Py_True) return nullptr;  // its forward: torch's operator
     VarPtr stride = I.module_attr(mod, "stride");
     if (stride->is_const() && stride->known() == Py_None) stride = Var::tuple({});
     return fn(I, "torch.nn.functional.max_pool2d",

@@ -99,6 +99,11 @@ int Interpreter::op_return_generator(const Instr& in, const CodeInfo& ci) {
 }
 
 int Interpreter::op_yield_value(const Instr& in, const CodeInfo& ci) {
+  if (stops_at_yield_) {  // GeneratorContext: stops here; None is sent in when it goes on
+    return_value_ = pop();
+    push(Var::constant(Py_None));
+    return kYield;
+  }
   yields_.push_back(pop());
   push(Var::constant(Py_None));  // what send() would pass in
   return -1;
@@ -137,6 +142,36 @@ int Interpreter::op_end_send(const Instr& in, const CodeInfo& ci) {
   return -1;
 }
 
+// `global name; name = v` (and `del name`): logged as a store into the module's dict, replayed
+// after the graph (as TorchDynamo's side effects do); reads later in the capture see the value.
+int Interpreter::op_store_global(const Instr& in, const CodeInfo& ci) {
+  VarPtr value = in.op == OP_STORE_GLOBAL ? pop() : nullptr;
+  const std::string name = PyUnicode_AsUTF8(in.argval);
+  const AttrStore* before = logged_attr(globals_, name);
+  if (!value) {
+    // `del name` of a global: there at the call (guarded where capture did not set it), or NameError
+    bool present;
+    if (before) {
+      present = before->value != nullptr;
+    } else {
+      present = PyDict_GetItemWithError(globals_, in.argval) != nullptr;
+      if (PyErr_Occurred()) real(nullptr);
+      out_.guards.add_haskey(Source::globals_dict(parent_ ? globals_ : nullptr), in.argval, present);
+    }
+    if (!present) {
+      PyObject* e = PyObject_CallFunction(PyExc_NameError, "s", ("name '" + name + "' is not defined").c_str());
+      if (!e) real(nullptr);
+      keep_.push_back(e);
+      raise(e);
+    }
+  }
+  if (value && value->kind() == Var::Kind::Module && is_private(value->obj()))
+    unsupported("a module the function made stored in a global");  // its state is this capture's
+  keep_.push_back(Py_NewRef(globals_));
+  root()->attr_stores_.push_back(AttrStore{globals_, name, std::move(value), Source::globals_dict(parent_ ? globals_ : nullptr)});
+  return -1;
+}
+
 // `class C: ...` inside the function: builtins.__build_class__, which call_rules.cpp runs for real
 // on a class body that closes over no value of the frame's.
 int Interpreter::op_load_build_class(const Instr& in, const CodeInfo& ci) {
@@ -167,13 +202,14 @@ int Interpreter::op_before_with(const Instr& in, const CodeInfo& ci) {
   ModeChange m;
   static PyObject* nullcontext = object_at("contextlib.nullcontext");
   VarPtr entered = Var::constant(Py_None);  // what `as` binds
-  if (ctx->kind() == Var::Kind::Context) m = *ctx->as<ContextV>().mode;
+  if (ctx->kind() == Var::Kind::Context && !ctx->as<ContextV>().generator) m = *ctx->as<ContextV>().mode;
   else if (ctx->is_const() && nullcontext && PyObject_TypeCheck(ctx->known(), reinterpret_cast<PyTypeObject*>(nullcontext)) &&
            Py_TYPE(ctx->known()) == reinterpret_cast<PyTypeObject*>(nullcontext)) {
     // a nullcontext the caller made: no modes; `as` binds its enter_result
     entered = getattr(ctx, "enter_result");
   } else if (is_profiler_range(ctx)) entered = ctx;  // record_function: no modes
   else if (ctx->is_const() && is_thread_lock(ctx->known())) entered = Var::constant(Py_True);  // capture runs on one thread
+  else if (enter_python_context(ctx)) return -1;  // pushed its exit and what `as` binds
   else if (ctx->is_const()) m = modes_of_object(const_obj(ctx, "context manager"));
   else unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/autocast/nullcontext");
   ModeChange before = enter_modes(m);
@@ -337,10 +373,45 @@ int Interpreter::op_pop_except(const Instr& in, const CodeInfo& ci) {
 }
 
 int Interpreter::op_reraise(const Instr& in, const CodeInfo& ci) {
-  VarPtr exc = pop();
-  if (in.arg) pop();  // the offset the raise came from (lasti)
+  VarPtr exc = pop();  // (with an argument, the lasti under it stays: CPython only reads it)
   if (!exc->is_const() || !PyExceptionInstance_Check(exc->known())) unsupported("re-raise of a value kiln does not know");
   raise(exc->known());
+}
+
+// A with block left by an exception raised at capture: its __exit__(type, exc, traceback) under
+// the exception (the stack holds exit, lasti, the exception handled before, the exception);
+// what it returns says whether the exception is suppressed. A grad-mode or autocast block
+// restores its modes and never suppresses.
+int Interpreter::op_with_except_start(const Instr& in, const CodeInfo& ci) {
+  VarPtr exit = peek(4), exc = peek(1);
+  if (exit->kind() != Var::Kind::ContextExit) unsupported("a with block's exit kiln does not know");
+  const ContextExitV& e = exit->as<ContextExitV>();
+  if (e.generator) {
+    // contextmanager's __exit__: gen.throw(exc); the generator ending suppresses the exception,
+    // re-raising it does not, another exception replaces it (raised from here)
+    PyObject* x = const_obj(exc, "exception");
+    try {
+      e.generator->throw_in(this, x);
+    } catch (const Raised& r) {
+      if (r.exc != x) throw;
+      push(Var::constant(Py_False));
+      return -1;
+    }
+    if (e.generator->yielded()) unsupported("generator didn't stop after throw(): RuntimeError");
+    push(Var::constant(Py_True));
+    return -1;
+  }
+  if (!e.python_exit) {
+    enter_modes(*e.mode);
+    if (root()->out_.modes_after) root()->out_.modes_after = current_modes();
+    push(Var::constant(Py_False));
+    return -1;
+  }
+  PyObject* x = const_obj(exc, "exception");
+  PyObject* tb = PyException_GetTraceback(x);  // new reference, or nullptr for none
+  VarPtr traceback = tb ? Var::steal_constant(tb) : Var::constant(Py_None);
+  push(call(e.python_exit, {Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(x))), exc, traceback}, {}));
+  return -1;
 }
 
 int Interpreter::op_store_attr(const Instr& in, const CodeInfo& ci) {
@@ -436,6 +507,11 @@ int Interpreter::op_push_null(const Instr& in, const CodeInfo& ci) {
 int Interpreter::op_load_global(const Instr& in, const CodeInfo& ci) {
   if (in.arg & 1) push(Var::null());
   std::string name = PyUnicode_AsUTF8(in.argval);
+  if (const AttrStore* st = logged_attr(globals_, name)) {  // `global name` stored earlier in this capture
+    if (!st->value) unsupported("NameError: name '" + name + "' is not defined");
+    push(st->value);
+    return -1;
+  }
   PyObject* v = PyDict_GetItemString(globals_, name.c_str());
   if (!v) v = PyDict_GetItemString(builtins_, name.c_str());
   if (!v) unsupported("NameError: name '" + name + "' is not defined");
@@ -899,6 +975,7 @@ const std::array<Interpreter::Handler, OP_UNKNOWN + 1>& Interpreter::handlers() 
       {{OP_RETURN_VALUE}, &Interpreter::op_return_value},
       {{OP_PUSH_NULL}, &Interpreter::op_push_null},
       {{OP_LOAD_GLOBAL}, &Interpreter::op_load_global},
+      {{OP_STORE_GLOBAL, OP_DELETE_GLOBAL}, &Interpreter::op_store_global},
       {{OP_LOAD_ATTR, OP_LOAD_METHOD}, &Interpreter::op_load_attr},
       {{OP_KW_NAMES}, &Interpreter::op_kw_names},
       {{OP_CALL}, &Interpreter::op_call},
@@ -914,6 +991,7 @@ const std::array<Interpreter::Handler, OP_UNKNOWN + 1>& Interpreter::handlers() 
       {{OP_CHECK_EXC_MATCH}, &Interpreter::op_check_exc_match},
       {{OP_POP_EXCEPT}, &Interpreter::op_pop_except},
       {{OP_RERAISE}, &Interpreter::op_reraise},
+      {{OP_WITH_EXCEPT_START}, &Interpreter::op_with_except_start},
       {{OP_CONTAINS_OP}, &Interpreter::op_contains_op},
       {{OP_UNARY_NEGATIVE}, &Interpreter::op_unary_negative},
       {{OP_UNARY_POSITIVE}, &Interpreter::op_unary_positive},

@@ -128,6 +128,7 @@ struct FunctionV {          // a function made in the frame (def, lambda, compre
   bool rebuildable = false;   // fn is complete (real cells with the values): a graph break can
                               // hand it to Python
   ModeChangePtr mode;         // a decorator's modes for its body (torch.no_grad()(f))
+  bool makes_context = false;  // @contextlib.contextmanager of it: a call makes a context manager
 };
 struct RecordV : Entries {  // an object made in the frame: a dataclass instance (records.cpp) or,
   PyObject* cls = nullptr;  // with `plain`, any plain class's (user_objects.cpp); its class;
@@ -135,15 +136,22 @@ struct RecordV : Entries {  // an object made in the frame: a dataclass instance
   std::vector<size_t> view;  // a mapping dataclass: the keys of its mapping, as indices into keys
   bool plain = false;  // built by object.__new__ and its attributes, not by its constructor
 };
+namespace detail { struct GeneratorContext; }  // interpreter.h: a @contextmanager function's generator frame
 struct ContextV {  // torch.no_grad(), torch.autocast(...), nullcontext(): what it changes
   ModeChangePtr mode;
   // torch.set_grad_enabled(b): set when called, so the modes its block's exit restores are those
   // before the call (nullptr: those before the block)
   ModeChangePtr restore;
+  // A call of a @contextlib.contextmanager function: its generator, not started (no modes)
+  std::shared_ptr<detail::GeneratorContext> generator;
 };
 struct ContextExitV {  // the __exit__ of an entered Context: what it restores
   ModeChangePtr mode;
   ModeChangePtr entered;  // what entering set (the block's modes), for a graph break inside it
+  // A context manager written in Python: its class's bound __exit__, called at the block's end,
+  // or the @contextmanager generator left at its yield, run on from there (no modes either way)
+  VarPtr python_exit;
+  std::shared_ptr<detail::GeneratorContext> generator;
 };
 
 // A value tracker. Trackers are shared (VarPtr) and updated in place, so every alias sees a

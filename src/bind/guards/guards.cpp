@@ -34,8 +34,15 @@ std::string Guard::str() const {
     case Kind::GradMode: return std::string("GRAD_MODE: torch.is_grad_enabled() == ") + (flag ? "True" : "False");
     case Kind::Autocast: return "AUTOCAST: " + autocast.str();
     case Kind::DefaultDtype: return std::string("DEFAULT_DTYPE: torch.get_default_dtype() == ") + dtype_name(dtype);
+    case Kind::Deterministic:
+      return std::string("DETERMINISTIC: torch.are_deterministic_algorithms_enabled() == ") + (flag ? "True" : "False");
+    case Kind::DeterministicWarnOnly:
+      return std::string("DETERMINISTIC_WARN_ONLY: torch.is_deterministic_algorithms_warn_only_enabled() == ") +
+             (flag ? "True" : "False");
     case Kind::HasAttr:
       return std::string("HASATTR: ") + (flag ? "" : "not ") + "hasattr(" + s + ", '" + PyUnicode_AsUTF8(expected) + "')";
+    case Kind::HasKey:
+      return std::string("HAS_KEY: '") + PyUnicode_AsUTF8(expected) + "' " + (flag ? "in " : "not in ") + s;
     case Kind::Same: return "SAME_OBJECT: " + s + " is " + sources[0]->str();
     case Kind::KeyOrder: {
       PyObject* r = PyObject_Repr(expected);
@@ -155,6 +162,15 @@ void GuardSet::add_no_alias(std::vector<SourcePtr> inputs, std::vector<bool> mut
   guards_.push_back(std::move(g));
 }
 
+void GuardSet::add_haskey(SourcePtr s, PyObject* key, bool present) {
+  Guard g{Guard::Kind::HasKey, std::move(s)};
+  g.expected = key;
+  g.flag = present;
+  if (!needed(g)) return;
+  Py_INCREF(key);
+  guards_.push_back(std::move(g));
+}
+
 void GuardSet::add_hasattr(SourcePtr s, PyObject* name, bool present) {
   Guard g{Guard::Kind::HasAttr, std::move(s)};
   g.expected = name;
@@ -173,6 +189,12 @@ void GuardSet::add_autocast(const AutocastState& state) {
 void GuardSet::add_default_dtype(DType dtype) {
   Guard g{Guard::Kind::DefaultDtype, nullptr};
   g.dtype = dtype;
+  if (needed(g)) guards_.push_back(std::move(g));
+}
+
+void GuardSet::add_global_flag(Guard::Kind kind, bool flag) {
+  Guard g{kind, nullptr};
+  g.flag = flag;
   if (needed(g)) guards_.push_back(std::move(g));
 }
 
@@ -322,6 +344,8 @@ bool Guard::holds_globally() const {
     case Kind::Autocast: return autocast_state() == autocast;
     case Kind::GradMode: return grad_enabled() == flag;
     case Kind::DefaultDtype: return default_dtype() == dtype;
+    case Kind::Deterministic: return deterministic_algorithms() == flag;
+    case Kind::DeterministicWarnOnly: return deterministic_algorithms_warn_only() == flag;
     default: return false;
   }
 }
@@ -342,6 +366,11 @@ bool Guard::holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail
       int r = _PyObject_LookupAttr(v, expected, &a);
 #endif
       Py_XDECREF(a);
+      if (r < 0) clear_error();
+      return r == (flag ? 1 : 0);
+    }
+    case Kind::HasKey: {
+      const int r = PyDict_Check(v) ? PyDict_Contains(v, expected) : -1;
       if (r < 0) clear_error();
       return r == (flag ? 1 : 0);
     }

@@ -27,7 +27,10 @@ struct Guard {
     GradMode,  // torch.is_grad_enabled() == flag
     Autocast,  // torch.autocast's state (on/off and dtype, per device type) == autocast
     DefaultDtype,  // torch.get_default_dtype() == dtype (factories, int tensor * float)
+    Deterministic,  // torch.are_deterministic_algorithms_enabled() == flag (code that asked)
+    DeterministicWarnOnly,  // torch.is_deterministic_algorithms_warn_only_enabled() == flag
     HasAttr,   // hasattr(value, expected) == flag (an attribute capture found absent, or present)
+    HasKey,    // (expected in value) == flag, value a dict (a module's globals: `del name`)
     NoAlias,   // the tensors at `sources` flagged in `mutated` share storage with none of the others
     IntSymbol, // an exact int >= 2 (not bool), the value of size symbol `length` (binds it)
     Same,      // value is the object at sources[0] (one tensor reached by two paths)
@@ -49,7 +52,8 @@ struct Guard {
   // others hold for `v`, the value at `source` (a shape-generic tensor or an int symbol binds
   // its symbols in `bindings`); `detail` (if given) says what differed.
   bool is_global() const {  // no source to read
-    return kind == Kind::Autocast || kind == Kind::GradMode || kind == Kind::DefaultDtype;
+    return kind == Kind::Autocast || kind == Kind::GradMode || kind == Kind::DefaultDtype || kind == Kind::Deterministic ||
+           kind == Kind::DeterministicWarnOnly;
   }
   bool holds_globally() const;
   bool holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail) const;
@@ -74,7 +78,9 @@ class GuardSet {
   void add_grad_mode(bool enabled);
   void add_autocast(const AutocastState& state);
   void add_default_dtype(DType dtype);
+  void add_global_flag(Guard::Kind kind, bool flag);  // Deterministic, DeterministicWarnOnly
   void add_hasattr(SourcePtr s, PyObject* name, bool present);  // name: a str (borrowed)
+  void add_haskey(SourcePtr s, PyObject* key, bool present);
   // The inputs an entry updates in place (written back after its graph) share memory with no
   // other input: the graph reads each input as it was before the call.
   void add_no_alias(std::vector<SourcePtr> inputs, std::vector<bool> mutated);

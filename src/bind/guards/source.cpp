@@ -26,6 +26,12 @@ SourcePtr Source::global(const std::string& name, PyObject* globals) {
   return s;
 }
 
+SourcePtr Source::globals_dict(PyObject* globals) {
+  auto s = std::make_shared<Source>(Source{Kind::Globals});
+  s->globals = Py_XNewRef(globals);
+  return s;
+}
+
 SourcePtr Source::attr(SourcePtr base, const std::string& name) {
   auto s = std::make_shared<Source>(Source{Kind::Attr});
   s->name = name;
@@ -133,6 +139,7 @@ std::string Source::str() const {
   switch (kind) {
     case Kind::Local: return "L['" + name + "']";
     case Kind::Global: return globals ? "G[" + module_name() + "]['" + name + "']" : "G['" + name + "']";
+    case Kind::Globals: return globals ? "G[" + module_name() + "]" : "G";
     case Kind::Attr: return base->str() + "." + name;
     case Kind::Item: return base->str() + "[" + std::to_string(index) + "]";
     case Kind::Closure: return "C['" + name + "']";
@@ -336,6 +343,7 @@ PyObject* read_root(const Source& s, const FrameView& f) {
       if (!v) clear_error();
       return Py_XNewRef(v);
     }
+    case Source::Kind::Globals: return Py_XNewRef(s.globals ? s.globals : f.globals);
     case Source::Kind::Seed: return fresh_seed();
     case Source::Kind::Made: {
       if (!s.maker) return nullptr;

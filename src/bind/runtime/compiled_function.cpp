@@ -863,7 +863,16 @@ bool replay_stores(const Entry& e, const std::vector<PyObject*>& outs, const Fra
     int rc;
     if (r.contents && PyList_Check(obj)) rc = PyList_SetSlice(obj, 0, PY_SSIZE_T_MAX, v);
     else if (r.contents) rc = (PyDict_Clear(obj), PyDict_Update(obj, v));
-    else if (!v) rc = PyObject_DelAttrString(obj, r.name.c_str());
+    else if (r.object->kind == Source::Kind::Globals && PyDict_Check(obj)) {  // `global name` set or deleted
+      // (a del follows the capture's own store, which the replay skipped where it ended deleted)
+      rc = v ? PyDict_SetItemString(obj, r.name.c_str(), v) : PyDict_DelItemString(obj, r.name.c_str());
+      if (rc < 0 && !v && PyErr_ExceptionMatches(PyExc_KeyError)) rc = (PyErr_Clear(), 0);
+    }
+    else if (r.generic && v) {  // object.__setattr__: the class's own __setattr__ ran at capture
+      PyObject* key = PyUnicode_FromString(r.name.c_str());
+      rc = key ? PyObject_GenericSetAttr(obj, key, v) : -1;
+      Py_XDECREF(key);
+    } else if (!v) rc = PyObject_DelAttrString(obj, r.name.c_str());
     else rc = PyObject_SetAttrString(obj, r.name.c_str(), v);
     if (rc < 0) return drop();
   }

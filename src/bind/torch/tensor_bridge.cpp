@@ -303,6 +303,8 @@ PyObject* wrapped_number_tensor(PyObject* number) {
 }
 
 bool grad_enabled() { return c10::GradMode::is_enabled(); }
+bool deterministic_algorithms() { return at::globalContext().deterministicAlgorithms(); }
+bool deterministic_algorithms_warn_only() { return at::globalContext().deterministicAlgorithmsWarnOnly(); }
 
 DType default_dtype() {
   DType out = DType::Float32;

@@ -59,6 +59,9 @@ PyObject* wrapped_number_tensor(PyObject* number);
 bool grad_enabled();
 // torch.get_default_dtype() (Float32 where torch's is one kiln lacks).
 DType default_dtype();
+// torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+bool deterministic_algorithms();
+bool deterministic_algorithms_warn_only();
 // Turns grad mode on or off for this thread; returns what it was.
 bool set_grad_enabled(bool on);
 

@@ -303,6 +303,8 @@ std::vector<OpDef> nn_ops() {
         return true;
       },
       {"torch.nn.functional.conv2d", "torch.conv2d"}));
+  // An unbatched input (C, H, W) runs through torch's operator.
+  ops.back().covers = [](const std::vector<Node*>& in, const Attrs&) { return in[0] && in[1] && in[0]->meta.dim() == 4 && in[1]->meta.dim() == 4; };
   // conv2d's gradients as eager computes them: the input's and the weight's each from torch's
   // convolution_backward (output_mask asks for that one alone: cuDNN runs data and weight
   // gradients as separate kernels anyway, and the forward is not run again), the bias's a sum
@@ -332,8 +334,8 @@ std::vector<OpDef> nn_ops() {
     mp.infer = [](const std::vector<Node*>& in, const Attrs& a, TensorMeta& out, std::string& err) {
       const TensorMeta& x = in[0]->meta;
       if (x.dim() != 4 && x.dim() != 3) return err = "RuntimeError: max_pool2d expects a 3D or 4D input", false;
-      // F.max_pool2d(..., return_indices=True) returns (values, indices): not captured.
-      if (a.get_bool("return_indices")) return err = "kiln: max_pool2d with return_indices=True is not compiled yet", false;
+      // F.max_pool2d(..., return_indices=True) returns (values, indices): torch's operator (covers)
+      if (a.get_bool("return_indices")) return err = "kiln: max_pool2d with return_indices=True is torch's", false;
       out = x;
       size_t h = x.dim() - 2;
       for (size_t i = 0; i < 2; ++i) {
@@ -354,7 +356,7 @@ std::vector<OpDef> nn_ops() {
     // Floating inputs and windows of up to 64 elements (each is a read in the kernel); others
     // (integer pooling, huge windows) run through torch's operator.
     mp.covers = [](const std::vector<Node*>& in, const Attrs& a) {
-      if (!in[0] || !is_floating(in[0]->meta.dtype)) return false;
+      if (!in[0] || !is_floating(in[0]->meta.dtype) || a.get_bool("return_indices")) return false;
       int64_t k0 = 1, k1 = 1;
       spatial_arg(a, "kernel_size", 0, 1, k0);
       spatial_arg(a, "kernel_size", 1, 1, k1);
