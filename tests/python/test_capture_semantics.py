@@ -74,7 +74,7 @@ def test_a_float_from_item_handed_on_past_a_break_is_not_a_guard_per_value():
     kiln.reset()
     for _ in range(5):
         a, b = torch.randn(10), torch.randn(10)
-        assert compiled(a, b) == pytest.approx(fn(a, b), rel=1e-6)
+        assert compiled(a, b) == pytest.approx(fn(a, b), rel=1e-6, abs=1e-5)  # (a sum's order)
     assert kiln.stats()["recompiles"] <= 1  # once, to read it at each call from then on
 
 

@@ -2188,7 +2188,6 @@ def test_guard_os_getenv():
         os.environ.pop(key, None)
 
 
-@pytest.mark.xfail(strict=True, reason="STALE: torch.backends.mkldnn.enabled read in the function is not guarded (TorchDynamo gives eager's result)")
 def test_guard_torch_backends_mkldnn_flag():
     def fn(x):
         if torch.backends.mkldnn.enabled:
@@ -2203,7 +2202,6 @@ def test_guard_torch_backends_mkldnn_flag():
     same(c(x), fn(x))
 
 
-@pytest.mark.xfail(strict=True, reason="STALE: torch.backends.cudnn.deterministic read in the function is not guarded (TorchDynamo gives eager's result)")
 def test_guard_torch_backends_cudnn_flag():
     def fn(x):
         return x * (2 if torch.backends.cudnn.deterministic else 3)
@@ -2219,7 +2217,6 @@ def test_guard_torch_backends_cudnn_flag():
         torch.backends.cudnn.deterministic = old
 
 
-@pytest.mark.xfail(strict=True, reason="STALE: torch.backends.cuda.matmul.allow_tf32 read in the function is not guarded (TorchDynamo gives eager's result)")
 def test_guard_torch_backends_matmul_tf32_flag():
     def fn(x):
         if torch.backends.cuda.matmul.allow_tf32:
@@ -2702,7 +2699,6 @@ def test_guard_int_object_attribute_used_as_size():
         same(c(x, cfg), fn(x, cfg))
 
 
-@pytest.mark.xfail(strict=True, reason="STALE: torch.sigmoid rebound between calls is not guarded (only ID_MATCH G['torch']); TorchDynamo gives eager's result")
 def test_guard_torch_function_monkeypatched():
     def fn(x):
         return torch.sigmoid(x) + 1
@@ -2719,7 +2715,6 @@ def test_guard_torch_function_monkeypatched():
     same(c(x), fn(x))
 
 
-@pytest.mark.xfail(strict=True, reason="STALE: F.gelu rebound between calls is not guarded; TorchDynamo gives eager's result")
 def test_guard_functional_module_attribute_monkeypatched():
     def fn(x):
         return F.gelu(x) * 2

@@ -583,12 +583,6 @@ _nn = torch.nn
 _EAGER_WHERE_DYNAMO_CAPTURES = {
     "AdaptiveAvgPool2d_None_in_output_size": (lambda: _nn.AdaptiveAvgPool2d((3, None)), lambda: (torch.randn(1, 3, 5, 6),),
                                               "'output_size must be a list of ints'"),
-    "Conv2d_padding_same": (lambda: _nn.Conv2d(4, 5, 3, padding="same"), lambda: (torch.randn(2, 4, 3, 4),),
-                            "'padding must be a list of ints'"),
-    "Conv2d_unbatched": (lambda: _nn.Conv2d(4, 5, 3), lambda: (torch.randn(4, 3, 4),),
-                         "'conv2d on unbatched or non-4D input'"),
-    "MaxPool2d_return_indices": (lambda: _nn.MaxPool2d(3, return_indices=True), lambda: (torch.randn(1, 3, 6, 6),),
-                                 "'max_pool2d with return_indices=True is not compiled yet'"),
     "MultiLabelMarginLoss_1d_reduction_none": (
         lambda: _nn.MultiLabelMarginLoss(reduction="none"),
         lambda: (torch.randn(10), torch.tensor([3, 0, -1, 1, 0, 0, 0, 0, 0, 0])),
@@ -597,6 +591,9 @@ _EAGER_WHERE_DYNAMO_CAPTURES = {
         lambda: _nn.InstanceNorm1d(3, track_running_stats=True), lambda: (torch.randn(4, 3, 15, requires_grad=True),),
         "'instance_norm with inputs that require grad: running statistics would be updated again in the backward'"),
     # captured (controls)
+    "Conv2d_padding_same": (lambda: _nn.Conv2d(4, 5, 3, padding="same"), lambda: (torch.randn(2, 4, 3, 4),), None),
+    "Conv2d_unbatched": (lambda: _nn.Conv2d(4, 5, 3), lambda: (torch.randn(4, 3, 4),), None),
+    "MaxPool2d_return_indices": (lambda: _nn.MaxPool2d(3, return_indices=True), lambda: (torch.randn(1, 3, 6, 6),), None),
     "AdaptiveMaxPool2d_None_in_output_size": (lambda: _nn.AdaptiveMaxPool2d((3, None)), lambda: (torch.randn(1, 3, 5, 6),), None),
     "Conv1d_padding_same": (lambda: _nn.Conv1d(4, 5, 3, padding="same"), lambda: (torch.randn(2, 4, 7),), None),
     "Conv3d_padding_same": (lambda: _nn.Conv3d(4, 5, 3, padding="same"), lambda: (torch.randn(2, 4, 3, 4, 4),), None),

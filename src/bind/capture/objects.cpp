@@ -334,12 +334,25 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
     // function or constant rebound between calls: `m.fn = torch.cos`) and any module's mutable
     // containers (a registry list someone may append to).
     bool container = PyList_Check(v) || PyDict_Check(v) || PyAnySet_Check(v);
-    if (base->source && (!PyModule_Check(base->obj()) || container || !stable_module(base->obj()))) {
+    // What the module's dict does not hold (a module class's property: torch.backends.cudnn's
+    // flags) and objects with state of their own (torch.backends.cuda.matmul) change without
+    // the dict changing: guarded by value, and their attributes through them.
+    const bool stateful = PyModule_Check(base->obj()) &&
+                          (PyDict_GetItemString(PyModule_GetDict(base->obj()), name.c_str()) != v ||
+                           (!PyModule_Check(v) && !PyType_Check(v) && !PyCallable_Check(v) &&
+                            (Py_TYPE(v)->tp_dictoffset != 0 || Py_TYPE(v)->tp_getattro != PyObject_GenericGetAttr)));
+    if (base->source && (!PyModule_Check(base->obj()) || container || stateful || !stable_module(base->obj()))) {
       VarPtr r = wrap(v, Source::attr(base->source, name));
       Py_DECREF(v);
       return r;
     }
-    return Var::steal_constant(v);
+    // (rebinding one, torch.sigmoid = f, changes the module's dict: one guard per module)
+    if (!base->source) return Var::steal_constant(v);
+    out_.guards.add_dict_version(base->source, base->obj());
+    VarPtr r = Var::steal_constant(v);
+    // A submodule keeps its path (the guard above holds it) for what is read from it in turn
+    if (PyModule_Check(r->obj())) r->source = Source::attr(base->source, name);
+    return r;
   }
   if (auto* t = base->get_if<TupleV>(); t && t->structseq) {  // a structseq: its fields by name
     PyObject* fields = PyObject_GetAttrString(t->structseq, "__match_args__");

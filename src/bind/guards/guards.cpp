@@ -41,6 +41,7 @@ std::string Guard::str() const {
              (flag ? "True" : "False");
     case Kind::HasAttr:
       return std::string("HASATTR: ") + (flag ? "" : "not ") + "hasattr(" + s + ", '" + PyUnicode_AsUTF8(expected) + "')";
+    case Kind::DictVersion: return "DICT_VERSION: " + s + ".__dict__ unchanged";
     case Kind::HasKey:
       return std::string("HAS_KEY: '") + PyUnicode_AsUTF8(expected) + "' " + (flag ? "in " : "not in ") + s;
     case Kind::Same: return "SAME_OBJECT: " + s + " is " + sources[0]->str();
@@ -67,7 +68,39 @@ GuardSet::~GuardSet() {
   for (Guard& g : guards_) Py_XDECREF(g.expected);
 }
 
-void GuardSet::finalize(const std::vector<SourcePtr>& fetch) { tree_ = std::make_unique<GuardTree>(*this, fetch); }
+namespace {
+
+// A dict's version tag (PEP 509): a new value at every change. CPython 3.12 keeps dict watchers'
+// ids in its low 8 bits, which watching a dict sets without changing it.
+uint64_t dict_version(PyObject* d) {
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+  const uint64_t tag = reinterpret_cast<PyDictObject*>(d)->ma_version_tag;
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+  return PY_VERSION_HEX >= 0x030C0000 ? tag >> 8 : tag;
+}
+
+}  // namespace
+
+void GuardSet::finalize(const std::vector<SourcePtr>& fetch) {
+  // The module dicts as the entry leaves them: capture and compilation may import a submodule
+  // (which sets an attribute of its parent) after the attribute reads the guard stands for.
+  for (Guard& g : guards_)
+    if (g.kind == Guard::Kind::DictVersion) g.version = dict_version(PyModule_GetDict(g.expected));
+  tree_ = std::make_unique<GuardTree>(*this, fetch);
+}
+
+void GuardSet::add_dict_version(SourcePtr module_source, PyObject* module) {
+  Guard g{Guard::Kind::DictVersion, std::move(module_source)};
+  g.expected = module;
+  if (!needed(g)) return;
+  Py_INCREF(module);
+  guards_.push_back(std::move(g));
+}
 
 bool GuardSet::needed(const Guard& g) {
   tree_.reset();  // it points into guards_, which may grow
@@ -369,6 +402,7 @@ bool Guard::holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail
       if (r < 0) clear_error();
       return r == (flag ? 1 : 0);
     }
+    case Kind::DictVersion: return v == expected && dict_version(PyModule_GetDict(v)) == version;
     case Kind::HasKey: {
       const int r = PyDict_Check(v) ? PyDict_Contains(v, expected) : -1;
       if (r < 0) clear_error();
