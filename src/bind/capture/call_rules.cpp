@@ -49,6 +49,7 @@ struct CallRules {
       add(object_at("copy.copy"), copy_);
       add(object_at("functools.partial"), partial);
       add(object_at("contextlib.contextmanager"), contextmanager);
+      add(object_at("contextlib._GeneratorContextManager"), generator_context_manager);
       add(object_at("collections.Counter"), counter);
       add(object_at("collections.deque"), deque_);
       add(object_at("collections.namedtuple"), namedtuple_class);
@@ -442,6 +443,7 @@ struct CallRules {
     if ((args.size() != 1 && args.size() != 2) || args[0]->kind() != Var::Kind::Iterator) return nullptr;
     auto& items = args[0]->as<IteratorV>();
     if (items.empty()) {
+      if (items.raises) I.raise(items.raises);  // the generator's exception
       if (args.size() == 2) return args[1];
       unsupported("next() of an exhausted iterator: StopIteration");
     }
@@ -484,6 +486,31 @@ struct CallRules {
     d.cells = f.cells;
     d.makes_context = true;
     return std::make_shared<Var>(std::move(d));  // not rebuildable: a break or return cannot hand it out
+  }
+
+  // contextlib._GeneratorContextManager(func, args, kwds), as ContextDecorator's _recreate_cm
+  // makes a fresh one: the generator kiln runs to its yield and on (python_contexts.cpp), not an
+  // object whose __init__ would run the generator to its end at once.
+  static VarPtr generator_context_manager(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 3 || !kwargs.empty() || !args[0]->is_const()) return nullptr;
+    if (args[1]->kind() != Var::Kind::Tuple && !(args[1]->is_const() && PyTuple_Check(args[1]->obj()))) return nullptr;
+    KwArgs kw;
+    if (args[2]->kind() == Var::Kind::Dict) {
+      const Entries& e = args[2]->entries();
+      for (size_t i = 0; i < e.keys.size(); ++i) {
+        if (!PyUnicode_Check(e.keys[i])) return nullptr;
+        kw.emplace_back(PyUnicode_AsUTF8(e.keys[i]), e.values[i]);
+      }
+    } else if (args[2]->is_const() && PyDict_Check(args[2]->obj())) {
+      PyObject *k, *v;
+      for (Py_ssize_t pos = 0; PyDict_Next(args[2]->obj(), &pos, &k, &v);) {
+        if (!PyUnicode_Check(k)) return nullptr;
+        kw.emplace_back(PyUnicode_AsUTF8(k), Var::constant(v));
+      }
+    } else {
+      return nullptr;
+    }
+    return I.make_generator_context(args[0]->obj(), nullptr, I.items_of(args[1]), kw);
   }
 
   // functools.partial(g, ...) of values known here: a real partial, built now. Others (over

@@ -615,6 +615,7 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
     case Var::Kind::Function: {
       FunctionV& f = fn->as<FunctionV>();
       if (f.makes_context) return make_generator_context(f.fn, &f.cells, args, kwargs);
+      if (f.decorator) return call_in_fresh_context(f, std::move(args), kwargs);
       if (!f.mode) return inline_call(f.fn, nullptr, std::move(args), kwargs, &f.cells);
       // a function decorated with @torch.no_grad(), @torch.autocast(...): its body runs in those modes
       ModeChange saved = enter_modes(*f.mode);
@@ -639,9 +640,22 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
           (args[0]->kind() == Var::Kind::Function || (args[0]->is_const() && PyFunction_Check(args[0]->obj())))) {
         // torch.no_grad()(f), as a decorator: f, called in the context's modes
         FunctionV d;
-        if (auto* f = args[0]->get_if<FunctionV>()) d.fn = Py_NewRef(f->fn), d.cells = f->cells;
-        else d.fn = Py_NewRef(args[0]->obj());
-        d.mode = fn->as<ContextV>().mode;
+        if (auto* f = args[0]->get_if<FunctionV>()) {
+          if (f->mode || f->decorator || f->makes_context) unsupported("a function under two context-manager decorators");
+          d.fn = Py_NewRef(f->fn), d.cells = f->cells;
+        } else {
+          d.fn = Py_NewRef(args[0]->obj());
+        }
+        const ContextV& c = fn->as<ContextV>();
+        if (c.generator) {
+          d.decorator = fn;  // a @contextmanager object: a fresh one around each call
+        } else {
+          d.mode = c.mode;
+          if (c.restore) {  // set_grad_enabled(b)(f): its __call__ puts back the mode before it
+            enter_modes(*c.restore);
+            if (root()->out_.modes_after) root()->out_.modes_after = current_modes();
+          }
+        }
         return std::make_shared<Var>(std::move(d));  // not rebuildable: a graph break or return cannot hand it to Python
       }
       unsupported("call of a context manager object");
@@ -670,14 +684,21 @@ VarPtr Interpreter::inline_call(PyObject* f, SourcePtr f_source, std::vector<Var
                    const std::vector<VarPtr>* cells) {
   if (VarPtr cm = generator_context(f, args, kwargs, cells)) return cm;
   std::unique_ptr<Interpreter> frame = bound_frame(f, std::move(f_source), std::move(args), kwargs, cells);
-  VarPtr r = frame->run_frame();
-  if (reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(f))->co_flags & CO_GENERATOR) {
-    // A generator runs to its end at once: the caller iterates over what it yielded.
-    VarPtr it = Var::iterator(std::move(frame->yields_));
-    it->as<IteratorV>().returned = r;
-    return it;
+  if (!(reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(f))->co_flags & CO_GENERATOR)) return frame->run_frame();
+  // A generator runs to its end at once: the caller iterates over what it yielded, and meets
+  // the exception it raised (if it did) where its iteration reaches the end.
+  VarPtr r;
+  PyObject* raised = nullptr;
+  try {
+    r = frame->run_frame();
+  } catch (const Raised& e) {
+    if (PyErr_GivenExceptionMatches(e.exc, PyExc_StopIteration)) unsupported("StopIteration raised inside a generator (PEP 479: RuntimeError)");
+    raised = e.exc;  // kept by the root (raise)
   }
-  return r;
+  VarPtr it = Var::iterator(std::move(frame->yields_));
+  it->as<IteratorV>().returned = r;
+  it->as<IteratorV>().raises = raised;
+  return it;
 }
 
 std::unique_ptr<Interpreter> Interpreter::bound_frame(PyObject* f, SourcePtr f_source, std::vector<VarPtr> args,
@@ -970,7 +991,10 @@ std::vector<VarPtr> Interpreter::drain(const VarPtr& v) {
 
 std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
   if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) return v->seq();
-  if (auto* it = v->get_if<IteratorV>()) return it->left();
+  if (auto* it = v->get_if<IteratorV>()) {
+    if (it->raises) raise(it->raises);  // a generator that raises: what takes all its items raises
+    return it->left();
+  }
   if (is_dict(v)) {
     std::vector<VarPtr> keys;
     for (auto& [k, unused] : dict_entries(v)) keys.push_back(key_var(k));

@@ -252,6 +252,14 @@ class Interpreter {
   bool enter_python_context(const VarPtr& ctx);
   // The block's end: __exit__(None, None, None), or the generator run on from its yield.
   VarPtr exit_python_context(const ContextExitV& exit, std::vector<VarPtr> args, const KwArgs& kwargs);
+  // The block left by exception `exc`: __exit__(type, exc, tb), or exc thrown into the generator;
+  // whether it is suppressed (an exception the exit raises instead propagates).
+  bool exit_python_context_raising(const ContextExitV& exit, const VarPtr& exc);
+  // A call of a function decorated with a @contextmanager object: in a fresh manager made as
+  // that one was (ContextDecorator's _recreate_cm).
+  VarPtr call_in_fresh_context(const FunctionV& f, std::vector<VarPtr> args, const KwArgs& kwargs);
+  // What enter_python_context pushes: the exit tracker and what `as` binds (nullptr: not one).
+  std::pair<VarPtr, VarPtr> enter_python_context_values(const VarPtr& ctx);
 
   // The items of a value that a loop could walk at capture time.
   std::vector<VarPtr> items_of(const VarPtr& v);
@@ -901,6 +909,11 @@ class Interpreter {
 struct GeneratorContext {
   std::unique_ptr<Interpreter> frame;
   bool entered = false;
+  // What made it, to make another (a decorator's fresh manager per call)
+  PyObject* gen = nullptr;  // borrowed: the generator function (kept by the helper or the frame's tracker)
+  std::vector<VarPtr> cells, args;
+  bool has_cells = false;
+  std::vector<std::pair<std::string, VarPtr>> kwargs;
   // Runs the frame from where it stopped under `by`; the value it yielded or returned.
   VarPtr step(Interpreter* by) {
     frame->parent_ = by;

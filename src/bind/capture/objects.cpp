@@ -25,9 +25,12 @@ VarPtr Interpreter::read_free_var(const Instr& in) {
   SourcePtr src;
   if (!parent_) src = Source::closure(k, PyUnicode_AsUTF8(name));
   else if (fn_source_) src = Source::attr(Source::item(Source::attr(fn_source_, "__closure__"), k), "cell_contents");
-  // A function reached through super() or a made function has no source of its own: its
-  // cells (__class__ above all) are read as they are.
-  else return Var::constant(v);
+  // A function with no source of its own (a method found on a class, one reached through
+  // super()): its cell, which the function holds for good, is read at every call and guarded
+  // (the enclosing function may rebind the variable, or change the list it holds).
+  else src = Source::attr(Source::pinned_object(PyTuple_GET_ITEM(closure, k), std::string("cell '") + PyUnicode_AsUTF8(name) + "' of " +
+                                                                                   PyUnicode_AsUTF8(co->co_qualname)),
+                          "cell_contents");
   return wrap(v, src);
 }
 
@@ -280,6 +283,28 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
       if (base->node()->op_name() == "placeholder")
         if (PyObject* t = input_type(base->node())) return Var::constant(t);
       return Var::constant(resolve_torch("Tensor"));
+    }
+    static PyObject* tensor_type = resolve_torch("Tensor");
+    if (PyObject_HasAttrString(tensor_type, name.c_str()) != 1) {
+      // Not torch.Tensor's: an attribute the caller set on an input tensor (guarded by value),
+      // else AttributeError, as eager raises it (a handler in the function may take it).
+      PyObject* key = PyUnicode_FromString(name.c_str());
+      keep_.push_back(key);
+      Interpreter* r = root();
+      for (size_t i = 0; base->source && i < r->input_vars_.size(); ++i) {
+        if (r->input_vars_[i] != base) continue;
+        PyObject* v = PyObject_GetAttr(r->input_objects_[i], key);
+        if (v) {
+          keep_.push_back(v);
+          return wrap(v, Source::attr(base->source, name));
+        }
+        clear_error();
+        guard_hasattr(base, key, false);
+      }
+      PyObject* e = PyObject_CallFunction(PyExc_AttributeError, "s", ("'Tensor' object has no attribute '" + name + "'").c_str());
+      if (!e) real(nullptr);
+      keep_.push_back(e);
+      raise(e);
     }
     return Var::method(base, name);
   }

@@ -386,31 +386,13 @@ int Interpreter::op_with_except_start(const Instr& in, const CodeInfo& ci) {
   VarPtr exit = peek(4), exc = peek(1);
   if (exit->kind() != Var::Kind::ContextExit) unsupported("a with block's exit kiln does not know");
   const ContextExitV& e = exit->as<ContextExitV>();
-  if (e.generator) {
-    // contextmanager's __exit__: gen.throw(exc); the generator ending suppresses the exception,
-    // re-raising it does not, another exception replaces it (raised from here)
-    PyObject* x = const_obj(exc, "exception");
-    try {
-      e.generator->throw_in(this, x);
-    } catch (const Raised& r) {
-      if (r.exc != x) throw;
-      push(Var::constant(Py_False));
-      return -1;
-    }
-    if (e.generator->yielded()) unsupported("generator didn't stop after throw(): RuntimeError");
-    push(Var::constant(Py_True));
-    return -1;
-  }
-  if (!e.python_exit) {
+  if (!e.python_exit && !e.generator) {  // grad mode, autocast: restored, never suppressing
     enter_modes(*e.mode);
     if (root()->out_.modes_after) root()->out_.modes_after = current_modes();
     push(Var::constant(Py_False));
     return -1;
   }
-  PyObject* x = const_obj(exc, "exception");
-  PyObject* tb = PyException_GetTraceback(x);  // new reference, or nullptr for none
-  VarPtr traceback = tb ? Var::steal_constant(tb) : Var::constant(Py_None);
-  push(call(e.python_exit, {Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(x))), exc, traceback}, {}));
+  push(Var::constant(exit_python_context_raising(e, exc) ? Py_True : Py_False));
   return -1;
 }
 
@@ -914,6 +896,7 @@ int Interpreter::op_for_iter(const Instr& in, const CodeInfo& ci) {
   if (it->kind() != Var::Kind::Iterator) unsupported("FOR_ITER over an unknown iterator");
   auto& left = it->as<IteratorV>();
   if (left.empty()) {
+    if (left.raises) raise(left.raises);  // the generator's exception, after the items before it
     pop();
     // 3.12 jumps to END_FOR and skips it; 3.11 jumps past the loop directly.
     return PY_VERSION_HEX >= 0x030C0000 ? in.jump_target + 2 : in.jump_target;

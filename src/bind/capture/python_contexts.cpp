@@ -74,12 +74,18 @@ VarPtr Interpreter::make_generator_context(PyObject* gen, const std::vector<VarP
   // its defaults are read as constants.
   g->frame = bound_frame(gen, nullptr, args, kwargs, cells);
   g->frame->stops_at_yield_ = true;
+  g->gen = gen;
+  keep_.push_back(Py_NewRef(gen));
+  g->has_cells = cells != nullptr;
+  if (cells) g->cells = *cells;
+  g->args = args;
+  g->kwargs = kwargs;
   VarPtr c = Var::context(ModeChange{});
   c->as<ContextV>().generator = std::move(g);
   return c;
 }
 
-bool Interpreter::enter_python_context(const VarPtr& ctx) {
+std::pair<VarPtr, VarPtr> Interpreter::enter_python_context_values(const VarPtr& ctx) {
   VarPtr exit = Var::context(ModeChange{}, Var::Kind::ContextExit);
   ContextExitV& e = exit->as<ContextExitV>();
   VarPtr entered;  // what `as` binds
@@ -94,26 +100,66 @@ bool Interpreter::enter_python_context(const VarPtr& ctx) {
     PyTypeObject* cls = nullptr;
     if (auto* r = ctx->get_if<RecordV>()) cls = reinterpret_cast<PyTypeObject*>(r->cls);
     else if (ctx->is_const() && ctx->known()) cls = Py_TYPE(ctx->known());
-    if (!cls) return false;
+    if (!cls) return {nullptr, nullptr};
     PyObject* enter_fn = python_method(cls, "__enter__");
     PyObject* exit_fn = python_method(cls, "__exit__");
-    if (!enter_fn || !exit_fn || is_torch_internal(enter_fn) || is_torch_internal(exit_fn)) return false;
+    if (!enter_fn || !exit_fn || is_torch_internal(enter_fn) || is_torch_internal(exit_fn)) return {nullptr, nullptr};
     // `with` reads __exit__ before it calls __enter__
     e.python_exit = getattr(ctx, "__exit__");
     entered = call(getattr(ctx, "__enter__"), {}, {});
   }
+  return {exit, entered};
+}
+
+bool Interpreter::enter_python_context(const VarPtr& ctx) {
+  auto [exit, entered] = enter_python_context_values(ctx);
+  if (!exit) return false;
   push(exit);
   push(entered);
   return true;
 }
 
 VarPtr Interpreter::exit_python_context(const ContextExitV& e, std::vector<VarPtr> args, const KwArgs& kwargs) {
-  // Only the normal exit reaches here: an exception in the block at capture is not captured.
+  // Only the normal exit reaches here: an exception in the block goes to exit_python_context_raising.
   if (e.python_exit) return call(e.python_exit, std::move(args), kwargs);
   GeneratorContext& g = *e.generator;
   g.step(this);  // the None sent in is on its stack (op_yield_value)
   if (g.yielded()) unsupported("generator didn't stop: RuntimeError");
   return Var::constant(Py_False);
+}
+
+bool Interpreter::exit_python_context_raising(const ContextExitV& e, const VarPtr& exc) {
+  PyObject* x = const_obj(exc, "exception");
+  if (e.python_exit) {
+    PyObject* tb = PyException_GetTraceback(x);  // new reference, or nullptr for none
+    VarPtr traceback = tb ? Var::steal_constant(tb) : Var::constant(Py_None);
+    return truth(call(e.python_exit, {Var::constant(reinterpret_cast<PyObject*>(Py_TYPE(x))), exc, traceback}, {}));
+  }
+  // contextmanager's __exit__: gen.throw(exc); the generator ending suppresses the exception,
+  // re-raising it does not, another exception replaces it (raised from here)
+  try {
+    e.generator->throw_in(this, x);
+  } catch (const Raised& r) {
+    if (r.exc != x) throw;
+    return false;
+  }
+  if (e.generator->yielded()) unsupported("generator didn't stop after throw(): RuntimeError");
+  return true;
+}
+
+VarPtr Interpreter::call_in_fresh_context(const FunctionV& f, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  const GeneratorContext& made = *f.decorator->as<ContextV>().generator;
+  VarPtr cm = make_generator_context(made.gen, made.has_cells ? &made.cells : nullptr, made.args, made.kwargs);
+  auto [exit, entered] = enter_python_context_values(cm);
+  VarPtr r;
+  try {
+    r = inline_call(f.fn, nullptr, std::move(args), kwargs, &f.cells);
+  } catch (const Raised& e) {
+    if (!exit_python_context_raising(exit->as<ContextExitV>(), Var::constant(e.exc))) throw;
+    return Var::constant(Py_None);
+  }
+  exit_python_context(exit->as<ContextExitV>(), {Var::constant(Py_None), Var::constant(Py_None), Var::constant(Py_None)}, {});
+  return r;
 }
 
 }  // namespace kiln::bind::detail

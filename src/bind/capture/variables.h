@@ -106,6 +106,9 @@ struct IteratorV {
   size_t next = 0;        // the first item left
   bool immutable = true;  // every item a constant, a module or a function: shared by copies
   VarPtr returned;        // a generator's return value (what `yield from` it gives); nullptr: None
+  // The exception a generator raised after its last item (kept by the capture): raised where the
+  // iteration reaches the end, after the loop body ran for each item before it
+  PyObject* raises = nullptr;
 };
 struct Entries {  // keys (constants, owned) and one value tracker each
   std::vector<PyObject*> keys;
@@ -129,6 +132,9 @@ struct FunctionV {          // a function made in the frame (def, lambda, compre
                               // hand it to Python
   ModeChangePtr mode;         // a decorator's modes for its body (torch.no_grad()(f))
   bool makes_context = false;  // @contextlib.contextmanager of it: a call makes a context manager
+  // Decorated with a @contextmanager object (ContextDecorator): each call runs in a fresh one
+  // made as that one was (a Context tracker with a generator)
+  VarPtr decorator;
 };
 struct RecordV : Entries {  // an object made in the frame: a dataclass instance (records.cpp) or,
   PyObject* cls = nullptr;  // with `plain`, any plain class's (user_objects.cpp); its class;

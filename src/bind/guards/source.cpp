@@ -26,6 +26,15 @@ SourcePtr Source::global(const std::string& name, PyObject* globals) {
   return s;
 }
 
+SourcePtr Source::pinned_object(PyObject* obj, const std::string& name) {
+  auto s = std::make_shared<Source>(Source{Kind::Pinned});
+  s->pinned = Py_NewRef(obj);
+  char addr[32];
+  snprintf(addr, sizeof addr, "%p", static_cast<void*>(obj));
+  s->name = name + " at " + addr;  // unique per object: guards are told apart by their text
+  return s;
+}
+
 SourcePtr Source::globals_dict(PyObject* globals) {
   auto s = std::make_shared<Source>(Source{Kind::Globals});
   s->globals = Py_XNewRef(globals);
@@ -55,6 +64,7 @@ Source::~Source() {
   Py_XDECREF(key);
   Py_XDECREF(globals);
   Py_XDECREF(maker);
+  Py_XDECREF(pinned);
 }
 
 SourcePtr Source::key_of(SourcePtr base, PyObject* key) {
@@ -140,6 +150,7 @@ std::string Source::str() const {
     case Kind::Local: return "L['" + name + "']";
     case Kind::Global: return globals ? "G[" + module_name() + "]['" + name + "']" : "G['" + name + "']";
     case Kind::Globals: return globals ? "G[" + module_name() + "]" : "G";
+    case Kind::Pinned: return "<" + name + ">";
     case Kind::Attr: return base->str() + "." + name;
     case Kind::Item: return base->str() + "[" + std::to_string(index) + "]";
     case Kind::Closure: return "C['" + name + "']";
@@ -344,6 +355,7 @@ PyObject* read_root(const Source& s, const FrameView& f) {
       return Py_XNewRef(v);
     }
     case Source::Kind::Globals: return Py_XNewRef(s.globals ? s.globals : f.globals);
+    case Source::Kind::Pinned: return Py_NewRef(s.pinned);
     case Source::Kind::Seed: return fresh_seed();
     case Source::Kind::Made: {
       if (!s.maker) return nullptr;

@@ -27,7 +27,9 @@ struct Source {
   // DictItem: base[key] read from a dict's own storage (dict.__getitem__), for a dict subclass
   // whose __getitem__ does more (Hugging Face's ACT2FN builds a module per lookup).
   // Globals: the module dict itself (the frame's, or `globals`), which `global x; x = v` stores into.
-  enum class Kind { Local, Global, Attr, Item, Closure, Key, DictItem, Seed, Made, Array, Deref, Globals } kind;
+  // Pinned: one object held by the source (a closure cell of a function reached through a class,
+  // whose contents are read through it, guarded, at every call).
+  enum class Kind { Local, Global, Attr, Item, Closure, Key, DictItem, Seed, Made, Array, Deref, Globals, Pinned } kind;
   int local = -1;            // Local: the slot in the bound arguments
   std::string name;          // Local/Global/Attr: the name
   PyObject* key = nullptr;   // Global/Attr: interned name string; Key: the key; Item: str(index) (owned)
@@ -35,11 +37,13 @@ struct Source {
   SourcePtr base;            // Attr/Item
   PyObject* globals = nullptr;  // Global/Globals: the dict it is read from, when not the frame's (owned)
   PyObject* maker = nullptr;    // Made: builds the object again at every call, if it owns tensors (owned)
+  PyObject* pinned = nullptr;   // Pinned: the object (owned)
 
   static SourcePtr local_(int slot, const std::string& name);
   // `globals`: the module dict of an inlined function from another module (else the frame's).
   static SourcePtr global(const std::string& name, PyObject* globals = nullptr);
   static SourcePtr globals_dict(PyObject* globals = nullptr);
+  static SourcePtr pinned_object(PyObject* obj, const std::string& name);  // name: what it is, for messages
   static SourcePtr attr(SourcePtr base, const std::string& name);
   static SourcePtr item(SourcePtr base, Py_ssize_t index);
   static SourcePtr closure(Py_ssize_t index, const std::string& name);

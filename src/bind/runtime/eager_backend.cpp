@@ -89,6 +89,7 @@ struct TorchStep {
   int output = -1;
   int share = -1;                // an earlier torch_call step that made the same call: its result
   int inplace_of = -1;           // the node an in-place op updates: the result is copied into it
+  bool no_grad = false;          // captured outside grad mode: runs with grad mode off
   std::vector<int> release;      // nodes no later step or output reads
   std::vector<int> release_raw;  // steps whose whole torch_call result no later step shares
 };
@@ -233,7 +234,8 @@ bool plan_arange(const ir::Node& n, TorchStep& step, std::string& error) {
 
 }  // namespace
 
-std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::string& error) {
+std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::string& error,
+                                                    const std::set<const ir::Node*>* tracked) {
   auto prog = std::make_shared<TorchProgram>();
   NodeIndex index;
   const auto& nodes = g.nodes();
@@ -255,6 +257,7 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
     }
     TorchStep step;
     step.node = static_cast<int>(i);
+    step.no_grad = tracked && !tracked->count(&n);
     if (name == "torch_call") {
       if (n.attrs.has("sym_args")) return error = "a torch call with symbolic int arguments", nullptr;
       step.torch_call = static_cast<int>(n.attrs.get_int("fn"));
@@ -330,6 +333,13 @@ bool run_torch_program(const TorchProgram& p, PyObject* const* inputs, std::vect
     const TorchStep& s = p.steps[si];
     argv.clear();
     PyObject* r = nullptr;
+    struct GradOff {  // for a step captured outside grad mode
+      bool on, was;
+      explicit GradOff(bool off) : on(off), was(off ? set_grad_enabled(false) : false) {}
+      ~GradOff() {
+        if (on) set_grad_enabled(was);
+      }
+    } grad_off(s.no_grad);
     if (s.torch_call < 0) {
       std::vector<PyObject*> lists;  // the tuples made for Tensor[] arguments
       for (const TorchArg& a : s.args) {

@@ -24,6 +24,7 @@
 #include <Python.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,11 @@ namespace kiln::bind {
 struct TorchProgram;
 
 // Resolves, once per entry, each node's callable and argument template. nullptr with `error`
-// when a node has no way to run through torch.
-std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::string& error);
+// when a node has no way to run through torch. `tracked` (for a graph whose results need
+// autograd): the nodes autograd records; the others (computed in a torch.no_grad() block) run
+// with grad mode off, as they ran in eager.
+std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::string& error,
+                                                    const std::set<const ir::Node*>* tracked = nullptr);
 
 // Runs the graph: `inputs` are the graph inputs (borrowed); fills `outputs` with new references.
 // False with the Python error torch raised (eager's own type and message) on failure.
