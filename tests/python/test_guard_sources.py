@@ -334,3 +334,46 @@ def test_the_order_of_a_modules_buffers_and_children_is_guarded():
     torch.testing.assert_close(compiled(x), fn(x))
     mod._buffers["b1"] = mod._buffers.pop("b1")
     torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_torch_functions_rebound_recompile_and_other_module_globals_do_not():
+    """torch.sigmoid read as a constant: rebinding it is seen; torch's own code setting another
+    global of the module (torch.cuda's `_initialized` at its first use) costs no recompile."""
+    import torch.nn.functional as F
+
+    def fn(x):
+        return torch.sigmoid(x) + F.gelu(x)
+
+    compiled = kiln.compile(fn)
+    kiln.reset()
+    x = torch.randn(5)
+    torch.testing.assert_close(compiled(x), fn(x))
+    try:
+        torch._kiln_test_unrelated = object()
+        F._kiln_test_unrelated = object()
+        torch.testing.assert_close(compiled(x), fn(x))
+        assert kiln.stats()["recompiles"] == 0, kiln.stats()["recompile_reasons"]
+        saved = torch.sigmoid
+        torch.sigmoid = torch.tanh
+        try:
+            torch.testing.assert_close(compiled(x), fn(x))
+        finally:
+            torch.sigmoid = saved
+        torch.testing.assert_close(compiled(x), fn(x))
+    finally:
+        del torch._kiln_test_unrelated, F._kiln_test_unrelated
+
+
+def test_torch_backends_flags_read_in_the_function_are_guarded():
+    def fn(x):
+        return x * (2 if torch.backends.cudnn.benchmark else 3)
+
+    compiled = kiln.compile(fn)
+    x = torch.randn(3)
+    before = torch.backends.cudnn.benchmark
+    try:
+        for flag in (False, True, False):
+            torch.backends.cudnn.benchmark = flag
+            torch.testing.assert_close(compiled(x), fn(x))
+    finally:
+        torch.backends.cudnn.benchmark = before

@@ -298,8 +298,6 @@ _REASONS = {
         '   '),
     'INFER': ('torch.inference_mode() inside the function is not captured; Dynamo: one graph',
         'inference_mode_block_result_used_outside inference_mode_decorated_helper'),
-    'WEXC': ('an exception raised inside a `with torch.no_grad()` block (WITH_EXCEPT_START) makes kiln run the function eagerly; Dynamo: one graph',
-        'no_grad_exception_restores_mode'),
     'GRAD_ASSIGN': ('`x.grad = None` inside the function is a break; Dynamo: one graph',
         'grad_set_to_none_inside'),
     'IS_LEAF': ("returning Tensor.is_leaf of an intermediate: 'returns a value kiln cannot rebuild', runs eagerly; Dynamo: one graph",

@@ -303,7 +303,6 @@ def test_raise_custom_exception_class():
     run(fn, lambda: (torch.randn(2),))
 
 
-@pytest.mark.xfail(strict=True, reason=B1)
 def test_raise_custom_exception_with_args_read_in_handler():
     def fn(t):
         try:
@@ -330,7 +329,6 @@ def test_custom_exception_with_init_and_attributes():
     run(fn, lambda: (torch.randn(2),))
 
 
-@pytest.mark.xfail(strict=True, reason=B1)
 def test_local_exception_class():
     class Exc(Exception):
         pass
@@ -400,7 +398,6 @@ def test_exception_made_not_raised_is_a_value():
 # 2. raise / raise from / bare raise, chaining, sys.exc_info
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=B2)
 def test_raise_from_sets_cause():
     def fn(x):
         try:
@@ -415,7 +412,6 @@ def test_raise_from_sets_cause():
     run(fn, t4)
 
 
-@pytest.mark.xfail(strict=True, reason=B2)
 def test_raise_from_none_suppresses_context():
     def fn(x):
         try:
@@ -429,7 +425,6 @@ def test_raise_from_none_suppresses_context():
     run(fn, t4)
 
 
-@pytest.mark.xfail(strict=True, reason=B2)
 def test_raise_from_none_inside_mapping_helper():
     class MyMapping:
         def __init__(self, d):
@@ -457,7 +452,6 @@ def test_raise_from_none_inside_mapping_helper():
     run(fn, lambda: (torch.rand(2, 3), "m"))
 
 
-@pytest.mark.xfail(strict=True, reason=W2)
 def test_implicit_context_is_set():
     def fn(x):
         try:
@@ -557,7 +551,6 @@ def test_exc_info_in_nested_handlers():
     run(fn, t4)
 
 
-@pytest.mark.xfail(strict=True, reason=B3)
 def test_sys_exception_inside_handler():
     def fn(x):
         try:
@@ -582,7 +575,6 @@ def test_traceback_is_set_in_handler():
     run(fn, t4)
 
 
-@pytest.mark.xfail(strict=True, reason=W2)
 def test_context_of_exception_in_try_and_finally():
     def fn(x):
         try:
@@ -618,7 +610,6 @@ def test_context_of_exception_in_except_and_finally():
     run(fn, t4)
 
 
-@pytest.mark.xfail(strict=True, reason=W2)
 def test_context_of_exception_in_else_and_finally():
     def fn(x):
         try:
@@ -681,7 +672,6 @@ def test_context_cycle_made_by_the_user():
     run(fn, t4)
 
 
-@pytest.mark.xfail(strict=True, reason=W2)
 def test_exception_active_inside_inner_handlers():
     def fn(x):
         seen = []
@@ -773,7 +763,6 @@ def test_index_error_from_list_and_tuple():
     run(fn, lambda: (torch.randn(3), [1, 2]))
 
 
-@pytest.mark.xfail(strict=True, reason=B5)
 def test_index_error_from_tensor_list_pop():
     def fn(x):
         items = [x, x + 1]
@@ -939,7 +928,6 @@ def test_module_getattr_reraises_for_unknown_names():
         assert_same(kiln.compile(mod)(x), mod(x))
 
 
-@pytest.mark.xfail(strict=True, reason=B6)
 def test_stop_iteration_from_next():
     def zip_longest(*iterables, fillvalue=None):
         iterators = [iter(it) for it in iterables]
@@ -959,7 +947,6 @@ def test_stop_iteration_from_next():
     run(fn, lambda: (torch.randn(4), [1, 2, 3, 4], [10, 11, 12]))
 
 
-@pytest.mark.xfail(strict=True, reason=B6)
 def test_stop_iteration_value_from_generator_return():
     def gen():
         yield 1
@@ -1021,7 +1008,6 @@ def test_value_error_from_unpacking():
     run(fn, lambda: (torch.randn(2), [1, 2, 3]))
 
 
-@pytest.mark.xfail(strict=True, reason=B5)
 def test_dict_pop_missing_key():
     def fn(dt, x):
         try:
@@ -1035,7 +1021,6 @@ def test_dict_pop_missing_key():
     run(fn, lambda: ({"a": 1, "b": 2}, torch.randn(4)))
 
 
-@pytest.mark.xfail(strict=True, reason=B5)
 def test_list_remove_and_index_value_errors():
     def fn(x, lst):
         r = []
@@ -1325,7 +1310,6 @@ def test_user_manager_exit_returns_truthy_non_bool():
     run(fn, t4)
 
 
-@pytest.mark.xfail(strict=True, reason=W2)
 def test_user_manager_exit_raises_a_different_exception():
     class Convert:
         def __enter__(self):
@@ -1458,7 +1442,6 @@ def test_contextmanager_generator_does_not_catch_other_types():
     run(fn, lambda: (torch.randn(4), []))
 
 
-@pytest.mark.xfail(strict=True, reason=W2)
 def test_contextmanager_generator_converts_the_exception():
     def fn(x):
         z = 0
@@ -1593,7 +1576,6 @@ def test_exit_stack_unwinds_on_raise():
     run(fn, lambda: (torch.randn(4), []))
 
 
-@pytest.mark.xfail(strict=True, reason=B3)
 def test_exc_info_inside_exit():
     class Peek:
         def __init__(self, log):
@@ -1614,7 +1596,6 @@ def test_exc_info_inside_exit():
     run(fn, lambda: (torch.randn(4), []))
 
 
-@pytest.mark.xfail(strict=True, reason=B3)
 def test_with_inside_except_handler_keeps_exc_info():
     def fn(x, log):
         try:
@@ -2020,7 +2001,6 @@ def test_generator_raising_inside_for_loop_is_caught():
     run(fn, t4)
 
 
-@pytest.mark.xfail(strict=True, reason=B6)
 def test_generator_exhausted_next_raises_stop_iteration():
     def gen(x):
         yield x

@@ -44,6 +44,8 @@ struct CallRules {
       add(I.builtin("enumerate"), iteration);
       add(I.builtin("reversed"), iteration);
       add(I.builtin("next"), next_);
+      add(object_at("sys.exc_info"), exc_info);
+      add(object_at("sys.exception"), exc_info);
       add(I.builtin("iter"), iter_);
       add(object_at("copy.deepcopy"), copy_);
       add(object_at("copy.copy"), copy_);
@@ -445,11 +447,26 @@ struct CallRules {
     if (items.empty()) {
       if (items.raises) I.raise(items.raises);  // the generator's exception
       if (args.size() == 2) return args[1];
-      unsupported("next() of an exhausted iterator: StopIteration");
+      // (the generator's return value, if it returned one, is StopIteration's value)
+      I.raise_new(PyExc_StopIteration, items.returned && items.returned->is_const() ? Py_BuildValue("(O)", items.returned->obj())
+                                                                                     : PyTuple_New(0));
     }
     VarPtr v = items.front();
     items.pop_front();
     return v;
+  }
+
+  // sys.exc_info() / sys.exception(): the exception being handled, in this frame or a caller's
+  // within the capture (the compiled function's caller handles none kiln could see: eager's
+  // answer there is the caller's, which a graph cannot read, so that call stays eager)
+  static VarPtr exc_info(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (!args.empty() || !kwargs.empty()) return nullptr;
+    PyObject* e = I.handled_exception();
+    if (!e) return nullptr;
+    static PyObject* exception_fn = object_at("sys.exception");
+    if (fn->obj() == exception_fn) return Var::constant(e);
+    PyObject* tb = PyException_GetTraceback(e);
+    return Var::steal_constant(Py_BuildValue("(OON)", reinterpret_cast<PyObject*>(Py_TYPE(e)), e, tb ? tb : Py_NewRef(Py_None)));
   }
 
   // copy.deepcopy(config) / copy.copy(obj) of a Python object (legacy encoder-decoder configs are

@@ -1474,8 +1474,16 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
   if (VarPtr r = call_rule(fn, args, kwargs)) return r;  // call_rules.cpp: by the callee object
   if (VarPtr r = optimizer_method(fn, args, kwargs)) return r;  // optimizers.cpp: torch.optim's steps
   // ---- by category ----
-  if (PyExceptionClass_Check(f) && !PyType_HasFeature(reinterpret_cast<PyTypeObject*>(f), Py_TPFLAGS_HEAPTYPE)) {
-    // ValueError("...") with Python values: made now, as eager makes it (raised, or caught)
+  auto python_init = [](PyObject* cls) {  // an __init__ or __new__ written in Python: code to capture
+    static PyObject* init = PyUnicode_InternFromString("__init__");
+    static PyObject* new_ = PyUnicode_InternFromString("__new__");
+    PyObject* i = _PyType_Lookup(reinterpret_cast<PyTypeObject*>(cls), init);
+    PyObject* n = _PyType_Lookup(reinterpret_cast<PyTypeObject*>(cls), new_);
+    return (i && PyFunction_Check(i)) || (n && (Py_IS_TYPE(n, &PyStaticMethod_Type) || PyFunction_Check(n)));
+  };
+  if (PyExceptionClass_Check(f) && (!PyType_HasFeature(reinterpret_cast<PyTypeObject*>(f), Py_TPFLAGS_HEAPTYPE) || !python_init(f))) {
+    // ValueError("...") (or a user's subclass that keeps its constructor) with Python values:
+    // made now, as eager makes it (raised, or caught)
     PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
     for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "exception argument")));
     PyObject* r = kwargs.empty() ? PyObject_Call(f, t, nullptr) : nullptr;

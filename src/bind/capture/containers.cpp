@@ -282,7 +282,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     Py_ssize_t i = dict_find(d, key_obj(args[0], "dict key", d));
     if (i < 0) {
       if (args.size() == 2) return args[1];
-      unsupported("KeyError in dict.pop");
+      raise_new(PyExc_KeyError, Py_BuildValue("(O)", key_obj(args[0], "dict key", d)));
     }
     note_mutation(d, "dict.pop()");
     VarPtr v = d->entries().values[i];
@@ -295,7 +295,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
     // the last entry (LIFO), or with OrderedDict's last=False the first
     const bool last = args.empty() || truth(args[0]);
     Entries& e = d->entries();
-    if (e.keys.empty()) unsupported("popitem(): dictionary is empty: KeyError");
+    if (e.keys.empty()) raise_new(PyExc_KeyError, "popitem(): dictionary is empty");
     note_mutation(d, "dict.popitem()");
     const size_t i = last ? e.keys.size() - 1 : 0;
     VarPtr item = Var::tuple({Var::steal_constant(e.keys[i]), e.values[i]});
@@ -306,7 +306,7 @@ VarPtr Interpreter::call_dict_method(const VarPtr& d, const std::string& name, s
   if (name == "move_to_end" && (args.size() == 1 || args.size() == 2) && d->as<DictV>().cls) {
     const bool last = args.size() == 1 || truth(args[1]);
     Py_ssize_t i = dict_find(d, key_obj(args[0], "dict key", d));
-    if (i < 0) unsupported("move_to_end of a missing key: KeyError");
+    if (i < 0) raise_new(PyExc_KeyError, Py_BuildValue("(O)", key_obj(args[0], "dict key", d)));
     note_mutation(d, "OrderedDict.move_to_end()");
     Entries& e = d->entries();
     PyObject* k = e.keys[i];
@@ -486,7 +486,7 @@ VarPtr Interpreter::call_deque_method(const VarPtr& dq, const std::string& name,
     return none();
   }
   if ((name == "pop" || name == "popleft") && args.empty()) {
-    if (items.empty()) unsupported(std::string("pop from an empty deque: IndexError"));
+    if (items.empty()) raise_new(PyExc_IndexError, "pop from an empty deque");
     VarPtr v = name == "pop" ? items.back() : items.front();
     items.erase(name == "pop" ? items.end() - 1 : items.begin());
     return v;
@@ -563,9 +563,10 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
   }
   if (name == "pop" && args.size() <= 1) {
     Py_ssize_t n = static_cast<Py_ssize_t>(items.size());
-    Py_ssize_t i = args.empty() ? n - 1 : (args[0]->is_const() && PyLong_Check(args[0]->obj()) ? PyLong_AsSsize_t(args[0]->obj()) : -n - 1);
+    if (!args.empty() && !(args[0]->is_const() && PyLong_Check(args[0]->obj()))) unsupported("list.pop of an index kiln does not know");
+    Py_ssize_t i = args.empty() ? n - 1 : PyLong_AsSsize_t(args[0]->obj());
     if (i < 0) i += n;
-    if (i < 0 || i >= n) unsupported("pop index out of range");
+    if (i < 0 || i >= n) raise_new(PyExc_IndexError, n == 0 ? "pop from empty list" : "pop index out of range");
     VarPtr v = items[i];
     items.erase(items.begin() + i);
     return v;
@@ -595,7 +596,12 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
     const Py_ssize_t start = bound(args[1]), stop = args.size() == 3 ? bound(args[2]) : n;
     for (Py_ssize_t i = start; i < stop; ++i)
       if (equal_at(static_cast<size_t>(i), args[0])) return Var::steal_constant(PyLong_FromSsize_t(i));
-    unsupported(std::string(list ? "list." : "tuple.") + "index(x): x not in the range: ValueError");
+    if (!list) raise_new(PyExc_ValueError, "tuple.index(x): x not in tuple");
+    if (!args[0]->is_const()) unsupported("list.index(x): x not in the range: ValueError");
+    PyObject* r = PyObject_Repr(args[0]->obj());
+    if (!r) real(nullptr);
+    keep_.push_back(r);
+    raise_new(PyExc_ValueError, std::string(PyUnicode_AsUTF8(r)) + " is not in list");
   }
   if ((name == "remove" || name == "index") && args.size() == 1) {
     for (size_t i = 0; i < items.size(); ++i)
@@ -604,7 +610,13 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
         items.erase(items.begin() + i);
         return Var::constant(Py_None);
       }
-    unsupported(std::string(list ? "list." : "tuple.") + name + "(x): x not in the sequence");
+    if (!list) raise_new(PyExc_ValueError, "tuple.index(x): x not in tuple");
+    if (name == "remove") raise_new(PyExc_ValueError, "list.remove(x): x not in list");
+    if (!args[0]->is_const()) unsupported("list.index(x): x not in the sequence: ValueError");
+    PyObject* r = PyObject_Repr(args[0]->obj());
+    if (!r) real(nullptr);
+    keep_.push_back(r);
+    raise_new(PyExc_ValueError, std::string(PyUnicode_AsUTF8(r)) + " is not in list");
   }
   if (name == "count" && args.size() == 1) {
     size_t n = 0;

@@ -826,6 +826,11 @@ class Interpreter {
   std::vector<VarPtr> handling_;  // exceptions being handled (PUSH_EXC_INFO / POP_EXCEPT), innermost last
   // Raises `exc` (an exception instance) from the captured code.
   [[noreturn]] void raise(PyObject* exc);
+  // Raises a new `type(*args)` (args: a tuple, or one str argument), as eager's operation would.
+  [[noreturn]] void raise_new(PyObject* type, PyObject* args);
+  [[noreturn]] void raise_new(PyObject* type, const std::string& message);
+  // The exception being handled here or in a calling frame (sys.exc_info's), or nullptr.
+  PyObject* handled_exception();
   std::vector<VarPtr> yields_;        // a generator's values, produced all at once
   // A @contextmanager generator's frame (GeneratorContext): it stops at each yield (run_frame
   // returns the yielded value with `yielded_` set) and goes on from `resume_pc_`.

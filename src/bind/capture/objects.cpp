@@ -373,7 +373,9 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
     }
     // (rebinding one, torch.sigmoid = f, changes the module's dict: one guard per module)
     if (!base->source) return Var::steal_constant(v);
-    out_.guards.add_dict_version(base->source, base->obj());
+    PyObject* key = PyUnicode_FromString(name.c_str());
+    out_.guards.add_dict_version(base->source, base->obj(), key, v);
+    Py_XDECREF(key);
     VarPtr r = Var::steal_constant(v);
     // A submodule keeps its path (the guard above holds it) for what is read from it in turn
     if (PyModule_Check(r->obj())) r->source = Source::attr(base->source, name);

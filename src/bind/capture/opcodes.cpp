@@ -329,22 +329,48 @@ void Interpreter::raise(PyObject* exc) {
   throw Raised(exc, msg);
 }
 
+void Interpreter::raise_new(PyObject* type, PyObject* args) {
+  PyObject* e = PyObject_Call(type, args, nullptr);
+  Py_DECREF(args);
+  if (!e) real(nullptr);
+  root()->keep_.push_back(e);
+  raise(e);
+}
+
+void Interpreter::raise_new(PyObject* type, const std::string& message) { raise_new(type, Py_BuildValue("(s)", message.c_str())); }
+
+PyObject* Interpreter::handled_exception() {
+  for (Interpreter* f = this; f; f = f->parent_)
+    if (!f->handling_.empty()) return f->handling_.back()->is_const() ? f->handling_.back()->known() : nullptr;
+  return nullptr;
+}
+
 int Interpreter::op_raise_varargs(const Instr& in, const CodeInfo& ci) {
   if (in.arg == 0) {  // a bare `raise`: the exception being handled
     if (handling_.empty() || !handling_.back()->is_const()) unsupported("raise: eager raises the exception");
     raise(handling_.back()->known());
   }
-  if (in.arg != 1) unsupported("raise ... from ...: eager raises the exception");
+  VarPtr cause = in.arg == 2 ? pop() : nullptr;
   VarPtr e = pop();
   if (!e->is_const()) unsupported("raise: eager raises the exception");
-  PyObject* o = e->known();
-  if (PyExceptionClass_Check(o)) {  // raise TypeError: an instance made from the class
+  // An exception instance or class (raise TypeError: an instance made from it)
+  auto instance = [&](PyObject* o) {
+    if (!PyExceptionClass_Check(o)) return o;
     PyObject* inst = PyObject_CallNoArgs(o);
     if (!inst) real(nullptr);
     root()->keep_.push_back(inst);
-    o = inst;
-  }
+    return inst;
+  };
+  PyObject* o = instance(e->known());
   if (!PyExceptionInstance_Check(o)) unsupported("raise of a non-exception: TypeError");
+  if (cause) {  // raise X from Y: Y (an exception, or None) is X's __cause__, and hides its context
+    if (!cause->is_const()) unsupported("raise ... from a value kiln does not know");
+    PyObject* c = instance(cause->known());
+    if (c != Py_None && !PyExceptionInstance_Check(c)) unsupported("exception causes must derive from BaseException: TypeError");
+    PyException_SetCause(o, c == Py_None ? nullptr : Py_NewRef(c));  // (sets __suppress_context__)
+  }
+  // Raised while another is handled: that one is its __context__, as CPython chains them
+  if (PyObject* ctx = handled_exception(); ctx && ctx != o) PyException_SetContext(o, Py_NewRef(ctx));
   raise(o);
 }
 

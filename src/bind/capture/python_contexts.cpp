@@ -140,8 +140,15 @@ bool Interpreter::exit_python_context_raising(const ContextExitV& e, const VarPt
   try {
     e.generator->throw_in(this, x);
   } catch (const Raised& r) {
-    if (r.exc != x) throw;
-    return false;
+    if (r.exc == x) return false;
+    // A StopIteration thrown in and wrapped into a RuntimeError by the generator (PEP 479):
+    // not suppressed, the StopIteration goes on (contextlib's rule)
+    if (PyErr_GivenExceptionMatches(x, PyExc_StopIteration) && PyErr_GivenExceptionMatches(r.exc, PyExc_RuntimeError)) {
+      PyObject* cause = PyException_GetCause(r.exc);
+      Py_XDECREF(cause);
+      if (cause == x) return false;
+    }
+    throw;
   }
   if (e.generator->yielded()) unsupported("generator didn't stop after throw(): RuntimeError");
   return true;

@@ -65,7 +65,10 @@ std::string Guard::str() const {
 
 GuardSet::~GuardSet() {
   if (!Py_IsInitialized()) return;
-  for (Guard& g : guards_) Py_XDECREF(g.expected);
+  for (Guard& g : guards_) {
+    Py_XDECREF(g.expected);
+    for (auto& [k, v] : g.entries) Py_DECREF(k), Py_DECREF(v);
+  }
 }
 
 namespace {
@@ -94,12 +97,23 @@ void GuardSet::finalize(const std::vector<SourcePtr>& fetch) {
   tree_ = std::make_unique<GuardTree>(*this, fetch);
 }
 
-void GuardSet::add_dict_version(SourcePtr module_source, PyObject* module) {
+void GuardSet::add_dict_version(SourcePtr module_source, PyObject* module, PyObject* name, PyObject* value) {
   Guard g{Guard::Kind::DictVersion, std::move(module_source)};
   g.expected = module;
-  if (!needed(g)) return;
-  Py_INCREF(module);
-  guards_.push_back(std::move(g));
+  const std::string key = g.str();
+  Guard* at = nullptr;
+  if (needed(g)) {
+    Py_INCREF(module);
+    guards_.push_back(std::move(g));
+    at = &guards_.back();
+  } else {
+    for (Guard& o : guards_)
+      if (o.kind == Guard::Kind::DictVersion && o.expected == module && o.str() == key) at = &o;
+  }
+  if (!at) return;  // (not needed: under a fixed root)
+  for (const auto& [k, v] : at->entries)
+    if (PyUnicode_Compare(k, name) == 0) return;
+  at->entries.emplace_back(Py_NewRef(name), Py_NewRef(value));
 }
 
 bool GuardSet::needed(const Guard& g) {
@@ -402,7 +416,19 @@ bool Guard::holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail
       if (r < 0) clear_error();
       return r == (flag ? 1 : 0);
     }
-    case Kind::DictVersion: return v == expected && dict_version(PyModule_GetDict(v)) == version;
+    case Kind::DictVersion: {
+      if (v != expected) return false;
+      PyObject* d = PyModule_GetDict(v);
+      const uint64_t now = dict_version(d);
+      if (now == version) return true;
+      for (const auto& [k, x] : entries)
+        if (PyDict_GetItemWithError(d, k) != x) {
+          if (PyErr_Occurred()) clear_error();
+          return false;
+        }
+      version = now;  // its entries all hold: the change was elsewhere in the dict
+      return true;
+    }
     case Kind::HasKey: {
       const int r = PyDict_Check(v) ? PyDict_Contains(v, expected) : -1;
       if (r < 0) clear_error();

@@ -31,9 +31,10 @@ struct Guard {
     DeterministicWarnOnly,  // torch.is_deterministic_algorithms_warn_only_enabled() == flag
     HasAttr,   // hasattr(value, expected) == flag (an attribute capture found absent, or present)
     HasKey,    // (expected in value) == flag, value a dict (a module's globals: `del name`)
-    // value is the module `expected` and its __dict__ has not changed since the entry was built
-    // (its version tag): attributes of torch's and the standard library's modules read as
-    // constants (torch.sigmoid, F.gelu, math.pi) without a guard each
+    // value is the module `expected` whose `entries` (the attributes capture read as constants:
+    // torch.sigmoid, F.gelu, math.pi) are what they were: at once where its __dict__ has not
+    // changed since (its version tag), else compared one by one (torch's own code sets module
+    // globals, torch.cuda's `_initialized`), the version taken anew where they all hold
     DictVersion,
     NoAlias,   // the tensors at `sources` flagged in `mutated` share storage with none of the others
     IntSymbol, // an exact int >= 2 (not bool), the value of size symbol `length` (binds it)
@@ -47,7 +48,8 @@ struct Guard {
   bool flag = false;
   AutocastState autocast;
   DType dtype = DType::Float32;    // DefaultDtype
-  uint64_t version = 0;            // DictVersion
+  mutable uint64_t version = 0;    // DictVersion: the dict's version when its entries last held
+  std::vector<std::pair<PyObject*, PyObject*>> entries;  // DictVersion: (name, value), owned
   std::vector<SourcePtr> sources;  // NoAlias: every tensor input of the graph
   std::vector<bool> mutated;       // NoAlias: those the graph updates in place (written back)
 
@@ -86,7 +88,8 @@ class GuardSet {
   void add_global_flag(Guard::Kind kind, bool flag);  // Deterministic, DeterministicWarnOnly
   void add_hasattr(SourcePtr s, PyObject* name, bool present);  // name: a str (borrowed)
   void add_haskey(SourcePtr s, PyObject* key, bool present);
-  void add_dict_version(SourcePtr module_source, PyObject* module);  // its version: read at finalize
+  // module.name read as the constant `value` (version read at finalize)
+  void add_dict_version(SourcePtr module_source, PyObject* module, PyObject* name, PyObject* value);
   // The inputs an entry updates in place (written back after its graph) share memory with no
   // other input: the graph reads each input as it was before the call.
   void add_no_alias(std::vector<SourcePtr> inputs, std::vector<bool> mutated);
