@@ -377,3 +377,41 @@ def test_torch_backends_flags_read_in_the_function_are_guarded():
             torch.testing.assert_close(compiled(x), fn(x))
     finally:
         torch.backends.cudnn.benchmark = before
+
+
+def _twice(func):
+    def wrapper(*a, **k):
+        return func(*a, **k) * 2
+    return wrapper
+
+
+def _plus_one(func):
+    def wrapper(*a, **k):
+        return func(*a, **k) + 1
+    return wrapper
+
+
+class _Decorated:
+    @_twice
+    def f(self, x):
+        return x.sin()
+
+    @_plus_one
+    def g(self, x):
+        return x.cos()
+
+
+def test_methods_whose_wrappers_close_over_different_functions_hold_their_guards():
+    """Each wrapper's `func` cell (a method found on the class of an object made in the function:
+    no source of its own) is read, guarded, through that cell: two cells are two places."""
+
+    def fn(x):
+        obj = _Decorated()
+        return obj.f(x) + obj.g(x)
+
+    compiled = kiln.compile(fn)
+    kiln.reset()
+    for n in (3, 4, 5, 6, 7):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert kiln.stats()["recompiles"] <= 1, kiln.stats()["recompile_reasons"]

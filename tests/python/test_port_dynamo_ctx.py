@@ -955,7 +955,11 @@ def test_break_outside_a_python_manager_block(where):
             torch._dynamo.graph_break()
         return y + r.entered
 
-    compare(fn, lambda: (rand(4), Recorder([])), effects=lambda x, r: _recorder_state(r))
+    # (TorchDynamo before torch 2.14 runs the resumed frame after a break before the block eagerly:
+    # one graph to kiln's two)
+    old_dynamo = where == "before" and tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 14)
+    compare(fn, lambda: (rand(4), Recorder([])), effects=lambda x, r: _recorder_state(r),
+            counts_known="TorchDynamo < 2.14 runs the resumed frame eagerly" if old_dynamo else None)
 
 
 def test_break_inside_a_python_manager_made_in_the_function():

@@ -94,8 +94,10 @@ int GuardTree::node_for(const SourcePtr& s) {
   const int parent = s->base ? node_for(s->base) : -1;
   // Two source objects for one place (capture builds L['self'].fc separately for a guard and
   // an input) share a node: same parent and the same step from it.
-  // (Each Made source names one object the frame builds: its name is unique.)
-  const bool named = s->kind == Source::Kind::Global || s->kind == Source::Kind::Attr || s->kind == Source::Kind::Made;
+  // (Each Made source names one object the frame builds, each Pinned one the object it holds:
+  // their names are unique.)
+  const bool named = s->kind == Source::Kind::Global || s->kind == Source::Kind::Attr || s->kind == Source::Kind::Made ||
+                     s->kind == Source::Kind::Pinned;
   StepKey key{parent,
               static_cast<int>(s->kind),
               s->kind == Source::Kind::Local ? s->local : static_cast<int64_t>(s->index),

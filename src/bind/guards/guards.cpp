@@ -424,6 +424,7 @@ bool Guard::holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail
       for (const auto& [k, x] : entries)
         if (PyDict_GetItemWithError(d, k) != x) {
           if (PyErr_Occurred()) clear_error();
+          if (detail) *detail = std::string("'") + PyUnicode_AsUTF8(k) + "' changed";
           return false;
         }
       version = now;  // its entries all hold: the change was elsewhere in the dict
