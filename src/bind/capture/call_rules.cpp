@@ -74,6 +74,7 @@ struct CallRules {
       for (const char* ctx : {"torch.no_grad", "torch.enable_grad", "torch.inference_mode", "torch.set_grad_enabled",
                               "contextlib.nullcontext", "torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
         add(object_at(ctx), mode);
+      add(object_at("torch._C._set_grad_enabled"), set_grad_enabled_now);
       return m;
     }();
     return t;
@@ -706,7 +707,24 @@ struct CallRules {
   }
 
   static VarPtr mode(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    // torch.no_grad(f) / torch.enable_grad(f): the decorator without parentheses, f called in
+    // the context's modes (torch's _NoParamDecoratorContextManager.__new__)
+    static PyObject* no_grad = I.resolve_torch("no_grad");
+    static PyObject* enable_grad = I.resolve_torch("enable_grad");
+    if ((fn->obj() == no_grad || fn->obj() == enable_grad) && args.size() == 1 && kwargs.empty() &&
+        (args[0]->kind() == Var::Kind::Function || (args[0]->is_const() && PyFunction_Check(args[0]->obj())))) {
+      VarPtr ctx = I.mode_context(fn->obj(), {}, {});
+      return ctx ? I.call(ctx, std::move(args), {}) : nullptr;
+    }
     return I.mode_context(fn->obj(), args, kwargs);
+  }
+
+  // torch._C._set_grad_enabled(b): what torch.set_grad_enabled(b) does when called (a context
+  // manager written in Python sets grad mode with it), returning None
+  static VarPtr set_grad_enabled_now(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    static PyObject* set_grad_enabled = I.resolve_torch("set_grad_enabled");
+    if (args.size() != 1 || !kwargs.empty()) return nullptr;
+    return I.mode_context(set_grad_enabled, args, kwargs) ? Var::constant(Py_None) : nullptr;
   }
 };
 
