@@ -325,6 +325,52 @@ def test_global_store_and_delete_in_another_module():
     _one_graph(caller, x)
 
 
+# ---- `nonlocal` stores ---------------------------------------------------------------------
+
+def _counter():
+    count = 0
+    cache = None
+
+    def fn(x):
+        nonlocal count, cache
+        count += 1
+        cache = x * 2
+        return x + count
+
+    return fn, lambda: (count, cache)
+
+
+def test_nonlocal_store_of_the_compiled_function_is_replayed():
+    fn, state = _counter()
+    compiled = kiln.compile(fn)
+    x = torch.randn(3)
+    for i in range(1, 4):
+        assert_same(compiled(x), x + i)
+        count, cache = state()
+        assert count == i
+        assert_same(cache, x * 2)
+    _one_graph(_counter()[0], x)
+
+
+def test_nonlocal_store_in_an_inlined_helper():
+    def fn(x):
+        total = torch.zeros(3)
+        calls = []
+
+        def add(v):
+            nonlocal total
+            total = total + v
+            calls.append(1)
+
+        add(x)
+        add(x * 2)
+        return total, len(calls)
+
+    x = torch.randn(3)
+    assert_same(kiln.compile(fn)(x), fn(x))
+    _one_graph(fn, x)
+
+
 # ---- torch's deterministic-algorithms flag ---------------------------------------------------
 
 def test_deterministic_algorithms_flag_is_guarded():

@@ -19,7 +19,12 @@ VarPtr Interpreter::read_free_var(const Instr& in) {
   if (in.arg < first_free) unsupported("read of an unbound cell variable");
   PyObject* closure = PyFunction_GET_CLOSURE(fn_);
   Py_ssize_t k = in.arg - first_free;
-  PyObject* v = closure ? PyCell_GET(PyTuple_GET_ITEM(closure, k)) : nullptr;
+  PyObject* cell = closure ? PyTuple_GET_ITEM(closure, k) : nullptr;
+  if (const AttrStore* st = cell ? logged_attr(cell, "cell_contents") : nullptr) {  // `nonlocal` stored in this capture
+    if (!st->value) unsupported("read of an empty closure cell");
+    return st->value;
+  }
+  PyObject* v = cell ? PyCell_GET(cell) : nullptr;
   if (!v) unsupported("read of an empty closure cell");
   PyObject* name = PyTuple_GET_ITEM(co->co_localsplusnames, in.arg);
   SourcePtr src;

@@ -74,7 +74,25 @@ int Interpreter::op_store_deref(const Instr& in, const CodeInfo& ci) {
     slot->as<CellV>().content = pop();
     return -1;
   }
-  if (!is_own_cell(in.arg)) unsupported("assignment to a closure variable (nonlocal)");
+  if (!is_own_cell(in.arg)) {
+    // `nonlocal x; x = v` on a real closure: a store into the cell, logged and replayed after
+    // the graph (cell.cell_contents = v); reads later in the capture see the logged value.
+    auto* co = reinterpret_cast<PyCodeObject*>(code_);
+    const Py_ssize_t k = in.arg - (co->co_nlocalsplus - co->co_nfreevars);
+    PyObject* closure = PyFunction_GET_CLOSURE(fn_);
+    if (!closure || k >= PyTuple_GET_SIZE(closure)) unsupported("assignment to a closure variable (nonlocal)");
+    PyObject* cell = PyTuple_GET_ITEM(closure, k);
+    const std::string name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(co->co_localsplusnames, in.arg));
+    SourcePtr src = !parent_   ? Source::closure_cell(k, name)
+                    : fn_source_ ? Source::item(Source::attr(fn_source_, "__closure__"), k)
+                                 : Source::pinned_object(cell, "cell '" + name + "' of " + PyUnicode_AsUTF8(co->co_qualname));
+    VarPtr v = pop();
+    if (v->kind() == Var::Kind::Module && is_private(v->obj())) unsupported("a module the function made stored in a closure cell");
+    keep_.push_back(Py_NewRef(cell));
+    root()->attr_stores_.push_back(AttrStore{cell, "cell_contents", v, std::move(src)});
+    slot = v;
+    return -1;
+  }
   slot = pop();
   return -1;
 }

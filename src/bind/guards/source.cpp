@@ -140,6 +140,13 @@ SourcePtr Source::closure(Py_ssize_t index, const std::string& name) {
   return s;
 }
 
+SourcePtr Source::closure_cell(Py_ssize_t index, const std::string& name) {
+  auto s = std::make_shared<Source>(Source{Kind::ClosureCell});
+  s->index = index;
+  s->name = name;
+  return s;
+}
+
 std::string Source::module_name() const {
   PyObject* n = globals ? PyDict_GetItemString(globals, "__name__") : nullptr;
   return n && PyUnicode_Check(n) ? std::string("'") + PyUnicode_AsUTF8(n) + "'" : "?";
@@ -154,6 +161,7 @@ std::string Source::str() const {
     case Kind::Attr: return base->str() + "." + name;
     case Kind::Item: return base->str() + "[" + std::to_string(index) + "]";
     case Kind::Closure: return "C['" + name + "']";
+    case Kind::ClosureCell: return "<the cell of C['" + name + "']>";
     case Kind::Key: return base->str() + "[" + name + "]";
     case Kind::DictItem: return "dict.__getitem__(" + base->str() + ", " + name + ")";
     case Kind::Seed: return "<a fresh seed from torch's default generator>";
@@ -366,6 +374,9 @@ PyObject* read_root(const Source& s, const FrameView& f) {
     case Source::Kind::Closure:
       if (!f.closure || s.index >= PyTuple_GET_SIZE(f.closure)) return nullptr;
       return Py_XNewRef(PyCell_GET(PyTuple_GET_ITEM(f.closure, s.index)));
+    case Source::Kind::ClosureCell:
+      if (!f.closure || s.index >= PyTuple_GET_SIZE(f.closure)) return nullptr;
+      return Py_NewRef(PyTuple_GET_ITEM(f.closure, s.index));
     default: return nullptr;
   }
 }

@@ -28,8 +28,9 @@ struct Source {
   // whose __getitem__ does more (Hugging Face's ACT2FN builds a module per lookup).
   // Globals: the module dict itself (the frame's, or `globals`), which `global x; x = v` stores into.
   // Pinned: one object held by the source (a closure cell of a function reached through a class,
-  // whose contents are read through it, guarded, at every call).
-  enum class Kind { Local, Global, Attr, Item, Closure, Key, DictItem, Seed, Made, Array, Deref, Globals, Pinned } kind;
+  // whose contents are read through it, guarded, at every call). ClosureCell: the frame's closure
+  // cell itself (Closure reads its contents), which `nonlocal x; x = v` stores into.
+  enum class Kind { Local, Global, Attr, Item, Closure, Key, DictItem, Seed, Made, Array, Deref, Globals, Pinned, ClosureCell } kind;
   int local = -1;            // Local: the slot in the bound arguments
   std::string name;          // Local/Global/Attr: the name
   PyObject* key = nullptr;   // Global/Attr: interned name string; Key: the key; Item: str(index) (owned)
@@ -47,6 +48,7 @@ struct Source {
   static SourcePtr attr(SourcePtr base, const std::string& name);
   static SourcePtr item(SourcePtr base, Py_ssize_t index);
   static SourcePtr closure(Py_ssize_t index, const std::string& name);
+  static SourcePtr closure_cell(Py_ssize_t index, const std::string& name);
   static SourcePtr key_of(SourcePtr base, PyObject* key);  // base[key] for any hashable key (dicts)
   static SourcePtr dict_item(SourcePtr base, PyObject* key);  // dict.__getitem__(base, key)
   static SourcePtr seed();
