@@ -302,8 +302,6 @@ _REASONS = {
         'grad_set_to_none_inside'),
     'IS_LEAF': ("returning Tensor.is_leaf of an intermediate: 'returns a value kiln cannot rebuild', runs eagerly; Dynamo: one graph",
         'requires_grad_of_intermediate_read'),
-    'GRAD_FN': ("WRONG VALUE: type(y.grad_fn).__name__ inside the function is 'CppFunction' (kiln's node), eager and Dynamo give 'MulBackward0'",
-        'grad_fn_name_read'),
     'DETACH_COPY': ("WRONG GRADIENT: overwriting an intermediate through its detached alias (z.detach().copy_(y)) makes kiln's gradient of x zero; eager and torch.compile give 2",
         'detach_copy_into_intermediate'),
     'DETACH_INPLACE_INPUT': ("an in-place op on x.detach() of an input that requires grad is a break with an outdated reason ('kiln does not build backward graphs yet'); Dynamo: one graph",

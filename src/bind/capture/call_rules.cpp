@@ -265,7 +265,7 @@ struct CallRules {
         return nullptr;
       }
     }
-    return Var::constant(torch_dtype_object(result_type(ops)));
+    return Var::constant(torch_dtype_object(result_type(ops, ops::default_float())));  // (guarded)
   }
 
   // collections.namedtuple("Out", ["logits", "loss"], defaults=[None]) in the function: a class

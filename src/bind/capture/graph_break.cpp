@@ -235,6 +235,9 @@ OutSpec Interpreter::break_spec_of(const VarPtr& v) {
       if (v->is_const() && is_private(v->known())) unsupported("an object kiln copied during capture at a graph break");
       if (v->kind() == Var::Kind::Module && is_private(v->obj()))
         unsupported("a module the function made (a user nn.Module) at a graph break");  // its state is this capture's
+      // A torch module the function built with parameters (nn.Linear(2, 2)): built again for
+      // this call by its maker, drawing them as eager does (capture's object drew them once)
+      if (v->kind() == Var::Kind::Module && v->source && v->source->per_call()) return source_spec(v->source);
       if (!v->source && v->is_const() && PyCFunction_Check(v->obj()))
         if (PyObject* self = PyCFunction_GET_SELF(v->obj()); self && mutable_container(self)) {
           // A method of a container the function made (d.update): bound to this call's copy.

@@ -915,7 +915,7 @@ struct GeneratorContext {
   std::unique_ptr<Interpreter> frame;
   bool entered = false;
   // What made it, to make another (a decorator's fresh manager per call)
-  PyObject* gen = nullptr;  // borrowed: the generator function (kept by the helper or the frame's tracker)
+  PyObject* gen = nullptr;  // the generator function (kept by the root interpreter)
   std::vector<VarPtr> cells, args;
   bool has_cells = false;
   std::vector<std::pair<std::string, VarPtr>> kwargs;

@@ -158,7 +158,13 @@ VarPtr Interpreter::super_attr(const VarPtr& sup, const std::string& name) {
   if (Py_IS_TYPE(raw, &PyClassMethod_Type)) {
     PyObject* func = PyObject_GetAttrString(raw, "__func__");
     keep_.push_back(func);
-    if (func && PyFunction_Check(func)) return Var::method(Var::constant(self_type), name, func);
+    if (func && PyFunction_Check(func)) {
+      // cls: the receiver's class, read through itself so what the method reads off it
+      // (cls.coeff) is guarded
+      VarPtr cls = Var::constant(self_type);
+      cls->source = Source::pinned_object(self_type, std::string("class ") + reinterpret_cast<PyTypeObject*>(self_type)->tp_name);
+      return Var::method(cls, name, func);
+    }
   }
   if (PyObject_TypeCheck(raw, &PyProperty_Type)) {
     PyObject* fget = PyObject_GetAttrString(raw, "fget");
@@ -263,6 +269,12 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
       return Var::tensor(add_node("permute", {base->node()}, a));
     }
     if (name == "requires_grad") return Var::constant(root()->needs_grad_.count(base->node()) ? Py_True : Py_False);
+    if (name == "grad_fn" || name == "is_leaf") {
+      // A tensor autograd does not track has no grad_fn and is a leaf; one it tracks has
+      // autograd's own node (or is a leaf input), which capture does not model.
+      if (root()->needs_grad_.count(base->node())) unsupported("Tensor." + name + " of a tensor that requires grad");
+      return Var::constant(name == "grad_fn" ? Py_None : Py_True);
+    }
     if (name == "grad" && base->source) {
       // an input's .grad (a parameter's, for clipping or logging): the caller's gradient, read
       // through its source like any input; None, or the value a zero_grad earlier set, as logged
@@ -306,10 +318,7 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
         clear_error();
         guard_hasattr(base, key, false);
       }
-      PyObject* e = PyObject_CallFunction(PyExc_AttributeError, "s", ("'Tensor' object has no attribute '" + name + "'").c_str());
-      if (!e) real(nullptr);
-      keep_.push_back(e);
-      raise(e);
+      raise_new(PyExc_AttributeError, "'Tensor' object has no attribute '" + name + "'");
     }
     return Var::method(base, name);
   }

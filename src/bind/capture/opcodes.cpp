@@ -88,7 +88,7 @@ int Interpreter::op_store_deref(const Instr& in, const CodeInfo& ci) {
                                  : Source::pinned_object(cell, "cell '" + name + "' of " + PyUnicode_AsUTF8(co->co_qualname));
     VarPtr v = pop();
     if (v->kind() == Var::Kind::Module && is_private(v->obj())) unsupported("a module the function made stored in a closure cell");
-    keep_.push_back(Py_NewRef(cell));
+    root()->keep_.push_back(Py_NewRef(cell));  // the log outlives an inlined frame
     root()->attr_stores_.push_back(AttrStore{cell, "cell_contents", v, std::move(src)});
     slot = v;
     return -1;
@@ -176,12 +176,7 @@ int Interpreter::op_store_global(const Instr& in, const CodeInfo& ci) {
       if (PyErr_Occurred()) real(nullptr);
       out_.guards.add_haskey(Source::globals_dict(parent_ ? globals_ : nullptr), in.argval, present);
     }
-    if (!present) {
-      PyObject* e = PyObject_CallFunction(PyExc_NameError, "s", ("name '" + name + "' is not defined").c_str());
-      if (!e) real(nullptr);
-      keep_.push_back(e);
-      raise(e);
-    }
+    if (!present) raise_new(PyExc_NameError, "name '" + name + "' is not defined");
   }
   if (value && value->kind() == Var::Kind::Module && is_private(value->obj()))
     unsupported("a module the function made stored in a global");  // its state is this capture's

@@ -75,7 +75,7 @@ VarPtr Interpreter::make_generator_context(PyObject* gen, const std::vector<VarP
   g->frame = bound_frame(gen, nullptr, args, kwargs, cells);
   g->frame->stops_at_yield_ = true;
   g->gen = gen;
-  keep_.push_back(Py_NewRef(gen));
+  root()->keep_.push_back(Py_NewRef(gen));  // the manager may outlive this frame (a helper returned it)
   g->has_cells = cells != nullptr;
   if (cells) g->cells = *cells;
   g->args = args;
