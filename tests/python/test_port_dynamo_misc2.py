@@ -1024,7 +1024,6 @@ def test_a_set_built_before_a_break_is_used_after_it():
 g1 = torch.randn(10)
 
 
-@pytest.mark.xfail(strict=True, reason='WRONG RESULT: len({a, b, ...}) of argument tensors is baked in; a later call with aliased arguments returns the stale length')
 def test_set_size_follows_aliasing_between_arguments_and_a_global():
     g2, g3, g4 = torch.randn(10), torch.randn(10), torch.randn(10)
 

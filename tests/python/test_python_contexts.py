@@ -505,3 +505,21 @@ def test_max_pool_with_indices():
     (gr,) = torch.autograd.grad(ref[0].sum(), x)
     assert_same(g, gr)
     _one_graph(fn, x.detach())
+
+
+# ---- eager backend: batch norm in training --------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["inductor", "eager", "aot_eager"])
+def test_batch_norm_training_updates_running_statistics_once(backend):
+    import copy
+
+    bn = nn.BatchNorm2d(4).train()
+    ref = copy.deepcopy(bn)
+    x = torch.randn(3, 4, 5, 5, requires_grad=True)
+    y, yr = kiln.compile(bn, backend=backend)(x), ref(x)
+    assert_same(y, yr, rtol=1e-5, atol=1e-5)
+    assert_same(bn.running_mean, ref.running_mean, rtol=1e-6, atol=1e-6)
+    assert_same(bn.running_var, ref.running_var, rtol=1e-6, atol=1e-6)
+    (g,) = torch.autograd.grad(y.sum() + (y * y).mean(), x)
+    (gr,) = torch.autograd.grad(yr.sum() + (yr * yr).mean(), x)
+    assert_same(g, gr, rtol=1e-4, atol=1e-5)

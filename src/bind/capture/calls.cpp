@@ -545,7 +545,12 @@ VarPtr Interpreter::rng_seed() {
 VarPtr Interpreter::batch_norm_training(const std::vector<ir::Node*>& inputs, std::vector<VarPtr> vars, const ir::Attrs& attrs) {
   static const ops::OpDef* batch_norm = ops::find_op("batch_norm");
   vars.resize(inputs.size());
-  ir::Node* y = add_node(batch_norm, inputs, attrs);
+  // The normalization reads the batch's statistics alone: its node takes no running ones (run
+  // through torch, as the eager backend does, batch_norm would update them itself, again, and
+  // autograd would save them)
+  std::vector<ir::Node*> batch_only = inputs;
+  if (batch_only.size() > 2) batch_only[1] = batch_only[2] = nullptr;
+  ir::Node* y = add_node(batch_norm, batch_only, attrs);
   // The running statistics, updated in place as torch's kernel does (outside autograd): the
   // new values are graph outputs written back into the buffers after the call.
   ir::Node *rm = inputs.size() > 2 ? inputs[1] : nullptr, *rv = inputs.size() > 2 ? inputs[2] : nullptr;

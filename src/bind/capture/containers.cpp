@@ -76,6 +76,12 @@ PyObject* Interpreter::key_obj(const VarPtr& v, const char* what, const VarPtr& 
       return r->input_objects_[i];
     }
   auto [it, fresh] = r->tensor_keys_.emplace(v->node(), nullptr);
+  if (fresh && v->source) {
+    // Two tensors the function was handed hash as two keys: guarded distinct objects (the
+    // caller may pass one tensor twice, {a, b} then has one element)
+    for (const VarPtr& u : r->hashed_inputs_) out_.guards.add_not_same(v->source, u->source);
+    r->hashed_inputs_.push_back(v);
+  }
   if (fresh) {
     it->second = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
     if (!it->second) real(nullptr);

@@ -191,6 +191,7 @@ Interpreter::Snapshot Interpreter::snapshot() const {
   if (!parent_)
     for (const VarPtr& c : mutated_) s.containers.emplace_back(c, contents_of(c));
   if (!parent_) s.mutations = const_cast<Interpreter*>(this)->input_mutations();
+  s.guards = out_.guards.guards().size();
   return s;
 }
 
@@ -311,8 +312,11 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   // (run_frame never calls it on a loop, where each iteration would resume anew: falls_into_loop)
   if (!break_leaves_handlers_intact(code_, in.offset)) return false;
   // The instruction runs for real at the break: its own logged stores are dropped; those of
-  // the graph before it are replayed before it runs.
+  // the graph before it are replayed before it runs. Identity guards its attempt put on
+  // objects (a C method's arguments, pinned) hold nothing the graph needs: an object the caller
+  // makes anew at every call (a ContextVar token) would make every call capture again.
   attr_stores_.resize(before.attr_stores);
+  out_.guards.drop_instance_identities(before.guards);
   // and the caller's containers hold what they held before it (those it changed first: nothing
   // to put back; it changes them itself)
   for (const auto& [tracker, then] : before.containers) set_contents(*tracker, *then);

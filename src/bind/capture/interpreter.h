@@ -318,6 +318,7 @@ class Interpreter {
   VarPtr mode_context(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   // The modes a context-manager object made outside the function sets (`with self.ctx:`).
   ModeChange modes_of_object(PyObject* ctx);
+  static bool is_autocast_object(PyObject* ctx);  // an object of torch.autocast or its amp spellings
   // Sets the modes `m` names for the ops captured from here on; returns the modes before.
   ModeChange enter_modes(const ModeChange& m);
   ModeChange current_modes();
@@ -617,6 +618,7 @@ class Interpreter {
     // the root's caller containers changed so far, each with a copy of its contents then
     std::vector<std::pair<VarPtr, VarPtr>> containers;
     std::vector<std::pair<size_t, ir::Node*>> mutations;  // input_mutations() then
+    size_t guards = 0;  // the root's guards, as many as there were
   };
 
   // ---- branches on tensors whose other side raises (CaptureResult::checks) ----
@@ -867,6 +869,7 @@ class Interpreter {
   std::unordered_map<PyObject*, VarPtr> structured_;
   std::unordered_map<const ir::Node*, size_t> written_back_;  // root: final value of a mutated input -> input
   std::unordered_map<const ir::Node*, PyObject*> tensor_keys_;  // root: key_obj's objects (owned by keep_)
+  std::vector<VarPtr> hashed_inputs_;  // root: tensors read from the frame that key_obj hashed (guarded distinct)
   std::unordered_map<PyObject*, VarPtr> key_tensors_;           // root: and the tensors they stand for
   std::unordered_map<PyObject*, VarPtr> input_keys_;  // root: input tensors used as keys, and their trackers
   std::unordered_map<const ir::Node*, PyObject*> known_values_;  // root: known_tensor's values (owned by keep_)

@@ -128,6 +128,8 @@ VarPtr Interpreter::mode_context(PyObject* f, const std::vector<VarPtr>& args, c
   return Var::context(std::move(m));
 }
 
+bool Interpreter::is_autocast_object(PyObject* ctx) { return autocast_class(reinterpret_cast<PyObject*>(Py_TYPE(ctx))) != nullptr; }
+
 ModeChange Interpreter::modes_of_object(PyObject* ctx) {
   // An autocast or grad-mode object made outside the function (`with self.autocast:`, the
   // wrapper torch's decorators make): the modes it would set, read from its fields.

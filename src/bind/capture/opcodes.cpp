@@ -223,7 +223,17 @@ int Interpreter::op_before_with(const Instr& in, const CodeInfo& ci) {
   } else if (is_profiler_range(ctx)) entered = ctx;  // record_function: no modes
   else if (ctx->is_const() && is_thread_lock(ctx->known())) entered = Var::constant(Py_True);  // capture runs on one thread
   else if (enter_python_context(ctx)) return -1;  // pushed its exit and what `as` binds
-  else if (ctx->is_const()) m = modes_of_object(const_obj(ctx, "context manager"));
+  else if (ctx->is_const()) {
+    // (checked by type before the object is pinned: an entry that then runs eagerly keeps no
+    // identity guard on a manager made anew at every call)
+    PyObject* cls = reinterpret_cast<PyObject*>(Py_TYPE(ctx->known()));
+    static PyObject* no_grad = resolve_torch("no_grad");
+    static PyObject* enable_grad = resolve_torch("enable_grad");
+    if (cls != no_grad && cls != enable_grad && !is_autocast_object(ctx->known()))
+      unsupported(std::string("with of a context manager other than torch.no_grad/enable_grad/inference_mode/autocast/nullcontext (") +
+                  Py_TYPE(ctx->known())->tp_name + ")");
+    m = modes_of_object(const_obj(ctx, "context manager"));
+  }
   else unsupported("with of a context manager other than torch.no_grad/enable_grad/inference_mode/autocast/nullcontext");
   ModeChange before = enter_modes(m);
   if (auto* c = ctx->get_if<ContextV>(); c && c->restore) before = *c->restore;

@@ -101,6 +101,11 @@ std::pair<VarPtr, VarPtr> Interpreter::enter_python_context_values(const VarPtr&
     if (auto* r = ctx->get_if<RecordV>()) cls = reinterpret_cast<PyTypeObject*>(r->cls);
     else if (ctx->is_const() && ctx->known()) cls = Py_TYPE(ctx->known());
     if (!cls) return {nullptr, nullptr};
+    // A @contextmanager object made outside capture (the caller's, or at a graph break: torch's
+    // cudnn.flags(...)) holds a running generator, which its __enter__ would read as an object
+    // new at every call: not captured
+    static PyObject* generator_cm = object_at("contextlib._GeneratorContextManager");
+    if (generator_cm && PyType_IsSubtype(cls, reinterpret_cast<PyTypeObject*>(generator_cm))) return {nullptr, nullptr};
     PyObject* enter_fn = python_method(cls, "__enter__");
     PyObject* exit_fn = python_method(cls, "__exit__");
     if (!enter_fn || !exit_fn || is_torch_internal(enter_fn) || is_torch_internal(exit_fn)) return {nullptr, nullptr};

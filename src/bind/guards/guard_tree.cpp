@@ -34,6 +34,7 @@ namespace {
 bool checked_late(const Guard& g) {
   switch (g.kind) {
     case Guard::Kind::Same:
+    case Guard::Kind::NotSame:
     case Guard::Kind::NoAlias:
     case Guard::Kind::IntSymbol: return true;
     case Guard::Kind::Tensor: return !g.tensor.size_symbols.empty();
@@ -130,8 +131,8 @@ bool GuardTree::check(const GuardSet& guards, const FrameView& f, FetchedValues&
   for (const Late& l : late_) {
     const Guard& g = *l.guard;
     bool ok;
-    if (g.kind == Guard::Kind::Same) {
-      ok = values[l.nodes[0]] == values[l.nodes[1]];
+    if (g.kind == Guard::Kind::Same || g.kind == Guard::Kind::NotSame) {
+      ok = (values[l.nodes[0]] == values[l.nodes[1]]) == (g.kind == Guard::Kind::Same);
     } else if (g.kind == Guard::Kind::NoAlias) {
       std::vector<PyObject*> at;
       for (int n : l.nodes) at.push_back(values[n]);

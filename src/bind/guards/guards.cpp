@@ -45,6 +45,7 @@ std::string Guard::str() const {
     case Kind::HasKey:
       return std::string("HAS_KEY: '") + PyUnicode_AsUTF8(expected) + "' " + (flag ? "in " : "not in ") + s;
     case Kind::Same: return "SAME_OBJECT: " + s + " is " + sources[0]->str();
+    case Kind::NotSame: return "NOT_SAME_OBJECT: " + s + " is not " + sources[0]->str();
     case Kind::KeyOrder: {
       PyObject* r = PyObject_Repr(expected);
       std::string keys = r ? PyUnicode_AsUTF8(r) : "?";
@@ -185,6 +186,30 @@ void GuardSet::add_grad_mode(bool enabled) {
 
 void GuardSet::add_same(SourcePtr s, SourcePtr other) {
   Guard g{Guard::Kind::Same, std::move(s)};
+  g.sources.push_back(std::move(other));
+  if (needed(g)) guards_.push_back(std::move(g));
+}
+
+void GuardSet::drop_instance_identities(size_t from) {
+  tree_.reset();
+  auto instance = [](const Guard& g) {
+    PyObject* o = g.expected;
+    return g.kind == Guard::Kind::Identity && o && !PyModule_Check(o) && !PyType_Check(o) && !PyFunction_Check(o) &&
+           !PyCFunction_Check(o) && !PyMethod_Check(o);
+  };
+  for (auto it = guards_.begin() + static_cast<std::ptrdiff_t>(std::min(from, guards_.size())); it != guards_.end();) {
+    if (instance(*it)) {
+      seen_.erase(it->str());
+      Py_XDECREF(it->expected);
+      it = guards_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void GuardSet::add_not_same(SourcePtr s, SourcePtr other) {
+  Guard g{Guard::Kind::NotSame, std::move(s)};
   g.sources.push_back(std::move(other));
   if (needed(g)) guards_.push_back(std::move(g));
 }
@@ -523,9 +548,9 @@ bool GuardSet::check_guards(const FrameView& f, std::string* why, SymbolBindings
     PyObject* v = borrowed ? f.locals[g.source->local] : eval_source(*g.source, f);
     bool ok = v != nullptr;
     std::string detail;
-    if (ok && g.kind == Guard::Kind::Same) {
+    if (ok && (g.kind == Guard::Kind::Same || g.kind == Guard::Kind::NotSame)) {
       PyObject* o = eval_source(*g.sources[0], f);
-      ok = o == v;
+      ok = (o == v) == (g.kind == Guard::Kind::Same);
       Py_XDECREF(o);
     } else if (ok) {
       ok = g.holds_for(v, bindings, why ? &detail : nullptr);

@@ -39,6 +39,7 @@ struct Guard {
     NoAlias,   // the tensors at `sources` flagged in `mutated` share storage with none of the others
     IntSymbol, // an exact int >= 2 (not bool), the value of size symbol `length` (binds it)
     Same,      // value is the object at sources[0] (one tensor reached by two paths)
+    NotSame,   // value is not the object at sources[0] (two tensors the code hashed or compared by identity)
     KeyOrder,  // value is a dict whose keys, in iteration order, equal the tuple `expected`
   } kind;
   SourcePtr source;
@@ -97,6 +98,10 @@ class GuardSet {
   void add_int_symbol(SourcePtr s, const sym::Expr& symbol);
   // The object at `s` is the one at `other` (capture read one tensor through both).
   void add_same(SourcePtr s, SourcePtr other);
+  void add_not_same(SourcePtr s, SourcePtr other);
+  // Drops identity guards on instances (not modules, types or functions), those from the
+  // `from`-th on: see build_entry_once and Interpreter::graph_break.
+  void drop_instance_identities(size_t from = 0);
 
   // Size symbols (shape-generic entries): `hint` is the size at capture. Tensor guards name
   // them by index (TensorInfo::size_symbols).

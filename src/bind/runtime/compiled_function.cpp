@@ -297,6 +297,10 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
   if (check_interrupt()) return nullptr;
   if (!e->capture.ok) {
     e->eager = true;
+    // An entry that runs eagerly is right whatever its guards say; an identity guard on an
+    // object the caller makes anew (a context manager, a ContextVar token) would only make
+    // every call capture again, to the cache limit.
+    e->capture.guards.drop_instance_identities();
     e->reason = e->capture.reason;
     e->location = e->capture.location;
     log("fallback", name + ": runs eagerly: " + e->reason + " at " + e->location);
