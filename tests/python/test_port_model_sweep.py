@@ -339,8 +339,11 @@ TV = [("resnet18", 64), ("mobilenet_v3_small", 64), ("efficientnet_b0", 64), ("r
       ("densenet121", 64), ("googlenet", 64)]
 XFAIL_TV_EVAL = {}
 XFAIL_TV_TRAIN = {
-    "regnet_y_400mf": "wrong gradients: 7% relative error against float64 where eager's is 0.04% (stem + trunk "
-                      "compiled together; each block alone and the first three stages are as exact as eager)",
+    # In float64 kiln's gradients equal eager's to 2e-12: the logic is right. torch's CPU batch
+    # norm accumulates its statistics and backward sums in float64 (acc_type<float> on the CPU is
+    # double); kiln's sums are float32, which BN over 8 values per channel amplifies ~50x.
+    "regnet_y_400mf": "float32 gradients ~50x further from float64 than eager's (0.8% vs 0.014%): torch's CPU batch "
+                      "norm accumulates in float64, kiln's reductions in float32 (float64 runs agree to 2e-12)",
 }
 
 
