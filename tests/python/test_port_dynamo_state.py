@@ -1087,9 +1087,6 @@ def test_recompile_same_object_twice_vs_two_objects():
         same(xk, xe)
 
 
-@pytest.mark.xfail(strict=True, reason="a frame given a generator / list iterator (a comprehension's '.0', "
-                   "a generator argument) is guarded by the iterator's identity (ID_MATCH): captured again at "
-                   "every call until the cache limit; TorchDynamo compiles no frame")
 def test_recompile_generator_argument_does_not_churn():
     def fn(x, names):
         return [x * len(n) for n in names]
