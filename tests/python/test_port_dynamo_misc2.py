@@ -1620,7 +1620,6 @@ def test_result_type_follows_the_default_dtype():
         torch.set_default_dtype(prior)
 
 
-@pytest.mark.xfail(strict=True, reason='np.sin(a, out=out) with a broadcast out: the result is not `out` (identity lost)')
 def test_numpy_ufunc_with_out_returns_the_out_array():
     def fn(x):
         a = np.arange(5)

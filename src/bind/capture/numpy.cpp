@@ -263,9 +263,22 @@ struct NumpyRules {
     const DType own = target->node()->meta.dtype, r = res->node()->meta.dtype;
     if ((is_floating(r) && !is_floating(own)) || (r != DType::Bool && own == DType::Bool))
       unsupported(std::string(what) + " casting its result into an array of a lower kind: UFuncTypeError");
-    if (res->node()->meta.sizes != target->node()->meta.sizes)
-      unsupported(std::string(what) + " whose result has another shape than the array it is stored into: ValueError");
     ir::Node* n = res->node();
+    if (n->meta.sizes != target->node()->meta.sizes) {
+      // NumPy broadcasts the result into the array (np.sin(np.arange(3), out=zeros((2, 3)))),
+      // never the array to the result
+      const auto& from = n->meta.sizes;
+      const auto& to = target->node()->meta.sizes;
+      bool fits = from.size() <= to.size();
+      for (size_t k = 0; fits && k < from.size(); ++k) {
+        const sym::Expr& f = from[from.size() - 1 - k];
+        fits = sym::same_size(f, to[to.size() - 1 - k]) || sym::same_size(f, sym::Expr(1));
+      }
+      if (!fits) unsupported(std::string(what) + " whose result does not broadcast to the array it is stored into: ValueError");
+      ir::Attrs at;
+      at.set("size", ir::sizes_attr(to));
+      n = I.add_node("expand", {n}, at);
+    }
     if (n->meta.dtype != own) {
       ir::Attrs at;
       at.set("dtype", own);
