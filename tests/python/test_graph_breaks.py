@@ -949,3 +949,36 @@ def test_a_break_with_a_live_closure_over_a_cell_runs_eagerly():
 
     x = torch.randn(4)
     torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
+
+
+def test_a_cell_variable_used_after_a_break_is_handed_on():
+    """Python 3.11 makes `a` a cell (the comprehension closes over it): the resume function takes
+    its value into a new cell, and a closure made after the break sees later stores to it."""
+    def fn(x):
+        a = x * 2
+        torch._dynamo.graph_break()
+        b = [a * r for r in range(3)]
+        a = a + 1
+        g = lambda t: t * a  # noqa: E731
+        return b[2] + g(x)
+
+    x = torch.randn(4)
+    torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
+    e = kiln.explain(fn)(x)
+    assert e.graph_count == 2 and e.graph_break_count == 1, e.break_reasons
+
+
+def test_a_closure_made_before_a_break_over_a_live_cell_declines_it(quiet_fallbacks):
+    def fn(x):
+        y = x + 1
+
+        def inner(t):
+            return t * y
+
+        z = inner(x)
+        torch._dynamo.graph_break()
+        y = y * 3  # the closure made before the break must see this store
+        return inner(z)
+
+    x = torch.randn(4)
+    torch.testing.assert_close(kiln.compile(fn)(x), fn(x))

@@ -1745,7 +1745,6 @@ def test_super_init_of_a_sequential_subclass_after_a_break():
     same(kiln.compile(fn)(x), fn(x))
 
 
-@pytest.mark.xfail(strict=True, reason='a list comprehension in the code after a graph break makes the whole call run eagerly (0 graphs); TorchDynamo: 2 graphs')
 def test_comprehensions_around_a_break():
     def fn(x):
         out = torch.cat([torch.ones(r, 5) * r for r in range(3)])

@@ -99,6 +99,7 @@ struct GraphBreak {
   std::vector<OutSpec> stack;    // the stack under the instruction's operands, bottom first
   std::vector<OutSpec> locals;   // one per co_varnames entry
   std::vector<OutSpec> operands; // the instruction's operands as on the stack, bottom first
+  std::vector<OutSpec> cells;    // the values of the cells the resume function takes (ResumeShape::cells)
   PyObject* kwnames = nullptr;   // Call: keyword names (owned tuple) or nullptr
   PyObject* name = nullptr;      // StoreAttr: the attribute name (owned)
   std::string binary_op;         // BinaryOp: dis's name of the operator, "NB_INPLACE_ADD"

@@ -335,10 +335,13 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   if (in.op != OP_CALL && in.op != OP_BINARY_OP)  // a branch on the value (GraphBreak::Kind::Jump)
     if (auto t = ci.by_offset.find(in.jump_target); t != ci.by_offset.end()) resumes_at.push_back(t->second);
   std::vector<bool> live = live_locals(code_, ci, resumes_at, co->co_nlocalsplus);
+  // A bound cell code after the break uses is handed on by value (the resume function's new
+  // cell takes it); any bound cell a closure made before the break still holds declines it.
   std::unordered_set<const Var*> cells;
+  std::vector<int> live_cells;
   for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i) {
     if (!before.locals[i]) continue;
-    if (live[static_cast<size_t>(i)]) return false;
+    if (live[static_cast<size_t>(i)]) live_cells.push_back(i);
     if (static_cast<size_t>(i) < locals_.size() && locals_[i]) cells.insert(locals_[i].get());
   }
   if (!cells.empty()) {
@@ -459,6 +462,10 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
       else spec.kind = OutSpec::Kind::Unbound;
       shape.local_unbound.push_back(spec.kind == OutSpec::Kind::Unbound);
       brk->locals.push_back(std::move(spec));
+    }
+    for (int i : live_cells) {
+      brk->cells.push_back(break_spec(before.locals[i]));  // a Cell tracker: its content
+      shape.cells.push_back(i);
     }
     out_.replays = store_replays(attr_stores_.size(), true);
   } catch (const Unsupported&) {

@@ -9,7 +9,7 @@ namespace {
 
 // Opcode numbers of the running interpreter, read from `dis` once.
 struct Opcodes {
-  int LOAD_FAST, DELETE_FAST, PUSH_NULL, JUMP_FORWARD, RESUME, EXTENDED_ARG, LOAD_CONST, UNARY_NEGATIVE, RETURN_VALUE;
+  int LOAD_FAST, STORE_DEREF, DELETE_FAST, PUSH_NULL, JUMP_FORWARD, RESUME, EXTENDED_ARG, LOAD_CONST, UNARY_NEGATIVE, RETURN_VALUE;
   int PUSH_EXC_INFO, WITH_EXCEPT_START;
   std::set<int> free;  // instructions whose argument indexes cell and free variables
   bool ok = false;
@@ -26,6 +26,7 @@ const Opcodes& opcodes() {
       return v ? static_cast<int>(PyLong_AsLong(v)) : -1;
     };
     r.LOAD_FAST = op("LOAD_FAST");
+    r.STORE_DEREF = op("STORE_DEREF");
     r.DELETE_FAST = op("DELETE_FAST");
     r.PUSH_NULL = op("PUSH_NULL");
     r.JUMP_FORWARD = op("JUMP_FORWARD");
@@ -223,6 +224,13 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
   const int nv = static_cast<int>(PyTuple_GET_SIZE(varnames));
   int nstack = 0;
   for (bool null : shape.stack_is_null) nstack += !null;
+  const int ncells = static_cast<int>(shape.cells.size());
+  const int nextra = nstack + ncells;  // parameters after the original's varnames
+  if (ncells && ops.STORE_DEREF < 0) {
+    error = "this Python's dis module lacks STORE_DEREF";
+    Py_DECREF(varnames);
+    return nullptr;
+  }
 
   // The body: the original bytecode with cell/free indices moved past the new parameters.
   std::string body = bytes_of(code, "co_code");
@@ -231,14 +239,14 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
   for (size_t i = 0; i + 1 < body.size(); i += 2) {
     int op = static_cast<unsigned char>(body[i]);
     int arg = static_cast<unsigned char>(body[i + 1]);
-    if (ops.free.count(op) && arg >= nv && nstack) {
+    if (ops.free.count(op) && arg >= nv && nextra) {
       bool extended = i >= 2 && static_cast<unsigned char>(body[i - 2]) == ops.EXTENDED_ARG;
-      if (extended || arg + nstack > 255) {
+      if (extended || arg + nextra > 255) {
         error = "too many variables to move for a resume function";
         Py_DECREF(varnames);
         return nullptr;
       }
-      body[i + 1] = static_cast<char>(arg + nstack);
+      body[i + 1] = static_cast<char>(arg + nextra);
     }
     if (in_prefix) {
       prefix += body.substr(i, 2);
@@ -254,6 +262,16 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
   std::string pro = prefix;
   for (int i = 0; i < nv && i < static_cast<int>(shape.local_unbound.size()); ++i)
     if (shape.local_unbound[i]) emit(pro, ops.DELETE_FAST, i);
+  // the cells the prefix made (empty) take their values, passed after the stack's
+  for (int j = 0; j < ncells; ++j) {
+    if (shape.cells[j] + nextra > 255 || nv + nstack + j > 255) {
+      error = "too many variables to move for a resume function";
+      Py_DECREF(varnames);
+      return nullptr;
+    }
+    emit(pro, ops.LOAD_FAST, nv + nstack + j);
+    emit(pro, ops.STORE_DEREF, shape.cells[j] + nextra);
+  }
   int param = nv;
   for (bool null : shape.stack_is_null) {
     if (null) emit(pro, ops.PUSH_NULL, 0);
@@ -275,7 +293,7 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
   for (int left = P; left > 0; left -= 8) lines.push_back(static_cast<char>(0x80 | (15 << 3) | (std::min(left, 8) - 1)));
   lines += bytes_of(code, "co_linetable");
 
-  PyObject* names = PyTuple_New(nv + nstack);
+  PyObject* names = PyTuple_New(nv + nextra);
   for (int i = 0; i < nv; ++i) {
     PyObject* n = PyTuple_GET_ITEM(varnames, i);
     Py_INCREF(n);
@@ -283,6 +301,7 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
   }
   // Named by slot, so a resume function of a resume function never repeats a name.
   for (int j = 0; j < nstack; ++j) PyTuple_SET_ITEM(names, nv + j, PyUnicode_FromFormat("__kiln_stack%d", nv + j));
+  for (int j = 0; j < ncells; ++j) PyTuple_SET_ITEM(names, nv + nstack + j, PyUnicode_FromFormat("__kiln_cell%d", nv + nstack + j));
   Py_DECREF(varnames);
   std::string qual = PyUnicode_AsUTF8(co->co_qualname);
   std::string name = "__resume_" + std::string(PyUnicode_AsUTF8(co->co_name)) + "_at_" + std::to_string(shape.offset);
@@ -291,10 +310,10 @@ PyObject* make_resume_function(PyObject* fn, const ResumeShape& shape, std::stri
   PyObject* kw = PyDict_New();
   auto set = [&](const char* k, PyObject* v) { set_item(kw, k, v); };
   set("co_code", PyBytes_FromStringAndSize(new_code.data(), static_cast<Py_ssize_t>(new_code.size())));
-  set("co_argcount", PyLong_FromLong(nv + nstack));
+  set("co_argcount", PyLong_FromLong(nv + nextra));
   set("co_posonlyargcount", PyLong_FromLong(0));
   set("co_kwonlyargcount", PyLong_FromLong(0));
-  set("co_nlocals", PyLong_FromLong(nv + nstack));
+  set("co_nlocals", PyLong_FromLong(nv + nextra));
   set("co_varnames", names);
   set("co_flags", PyLong_FromLong(co->co_flags & ~(CO_VARARGS | CO_VARKEYWORDS)));
   set("co_exceptiontable", PyBytes_FromStringAndSize(table.data(), static_cast<Py_ssize_t>(table.size())));

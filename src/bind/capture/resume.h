@@ -17,6 +17,9 @@ struct ResumeShape {
   int offset = 0;                    // byte offset of the first instruction to run
   std::vector<bool> stack_is_null;   // the stack at `offset`, bottom first: NULL slots are pushed, not passed
   std::vector<bool> local_unbound;   // one per co_varnames entry: passed as None, then deleted
+  // Cell variables (their slots in the original code) bound at the break that code after it
+  // uses: their values are passed after the stack's and stored into the new frame's cells
+  std::vector<int> cells;
 };
 
 // A function running `fn`'s code from shape.offset (new reference), or nullptr with `error`

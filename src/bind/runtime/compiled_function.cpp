@@ -948,6 +948,12 @@ PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, con
     if (!build(s)) return done(nullptr);
     ops.push_back(owned.back());
   }
+  // The cells' values (passed after the stack and the instruction's result)
+  std::vector<PyObject*> cell_args;
+  for (const OutSpec& s : b.cells) {
+    if (!build(s)) return done(nullptr);
+    cell_args.push_back(owned.back());
+  }
   if (!replay_stores(e, outs, frame, &memo)) return done(nullptr);
   PyObject* resume_fn;
   if (b.kind == GraphBreak::Kind::Call) {
@@ -1005,6 +1011,7 @@ PyObject* run_break_impl(const Entry& e, const std::vector<PyObject*>& outs, con
     }
     resume_fn = e.resume[0];
   }
+  resume_args.insert(resume_args.end(), cell_args.begin(), cell_args.end());
   // The resume function was made at capture around that call's closure cells; a helper defined
   // anew at every call of its caller has cells of its own, which the resume function must read
   // (the guards did).
