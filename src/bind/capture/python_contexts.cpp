@@ -5,11 +5,14 @@
 // run on from its yield), so a timer, a flag-setting helper or a stack push around model code
 // costs no graph break. What they do to Python state is captured like any other code (stores on
 // objects replayed after the graph); what kiln cannot capture in them makes the call run eagerly.
+// An exception raised in the block at capture reaches __exit__(type, exc, tb), or is thrown into
+// the generator at its yield (exit_python_context_raising); a @contextmanager object used as a
+// decorator runs each call in a fresh manager made as it was (call_in_fresh_context).
 //
 // Left to eager, as under TorchDynamo: a graph break inside such a block (the resume function
-// would have to own a half-run __exit__ or generator), an exception raised in the block at
-// capture, and torch's own context managers other than modes.cpp's (they change torch's global
-// state, which a graph does not replay).
+// would have to own a half-run __exit__ or generator), a @contextmanager object made outside
+// capture (its generator already runs), and torch's own context managers other than modes.cpp's
+// (they change torch's global state, which a graph does not replay).
 #include "bind/capture/interpreter.h"
 #include "bind/interrupts.h"
 #include "bind/python_objects.h"
