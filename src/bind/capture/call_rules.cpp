@@ -94,10 +94,7 @@ struct CallRules {
       if (PyErr_Occurred()) return I.real(nullptr);
       if (!args[0]->source) return nullptr;
       I.out_.guards.add_length(args[0]->source, PyDict_Size(d));
-      PyObject* e = PyObject_CallOneArg(PyExc_KeyError, key);
-      if (!e) return I.real(nullptr);
-      I.root()->keep_.push_back(e);
-      I.raise(e);
+      I.raise_new(PyExc_KeyError, Py_BuildValue("(O)", key));
     }
     if (!args[0]->source) return Var::constant(v);
     return I.wrap(v, Source::dict_item(args[0]->source, key));
@@ -289,12 +286,11 @@ struct CallRules {
     if (!kwargs.empty()) {  // eager's TypeError, which the code may catch
       PyObject* name = PyObject_GetAttrString(fn->obj(), "__name__");
       PyObject* msg = name ? PyUnicode_FromFormat("%U() takes no keyword arguments", name) : nullptr;
-      PyObject* e = msg ? PyObject_CallOneArg(PyExc_TypeError, msg) : nullptr;
-      Py_XDECREF(msg);
       Py_XDECREF(name);
-      if (!e) return I.real(nullptr);
-      I.root()->keep_.push_back(e);
-      I.raise(e);
+      PyObject* a = msg ? PyTuple_Pack(1, msg) : nullptr;
+      Py_XDECREF(msg);
+      if (!a) return I.real(nullptr);
+      I.raise_new(PyExc_TypeError, a);
     }
     if (args.size() != 2) return nullptr;
     const VarPtr& a = args[0];
@@ -512,21 +508,11 @@ struct CallRules {
   static VarPtr generator_context_manager(Interpreter& I, const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (args.size() != 3 || !kwargs.empty() || !args[0]->is_const()) return nullptr;
     if (args[1]->kind() != Var::Kind::Tuple && !(args[1]->is_const() && PyTuple_Check(args[1]->obj()))) return nullptr;
+    if (!I.is_dict(args[2])) return nullptr;
     KwArgs kw;
-    if (args[2]->kind() == Var::Kind::Dict) {
-      const Entries& e = args[2]->entries();
-      for (size_t i = 0; i < e.keys.size(); ++i) {
-        if (!PyUnicode_Check(e.keys[i])) return nullptr;
-        kw.emplace_back(PyUnicode_AsUTF8(e.keys[i]), e.values[i]);
-      }
-    } else if (args[2]->is_const() && PyDict_Check(args[2]->obj())) {
-      PyObject *k, *v;
-      for (Py_ssize_t pos = 0; PyDict_Next(args[2]->obj(), &pos, &k, &v);) {
-        if (!PyUnicode_Check(k)) return nullptr;
-        kw.emplace_back(PyUnicode_AsUTF8(k), Var::constant(v));
-      }
-    } else {
-      return nullptr;
+    for (auto& [k, v] : I.dict_entries(args[2])) {  // as f(**kwds) reads them
+      if (!PyUnicode_Check(k)) return nullptr;
+      kw.emplace_back(PyUnicode_AsUTF8(k), v);
     }
     return I.make_generator_context(args[0]->obj(), nullptr, I.items_of(args[1]), kw);
   }

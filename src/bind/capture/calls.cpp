@@ -637,8 +637,7 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
     case Var::Kind::ContextExit:  // with's __exit__(None, None, None): the modes before the block
       if (fn->as<ContextExitV>().python_exit || fn->as<ContextExitV>().generator)
         return exit_python_context(fn->as<ContextExitV>(), std::move(args), kwargs);
-      enter_modes(*fn->as<ContextExitV>().mode);
-      if (root()->out_.modes_after) root()->out_.modes_after = current_modes();  // a set_grad_enabled call's, undone
+      restore_modes(*fn->as<ContextExitV>().mode);
       return Var::constant(Py_False);
     case Var::Kind::Context:
       if (args.size() == 1 && kwargs.empty() &&
@@ -656,10 +655,7 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
           d.decorator = fn;  // a @contextmanager object: a fresh one around each call
         } else {
           d.mode = c.mode;
-          if (c.restore) {  // set_grad_enabled(b)(f): its __call__ puts back the mode before it
-            enter_modes(*c.restore);
-            if (root()->out_.modes_after) root()->out_.modes_after = current_modes();
-          }
+          if (c.restore) restore_modes(*c.restore);  // set_grad_enabled(b)(f): its __call__ puts back the mode before it
         }
         return std::make_shared<Var>(std::move(d));  // not rebuildable: a graph break or return cannot hand it to Python
       }

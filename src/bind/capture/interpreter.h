@@ -321,6 +321,9 @@ class Interpreter {
   static bool is_autocast_object(PyObject* ctx);  // an object of torch.autocast or its amp spellings
   // Sets the modes `m` names for the ops captured from here on; returns the modes before.
   ModeChange enter_modes(const ModeChange& m);
+  // A with block's exit (or set_grad_enabled's decorator call) putting back the modes `m`; a
+  // mode a set_grad_enabled call left set for the caller is undone with it.
+  void restore_modes(const ModeChange& m);
   ModeChange current_modes();
   // The autocast state inside torch.autocast(device, dtype, enabled) entered here.
   AutocastState autocast_region(const std::string& device, PyObject* dtype, bool enabled);

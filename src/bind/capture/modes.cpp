@@ -52,6 +52,11 @@ ModeChange Interpreter::enter_modes(const ModeChange& m) {
   return before;
 }
 
+void Interpreter::restore_modes(const ModeChange& m) {
+  enter_modes(m);
+  if (root()->out_.modes_after) root()->out_.modes_after = current_modes();
+}
+
 AutocastState Interpreter::autocast_region(const std::string& device, PyObject* dtype, bool enabled) {
   if (device != "cpu" && device != "cuda")
     unsupported("torch.autocast for device '" + device + "' (kiln compiles for cpu and cuda)");

@@ -353,6 +353,7 @@ void Interpreter::raise(PyObject* exc) {
 }
 
 void Interpreter::raise_new(PyObject* type, PyObject* args) {
+  if (!args) real(nullptr);
   PyObject* e = PyObject_Call(type, args, nullptr);
   Py_DECREF(args);
   if (!e) real(nullptr);
@@ -436,8 +437,7 @@ int Interpreter::op_with_except_start(const Instr& in, const CodeInfo& ci) {
   if (exit->kind() != Var::Kind::ContextExit) unsupported("a with block's exit kiln does not know");
   const ContextExitV& e = exit->as<ContextExitV>();
   if (!e.python_exit && !e.generator) {  // grad mode, autocast: restored, never suppressing
-    enter_modes(*e.mode);
-    if (root()->out_.modes_after) root()->out_.modes_after = current_modes();
+    restore_modes(*e.mode);
     push(Var::constant(Py_False));
     return -1;
   }

@@ -101,15 +101,15 @@ void GuardSet::finalize(const std::vector<SourcePtr>& fetch) {
 void GuardSet::add_dict_version(SourcePtr module_source, PyObject* module, PyObject* name, PyObject* value) {
   Guard g{Guard::Kind::DictVersion, std::move(module_source)};
   g.expected = module;
-  const std::string key = g.str();
+  std::string key = g.str();
   Guard* at = nullptr;
   if (needed(g)) {
     Py_INCREF(module);
+    dict_versions_[std::move(key)] = guards_.size();
     guards_.push_back(std::move(g));
     at = &guards_.back();
-  } else {
-    for (Guard& o : guards_)
-      if (o.kind == Guard::Kind::DictVersion && o.expected == module && o.str() == key) at = &o;
+  } else if (auto it = dict_versions_.find(key); it != dict_versions_.end()) {
+    at = &guards_[it->second];
   }
   if (!at) return;  // (not needed: under a fixed root)
   for (const auto& [k, v] : at->entries)
@@ -206,6 +206,9 @@ void GuardSet::drop_instance_identities(size_t from) {
       ++it;
     }
   }
+  dict_versions_.clear();  // the indices moved
+  for (size_t i = 0; i < guards_.size(); ++i)
+    if (guards_[i].kind == Guard::Kind::DictVersion) dict_versions_[guards_[i].str()] = i;
 }
 
 void GuardSet::add_not_same(SourcePtr s, SourcePtr other) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -151,6 +152,7 @@ class GuardSet {
   std::vector<sym::Expr> facts_;  // expressions of the symbols that must be 0
   std::vector<sym::Expr> nonneg_facts_;  // ... that must be >= 0
   std::unordered_set<std::string> seen_;          // str() of each guard kept
+  std::unordered_map<std::string, size_t> dict_versions_;  // a DictVersion guard's str() -> its index
   std::unordered_set<std::string> fixed_roots_;   // sources of identity-guarded code objects
   std::unique_ptr<GuardTree> tree_;
 };
