@@ -731,6 +731,23 @@ def test_the_gradient_of_a_power_with_a_python_exponent_is_computed_in_double():
     torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-14, atol=0)
 
 
+@pytest.mark.parametrize("edtype", [torch.int64, torch.int32])
+def test_the_gradient_of_a_power_with_an_integer_tensor_exponent_subtracts_in_integers(edtype):
+    # torch's pow_backward computes exponent - 1 in the exponent's integer dtype (the smallest
+    # value wraps to the largest); kiln's float32 e - 1 rounded 2**31 - 1 to an even power and
+    # gave inf where eager gives -inf (fuzz_grad seed 622013)
+    info = torch.iinfo(edtype)
+    e = torch.tensor([info.min, info.max, 0, 1, -1, 2, 3, -3, 2**24 + 1, -(2**24) - 1], dtype=edtype)
+    for base in (0.0, 2.0, -1.5, float("inf"), -0.0):
+        x = torch.full((e.numel(),), base, dtype=torch.float64)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya = kiln.compile(lambda x, e: x ** e)(xa, e)
+        ya.sum().backward()
+        (xb ** e).sum().backward()
+        assert_same(ya.detach(), (xb ** e).detach())
+        torch.testing.assert_close(xa.grad, xb.grad, rtol=0, atol=0, equal_nan=True)
+
+
 class _Value:
     def __init__(self, value):
         self.value = value

@@ -581,7 +581,11 @@ std::vector<OpDef> pointwise_ops() {
         return g.must_add("convert", {v}, a);
       };
       Node *x = n->inputs[0], *e = exact(n->inputs[1]);
-      Node* dx = mul(g, grad, mul(g, e, g.must_add("pow", {x, sub(g, e, num(g, 1.0))})));
+      // An integer exponent's e - 1 is integer arithmetic in torch (INT64_MIN - 1 wraps), not a
+      // float one that rounds 2^31 - 1 to an even power.
+      const bool int_exponent = is_integral(e->meta.dtype, false);
+      Node* one = int_exponent ? g.scalar(1.0, DType::Int64) : num(g, 1.0);
+      Node* dx = mul(g, grad, mul(g, e, g.must_add("pow", {x, sub(g, e, one)})));
       dx = g.must_add("where", {g.must_add("eq", {e, num(g, 0.0)}), num(g, 0.0), dx});
       Node* de = mul(g, grad, mul(g, n, unary(g, "log", exact(x))));
       Node* x_zero = g.must_add("logical_and", {g.must_add("eq", {x, num(g, 0.0)}), g.must_add("ge", {e, num(g, 0.0)})});
