@@ -912,7 +912,6 @@ def test_one_hot_with_a_data_dependent_size():
     check(fn, lambda: (torch.arange(20) % 7,), counts=False)
 
 
-@pytest.mark.xfail(strict=True, reason='pytree.tree_flatten/unflatten break at TreeSpec; TorchDynamo: 0 breaks')
 def test_pytree_flatten_and_unflatten_of_nested_containers():
     def fn(xs):
         flat, spec = pytree.tree_flatten(xs)
@@ -1525,7 +1524,6 @@ def test_resizing_an_inputs_storage_to_zero():
     assert s.data_ptr() == x.untyped_storage().data_ptr() and s.size() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="frozen dataclasses made in the function break ('with its own __post_init__ or __setattr__'); TorchDynamo: 0 breaks")
 def test_frozen_dataclasses_made_in_the_function():
     @dataclasses.dataclass(frozen=True)
     class D:
@@ -1571,7 +1569,6 @@ def test_frozen_dataclass_across_a_break_and_returned():
     assert type(got[1]) is D and got[1].y is y and got[1].ndc == Inner()
 
 
-@pytest.mark.xfail(strict=True, reason='frozen dataclasses made in the function break; TorchDynamo: 0 breaks')
 def test_frozen_dataclasses_as_dict_keys():
     @dataclasses.dataclass(frozen=True)
     class In:
@@ -1593,7 +1590,6 @@ def test_frozen_dataclasses_as_dict_keys():
     check(fn, lambda: (torch.ones(2, 2), torch.randn(2, 2)))
 
 
-@pytest.mark.xfail(strict=True, reason='pytree MappingKey/SequenceKey (frozen dataclasses) and TreeSpec break: 2 graphs; TorchDynamo: 1 graph')
 def test_pytree_keys_in_an_fstring_and_treespec_fields():
     from torch.utils._pytree import MappingKey, SequenceKey, tree_flatten
 

@@ -23,7 +23,7 @@ void Interpreter::store_attr(const VarPtr& obj, const std::string& name, VarPtr 
       real(nullptr);
     return;
   }
-  if (auto* r = obj->get_if<RecordV>(); r && r->plain) return object_store(obj, name, std::move(value));
+  if (auto* r = obj->get_if<RecordV>(); r && r->plain) return object_store(obj, name, std::move(value), generic);
   if (obj->kind() == Var::Kind::Record) {
     if (!value) unsupported("del of a dataclass field");
     PyObject* key = PyUnicode_FromString(name.c_str());

@@ -29,6 +29,7 @@ struct CallRules {
       add(I.builtin("getattr"), getattr_);
       add(I.builtin("setattr"), setattr_);
       add(PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__setattr__"), object_setattr);
+      add(PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__delattr__"), object_delattr);
       add(I.builtin("__build_class__"), build_class);
       add(I.builtin("hasattr"), getattr_);
       add(I.builtin("id"), id_);
@@ -185,8 +186,19 @@ struct CallRules {
   // (a frozen dataclass's __init__, or super().__setattr__ in a class's own).
   static VarPtr object_setattr(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
     if (args.size() != 3 || !kwargs.empty() || !args[1]->is_const() || !PyUnicode_Check(args[1]->known())) return nullptr;
-    if (!args[0]->is_const()) return nullptr;  // objects made in the frame have the generic __setattr__ (user_objects.cpp)
+    auto* rec = args[0]->get_if<RecordV>();
+    if (!args[0]->is_const() && !(rec && rec->plain)) return nullptr;
     I.store_attr(args[0], PyUnicode_AsUTF8(args[1]->known()), args[2], true);
+    return Var::constant(Py_None);
+  }
+
+  // object.__delattr__(obj, name) on an object made in the frame: the generic delete, past the
+  // class's own __delattr__.
+  static VarPtr object_delattr(Interpreter& I, const VarPtr&, std::vector<VarPtr>& args, KwArgs& kwargs) {
+    if (args.size() != 2 || !kwargs.empty() || !args[1]->is_const() || !PyUnicode_Check(args[1]->known())) return nullptr;
+    auto* rec = args[0]->get_if<RecordV>();
+    if (!(rec && rec->plain)) return nullptr;
+    I.store_attr(args[0], PyUnicode_AsUTF8(args[1]->known()), nullptr, true);
     return Var::constant(Py_None);
   }
 

@@ -593,7 +593,9 @@ VarPtr Interpreter::call(VarPtr fn, std::vector<VarPtr> args, KwArgs kwargs) {
         static PyObject* object_init = PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__init__");
         if (m.fn == object_init && args.empty() && kwargs.empty()) return Var::constant(Py_None);  // super().__init__()
         if (VarPtr r = generic_getattr(m.fn, m.self, args, kwargs)) return r;  // super().__getattribute__(key)
-        if (m.self->kind() == Var::Kind::Record)
+        static PyObject* object_setattr = PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__setattr__");
+        static PyObject* object_delattr = PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__delattr__");
+        if (m.self->kind() == Var::Kind::Record && m.fn != object_setattr && m.fn != object_delattr)
           unsupported("call of " + m.name + " of an object made during capture (not a Python function)");
         args.insert(args.begin(), m.self);  // a C method through super(): called with the receiver
         return call(Var::constant(m.fn), std::move(args), std::move(kwargs));

@@ -650,6 +650,7 @@ PyObject* Interpreter::const_obj(const VarPtr& v, const char* what) {
       if (PyDict_SetItem(d, e.keys[i], const_obj(e.values[i], what)) < 0) real(nullptr);
     return d;
   }
+  if (PyObject* o = frozen_record_object(v, what)) return o;
   unsupported(std::string("expected a Python value for ") + what + ", got a " + Var::kind_name(v->kind()) +
               (v->kind() == Var::Kind::Record || v->kind() == Var::Kind::Function ? " made in the function" : ""));
 }

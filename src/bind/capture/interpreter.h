@@ -539,7 +539,9 @@ class Interpreter {
   static void fill_dict_view(const VarPtr& rec, const VarPtr& d);
   std::vector<std::pair<VarPtr, VarPtr>> dict_views_;  // the root's: (object made in the frame, its __dict__)
   bool object_has_attr(const VarPtr& rec, const std::string& name);
-  void object_store(const VarPtr& rec, const std::string& name, VarPtr value);  // value nullptr: del
+  // value nullptr: del; generic: object.__setattr__'s store, past the class's own __setattr__
+  PyObject* frozen_record_object(const VarPtr& v, const char* what);
+  void object_store(const VarPtr& rec, const std::string& name, VarPtr value, bool generic = false);
   // type(obj).name(obj, *args) inlined, or nullptr when the class has no such method.
   VarPtr object_dunder(const VarPtr& obj, const char* name, std::vector<VarPtr> args);
   // The class whose Python dunders capture inlines for `v` (an object made in the frame by its

@@ -47,8 +47,9 @@ VarPtr Interpreter::make_record(PyObject* cls, const std::vector<VarPtr>& args, 
   auto* type = reinterpret_cast<PyTypeObject*>(cls);
   const bool mapping = PyObject_IsSubclass(cls, reinterpret_cast<PyObject*>(&PyDict_Type)) == 1;
   const bool post_init = PyObject_HasAttrString(cls, "__post_init__");
-  if (!mapping && (post_init || type->tp_setattro != PyObject_GenericSetAttr))
-    unsupported(std::string("dataclass ") + type->tp_name + " with its own __post_init__ or __setattr__");
+  // A __post_init__ or a __setattr__ of its own (frozen dataclasses, torch's pytree TreeSpec) is
+  // code to run: the class is made as any user class, its generated __init__ inlined.
+  if (!mapping && (post_init || type->tp_setattro != PyObject_GenericSetAttr)) return nullptr;
   PyObject* fields = dataclass_fields(cls);
   if (!fields) return nullptr;
   keep_.push_back(fields);

@@ -45,6 +45,18 @@ bool is_nn_module_class(PyObject* cls) {
   return module_type && PyObject_IsSubclass(cls, module_type) == 1;
 }
 
+// The class's `name` (__setattr__, __delattr__) is a Python function or object's own.
+// A __slots__ member of the class: its value is one of the instance's attributes, stored in
+// the tracker as a __dict__ entry would be (unset, it reads as an AttributeError).
+bool is_slot(PyObject* a) { return a && Py_IS_TYPE(a, &PyMemberDescr_Type); }
+
+bool python_or_object(PyTypeObject* t, const char* name) {
+  PyObject* f = class_lookup(t, name);
+  PyObject* generic = PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), name);
+  Py_XDECREF(generic);  // object's slot wrapper lives as long as object
+  return f && (PyFunction_Check(f) || f == generic);
+}
+
 PyObject* object_init() {
   static PyObject* init = PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__init__");
   return init;
@@ -58,14 +70,15 @@ const char* Interpreter::plain_class_problem(PyObject* cls) {
   if (!PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE)) return "a built-in class";
   if (Py_TYPE(cls)->tp_call != PyType_Type.tp_call) return "its metaclass overrides __call__";
   if (t->tp_new != PyBaseObject_Type.tp_new) return "it has its own __new__ (or a built-in base)";
-  if (t->tp_dictoffset == 0) return "its instances have no __dict__ (__slots__)";
+  if (t->tp_dictoffset == 0 && !PyObject_HasAttrString(cls, "__slots__")) return "its instances have no __dict__";
   if (PyType_HasFeature(t, Py_TPFLAGS_IS_ABSTRACT)) return "it is abstract";
   static PyObject* generic_getattribute =
       PyObject_GetAttrString(reinterpret_cast<PyObject*>(&PyBaseObject_Type), "__getattribute__");
   PyObject* getattribute = class_lookup(t, "__getattribute__");
   if (t->tp_getattro != PyObject_GenericGetAttr && getattribute != generic_getattribute)
     return "it overrides __getattribute__";  // a class with __getattr__ only is modelled
-  if (t->tp_setattro != PyObject_GenericSetAttr) return "it overrides __setattr__";
+  if (t->tp_setattro != PyObject_GenericSetAttr && !(python_or_object(t, "__setattr__") && python_or_object(t, "__delattr__")))
+    return "it overrides __setattr__ in C";
   if (is_nn_module_class(cls)) return "it is an nn.Module";
   return nullptr;
 }
@@ -126,7 +139,7 @@ VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
   PyTypeObject* t = type_of(rec);
   if (name == "__dict__" && rec->as<RecordV>().plain) return record_dict_view(rec);
   PyObject* a = class_lookup(t, name.c_str());
-  if (a && Py_TYPE(a)->tp_descr_set) {  // a data descriptor wins over the instance's attributes
+  if (a && Py_TYPE(a)->tp_descr_set && !is_slot(a)) {  // a data descriptor wins over the instance's attributes
     if (PyObject_TypeCheck(a, &PyProperty_Type)) {
       PyObject* fget = PyObject_GetAttrString(a, "fget");
       if (!fget) real(nullptr);
@@ -142,7 +155,7 @@ VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
     if (PyUnicode_CompareWithASCIIString(r.keys[i], name.c_str()) == 0) return r.values[i];
   if (name == "__class__") return Var::constant(r.cls);
   if (name == "__dict__") unsupported("__dict__ of an object made during capture");
-  if (a) {
+  if (a && !is_slot(a)) {
     if (PyFunction_Check(a)) return Var::method(rec, name, a);
     static PyObject* cached_property = object_at("functools.cached_property");
     if (cached_property && PyObject_TypeCheck(a, reinterpret_cast<PyTypeObject*>(cached_property))) {
@@ -178,6 +191,13 @@ VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
   }
   // the AttributeError eager raises: a handler in the function (try/except AttributeError) takes it
   PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", t->tp_name, name.c_str());
+  PyObject *type, *err, *tb;  // with its `name`, as Python's lookup gives it
+  PyErr_Fetch(&type, &err, &tb);
+  PyErr_NormalizeException(&type, &err, &tb);
+  PyObject* attr_name = PyUnicode_FromString(name.c_str());
+  if (attr_name && err) PyObject_SetAttrString(err, "name", attr_name);
+  Py_XDECREF(attr_name);
+  PyErr_Restore(type, err, tb);
   real(nullptr);
   return nullptr;
 }
@@ -187,17 +207,29 @@ bool Interpreter::object_has_attr(const VarPtr& rec, const std::string& name) {
   for (PyObject* k : r.keys)
     if (PyUnicode_CompareWithASCIIString(k, name.c_str()) == 0) return true;
   if (!r.plain) return PyObject_HasAttrString(r.cls, name.c_str());
-  if (class_lookup(type_of(rec), name.c_str()) || name == "__class__") return true;
+  PyObject* a = class_lookup(type_of(rec), name.c_str());
+  if ((a && !is_slot(a)) || name == "__class__") return true;
   if (class_lookup(type_of(rec), "__getattr__")) unsupported("hasattr() on an object with __getattr__");
   return false;
 }
 
-void Interpreter::object_store(const VarPtr& rec, const std::string& name, VarPtr value) {
+void Interpreter::object_store(const VarPtr& rec, const std::string& name, VarPtr value, bool generic) {
   PyTypeObject* t = type_of(rec);
-  if (t->tp_setattro != PyObject_GenericSetAttr)  // its own __setattr__ decides what is stored
-    unsupported(std::string("attribute assignment through ") + t->tp_name + ".__setattr__");
+  if (!generic && t->tp_setattro != PyObject_GenericSetAttr) {
+    // The class's own __setattr__ / __delattr__ decides what is stored (a frozen dataclass
+    // raises): inlined, its object.__setattr__(self, ...) the generic store below.
+    if (PyObject* f = python_function(t, value ? "__setattr__" : "__delattr__")) {
+      keep_.push_back(Py_NewRef(f));
+      std::vector<VarPtr> args = {rec, Var::steal_constant(PyUnicode_FromString(name.c_str()))};
+      if (value) args.push_back(std::move(value));
+      inline_call(f, nullptr, std::move(args), {});
+      return;
+    }
+  }
   PyObject* a = class_lookup(t, name.c_str());
-  if (a && Py_TYPE(a)->tp_descr_set) {
+  if (!a && t->tp_dictoffset == 0)  // neither a slot nor a __dict__ to hold it
+    unsupported(std::string("AttributeError: '") + t->tp_name + "' object has no attribute '" + name + "'");
+  if (a && Py_TYPE(a)->tp_descr_set && !is_slot(a)) {
     if (PyObject_TypeCheck(a, &PyProperty_Type)) {
       PyObject* f = PyObject_GetAttrString(a, value ? "fset" : "fdel");
       if (!f) real(nullptr);
@@ -220,6 +252,7 @@ void Interpreter::object_store(const VarPtr& rec, const std::string& name, VarPt
     unsupported("attribute " + name + " of a " + t->tp_name + " is a data descriptor kiln does not model");
   }
   RecordV& r = rec->as<RecordV>();
+  r.made = nullptr;  // a frozen object made for real from the fields before this store
   for (size_t i = 0; i < r.keys.size(); ++i)
     if (PyUnicode_CompareWithASCIIString(r.keys[i], name.c_str()) == 0) {
       if (value) {
@@ -272,6 +305,32 @@ OutSpec Interpreter::object_spec(const VarPtr& rec, bool at_break) {
   s.value = Py_NewRef(rv.cls);
   s.items.push_back(std::move(attrs));
   return s;
+}
+
+// A frozen dataclass made in the frame whose fields are Python values, used where Python needs
+// the object itself (a dict key, hash, an f-string): made for real from its fields, as the
+// program hands objects out, once per tracker. Its fields cannot change afterwards but through
+// object.__setattr__, which drops the made object (object_store).
+PyObject* Interpreter::frozen_record_object(const VarPtr& v, const char* what) {
+  auto* r = v->get_if<RecordV>();
+  if (!r || !r->plain) return nullptr;
+  if (r->made) return r->made;
+  PyObject* params = PyObject_GetAttrString(r->cls, "__dataclass_params__");
+  PyObject* frozen = params ? PyObject_GetAttrString(params, "frozen") : nullptr;
+  const bool is_frozen = frozen == Py_True;
+  Py_XDECREF(frozen);
+  Py_XDECREF(params);
+  clear_error();
+  if (!is_frozen) return nullptr;
+  PyObject* empty = PyTuple_New(0);
+  PyObject* obj = PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(r->cls), empty, nullptr);
+  Py_DECREF(empty);
+  if (!obj) real(nullptr);
+  keep_.push_back(obj);
+  for (size_t i = 0; i < r->keys.size(); ++i)
+    if (PyObject_GenericSetAttr(obj, r->keys[i], const_obj(r->values[i], what)) < 0) real(nullptr);
+  r->made = obj;
+  return obj;
 }
 
 // ---- nn.Module subclasses made during capture ----

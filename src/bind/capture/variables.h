@@ -141,6 +141,9 @@ struct RecordV : Entries {  // an object made in the frame: a dataclass instance
                             // keys/values its attributes (a dataclass's fields first)
   std::vector<size_t> view;  // a mapping dataclass: the keys of its mapping, as indices into keys
   bool plain = false;  // built by object.__new__ and its attributes, not by its constructor
+  // A frozen dataclass of Python values used as one (a dict key, in an f-string): the object
+  // made for real from its fields, once (borrowed: the interpreter keeps it)
+  PyObject* made = nullptr;
 };
 namespace detail { struct GeneratorContext; }  // interpreter.h: a @contextmanager function's generator frame
 struct ContextV {  // torch.no_grad(), torch.autocast(...), nullcontext(): what it changes

@@ -772,9 +772,10 @@ PyObject* build_output(const OutSpec& spec, const std::vector<PyObject*>& outs, 
       auto* cls = reinterpret_cast<PyTypeObject*>(spec.value);
       PyObject* obj = PyBaseObject_Type.tp_new(cls, empty, nullptr);
       Py_DECREF(empty);
-      PyObject* dict = obj ? PyObject_GenericGetDict(obj, nullptr) : nullptr;
-      int rc = dict ? PyDict_Update(dict, attrs) : -1;
-      Py_XDECREF(dict);
+      // object's own store: into the __dict__ or a __slots__ member, past the class's __setattr__
+      int rc = obj ? 0 : -1;
+      PyObject *k, *v;
+      for (Py_ssize_t pos = 0; rc == 0 && PyDict_Next(attrs, &pos, &k, &v);) rc = PyObject_GenericSetAttr(obj, k, v);
       Py_DECREF(attrs);
       if (rc < 0) Py_CLEAR(obj);
       return obj;
