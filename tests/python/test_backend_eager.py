@@ -657,3 +657,30 @@ def test_registry_op_equals_eager_exactly(name, fn, arity, layout, dtype, kwargs
 
 def test_suite_size():
     assert len(PROGRAMS) >= 30 and len(ERRORS) >= 10
+
+
+def _update_with_detached(x, buf):
+    buf.add_(x.detach())
+    buf[0] = (x - x)[0].detach()
+    return buf
+
+
+def _update_under_no_grad(x, buf):
+    with torch.no_grad():
+        buf.add_(x)
+        y = x * 2
+    return buf, y
+
+
+@pytest.mark.parametrize("fn", [_update_with_detached, _update_under_no_grad])
+def test_a_callers_tensor_updated_with_values_autograd_does_not_track_stays_out_of_autograd(fn):
+    # the eager backend ran x.detach() as an alias that kept x's history, and ran steps under a
+    # torch.no_grad() block with grad on where no result needed a backward: the caller's buffer
+    # came back requiring grad, with a CopyBackwards (bench/fuzz_capture.py, seed 884)
+    for f in (fn, kiln.compile(fn, backend="eager")):
+        x = torch.randn(2, 3, requires_grad=True)
+        buf = torch.zeros(2, 3)
+        out = f(x, buf)
+        assert not buf.requires_grad and buf.grad_fn is None
+        if isinstance(out, tuple):
+            assert not out[1].requires_grad

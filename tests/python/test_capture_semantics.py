@@ -499,3 +499,58 @@ def test_function_get_binds_without_a_guard_on_the_bound_method():
         x = torch.randn(3)
         assert_same(cf(x), wrapper(x) + 1)
     assert kiln.stats()["recompiles"] == 0
+
+
+def _loop_grows_local(x):
+    l, out = [1], []
+    for v in l:
+        out.append(v)
+        if len(l) < 3:
+            l.append(v + 1)
+    return x + len(out), out
+
+
+def _loop_deletes_callers(x, l):
+    for a in l:
+        del l[0]
+    return x * len(l), l
+
+
+def _enumerate_grows(x, l):
+    n = 0
+    for i, a in enumerate(l, 1):
+        n += a
+        if i < 3:
+            l.append(a * 2)
+    return x + n, l
+
+
+def _zip_grows(x, l):
+    n = 0
+    for a, b in zip(l, range(10)):
+        n += a * b
+        if len(l) < 5:
+            l.append(a + 1)
+    return x + n, l
+
+
+def _iter_then_append(x):
+    l = [x, x + 1]
+    it = iter(l)
+    first = next(it)
+    l.append(x + 2)
+    return first, list(it)
+
+
+@pytest.mark.parametrize("fn", [_loop_grows_local, _loop_deletes_callers, _enumerate_grows, _zip_grows, _iter_then_append])
+def test_a_loop_over_a_list_its_body_changes_sees_the_changes(fn):
+    # Python's list iterator (and enumerate/zip over lists) reads the list at each step; kiln
+    # iterated a copy made at the loop's start (found by bench/fuzz_capture.py, seeds 836, 2042)
+    for _ in range(2):
+        x = torch.randn(3)
+        args = (x, [4, 3]) if fn.__code__.co_argcount == 2 else (x,)
+        want = fn(*[a.copy() if isinstance(a, list) else a for a in args])
+        got = kiln.compile(fn)(*[a.copy() if isinstance(a, list) else a for a in args])
+        e = kiln.explain(fn)(*[a.copy() if isinstance(a, list) else a for a in args])
+        assert e.graph_count == 1 and not e.break_reasons, e
+        assert_same(got, want)

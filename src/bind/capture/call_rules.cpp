@@ -453,6 +453,7 @@ struct CallRules {
     if (VarPtr r = I.builtin_over_trackers(fn->obj(), args, kwargs)) return r;
     if ((args.size() != 1 && args.size() != 2) || args[0]->kind() != Var::Kind::Iterator) return nullptr;
     auto& items = args[0]->as<IteratorV>();
+    I.sync_list_iterator(items);
     if (items.empty()) {
       if (items.raises) I.raise(items.raises);  // the generator's exception
       if (args.size() == 2) return args[1];
@@ -498,7 +499,7 @@ struct CallRules {
       Py_DECREF(it);
     }
     if (args[0]->kind() == Var::Kind::Iterator) return args[0];  // iter(it) is it
-    return Var::iterator(I.items_of(args[0]));
+    return I.iterate(args[0]);
   }
 
   // @contextlib.contextmanager over a generator function made in the frame: that function,

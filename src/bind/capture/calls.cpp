@@ -996,6 +996,7 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
   if (v->kind() == Var::Kind::Tuple || v->kind() == Var::Kind::List) return v->seq();
   if (auto* it = v->get_if<IteratorV>()) {
     if (it->raises) raise(it->raises);  // a generator that raises: what takes all its items raises
+    sync_list_iterator(*it);
     return it->left();
   }
   if (is_dict(v)) {
@@ -1099,24 +1100,50 @@ VarPtr Interpreter::iteration_builtin(PyObject* f, const std::vector<VarPtr>& ar
     if (args.size() != 1) unsupported("reversed() takes one argument");
     out = items_of(args[0]);
     std::reverse(out.begin(), out.end());
-  } else if (f == builtin("enumerate")) {
-    if (args.empty() || args.size() > 2) unsupported("enumerate() with unusual arguments");
-    long start = args.size() == 2 ? PyLong_AsLong(const_obj(args[1], "start")) : 0;
-    std::vector<VarPtr> items = items_of(args[0]);
-    for (size_t i = 0; i < items.size(); ++i)
-      out.push_back(Var::tuple({Var::steal_constant(PyLong_FromLong(start + static_cast<long>(i))), items[i]}));
   } else {
+    // enumerate(a, start) or zip(*args): the items from each argument's items, by index
+    const bool enumerate = f == builtin("enumerate");
+    if (enumerate && (args.empty() || args.size() > 2)) unsupported("enumerate() with unusual arguments");
+    const long start = enumerate && args.size() == 2 ? PyLong_AsLong(const_obj(args[1], "start")) : 0;
+    const std::vector<VarPtr> parts = enumerate ? std::vector<VarPtr>{args[0]} : args;
+    auto make = [enumerate, start](const std::vector<std::vector<VarPtr>>& seqs) {
+      std::vector<VarPtr> items;
+      size_t n = seqs.empty() ? 0 : SIZE_MAX;
+      for (auto& sq : seqs) n = std::min(n, sq.size());
+      for (size_t i = 0; i < n; ++i) {
+        std::vector<VarPtr> t;
+        if (enumerate) t.push_back(Var::steal_constant(PyLong_FromLong(start + static_cast<long>(i))));
+        for (auto& sq : seqs) t.push_back(sq[i]);
+        items.push_back(Var::tuple(std::move(t)));
+      }
+      return items;
+    };
     std::vector<std::vector<VarPtr>> seqs;
-    size_t n = SIZE_MAX;
-    for (const VarPtr& a : args) {
-      seqs.push_back(items_of(a));
-      n = std::min(n, seqs.back().size());
-    }
-    if (seqs.empty()) n = 0;
-    for (size_t i = 0; i < n; ++i) {
-      std::vector<VarPtr> t;
-      for (auto& sq : seqs) t.push_back(sq[i]);
-      out.push_back(Var::tuple(std::move(t)));
+    for (const VarPtr& a : parts) seqs.push_back(items_of(a));
+    out = make(seqs);
+    // Over lists (and tuples), Python's enumerate and zip read each list as they step: a loop
+    // body that appends to or deletes from one changes what comes next. Iterators among the
+    // arguments are consumed as they are (a zip over a generator takes its items once).
+    auto is_list = [](const VarPtr& a) {
+      auto* l = a->get_if<ListV>();
+      return l && !l->view && !l->deque && !l->sliced_module;
+    };
+    auto fixed = [](const VarPtr& a) {  // a tuple, range or string: the same items at every step
+      return a->kind() == Var::Kind::Tuple ||
+             (a->is_const() && (PyTuple_Check(a->obj()) || PyRange_Check(a->obj()) || PyUnicode_Check(a->obj())));
+    };
+    const bool by_index = std::all_of(parts.begin(), parts.end(), [&](const VarPtr& a) { return is_list(a) || fixed(a); });
+    if (by_index && std::any_of(parts.begin(), parts.end(), is_list)) {
+      VarPtr it = Var::iterator(std::move(out));
+      it->as<IteratorV>().immutable = false;
+      it->as<IteratorV>().remake = [parts, seqs, make](std::vector<VarPtr>& items) mutable {
+        bool changed = false;
+        for (size_t i = 0; i < parts.size(); ++i)
+          if (parts[i]->kind() == Var::Kind::List && parts[i]->seq() != seqs[i]) seqs[i] = parts[i]->seq(), changed = true;
+        if (changed) items = make(seqs);
+        return changed;
+      };
+      return it;
     }
   }
   VarPtr it = Var::iterator(std::move(out));

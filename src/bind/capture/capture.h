@@ -172,7 +172,8 @@ struct CaptureResult {
   std::unique_ptr<GraphBreak> graph_break;
   std::string captured_text;     // the graph as captured, before any pass
   // An output autograd tracks (an input requires grad, grad mode is on): the entry also gets a
-  // backward program. `tracked`: the nodes autograd would record.
+  // backward program. `tracked`: the nodes autograd would record (the eager backend runs the
+  // others with grad mode off, as eager did).
   bool needs_backward = false;
   std::set<const ir::Node*> tracked;
   // Graph outputs that are `x.detach()` (or a view of it) of an input that requires grad: the

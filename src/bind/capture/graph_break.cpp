@@ -155,7 +155,11 @@ VarPtr Interpreter::clone(const VarPtr& v, std::unordered_map<const Var*, VarPtr
         if constexpr (std::is_same_v<T, TupleV> || std::is_same_v<T, ListV>)
           for (VarPtr& x : n.items) cl(x);
         if constexpr (std::is_same_v<T, IteratorV>)
-          if (!n.immutable) {  // the items left, cloned; constants stay shared
+          if (n.list) {  // a list's iterator: over the cloned list, at the same index
+            cl(n.list);
+            n.all = std::make_shared<const std::vector<VarPtr>>(n.list->seq());
+          } else if (!n.immutable) {  // the items left, cloned; constants stay shared
+            n.remake = nullptr;  // (an enumerate/zip over lists: what is left of it, as it is now)
             std::vector<VarPtr> left = n.left();
             for (VarPtr& x : left) cl(x);
             n.all = std::make_shared<const std::vector<VarPtr>>(std::move(left));

@@ -812,7 +812,7 @@ CaptureResult capture(PyObject* fn, const BoundArgs& args) {
     it.run(args);
     r.ok = true;
     r.captured_text = r.graph->str();
-    if (r.needs_backward) r.tracked.insert(it.tracked().begin(), it.tracked().end());
+    r.tracked.insert(it.tracked().begin(), it.tracked().end());
   } catch (const Unsupported& e) {
     r.ok = false;
     r.reason = e.what();

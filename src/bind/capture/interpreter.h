@@ -804,6 +804,10 @@ class Interpreter {
   int op_pop_jump_if_none(const Instr& in, const CodeInfo& ci);
   int op_pop_jump_if_not_none(const Instr& in, const CodeInfo& ci);
   int op_get_iter(const Instr& in, const CodeInfo& ci);
+ public:
+  VarPtr iterate(const VarPtr& seq);  // iter(seq): a list's iterator reads the list as it steps
+  void sync_list_iterator(IteratorV& it);
+ private:
   int op_for_iter(const Instr& in, const CodeInfo& ci);
   int op_end_for(const Instr& in, const CodeInfo& ci);
   int op_jump_forward(const Instr& in, const CodeInfo& ci);

@@ -936,14 +936,33 @@ int Interpreter::op_get_iter(const Instr& in, const CodeInfo& ci) {
   VarPtr seq = pop();
   // iter() of an iterator is the iterator itself: a loop that breaks leaves it where it stopped,
   // for the next loop over it (`for v in it: break`, then `for w in it`).
-  push(seq->kind() == Var::Kind::Iterator ? seq : Var::iterator(items_of(seq)));
+  push(seq->kind() == Var::Kind::Iterator ? seq : iterate(seq));
   return -1;
+}
+
+VarPtr Interpreter::iterate(const VarPtr& seq) {
+  VarPtr it = Var::iterator(items_of(seq));
+  if (auto* l = seq->get_if<ListV>(); l && !l->view && !l->deque && !l->sliced_module) {
+    it->as<IteratorV>().list = seq;
+    it->as<IteratorV>().immutable = false;
+  }
+  return it;
+}
+
+void Interpreter::sync_list_iterator(IteratorV& it) {
+  if (it.list) {
+    const std::vector<VarPtr>& now = it.list->seq();
+    if (now != *it.all) it.all = std::make_shared<const std::vector<VarPtr>>(now);
+  } else if (std::vector<VarPtr> items; it.remake && it.remake(items)) {
+    it.all = std::make_shared<const std::vector<VarPtr>>(std::move(items));
+  }
 }
 
 int Interpreter::op_for_iter(const Instr& in, const CodeInfo& ci) {
   VarPtr& it = peek(1);
   if (it->kind() != Var::Kind::Iterator) unsupported("FOR_ITER over an unknown iterator");
   auto& left = it->as<IteratorV>();
+  sync_list_iterator(left);
   if (left.empty()) {
     if (left.raises) raise(left.raises);  // the generator's exception, after the items before it
     pop();

@@ -109,6 +109,13 @@ struct IteratorV {
   // The exception a generator raised after its last item (kept by the capture): raised where the
   // iteration reaches the end, after the loop body ran for each item before it
   PyObject* raises = nullptr;
+  // iter() of a list: Python's list iterator reads the list at each step (a loop body that
+  // appends or deletes changes what comes next), so `all` is the list again before each step
+  // (Interpreter::sync_list_iterator)
+  std::shared_ptr<Var> list;
+  // enumerate() / zip() over lists: the items made again from the lists where one changed since
+  // (false: none did), before each step, as Python's lazy enumerate/zip read them
+  std::function<bool(std::vector<VarPtr>&)> remake;
 };
 struct Entries {  // keys (constants, owned) and one value tracker each
   std::vector<PyObject*> keys;

@@ -370,7 +370,7 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
       record_explain(*e, name);
       return e;
     }
-    e->torch_program = prepare_torch_program(*e->capture.graph, error, e->capture.needs_backward ? &e->capture.tracked : nullptr);
+    e->torch_program = prepare_torch_program(*e->capture.graph, error, &e->capture.tracked);
     s.compile_seconds += since(t1);
     if (!e->torch_program) {
       e->eager = true;

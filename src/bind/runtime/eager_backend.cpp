@@ -120,6 +120,16 @@ using NodeIndex = std::unordered_map<const ir::Node*, int>;
 // The call of a registry op: callable and argument template from its entry (see the header).
 bool plan_call(const ir::Node& n, const NodeIndex& index, TorchStep& step, std::string& error) {
   const ops::OpDef& op = *n.op;
+  if (n.attrs.get_bool("detach") && !n.inputs.empty()) {
+    // x.detach(): capture's alias that stops gradients, as torch's detach (no history, no
+    // requires_grad: an update of a caller's tensor with it leaves that tensor as it was)
+    static PyObject* detach = object_at("torch.Tensor.detach");
+    step.fn = detach;  // borrowed, as the ops' callables
+    TorchArg a;
+    a.node = index.at(n.inputs[0]);
+    step.args.push_back(a);
+    return true;
+  }
   const OpCallable& c = op_callable(op);
   auto arg_of = [&](const ir::Node* in) {
     TorchArg a;
