@@ -2782,7 +2782,6 @@ def builtins_callable_and_id_identity(x):
 
 
 XFAILS = {
-    'list_iterator_sees_later_appends': 'wrong result: a list iterator does not see elements appended after iter()',
     'list_slice_assignment_grows_and_shrinks': "extra breaks vs Dynamo: kiln 1 breaks, Dynamo 0: ['expected a Python value for value, got a tensor']",
     'list_contains_identity_then_equality': "fallback: ['expected a Python value for item, got a record made in the function']",
     'list_setitem_negative_and_out_of_range': "fallback: ['list assignment index out of range']",

@@ -487,7 +487,6 @@ def test_builtin_isinstance_of_tensors_and_literals():
                 isinstance(3, int), isinstance([1, 2], list), isinstance({"a": 1}, dict), x + 1]
 
     check(fn, t(3))
-@pytest.mark.xfail(strict=True, reason="os.environ.get() is read once at capture: no guard, a later change of the variable is ignored (stale result); TorchDynamo guards and recompiles")
 def test_os_environ_get_read_at_each_call():
     def fn(x):
         if os.environ.get("KILN_MISC1_ENV") == "1":
@@ -553,7 +552,6 @@ def test_len_of_an_imported_module_dict():
         return x * len(_MASKEDTENSOR_FUNCTION_TABLE)
 
     check(fn, t(5))
-@pytest.mark.xfail(strict=True, reason="hasattr(tensor, name) is decided at capture and not guarded: a later input with the attribute takes the stale branch (wrong result)")
 def test_hasattr_on_a_tensor_with_an_extra_attribute():
     def fn(x):
         if hasattr(x, "test"):
@@ -567,7 +565,6 @@ def test_hasattr_on_a_tensor_with_an_extra_attribute():
     y.test = None
     same(c(y), fn(y))
     same(c(x), fn(x))
-@pytest.mark.xfail(strict=True, reason="getattr(x, 'view', None)(10) breaks twice (0 graphs); TorchDynamo: 1 graph, 0 breaks")
 def test_getattr_with_default_of_a_tensor_method():
     def fn(x):
         return getattr(x, "view", None)(10)
@@ -948,7 +945,6 @@ def test_namedtuple_argument_unpacked_with_hasattr_and_fields():
         return a + b + c + d
 
     check(fn, lambda: (MyTuple(torch.randn(1), torch.randn(1), torch.randn(1)),))
-@pytest.mark.xfail(strict=True, reason="isinstance(arg, SomeNamedTuple) is False under kiln for a namedtuple argument: wrong branch, wrong result")
 def test_isinstance_of_a_namedtuple_argument():
     def fn(x, packed):
         return x + 1 if isinstance(packed, MyTuple) else x - 1
@@ -973,7 +969,6 @@ def run_in_child(code):
     return r.returncode, r.stdout + r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="reading a field of a NamedTuple whose class overrides __getitem__ segfaults the process (capture uses the override for field access: AttributeError, then the eager run crashes)")
 def test_namedtuple_with_its_own_getitem():
     rc, out = run_in_child("""
         import typing, torch, kiln
@@ -3026,7 +3021,6 @@ def test_tensor_of_a_list_holding_a_0d_tensor():
         return torch.tensor([x], dtype=torch.int64)
 
     check(fn, lambda: (torch.tensor(20),), counts=False)
-@pytest.mark.xfail(strict=True, reason="isinstance(t, torch.FloatTensor / DoubleTensor / LongTensor ...) is False under kiln where eager says True (wrong result)")
 def test_empty_with_a_dtype_is_an_instance_of_the_legacy_type():
     def fn(dtype, tensor_type):
         x = torch.empty(4, dtype=dtype)

@@ -2123,7 +2123,6 @@ def test_guard_submodule_replaced():
     same(c(x), m(x))
 
 
-@pytest.mark.xfail(strict=True, reason='STALE: os.environ.get(...) read at capture is not guarded (TorchDynamo is stale here too)')
 def test_guard_os_environ_read():
     key = "KILN_PORT_TEST_ENV_FLAG"
 
@@ -2147,7 +2146,6 @@ def test_guard_os_environ_read():
         os.environ.pop(key, None)
 
 
-@pytest.mark.xfail(strict=True, reason='STALE: os.environ.get(...) read at capture is not guarded (TorchDynamo is stale here too)')
 def test_guard_os_environ_value_as_number():
     key = "KILN_PORT_TEST_ENV_SCALE"
 
@@ -2164,7 +2162,6 @@ def test_guard_os_environ_value_as_number():
         os.environ.pop(key, None)
 
 
-@pytest.mark.xfail(strict=True, reason="STALE: os.getenv(...) read at capture is not guarded (TorchDynamo gives eager's result)")
 def test_guard_os_getenv():
     key = "KILN_PORT_TEST_GETENV"
 

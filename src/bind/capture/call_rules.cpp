@@ -164,13 +164,20 @@ struct CallRules {
       if (has_only) return Var::constant(v ? Py_True : Py_False);
       return v ? v : args[2];
     }
-    if (has_only && args.size() == 2 && args[0]->is_tensor() && args[1]->is_const() && PyUnicode_Check(args[1]->obj())) {
-      // the attributes of its class (as torch.compile, kiln does not guard attributes set on a tensor)
-      return Var::constant(PyObject_HasAttr(I.resolve_torch("Tensor"), args[1]->obj()) ? Py_True : Py_False);
+    if (kwargs.empty() && args[0]->is_tensor() && args[1]->is_const() && PyUnicode_Check(args[1]->obj())) {
+      // getattr(x, "ndim") as x.ndim; an attribute the caller set on an input tensor is read
+      // (guarded by value) or guarded absent, as x.name reads it: hasattr answers from that
+      const char* attr = PyUnicode_AsUTF8(args[1]->obj());
+      if (PyObject_HasAttr(I.resolve_torch("Tensor"), args[1]->obj())) return has_only ? Var::constant(Py_True) : I.getattr(args[0], attr);
+      VarPtr v;
+      try {
+        v = I.getattr(args[0], attr);
+      } catch (const Raised& e) {
+        if (!PyErr_GivenExceptionMatches(e.exc, PyExc_AttributeError) || (!has_only && args.size() != 3)) throw;
+      }
+      if (has_only) return Var::constant(v ? Py_True : Py_False);
+      return v ? v : args[2];
     }
-    if (!has_only && kwargs.empty() && args.size() == 2 && args[0]->is_tensor() && args[1]->is_const() &&
-        PyUnicode_Check(args[1]->obj()) && PyObject_HasAttr(I.resolve_torch("Tensor"), args[1]->obj()))
-      return I.getattr(args[0], PyUnicode_AsUTF8(args[1]->obj()));  // getattr(x, "ndim"): as x.ndim
     return nullptr;
   }
 
@@ -338,6 +345,21 @@ struct CallRules {
       if (a->is_tensor()) {
         PyObject* t = a->node()->op_name() == "placeholder" ? I.input_object(a->node()) : nullptr;
         if (t) return Var::constant(PyObject_IsInstance(t, cls) == 1 ? Py_True : Py_False);
+        // torch.FloatTensor, torch.cuda.LongTensor (torch.tensortype): a tensor of that dtype on
+        // that kind of device, dense
+        static PyObject* float_tensor = object_at("torch.FloatTensor");  // its metaclass: torch.tensortype
+        static PyObject* tensortype = float_tensor ? reinterpret_cast<PyObject*>(Py_TYPE(float_tensor)) : nullptr;
+        if (tensortype && Py_TYPE(cls) == reinterpret_cast<PyTypeObject*>(tensortype)) {
+          const ir::TensorMeta& m = a->node()->meta;
+          PyObject* dtype = PyObject_GetAttrString(cls, "dtype");
+          PyObject* cuda = PyObject_GetAttrString(cls, "is_cuda");
+          PyObject* sparse = PyObject_GetAttrString(cls, "is_sparse");
+          const bool same = dtype == torch_dtype_object(m.dtype) && (cuda == Py_True) == (m.device.type == DeviceType::CUDA) &&
+                            sparse == Py_False;
+          Py_XDECREF(dtype), Py_XDECREF(cuda), Py_XDECREF(sparse);
+          clear_error();
+          return Var::constant(same ? Py_True : Py_False);
+        }
         if (a->node()->op_name() != "placeholder") return Var::constant(PyObject_IsSubclass(I.resolve_torch("Tensor"), cls) == 1 ? Py_True : Py_False);
       }
       unsupported("isinstance() with a metaclass's own __instancecheck__");

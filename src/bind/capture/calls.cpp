@@ -1640,12 +1640,20 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     // A bound method of a user object: inline its function with the receiver first.
     static PyObject* environ = object_at("os.environ");
     if (PyMethod_GET_SELF(f) == environ && kwargs.empty()) {
-      // os.environ.get("FLAG", "0"): read now, as torch.compile does (changing it later does not
-      // recompile)
+      // os.environ.get("FLAG", "0") (and os.getenv, which calls it): read now, and the variable
+      // guarded (its value, or its absence), so that setting it later recompiles
       PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
       for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(t, i, Py_NewRef(const_obj(args[i], "argument")));
       PyObject* r = PyObject_Call(f, t, nullptr);
       Py_DECREF(t);
+      PyObject* key = args.empty() ? nullptr : const_obj(args[0], "argument");
+      if (r && key && PyUnicode_Check(key)) {
+        SourcePtr env = Source::pinned_object(environ, "os.environ");
+        PyObject* now = PyObject_GetItem(environ, key);
+        if (now) out_.guards.add_equals(Source::key_of(env, key), now);
+        else clear_error(), out_.guards.add_haskey(env, key, false);
+        Py_XDECREF(now);
+      }
       return real(r);
     }
     if (!fn->source && is_torch_internal(PyMethod_GET_FUNCTION(f))) {
@@ -1963,6 +1971,12 @@ VarPtr Interpreter::builtin_over_trackers(PyObject* f, const std::vector<VarPtr>
     PyTypeObject* t = a->kind() == Var::Kind::Tuple ? &PyTuple_Type : a->kind() == Var::Kind::List ? &PyList_Type : &PyDict_Type;
     PyObject* cls = reinterpret_cast<PyObject*>(t);
     if (auto* dv = a->get_if<DictV>(); dv && dv->cls) cls = dv->cls;  // an OrderedDict, a defaultdict
+    if (auto* tv = a->get_if<TupleV>(); tv && tv->structseq) cls = tv->structseq;  // a namedtuple's class
+    if (auto* lv = a->get_if<ListV>()) {
+      static PyObject* deque = object_at("collections.deque");
+      if (lv->deque) cls = deque;
+      if (lv->sliced_module) return nullptr;  // the module's container class: asked elsewhere
+    }
     int r = PyObject_IsSubclass(cls, const_obj(args[1], "class"));
     if (r < 0) real(nullptr);
     return Var::constant(r ? Py_True : Py_False);

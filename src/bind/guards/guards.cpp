@@ -459,7 +459,8 @@ bool Guard::holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail
       return true;
     }
     case Kind::HasKey: {
-      const int r = PyDict_Check(v) ? PyDict_Contains(v, expected) : -1;
+      // a dict, or a mapping of another kind (os.environ)
+      const int r = PyDict_Check(v) ? PyDict_Contains(v, expected) : PyMapping_Check(v) ? PySequence_Contains(v, expected) : -1;
       if (r < 0) clear_error();
       return r == (flag ? 1 : 0);
     }

@@ -389,7 +389,8 @@ PyObject* read_from_base(const Source& s, PyObject* base) {
       if (!v) v = PyObject_GetAttr(base, s.key);
       break;
     case Source::Kind::Item:
-      if (s.index >= 0 && PyTuple_CheckExact(base)) return s.index < PyTuple_GET_SIZE(base) ? Py_NewRef(PyTuple_GET_ITEM(base, s.index)) : nullptr;
+      // (a tuple's stored item, also a namedtuple's whose class defines its own __getitem__)
+      if (s.index >= 0 && PyTuple_Check(base)) return s.index < PyTuple_GET_SIZE(base) ? Py_NewRef(PyTuple_GET_ITEM(base, s.index)) : nullptr;
       if (s.index >= 0 && PyList_CheckExact(base)) return s.index < PyList_GET_SIZE(base) ? Py_NewRef(PyList_GET_ITEM(base, s.index)) : nullptr;
       v = modulelist_item(base, s.index, s.key);
       if (!v) v = PySequence_GetItem(base, s.index);
