@@ -554,3 +554,100 @@ def test_a_loop_over_a_list_its_body_changes_sees_the_changes(fn):
         e = kiln.explain(fn)(*[a.copy() if isinstance(a, list) else a for a in args])
         assert e.graph_count == 1 and not e.break_reasons, e
         assert_same(got, want)
+
+
+def test_a_torch_size_argument_is_guarded_by_its_values_not_its_identity():
+    # einops hands x.shape to helpers: a new Size object at every call recompiled every call
+    def f(x, s):
+        return x.reshape(s).sum(0) * s.numel(), s, len(s), torch.Size([s[0], 2])
+
+    cf = kiln.compile(f)
+    before = kiln.stats()["recompiles"]
+    for s in [(2, 3), (2, 3), (2, 3), (3, 2), (2, 3, 1)]:
+        x = torch.randn(6)
+        got, want = cf(x, torch.Size(s)), f(x, torch.Size(s))
+        assert_same(got, want)
+        assert type(got[1]) is torch.Size and type(got[3]) is torch.Size
+    assert kiln.stats()["recompiles"] - before <= 2
+
+
+def test_unpacking_a_tensor_into_names_is_its_rows():
+    def f(qkv):
+        q, k, v = qkv
+        first, *rest = qkv
+        return (q @ k.transpose(-1, -2)).softmax(-1) @ v + first, len(rest)
+
+    x = torch.randn(3, 2, 4, 5)
+    e = kiln.explain(f)(x)
+    assert e.graph_count == 1 and not e.break_reasons, e
+    assert_same(kiln.compile(f)(x), f(x))
+
+    def two(x):
+        a, b = x
+        return a + b
+
+    with pytest.raises(ValueError, match="too many values to unpack"):
+        kiln.compile(two)(torch.randn(3, 2))
+
+
+_SUFFIX = "ab"
+
+
+def test_python_helpers_on_values_are_one_graph():
+    import functools
+    import keyword
+    import operator
+
+    def f(x, name):
+        n = 0
+        for c in name + _SUFFIX:  # a str argument and a str global, iterated
+            n += ord(c) % 7
+        n += str.isalnum(name) + keyword.iskeyword(name) + operator.add(len(name), 2)
+        n += functools.reduce(operator.mul, [2, 3], 1) + int(format(5, "b"))
+        order = sorted([3, 1, 2, 5], key=lambda v: (v % 3, -v))
+        tag = "-".join(str(v) for v in order)
+        return x * n + order[0], tag
+
+    x = torch.randn(3)
+    e = kiln.explain(f)(x, "abc")
+    assert e.graph_count == 1 and not e.break_reasons, e
+    cf = kiln.compile(f)
+    for name in ("abc", "for", "abc", "x1"):
+        assert_same(cf(x, name), f(x, name))
+
+
+def test_tensor_data_reads_and_updates_as_eager():
+    def read(x, y):
+        return x + y.data, x[y.data.long()]
+
+    x, y = torch.randn(4), torch.tensor([0.0, 2.0, 1.0, 3.0])
+    e = kiln.explain(read)(x, y)
+    assert e.graph_count == 1 and not e.break_reasons, e
+    assert_same(kiln.compile(read)(x, y), read(x, y))
+
+    def update(w, x):  # an update through .data is not counted in w's version
+        y = (w * x).sum()
+        w.data.mul_(0.5)
+        return y, w.data
+
+    for fn in (update, kiln.compile(update)):
+        w, x = torch.ones(3, requires_grad=True), torch.randn(3)
+        y, d = fn(w, x)
+        y.backward()
+        assert w._version == 0 and not d.requires_grad
+        torch.testing.assert_close(w.grad, x)
+        torch.testing.assert_close(w.detach(), torch.full((3,), 0.5))
+
+
+def test_class_of_an_object_made_in_the_function():
+    class Foo:
+        pass
+
+    def f(x):
+        o = Foo()
+        return x + len(o.__class__.__name__), o.__class__ is Foo
+
+    e = kiln.explain(f)(torch.randn(2))
+    assert e.graph_count == 1 and not e.break_reasons, e
+    x = torch.randn(2)
+    assert_same(kiln.compile(f)(x), f(x))

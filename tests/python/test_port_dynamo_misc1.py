@@ -2180,7 +2180,6 @@ def test_setattr_on_a_thread_local_argument():
     x = torch.ones(2, 2)
     same(kiln.compile(fn)(x, loc), x + 1)
     assert loc.x is x
-@pytest.mark.xfail(strict=True, reason="obj.__class__ of an instance made in the function breaks ('__class__ ... is a data descriptor kiln does not model'): 0 graphs; TorchDynamo: 1 graph")
 def test_class_name_of_an_instance_made_inside():
     class MyClassFoo:
         pass
@@ -2654,7 +2653,6 @@ def test_is_tensor_like_of_a_tensor_and_an_int():
 
     check(f, t(3))
     check(f, lambda: (4,), counts=False)
-@pytest.mark.xfail(strict=True, reason="y.data of an input tensor is not a tensor to kiln (x[y.data]: 'Tensor.__getitem__ with an argument kiln cannot pass'; x + y.data: 'expected a tensor for operand'): 0 graphs; TorchDynamo: 1 graph")
 def test_indexing_by_the_data_of_an_int_tensor():
     def fn(x, y):
         return x[y.data]
@@ -3370,7 +3368,6 @@ def test_bool_returning_a_float_raises_type_error():
 
     with pytest.raises(TypeError, match="__bool__ should return bool"):
         kiln.compile(fn)(torch.rand(4), MyObj(0.5))
-@pytest.mark.xfail(strict=True, reason="a, b = x (unpacking a 2-d tensor) breaks ('unpacking a tensor is not captured yet'): 0 graphs; TorchDynamo: 1 graph")
 def test_unpacking_a_0d_tensor_raises():
     def f(x):
         a, b = x

@@ -2641,7 +2641,6 @@ def test_str_format_with_a_keyword_in_a_branch():
     check(fn, t(4), fullgraph=True)
 
 
-@pytest.mark.xfail(strict=True, reason="builtins.format(int, 'b') breaks; TorchDynamo: 0 breaks")
 def test_int_format_as_binary():
     def fn(x, num):
         return x + 1, format(num, "b")
@@ -4044,7 +4043,6 @@ def test_random_indices_are_not_dropped_as_dead_code():
     same(got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="str.isalnum(c) called unbound breaks ('call to str.isalnum'); TorchDynamo: fullgraph ok")
 def test_str_isalnum_called_unbound():
     def fn(x, c):
         str.isalnum(c)

@@ -711,11 +711,8 @@ def _iterate_a_str(x, s="abc"):
     return x
 
 
-@pytest.mark.parametrize("fn", [
-    pytest.param(_unbound_str_method, marks=pytest.mark.xfail(strict=True, reason="str.isalnum(s) breaks")),
-    pytest.param(_iskeyword, marks=pytest.mark.xfail(strict=True, reason="frozenset.__contains__ breaks")),
-    pytest.param(_iterate_a_str, marks=pytest.mark.xfail(strict=True, reason="for c in <str> runs eagerly")),
-], ids=["str_isalnum_unbound", "keyword_iskeyword", "iterate_str"])
+@pytest.mark.parametrize("fn", [_unbound_str_method, _iskeyword, _iterate_a_str],
+                         ids=["str_isalnum_unbound", "keyword_iskeyword", "iterate_str"])
 def test_parser_idioms_one_graph(fn):
     x = torch.randn(3)
     _same(kiln.compile(fn)(x), fn(x))
@@ -763,7 +760,6 @@ def test_import_of_a_new_module_one_graph():
     assert (e.graph_count, e.graph_break_count) == (1, 0), [r["reason"] for r in e.break_reasons]
 
 
-@pytest.mark.xfail(strict=True, reason=_SIZE_GUARD)
 def test_size_argument_is_not_guarded_by_identity():
     def fn(x, s):
         return x * s[0] * s[1]

@@ -1006,7 +1006,8 @@ std::vector<VarPtr> Interpreter::items_of(const VarPtr& v) {
   }
   if (v->is_const() && (PyAnySet_Check(v->obj()) || PyUnicode_Check(v->obj()) || PyDictViewSet_Check(v->obj()) ||
                         PyDictValues_Check(v->obj()))) {
-    if (v->source) unsupported("iteration over a set or view the caller can see");
+    // (a str is a value, guarded as one: its characters are what it is)
+    if (v->source && !PyUnicode_Check(v->obj())) unsupported("iteration over a set or view the caller can see");
     PyObject* fast = PySequence_List(v->obj());
     if (!fast) real(nullptr);
     keep_.push_back(fast);
@@ -1770,6 +1771,11 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     for (const char* n : {"type", "isinstance", "issubclass", "hasattr", "getattr", "callable", "repr", "str"}) s.insert(builtin(n));
     return s;
   }();
+  // "-".join(str(v) for v in l): a generator the frame made, taken whole as the method takes it
+  PyObject* join_self = PyCFunction_Check(f) ? PyCFunction_GET_SELF(f) : nullptr;
+  if (join_self && (PyUnicode_CheckExact(join_self) || PyBytes_CheckExact(join_self)) && args.size() == 1 &&
+      args[0]->kind() == Var::Kind::Iterator && std::string(reinterpret_cast<PyCFunctionObject*>(f)->m_ml->ml_name) == "join")
+    args[0] = Var::tuple(drain(args[0]));
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
   for (size_t i = 0; i < args.size(); ++i) {
     PyObject* o = const_obj(args[i], "argument");
@@ -1804,10 +1810,15 @@ VarPtr Interpreter::order_by_key(PyObject* f, const VarPtr& iterable, const KwAr
   const std::vector<VarPtr> items = items_of(iterable);  // drained once answered
   PyObject* keys = PyList_New(0);
   keep_.push_back(keys);
+  // a key of Python values: a constant, or a tuple of them (key=lambda v: (v.rank, -v.size))
+  std::function<bool(const VarPtr&)> python_value = [&](const VarPtr& v) {
+    if (v->kind() == Var::Kind::Tuple) return std::all_of(v->seq().begin(), v->seq().end(), python_value);
+    return v->is_const() && !v->symint().valid() && !v->symfloat() && !structural(v);
+  };
   for (const VarPtr& item : items) {
     VarPtr k = key && !(key->is_const() && key->known() == Py_None) ? call(key, {item}, {}) : item;
-    if (!k->is_const() || k->symint().valid() || k->symfloat()) return nullptr;
-    if (PyList_Append(keys, k->obj()) < 0) real(nullptr);
+    if (!python_value(k)) return nullptr;
+    if (PyList_Append(keys, const_obj(k, "sort key")) < 0) real(nullptr);
   }
   PyObject* count = PyLong_FromSsize_t(PyList_GET_SIZE(keys));
   PyObject* positions = PyObject_CallOneArg(reinterpret_cast<PyObject*>(&PyRange_Type), count);
@@ -2063,9 +2074,28 @@ bool Interpreter::pure_callable(PyObject* f) {
   static const char* names[] = {"len",   "abs",     "min",        "max",     "int",     "float",     "bool",
                                 "range", "tuple",   "list",       "round",   "pow",     "divmod",    "isinstance",
                                 "sum",   "any",     "all",        "str",     "hasattr", "getattr",   "set",
-                                "frozenset", "sorted", "callable", "repr",   "dict",    "issubclass", "chr", "ord", "slice", "hash"};
+                                "frozenset", "sorted", "callable", "repr",   "dict",    "issubclass", "chr", "ord", "slice", "hash",
+                                "format", "bin", "hex", "oct", "ascii"};
   for (const char* n : names)
     if (f == builtin(n)) return true;
+  // The operator module's functions that compute a value from their operands (not the in-place
+  // ones, nor setitem/delitem): operator.add(len(l), 2), functools.reduce(operator.mul, dims)
+  static const std::set<PyObject*> operator_values = [] {
+    std::set<PyObject*> s;
+    for (const char* n : {"add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt",
+                          "le", "gt", "ge", "not_", "truth", "and_", "or_", "xor", "lshift", "rshift", "invert", "inv",
+                          "index", "concat", "contains", "countOf", "indexOf", "getitem", "is_", "is_not", "matmul"})
+      if (PyObject* o = object_at(std::string("operator.") + n)) s.insert(o);
+    return s;
+  }();
+  if (operator_values.count(f)) return true;
+  // str.isalnum(c), int.bit_length(n): a method of an immutable builtin type, called through the type
+  if (Py_IS_TYPE(f, &PyMethodDescr_Type)) {
+    PyTypeObject* owner = PyDescr_TYPE(f);
+    if (owner == &PyUnicode_Type || owner == &PyLong_Type || owner == &PyFloat_Type || owner == &PyBytes_Type ||
+        owner == &PyTuple_Type || owner == &PyFrozenSet_Type || owner == &PyComplex_Type)
+      return true;
+  }
   if (f == builtin("type")) return true;  // type(obj) of a Python value
   static PyObject* finfo = resolve_torch("finfo");
   static PyObject* iinfo = resolve_torch("iinfo");
@@ -2079,7 +2109,7 @@ bool Interpreter::pure_callable(PyObject* f) {
   if (PyCFunction_Check(f)) {
     PyObject* self = PyCFunction_GET_SELF(f);
     if (self && (PyUnicode_Check(self) || PyLong_Check(self) || PyFloat_Check(self) || PyTuple_Check(self) ||
-                 PyBytes_Check(self)))
+                 PyBytes_Check(self) || PyFrozenSet_CheckExact(self)))  // (keyword.iskeyword: a frozenset's __contains__)
       return true;
   }
   PyObject* mod = PyObject_GetAttrString(f, "__module__");

@@ -179,6 +179,9 @@ struct CaptureResult {
   // Graph outputs that are `x.detach()` (or a view of it) of an input that requires grad: the
   // program hands back the input's memory, the runtime a tensor outside autograd over it.
   std::vector<int> detached_outputs;
+  // Graph outputs through x.data: handed out as x.data is, a tensor with a version counter of its
+  // own (an in-place update of it is not counted in x's version, as autograd's checks expect)
+  std::vector<int> data_outputs;
 };
 
 // Which tensor dims capture makes symbolic (dynamic shapes). torch's own marks on a tensor

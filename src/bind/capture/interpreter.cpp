@@ -384,10 +384,15 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
   // A namedtuple's instance: a tuple of its class, items read through their sources as any
   // tuple's (unpacking read them from the object at capture, never again: values handed across
   // a graph break were the first call's).
-  if (PyTuple_Check(v) && !PyTuple_CheckExact(v) && PyType_HasFeature(Py_TYPE(v), Py_TPFLAGS_HEAPTYPE) &&
-      is_namedtuple_class(reinterpret_cast<PyObject*>(Py_TYPE(v)))) {
+  // A torch.Size argument (x.shape handed to a compiled helper) likewise: its ints guarded as
+  // ints are, not the object by identity (a new Size at every call recompiled every call).
+  static PyObject* size_type = resolve_torch("Size");
+  if ((PyTuple_Check(v) && !PyTuple_CheckExact(v) && PyType_HasFeature(Py_TYPE(v), Py_TPFLAGS_HEAPTYPE) &&
+       is_namedtuple_class(reinterpret_cast<PyObject*>(Py_TYPE(v)))) ||
+      (size_type && Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(size_type))) {
     out_.guards.add_type(src, reinterpret_cast<PyObject*>(Py_TYPE(v)));
     const Py_ssize_t n = PyTuple_GET_SIZE(v);
+    if (Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(size_type)) out_.guards.add_length(src, n);
     std::vector<VarPtr> items;
     for (Py_ssize_t i = 0; i < n; ++i) items.push_back(wrap(PyTuple_GET_ITEM(v, i), Source::item(src, i)));
     VarPtr t = Var::tuple(std::move(items));
@@ -702,10 +707,12 @@ OutSpec Interpreter::output_spec(const VarPtr& v) {
       s.index = static_cast<int>(it - outs.begin());
       if (it == outs.end()) {
         outs.push_back(v->node());
-        bool detach = false;
+        bool detach = false, data = false;
         const ir::Node* n = v->node();
-        for (; n->op->aliases() && !n->inputs.empty(); n = n->inputs[0]) detach |= n->attrs.get_bool("detach");
+        for (; n->op->aliases() && !n->inputs.empty(); n = n->inputs[0])
+          detach |= n->attrs.get_bool("detach"), data |= n->attrs.get_bool("tensor_data");
         if (detach && root()->needs_grad_.count(n)) root()->out_.detached_outputs.push_back(s.index);
+        if (data) root()->out_.data_outputs.push_back(s.index);
       }
       return s;
     }

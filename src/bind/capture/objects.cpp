@@ -268,6 +268,12 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
       a.set("dims", perm);
       return Var::tensor(add_node("permute", {base->node()}, a));
     }
+    // x.data: the same memory outside autograd, as x.detach() gives it
+    if (name == "data") {
+      VarPtr d = call_tensor_method(base, "detach", {}, {});
+      if (d->is_tensor() && d->node() != base->node()) d->node()->attrs.set("tensor_data", true);  // (mutate refuses updates through it)
+      return d;
+    }
     if (name == "requires_grad") return Var::constant(root()->needs_grad_.count(base->node()) ? Py_True : Py_False);
     if (name == "grad_fn" || name == "is_leaf") {
       // A tensor autograd does not track has no grad_fn and is a leaf; one it tracks has

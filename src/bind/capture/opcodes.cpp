@@ -286,7 +286,9 @@ int Interpreter::op_unpack_ex(const Instr& in, const CodeInfo& ci) {
   int before = in.arg & 0xff, after = in.arg >> 8;
   VarPtr seq = pop();
   std::vector<VarPtr> items = seq->kind() == Var::Kind::Tuple || seq->kind() == Var::Kind::List ? seq->seq() : drain(seq);
-  if (static_cast<int>(items.size()) < before + after) unsupported("not enough values to unpack");
+  if (static_cast<int>(items.size()) < before + after)
+    raise_new(PyExc_ValueError, "not enough values to unpack (expected at least " + std::to_string(before + after) + ", got " +
+                                    std::to_string(items.size()) + ")");
   std::vector<VarPtr> out(items.begin(), items.begin() + before);
   out.push_back(Var::tuple(std::vector<VarPtr>(items.begin() + before, items.end() - after), true));
   out.insert(out.end(), items.end() - after, items.end());
@@ -842,9 +844,12 @@ int Interpreter::op_unpack_sequence(const Instr& in, const CodeInfo& ci) {
   } else if (seq->kind() == Var::Kind::Iterator || seq->kind() == Var::Kind::Dict) {
     items = drain(seq);
   } else {
-    unsupported("unpacking a tensor is not captured yet");
+    items = items_of(seq);  // a tensor: its rows (q, k, v = qkv), as iter(x) gives them
   }
-  if (static_cast<int>(items.size()) != in.arg) unsupported("unpack length mismatch");
+  const int n = static_cast<int>(items.size());
+  if (n > in.arg) raise_new(PyExc_ValueError, "too many values to unpack (expected " + std::to_string(in.arg) + ")");
+  if (n < in.arg)
+    raise_new(PyExc_ValueError, "not enough values to unpack (expected " + std::to_string(in.arg) + ", got " + std::to_string(n) + ")");
   for (auto it = items.rbegin(); it != items.rend(); ++it) push(*it);
   return -1;
 }

@@ -182,6 +182,11 @@ void Interpreter::write_back(const std::vector<std::pair<size_t, ir::Node*>>& mu
 }
 
 VarPtr Interpreter::mutate(const VarPtr& a, ir::Node* result) {
+  // x.data.mul_(c) changes x's memory without counting in x's version (autograd's saved-value
+  // checks do not see it), which the graph's write-back would count: run in Python instead
+  if (is_view(a->node()))
+    for (const ir::Node* v : view_chain(a->node()))
+      if (v->attrs.get_bool("tensor_data")) unsupported("an in-place update through Tensor.data");
   // A result of a wider type (a bfloat16 tensor += a float32 one, as under autocast) is cast to
   // the tensor's type, as torch's in-place ops do where that cast is allowed: never a floating
   // value into an integer tensor, nor a number into a bool one.

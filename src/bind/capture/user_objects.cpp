@@ -138,6 +138,7 @@ void Interpreter::fill_dict_view(const VarPtr& rec, const VarPtr& d) {
 VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
   PyTypeObject* t = type_of(rec);
   if (name == "__dict__" && rec->as<RecordV>().plain) return record_dict_view(rec);
+  if (name == "__class__") return Var::constant(rec->as<RecordV>().cls);  // (object's own descriptor: type(obj))
   PyObject* a = class_lookup(t, name.c_str());
   if (a && Py_TYPE(a)->tp_descr_set && !is_slot(a)) {  // a data descriptor wins over the instance's attributes
     if (PyObject_TypeCheck(a, &PyProperty_Type)) {

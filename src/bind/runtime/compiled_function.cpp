@@ -1158,6 +1158,11 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound, bool* rerun_
       Py_SETREF(o, detached(o));
       ran = o != nullptr;
     }
+    for (size_t k = 0; ran && k < e.capture.data_outputs.size(); ++k) {
+      PyObject*& o = outs[static_cast<size_t>(e.capture.data_outputs[k])];
+      Py_SETREF(o, PyObject_GetAttrString(o, "data"));
+      ran = o != nullptr;
+    }
     // In-place updates of inputs, into the caller's tensors, before anything reads them.
     for (const auto& [input, output] : e.capture.writebacks)
       if (ran && !copy_into(inputs[input], outs[output])) ran = false;
