@@ -42,7 +42,7 @@ def signature(f) -> str:
     s = re.sub(r"\(at line \d+: .*?\)", "", first)
     s = re.sub(r"'[^']*'|\"[^\"]*\"", "'..'", s)
     s = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", s)
-    s = re.sub(r"\b[tsnfbmldzo]\d+\b", "v", s)
+    s = re.sub(r"\b(?:[tsnfbmldzohgcp]|ob|dc|nt|ts|kd)\d+_?\b", "v", s)
     s = re.sub(r"\[[^\]]*\]", "[..]", s)
     return f"{f.category}: {s[:160]}"
 

@@ -684,3 +684,19 @@ def test_a_callers_tensor_updated_with_values_autograd_does_not_track_stays_out_
         assert not buf.requires_grad and buf.grad_fn is None
         if isinstance(out, tuple):
             assert not out[1].requires_grad
+
+
+def test_a_fill_through_a_view_of_an_input_runs_on_the_eager_backend():
+    # capture makes x[:, 0].zero_() a `full` scattered into x: the eager backend had no torch
+    # call for `full` and ran the whole function in Python (bench/fuzz_capture.py)
+    def h(x):
+        x[:, 0].zero_()
+        x.t()[1].fill_(3)
+        return x + 1
+
+    e = kiln.explain(kiln.compile(h, backend="eager"))(torch.randn(3, 4))
+    assert e.graph_count == 1 and not e.break_reasons, e
+    x = torch.randn(3, 4)
+    xe = x.clone()
+    assert_exact(kiln.compile(h, backend="eager")(x), h(xe))
+    assert_exact(x, xe)

@@ -542,7 +542,17 @@ def _iter_then_append(x):
     return first, list(it)
 
 
-@pytest.mark.parametrize("fn", [_loop_grows_local, _loop_deletes_callers, _enumerate_grows, _zip_grows, _iter_then_append])
+def _reversed_inserts(x, l):
+    out = list(l)
+    for v in reversed(out):
+        out.insert(0, v * 10)
+        if len(out) > 4:
+            break
+    return x + 1, out
+
+
+@pytest.mark.parametrize("fn", [_loop_grows_local, _loop_deletes_callers, _enumerate_grows, _zip_grows, _iter_then_append,
+                                _reversed_inserts])
 def test_a_loop_over_a_list_its_body_changes_sees_the_changes(fn):
     # Python's list iterator (and enumerate/zip over lists) reads the list at each step; kiln
     # iterated a copy made at the loop's start (found by bench/fuzz_capture.py, seeds 836, 2042)

@@ -1101,6 +1101,23 @@ VarPtr Interpreter::iteration_builtin(PyObject* f, const std::vector<VarPtr>& ar
     if (args.size() != 1) unsupported("reversed() takes one argument");
     out = items_of(args[0]);
     std::reverse(out.begin(), out.end());
+    auto* l = args[0]->get_if<ListV>();
+    if (l && !l->view && !l->deque && !l->sliced_module) {
+      // Python's reverse list iterator walks indices from the length at the call down to 0,
+      // reading the list at each step (and stops at an index past its end)
+      VarPtr it = Var::iterator(std::move(out));
+      it->as<IteratorV>().immutable = false;
+      const VarPtr list = args[0];
+      const size_t start = list->seq().size();
+      it->as<IteratorV>().remake = [list, start, seen = list->seq()](std::vector<VarPtr>& items) mutable {
+        if (list->seq() == seen) return false;
+        seen = list->seq();
+        items.clear();
+        for (size_t i = start; i-- > 0 && i < seen.size();) items.push_back(seen[i]);
+        return true;
+      };
+      return it;
+    }
   } else {
     // enumerate(a, start) or zip(*args): the items from each argument's items, by index
     const bool enumerate = f == builtin("enumerate");

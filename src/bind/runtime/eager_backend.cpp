@@ -242,6 +242,29 @@ bool plan_arange(const ir::Node& n, TorchStep& step, std::string& error) {
   return true;
 }
 
+// full(size, value, dtype, device): torch.full over the entry's sizes (capture makes it for a
+// fill of a view: x[:, 0].zero_())
+bool plan_full(const ir::Node& n, TorchStep& step, std::string& error) {
+  const std::vector<sym::Expr> sizes = n.attrs.get_exprs("size");
+  PyObject* size = PyTuple_New(static_cast<Py_ssize_t>(sizes.size()));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto c = sizes[i].as_const();
+    if (!c) {
+      Py_DECREF(size);
+      return error = "a full over symbolic sizes", false;
+    }
+    PyTuple_SET_ITEM(size, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(*c));
+  }
+  static PyObject* full = object_at("torch.full");
+  step.fn = full;
+  step.args.push_back({-1, size});
+  step.args.push_back({-1, PyFloat_FromDouble(n.attrs.get_float("value"))});
+  step.args.push_back({-1, Py_NewRef(torch_dtype_object(*n.attrs.get_dtype("dtype")))});
+  step.args.push_back({-1, PyUnicode_FromString(n.attrs.get_str("device").c_str())});
+  step.kwnames = Py_BuildValue("(ss)", "dtype", "device");
+  return true;
+}
+
 }  // namespace
 
 std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::string& error,
@@ -257,6 +280,7 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
   }
   for (size_t i = 0; i < g.inputs().size(); ++i) prog->inputs.emplace_back(index.at(g.inputs()[i]), static_cast<int>(i));
   static const ops::OpDef* arange = ops::find_op("arange");
+  static const ops::OpDef* full = ops::find_op("full");
   for (size_t i = 0; i < nodes.size(); ++i) {
     const ir::Node& n = *nodes[i];
     const std::string& name = n.op_name();
@@ -284,7 +308,9 @@ std::shared_ptr<TorchProgram> prepare_torch_program(const ir::Graph& g, std::str
           break;
         }
       }
-    } else if (n.op == arange ? !plan_arange(n, step, error) : !plan_call(n, index, step, error)) {
+    } else if (n.op == arange ? !plan_arange(n, step, error)
+               : n.op == full     ? !plan_full(n, step, error)
+                                  : !plan_call(n, index, step, error)) {
       error = "node " + n.name + ": " + error;
       return nullptr;
     }
