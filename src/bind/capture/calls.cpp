@@ -1818,13 +1818,18 @@ VarPtr Interpreter::order_by_key(PyObject* f, const VarPtr& iterable, const KwAr
   // sorted(items, key=fn, reverse=r), min/max(items, key=fn): fn called on each item as the
   // code would call it (a lambda made here, a method), and Python orders the items by the keys
   // it gave, where they are Python values. nullptr: another keyword, or keys that are tensors.
-  VarPtr key, reverse;
+  VarPtr key, reverse, fallback;
   for (const auto& [k, v] : kwargs) {
     if (k == "key") key = v;
     else if (k == "reverse" && f == builtin("sorted")) reverse = v;
+    else if (k == "default" && f != builtin("sorted")) fallback = v;  // min/max of nothing
     else return nullptr;
   }
   const std::vector<VarPtr> items = items_of(iterable);  // drained once answered
+  if (fallback && items.empty()) {
+    drain(iterable);
+    return fallback;
+  }
   PyObject* keys = PyList_New(0);
   keep_.push_back(keys);
   // a key of Python values: a constant, or a tuple of them (key=lambda v: (v.rank, -v.size))

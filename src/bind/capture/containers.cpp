@@ -547,6 +547,14 @@ VarPtr Interpreter::call_sequence_method(const VarPtr& seq, const std::string& n
   if (auto* l = seq->get_if<ListV>(); l && l->deque) {
     if (VarPtr r = call_deque_method(seq, name, args, kwargs)) return r;
   }
+  if (name == "sort" && args.empty() && !kwargs.empty() && seq->kind() == Var::Kind::List) {
+    // l.sort(key=fn, reverse=r): the order sorted() gives (both are stable), put into the list
+    note_mutation(seq, "list.sort()");
+    VarPtr ordered = order_by_key(builtin("sorted"), seq, kwargs);
+    if (!ordered) unsupported("list.sort() with these keyword arguments, or keys that are not Python values");
+    seq->seq() = ordered->seq();
+    return Var::constant(Py_None);
+  }
   if (!kwargs.empty()) unsupported(name + "() with keyword arguments");
   static const char* mutating[] = {"append", "extend", "insert", "pop", "clear", "reverse", "remove", "sort"};
   bool mutates = std::any_of(std::begin(mutating), std::end(mutating), [&](const char* m) { return name == m; });

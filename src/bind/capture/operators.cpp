@@ -410,6 +410,36 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
   bool inplace = nb.rfind("NB_INPLACE_", 0) == 0;
   std::string base = inplace ? nb.substr(11) : nb.substr(3);
   if (a->is_array() || b->is_array()) return array_binary(base, inplace, a, b);  // numpy.cpp
+  auto set_like = [](const VarPtr& v) { return v->dict_view() && v->dict_view()->which != "values"; };
+  if ((set_like(a) || set_like(b)) && !(a->dict_view() && !set_like(a)) && !(b->dict_view() && !set_like(b)) &&
+      (base == "AND" || base == "OR" || base == "XOR" || base == "SUBTRACT")) {
+    // d.keys() & e.keys(): a set of the keys (Python values), as the view's set operations give
+    auto as_set = [&](const VarPtr& v) -> PyObject* {
+      if (v->is_const() && PyAnySet_Check(v->obj())) return Py_NewRef(v->obj());
+      PyObject* s = PySet_New(nullptr);
+      for (const VarPtr& item : items_of(v)) {
+        std::function<bool(const VarPtr&)> python_value = [&](const VarPtr& x) {
+          if (x->kind() == Var::Kind::Tuple) return std::all_of(x->seq().begin(), x->seq().end(), python_value);
+          return x->is_const() && !x->symint().valid() && !x->symfloat() && !structural(x);
+        };
+        if (!python_value(item) || PySet_Add(s, const_obj(item, "set item")) < 0) {
+          Py_DECREF(s);
+          return nullptr;
+        }
+      }
+      return s;
+    };
+    PyObject *sa = as_set(a), *sb = sa ? as_set(b) : nullptr;
+    if (sa && sb) {
+      PyObject* r = base == "AND" ? PyNumber_And(sa, sb) : base == "OR" ? PyNumber_Or(sa, sb)
+                  : base == "XOR" ? PyNumber_Xor(sa, sb) : PyNumber_Subtract(sa, sb);
+      Py_DECREF(sa);
+      Py_DECREF(sb);
+      return real(r);
+    }
+    Py_XDECREF(sa);
+    clear_error();
+  }
   if (VarPtr r = object_operator(base, inplace, a, b)) return r;  // __add__ of an object made in the frame
   if (!inplace && (known_value(a) || known_value(b))) {
     // n - 1 with n a 0-d tensor capture knows the value of: computed now, known too
