@@ -280,3 +280,27 @@ def test_a_custom_function_under_cpu_bf16_autocast():
 
     _grads_match(fn, lambda: (torch.randn(16, 32, requires_grad=True), torch.randn(32, 32, requires_grad=True)),
                  rtol=2e-2, atol=2e-2)
+
+
+class _ConstantGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return a * 2
+
+    @staticmethod
+    def backward(ctx, g):  # reads nothing of g: the gradient is a forward value
+        (a,) = ctx.saved_tensors
+        return torch.full_like(a, 2.0) + a.detach() * 0
+
+
+def test_a_custom_backward_that_ignores_the_incoming_gradient_is_compiled():
+    # the partitioner never saved a gradient that does not read the incoming one, and the
+    # backward could not be built ("map::at"): the call ran eagerly
+    fn = lambda a: _ConstantGrad.apply(a) * 3  # noqa: E731
+    xa = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    xb = xa.detach().clone().requires_grad_()
+    ya = kiln.compile(fn, fullgraph=True)(xa)
+    ya.sum().backward()
+    fn(xb).sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad)

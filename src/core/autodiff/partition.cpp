@@ -131,6 +131,10 @@ Partition partition_joint(const ir::Graph& g, const JointGraph& jg) {
     if (!index.count(b.get()))
       for (const Node* u : b->inputs)
         if (u && index.count(u)) read.insert(u);
+  // A gradient that does not read the incoming one (a custom backward returning a constant, or
+  // a function of the forward's values alone) is a forward value the backward hands out
+  for (const Node* gr : jg.grads)
+    if (gr && index.count(gr)) read.insert(gr);
   // torch.utils.checkpoint regions (nodes marked `checkpoint`): their interior values (read by
   // nothing outside the region and not outputs) are never saved, and their matrix products and
   // other externs are recomputed like the rest; what leaves a region may be saved.
