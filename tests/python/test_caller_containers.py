@@ -407,3 +407,27 @@ def test_a_container_that_holds_itself_runs_in_python():
     d["me"] = d
     x = torch.ones(1)
     torch.testing.assert_close(kiln.compile(f)(x, l, d), f(x, l, d))
+
+
+def test_an_ordered_dict_argument_is_guarded_by_its_keys_not_its_identity():
+    # torchvision's backbones hand RoIHeads an OrderedDict of features: guarded by identity,
+    # every call recompiled until the cache limit, then ran eagerly
+    from collections import OrderedDict
+
+    def f(feats, x):
+        feats["new"] = x * 3
+        feats.move_to_end("0")
+        return feats["0"] * 2 + x, list(feats.keys()), type(feats)
+
+    cf = kiln.compile(f)
+    before = kiln.stats()["recompiles"]
+    for _ in range(4):
+        a = OrderedDict([("0", torch.randn(3)), ("1", torch.ones(1))])
+        b = OrderedDict((k, v.clone()) for k, v in a.items())
+        x = torch.randn(3)
+        want, got = f(a, x), cf(b, x)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:] and list(a) == list(b) and type(b) is OrderedDict
+        for k in a:
+            torch.testing.assert_close(a[k], b[k])
+    assert kiln.stats()["recompiles"] == before

@@ -170,16 +170,11 @@ XFAIL_EVAL = {
                              "('data-dependent branch on a tensor value' in kiln/_polyfills.py) where Dynamo "
                              "captures them, and F.interpolate(size=(h, w)) specializes each mask's h, w (one "
                              "entry per size, 'cache limit reached'; Dynamo makes them dynamic after one recompile)",
-    "keypointrcnn_resnet50_fpn": "RoIHeads.forward recompiles at every call until the cache limit, then runs "
-                                 "eagerly: a collections.OrderedDict argument (the backbone's features) is guarded "
-                                 "by identity (ID_MATCH: L['features'] is <collections.OrderedDict object>); a "
-                                 "plain dict is not",
+    "keypointrcnn_resnet50_fpn": "the resume function after batched_nms's break recompiles for each new number of "
+                                 "boxes (TENSOR_MATCH size changed) until the cache limit, then runs eagerly; "
+                                 "TorchDynamo marks those sizes dynamic after one recompile",
 }
 XFAIL_TRAIN = {
-    "fcos_resnet50_fpn": "backward raises 'one of the variables needed for gradient computation has been modified "
-                         "by an inplace operation' where eager trains: compute_loss's `gt_classes_targets = "
-                         "zeros_like(cls_logits)` crosses a graph break, then `gt[fg, cls[fg]] = 1.0` (boolean-mask "
-                         "index_put) in the resume graph, and the loss saves that tensor for backward",
 }
 
 

@@ -1564,3 +1564,21 @@ def test_poisson_nll_loss_is_captured_as_the_loss_it_is():
     e = kiln.explain(kiln.compile(f))(x, t)
     assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
     torch.testing.assert_close(kiln.compile(f)(x, t), f(x, t))
+
+
+def test_gradients_through_views_of_the_incoming_gradient_over_symbolic_sizes():
+    # stack's gradient is a reshape of a slice of the incoming one; built without the capture's
+    # sizes, its shape rule took the reshape for a copy, and the compile then made it a view with
+    # a copy's strides: both inputs got the first half of the gradient (OpInfo sweep, stack)
+    def f(a, b):
+        return torch.stack((a, b), -1)
+
+    cf = kiln.compile(f, dynamic=True)
+    for shape in ((2, 1, 3), (4, 1, 5), (3, 2, 2)):
+        a = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+        b = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+        g = torch.randn(*shape, 2, dtype=torch.float64)
+        got = torch.autograd.grad(cf(a, b), (a, b), g)
+        want = torch.autograd.grad(f(a, b), (a, b), g)
+        for x, y in zip(got, want):
+            torch.testing.assert_close(x, y)

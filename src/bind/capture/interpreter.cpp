@@ -362,8 +362,11 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     return Var::constant(v, src);
   }
   static PyObject* defaultdict_type = object_at("collections.defaultdict");
+  static PyObject* ordered_type = object_at("collections.OrderedDict");
   const bool defaultdict = defaultdict_type && Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(defaultdict_type);
-  if (PyList_CheckExact(v) || PyDict_CheckExact(v) || defaultdict) {
+  // an OrderedDict argument (a backbone's features) is a dict of its class, guarded by its keys in order
+  const bool ordered = ordered_type && Py_TYPE(v) == reinterpret_cast<PyTypeObject*>(ordered_type);
+  if (PyList_CheckExact(v) || PyDict_CheckExact(v) || defaultdict || ordered) {
     // A container that holds itself (`l.append(l)`): every walk over trackers would go round it
     // without end (capture hung); such a call runs in Python.
     if (root()->wrapping_.count(v)) unsupported("a list or dict of the caller's that holds itself");
@@ -376,7 +379,7 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
       if (set) set->erase(v);
     }
   } wrapping;
-  if (PyList_CheckExact(v) || PyDict_CheckExact(v) || defaultdict || PyTuple_CheckExact(v)) {
+  if (PyList_CheckExact(v) || PyDict_CheckExact(v) || defaultdict || ordered || PyTuple_CheckExact(v)) {
     wrapping.set = &root()->wrapping_;
     wrapping.v = v;
     root()->wrapping_.insert(v);
@@ -419,7 +422,7 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     seq->seq() = std::move(items);
     return seq;
   }
-  if (PyDict_CheckExact(v) || defaultdict) {
+  if (PyDict_CheckExact(v) || defaultdict || ordered) {
     // A dict from the caller (keyword arguments, a batch of inputs): its keys and values are
     // guarded, not its identity, so a new dict with the same contents hits the cache. A
     // defaultdict (GradScaler's per-optimizer states) also has its factory, guarded by identity,
@@ -437,6 +440,7 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
       d->as<DictV>().cls = Py_NewRef(defaultdict_type);
       d->as<DictV>().factory = factory;  // owned
     }
+    if (ordered) d->as<DictV>().cls = Py_NewRef(ordered_type);
     root()->containers_.emplace(Py_NewRef(v), d);  // before its values: a dict that holds itself
     root()->keep_.push_back(v);
     PyObject *k, *item;

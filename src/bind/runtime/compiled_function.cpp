@@ -400,7 +400,16 @@ std::unique_ptr<Entry> build_entry_once(PyObject* fn, const BoundArgs& args, con
         wrt.push_back(graph_inputs[i]);
         bp->wrt.push_back(static_cast<int>(i));
       }
-    if (!autodiff::make_training_graphs(*forward, wrt, e->capture.tracked, training, error)) {
+    bool built;
+    {
+      // Symbolic sizes read the capture's hints and facts here as in the compile below: a
+      // reshape of the gradient is a view in both or a copy in both (without them its shape
+      // rule took it for a copy, and the compile then made it a view with a copy's strides)
+      GuardShapeEnv env(e->capture.guards, true);
+      sym::ShapeEnvScope env_scope(&env);
+      built = autodiff::make_training_graphs(*forward, wrt, e->capture.tracked, training, error);
+    }
+    if (!built) {
       e->eager = true;
       e->reason = "the backward cannot be built: " + error;
       e->location = e->capture.location;
@@ -867,7 +876,14 @@ bool replay_stores(const Entry& e, const std::vector<PyObject*>& outs, const Fra
     PyObject *obj = objects[i], *v = values[i];
     int rc;
     if (r.contents && PyList_Check(obj)) rc = PyList_SetSlice(obj, 0, PY_SSIZE_T_MAX, v);
-    else if (r.contents) rc = (PyDict_Clear(obj), PyDict_Update(obj, v));
+    else if (r.contents && PyDict_CheckExact(obj)) rc = (PyDict_Clear(obj), PyDict_Update(obj, v));
+    else if (r.contents) {  // an OrderedDict, a defaultdict: through its own methods (its order is its own)
+      PyObject* c = PyObject_CallMethod(obj, "clear", nullptr);
+      PyObject* u = c ? PyObject_CallMethod(obj, "update", "(O)", v) : nullptr;
+      rc = u ? 0 : -1;
+      Py_XDECREF(c);
+      Py_XDECREF(u);
+    }
     else if (r.object->kind == Source::Kind::Globals && PyDict_Check(obj)) {  // `global name` set or deleted
       // (a del follows the capture's own store, which the replay skipped where it ended deleted)
       rc = v ? PyDict_SetItemString(obj, r.name.c_str(), v) : PyDict_DelItemString(obj, r.name.c_str());
@@ -1091,6 +1107,10 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound, bool* rerun_
   if (ok) {
     std::vector<PyObject*> outs;
     bool ran;
+    // The versions of the inputs the graph updates: one torch's own in-place op updated where it
+    // lies (passes::reinplace_input_updates) has been counted already, and is not counted again
+    std::vector<int64_t> versions_before;
+    for (const auto& [input, output] : e.capture.writebacks) versions_before.push_back(tensor_version(inputs[input]));
     if (e.capture.modes_after) apply_modes(*e.capture.modes_after);  // a with block a break had entered, left
     if (e.passthrough) {
       for (int i : e.passthrough_inputs) outs.push_back(Py_NewRef(inputs[i]));
@@ -1164,8 +1184,10 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound, bool* rerun_
       ran = o != nullptr;
     }
     // In-place updates of inputs, into the caller's tensors, before anything reads them.
-    for (const auto& [input, output] : e.capture.writebacks)
-      if (ran && !copy_into(inputs[input], outs[output])) ran = false;
+    for (size_t k = 0; ran && k < e.capture.writebacks.size(); ++k) {
+      const auto [input, output] = e.capture.writebacks[k];
+      if (!copy_into(inputs[input], outs[output], tensor_version(inputs[input]) == versions_before[k])) ran = false;
+    }
     for (PyObject* c : counters)
       if (ran && !add_one_in_place(c)) ran = false;
     if (ran) {

@@ -101,7 +101,13 @@ PyObject* detached(PyObject* t) {
   }
 }
 
-bool copy_into(PyObject* dst, PyObject* src) {
+int64_t tensor_version(PyObject* t) {
+  if (!THPVariable_Check(t)) return -1;
+  const at::Tensor& x = THPVariable_Unpack(t);
+  return x.is_inference() ? -1 : static_cast<int64_t>(x._version());
+}
+
+bool copy_into(PyObject* dst, PyObject* src, bool bump) {
   try {
     const at::Tensor& d = THPVariable_Unpack(dst);
     const at::Tensor& s = THPVariable_Unpack(src);
@@ -109,7 +115,7 @@ bool copy_into(PyObject* dst, PyObject* src) {
     // same elements, as a CUDA graph's outputs are).
     if (d.data_ptr() == s.data_ptr() && d.device() == s.device() && d.dtype() == s.dtype() &&
         d.sizes().equals(s.sizes()) && d.strides().equals(s.strides())) {
-      if (!d.is_inference()) d.unsafeGetTensorImpl()->bump_version();  // as torch's in-place op would
+      if (bump && !d.is_inference()) d.unsafeGetTensorImpl()->bump_version();  // as torch's in-place op would
       return true;
     }
     // Capture refuses in-place updates autograd would see; one it took under no_grad (an

@@ -76,8 +76,12 @@ PyObject* fresh_seed();
 // t.detach() (new reference; nullptr with a Python error set).
 PyObject* detached(PyObject* t);
 // dst.copy_(src) for two tensors (an in-place update of an input, written back after the
-// graph). False with a Python error set when torch raises.
-bool copy_into(PyObject* dst, PyObject* src);
+// graph), without autograd; where src already is dst's elements (an update made in place), only
+// dst's version is counted, unless `bump` is false (torch's own in-place op counted it). False
+// with a Python error set when torch raises.
+bool copy_into(PyObject* dst, PyObject* src, bool bump = true);
+// t._version (-1 where t is not a tensor or is an inference tensor, which counts none)
+int64_t tensor_version(PyObject* t);
 
 // The value of a 0-d floating CPU tensor, read without dispatch (an optimizer's step count);
 // false with a Python error set for anything else.

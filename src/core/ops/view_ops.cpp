@@ -204,8 +204,11 @@ std::vector<bool> squeeze_mask(const TensorMeta& x, const Attrs& a) {
 }  // namespace
 
 bool reshape_copies(const Node& n) {
+  // a copy where its shape rule found no view strides (its strides are then row-major from
+  // offset 0), whatever the sizes at hand would allow now
   const TensorMeta& x = n.inputs[0]->meta;
-  return !view_strides(x.sizes, x.strides, n.meta.sizes).has_value();
+  const auto st = view_strides(x.sizes, x.strides, n.meta.sizes);
+  return !st || !(*st == n.meta.strides) || n.meta.offset != x.offset;
 }
 
 std::vector<OpDef> view_ops() {
