@@ -65,9 +65,6 @@ SKIP = {
 
 # op name -> {dtype abbreviation or "*": reason}. Filled from KILN_OPINFO_COLLECT runs and triaged;
 # div.trunc_rounding and batch_norm fail only in the deeper sweeps (10 samples; non-contiguous).
-_FLOAT_POWER = ("float_power_ / float_power(out=) into a tensor that is not float64: eager raises "
-                "RuntimeError (result must be Double), kiln's torch_call runs the out-of-place op and "
-                "casts back silently")
 _BF16_DOUBLE_ROUNDING = ("baddbmm decomposed into bmm + add: the bmm result is rounded to bfloat16 "
                          "before the add (eager adds in float32), 1-ulp differences near cancellation")
 _BF16_DIV_TRUNC = ("eager's vectorized bf16 div(rounding_mode='trunc') rounds the quotient to bf16 "
@@ -77,7 +74,6 @@ _BF16_BATCH_NORM = ("training-mode bf16 batch_norm: kiln computes in float32 and
 XFAIL: dict[str, dict[str, str]] = {
     "nn.functional.batch_norm": {"bf16": _BF16_BATCH_NORM},
     "baddbmm": {"bf16": _BF16_DOUBLE_ROUNDING},
-    "float_power": {"f32": _FLOAT_POWER, "bf16": _FLOAT_POWER},
     "div.trunc_rounding": {"bf16": _BF16_DIV_TRUNC},
 }
 

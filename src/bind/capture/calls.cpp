@@ -1510,6 +1510,8 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     for (size_t i = 0; i < targets.size(); ++i) {
       if (!results[i]->is_tensor() || results[i]->node()->meta.sizes != targets[i]->node()->meta.sizes)
         unsupported("call to " + callable_name(f) + " with out= of another shape (torch resizes it)");
+      static PyObject* float_power = resolve_torch("float_power");
+      if (f == float_power) exact_result_dtype(targets[i], results[i], "the output given to float_power");
       check_inplace_target(targets[i], "out=");
       mutate(targets[i], results[i]->node());
     }
@@ -2713,6 +2715,11 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       clear_error();
     }
     if (!r || !r->is_tensor()) unsupported("Tensor." + name + "() is not captured yet");
+    static PyObject* float_power_ = object_at("torch.Tensor.float_power_");
+    PyObject* method = PyObject_GetAttrString(resolve_torch("Tensor"), name.c_str());
+    if (!method) clear_error();
+    Py_XDECREF(method);  // (the class keeps it)
+    if (method && method == float_power_) exact_result_dtype(self, r, "the base given to float_power_");
     return mutate(self, r->node());
   }
   const OpBinding* b = method_binding(name);
@@ -2811,6 +2818,15 @@ std::optional<std::vector<sym::Expr>> Interpreter::symbolic_layouts(const std::v
   }
   for (const sym::Expr& s : syms) concrete_size(s);  // no shape-generic layout: this call's sizes
   return std::nullopt;
+}
+
+// float_power writes only into a tensor of its result's dtype (double, or complex double), where
+// other in-place ops and out= cast: eager's RuntimeError, before anything changes.
+void Interpreter::exact_result_dtype(const VarPtr& target, const VarPtr& result, const std::string& what) {
+  const DType have = target->node()->meta.dtype, want = result->node()->meta.dtype;
+  if (have != want)
+    raise_new(PyExc_RuntimeError, what + " has dtype " + ops::torch_dtype_name(have) + " but the operation's result requires dtype " +
+                                      ops::torch_dtype_name(want));
 }
 
 void Interpreter::offer_in_place(const VarPtr& result, const VarPtr& target, PyObject* inplace_fn) {

@@ -541,6 +541,7 @@ class Interpreter {
   bool object_has_attr(const VarPtr& rec, const std::string& name);
   // value nullptr: del; generic: object.__setattr__'s store, past the class's own __setattr__
   PyObject* frozen_record_object(const VarPtr& v, const char* what);
+  void exact_result_dtype(const VarPtr& target, const VarPtr& result, const std::string& what);
   void object_store(const VarPtr& rec, const std::string& name, VarPtr value, bool generic = false);
   // type(obj).name(obj, *args) inlined, or nullptr when the class has no such method.
   VarPtr object_dunder(const VarPtr& obj, const char* name, std::vector<VarPtr> args);
