@@ -1517,6 +1517,9 @@ VarPtr Interpreter::call_const(VarPtr fn, std::vector<VarPtr> args, KwArgs kwarg
     }
     return out->kind() == Var::Kind::List ? Var::tuple(targets) : out;
   }
+  static PyObject* torch_clone = resolve_torch("clone");
+  if (f == torch_clone && args.size() == 1 && args[0]->is_tensor() && !kwargs.empty())
+    return call_tensor_method(args[0], "clone", {}, kwargs);  // torch.clone(x, memory_format=...)
   if (const OpBinding* b = function_binding(f)) {
     if (VarPtr r = pointwise_of_numbers(f, *b, args, kwargs)) return r;
     if (VarPtr r = call_op(*b, args, kwargs)) return r;  // else a call the entry leaves to torch
@@ -2392,6 +2395,13 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   }
   if ((name == "addcdiv" || name == "addcmul" || name == "addcdiv_" || name == "addcmul_") && is_floating(m.dtype))
     if (VarPtr r = add_product(self, name, args, kwargs)) return r;
+  if (name == "clone" && args.empty() && kwargs.size() == 1 && kwargs[0].first == "memory_format" && kwargs[0].second->is_const()) {
+    // x.clone(memory_format=...): a copy laid out as asked (preserve_format: as clone lays it)
+    PyObject* format = kwargs[0].second->known();
+    if (format == resolve_torch("preserve_format")) return Var::tensor(add_node("clone", {self->node()}));
+    if (format == resolve_torch("contiguous_format")) return Var::tensor(add_node("contiguous", {self->node()}));
+    if (format == resolve_torch("channels_last") && m.dim() == 4) return Var::tensor(add_node("channels_last", {self->node()}));
+  }
   // x.t_(), x.unsqueeze_(0): x itself becomes that view of its memory, under every name the
   // function has for it. An input's would change the caller's tensor: that runs in Python.
   static const std::set<std::string> view_in_place = {"t_", "transpose_", "squeeze_", "unsqueeze_", "swapaxes_", "swapdims_"};

@@ -256,9 +256,12 @@ VarPtr Interpreter::getattr(VarPtr base, const std::string& name) {
     if (name == "device") return Var::constant(torch_device_object(m.device));
     if (name == "ndim") return Var::steal_constant(PyLong_FromLongLong(m.dim()));
     if (name == "is_cuda") return Var::constant(m.device.type == DeviceType::CUDA ? Py_True : Py_False);
-    if (name == "T" || name == "mT") {
+    // (kiln's dtypes are real: the conjugate transposes H and mH are T and mT; H of more than
+    // two dims is torch's error, which the call raises running in Python)
+    if (name == "H" && m.dim() > 2) unsupported("Tensor.H of a tensor of more than 2 dims: RuntimeError");
+    if (name == "T" || name == "mT" || name == "H" || name == "mH") {
       std::vector<int64_t> perm;
-      if (name == "T") for (int64_t i = m.dim(); i-- > 0;) perm.push_back(i);
+      if (name == "T" || name == "H") for (int64_t i = m.dim(); i-- > 0;) perm.push_back(i);
       else {
         for (int64_t i = 0; i < m.dim(); ++i) perm.push_back(i);
         if (m.dim() < 2) unsupported("mT of a tensor with fewer than 2 dims");
