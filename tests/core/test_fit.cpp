@@ -66,6 +66,17 @@ TEST(FitMultilinear, FloorDivisionAndSquaresAndRejectionsHaveNoFit) {
   EXPECT_FALSE(fit_multilinear({s}, {16}, rejects));
 }
 
+TEST(FitMultilinear, AMinOfTwoSizesIsNoFitWhereTheOtherIsSmallerFarAway) {
+  // torch.diag's length min(s0, s1) at (3, 5) follows s0 near the hints; moving s0 alone past
+  // s1 shows the min (the fit said s0, and a (5, 3) input then broke the compiled graph)
+  Expr a = Expr::size_symbol("dga"), b = Expr::size_symbol("dgb");
+  auto diag = [](const std::vector<int64_t>& v) -> std::optional<std::vector<int64_t>> {
+    return std::vector<int64_t>{std::min(v[0], v[1])};
+  };
+  EXPECT_FALSE(fit_multilinear({a, b}, {3, 5}, diag));
+  EXPECT_FALSE(fit_multilinear({a, b}, {9, 2}, diag));
+}
+
 TEST(EvaluateChecked, SumsAndProductsPastInt64AreReported) {
   Expr s = Expr::size_symbol("ovs");
   auto value = [](int64_t v) { return [v](const Expr&) { return v; }; };

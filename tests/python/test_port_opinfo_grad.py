@@ -100,19 +100,7 @@ for _op in op_db:
 
 # ---------------------------------------------------------------------------------------------
 # Known failures: op key -> cause (the repro in the report names it)
-_DYN_EXTERN = ("dynamic=True: an extern's output size was matched to an input symbol at trace time "
-               "(min(m, n) recorded as s0) with no guard, so a later call with rows > columns raises "
-               "'... returned sizes [5] where its compiled graph expects [6]' (r_lu_dynamic.py, r_diag2.py)")
-XFAIL: dict[str, str] = {
-    "stack": ("dynamic=True: wrong gradients for torch.stack(..., -1) of inputs with a size-1 dim "
-              "(backward returns slices of the incoming gradient with contiguous strides and offset 0; "
-              "r_stack_grad.py)"),
-    "lu": _DYN_EXTERN,
-    "linalg.lu": _DYN_EXTERN,
-    "linalg.lu_factor": _DYN_EXTERN,
-    "linalg.lu_factor_ex": _DYN_EXTERN,
-}
-
+XFAIL: dict[str, str] = {}
 
 # ---------------------------------------------------------------------------------------------
 # helpers

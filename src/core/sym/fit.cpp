@@ -1,5 +1,7 @@
 #include "core/sym/fit.h"
 
+#include <algorithm>
+
 namespace kiln::sym {
 
 std::optional<std::vector<Expr>> fit_multilinear(const std::vector<Expr>& symbols, const std::vector<int64_t>& hints,
@@ -35,9 +37,17 @@ std::optional<std::vector<Expr>> fit_multilinear(const std::vector<Expr>& symbol
   };
   // Farther points, each symbol moved by its own amount: a floor division, a clamp or a
   // product of a symbol with itself leaves them off the polynomial.
+  // And each symbol alone moved past all the others: a min or max of two sizes (torch.diag's
+  // length, lu's pivots) follows one of them only while it stays the smaller.
   const std::vector<std::vector<int64_t>> checks = [&] {
     std::vector<std::vector<int64_t>> c(3, std::vector<int64_t>(n));
     for (size_t i = 0; i < n; ++i) c[0][i] = 2, c[1][i] = 3 + 2 * static_cast<int64_t>(i), c[2][i] = 17 + 6 * static_cast<int64_t>(i);
+    const int64_t top = *std::max_element(hints.begin(), hints.end());
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<int64_t> alone(n, 0);
+      alone[i] = 2 * top + 9 - hints[i];
+      c.push_back(std::move(alone));
+    }
     return c;
   }();
   for (const auto& t : checks) {
