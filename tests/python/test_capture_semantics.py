@@ -661,3 +661,48 @@ def test_class_of_an_object_made_in_the_function():
     assert e.graph_count == 1 and not e.break_reasons, e
     x = torch.randn(2)
     assert_same(kiln.compile(f)(x), f(x))
+
+
+class _Made:
+    made = 0
+
+
+class _MadeChild(_Made):
+    pass
+
+
+class _MadeOwn(_Made):
+    made = 7
+
+
+def test_a_class_attribute_stored_in_the_function_is_read_through_subclasses_and_instances():
+    # Base.made = 5, then Child.made (or an instance's) read the value before the store
+    # (bench/fuzz_capture.py seeds 100312, 100592)
+    def f(x):
+        _Made.made = 5
+        o = _MadeChild()
+        return x + _MadeChild.made + _MadeOwn.made * 10 + o.made * 100
+
+    try:
+        want = f(torch.zeros(1))
+        _Made.made = 0
+        got = kiln.compile(f)(torch.zeros(1))
+        assert_same(got, want)
+        assert _Made.made == 5 and _MadeChild.made == 5
+    finally:
+        _Made.made = 0
+
+
+def test_a_list_repeated_in_place_is_the_same_list():
+    # l *= 2 rebound the name to a new list: the caller's list and other names kept the old one
+    def f(x, state):
+        l = state["log"]
+        m = l
+        l *= 2
+        return x + len(m), m is l
+
+    sa, sb = {"log": [1, 2]}, {"log": [1, 2]}
+    want = f(torch.zeros(1), sa)
+    got = kiln.compile(f)(torch.zeros(1), sb)
+    assert_same(got, want)
+    assert sa == sb == {"log": [1, 2, 1, 2]}

@@ -703,7 +703,6 @@ def test_index_select_after_permute_is_contiguous_with_eagers_strides():
     assert got.is_contiguous() and got.stride() == want.stride()
 
 
-@pytest.mark.xfail(strict=True, reason="WRONG VALUES: torch.roll of a channels_last tensor comes out contiguous (eager keeps channels_last strides), so as_strided reads other elements")
 def test_roll_then_as_strided_on_channels_last():
     def fn(x):
         x = torch.roll(x, shifts=-1, dims=0)

@@ -65,9 +65,33 @@ const Interpreter::AttrStore* Interpreter::logged_attr(PyObject* obj, const std:
   auto& log = root()->attr_stores_;
   // a module's attribute is an item of its dict, which `global name` stores into
   PyObject* dict = PyModule_Check(obj) ? PyModule_GetDict(obj) : nullptr;
-  for (auto it = log.rbegin(); it != log.rend(); ++it)
-    if ((it->obj == obj || (dict && it->obj == dict)) && it->name == name) return &*it;
-  return nullptr;
+  auto find = [&](PyObject* o) -> const AttrStore* {
+    for (auto it = log.rbegin(); it != log.rend(); ++it)
+      if ((it->obj == o || (dict && it->obj == dict)) && it->name == name) return &*it;
+    return nullptr;
+  };
+  if (const AttrStore* st = find(obj)) return st;
+  if (log.empty() || PyModule_Check(obj)) return nullptr;
+  // Not stored on the object itself: a store on a class it finds the name on (Base.made = 5,
+  // then Child.made or an instance's read), unless the object or a class before it in the
+  // MRO holds the name itself
+  PyObject* key = PyUnicode_FromString(name.c_str());
+  if (!key) return clear_error(), nullptr;
+  const bool is_class = PyType_Check(obj);
+  PyObject* own = is_class ? Py_XNewRef(reinterpret_cast<PyTypeObject*>(obj)->tp_dict) : PyObject_GenericGetDict(obj, nullptr);
+  if (!own) clear_error();
+  const bool shadowed = own && PyDict_Check(own) && PyDict_Contains(own, key) == 1;
+  Py_XDECREF(own);
+  const AttrStore* found = nullptr;
+  PyObject* mro = shadowed ? nullptr : (is_class ? reinterpret_cast<PyTypeObject*>(obj) : Py_TYPE(obj))->tp_mro;
+  for (Py_ssize_t i = is_class ? 1 : 0; mro && i < PyTuple_GET_SIZE(mro); ++i) {
+    PyObject* c = PyTuple_GET_ITEM(mro, i);
+    if ((found = find(c))) break;
+    PyObject* cd = reinterpret_cast<PyTypeObject*>(c)->tp_dict;
+    if (cd && PyDict_Contains(cd, key) == 1) break;
+  }
+  Py_DECREF(key);
+  return found;
 }
 
 namespace {

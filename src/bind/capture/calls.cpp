@@ -785,9 +785,24 @@ bool stand_in_tensors(const GuardSet& guards, const std::vector<ir::Node*>& inpu
     const bool floating = is_floating(n->meta.dtype);
     PyObject* kw = Py_BuildValue("{s:O,s:s}", "dtype", torch_dtype_object(floating && floating_as ? *floating_as : n->meta.dtype),
                                  "device", n->meta.device.str().c_str());
-    PyObject* a = PyTuple_Pack(1, shape);
-    PyObject* x = kw && a ? PyObject_Call(floating ? ones : zeros, a, kw) : nullptr;
-    Py_XDECREF(a);
+    PyObject* x = nullptr;
+    if (cap == INT64_MAX) {
+      // whole: laid out as the input is (a channels-last input, an expanded one), since some
+      // kernels give their result the input's layout
+      static PyObject* empty_strided = object_at("torch.empty_strided");
+      PyObject* stride = PyTuple_New(static_cast<Py_ssize_t>(n->meta.dim()));
+      for (size_t d = 0; d < n->meta.dim(); ++d) PyTuple_SET_ITEM(stride, d, PyLong_FromLongLong(guards.value_at_hints(n->meta.strides[d])));
+      PyObject* a = PyTuple_Pack(2, shape, stride);
+      PyObject* e = kw && a ? PyObject_Call(empty_strided, a, kw) : nullptr;
+      x = e ? PyObject_CallMethod(e, "fill_", "i", floating ? 1 : 0) : nullptr;
+      Py_XDECREF(e);
+      Py_XDECREF(a);
+      Py_DECREF(stride);
+    } else {
+      PyObject* a = PyTuple_Pack(1, shape);
+      x = kw && a ? PyObject_Call(floating ? ones : zeros, a, kw) : nullptr;
+      Py_XDECREF(a);
+    }
     Py_XDECREF(kw);
     Py_DECREF(shape);
     if (!x) {
@@ -2854,7 +2869,7 @@ void Interpreter::offer_in_place(const VarPtr& result, const VarPtr& target, PyO
 // on its arguments alone, by torch's own op metadata: the aten op of its name, none of whose
 // functional overloads is tagged nondeterministic_seeded (random numbers) or mutates an input.
 // The prologue (passes/prologue.cpp) may compute such a call once.
-bool Interpreter::meta_disagrees(PyObject* f, PyObject* meta_result, const std::vector<ir::Node*>& inputs,
+bool Interpreter::meta_disagrees(PyObject* f, PyObject*& meta_result, const std::vector<ir::Node*>& inputs,
                                  const std::function<PyObject*(const std::vector<PyObject*>&)>& call) {
   constexpr int64_t kSmall = 4096;  // elements, all inputs together
   int64_t elements = 0;
@@ -2905,6 +2920,30 @@ bool Interpreter::meta_disagrees(PyObject* f, PyObject* meta_result, const std::
         Py_XDECREF(ms);
         Py_XDECREF(xs);
       }
+      // and the layout the kernel gives a new tensor (torch.roll keeps a channels-last input's,
+      // its meta function makes it row-major): the kernel's, which eager's result has
+      PyObject* mst = whole && !differs ? PyObject_CallMethod(m, "stride", nullptr) : nullptr;
+      PyObject* xst = mst ? PyObject_CallMethod(x, "stride", nullptr) : nullptr;
+      PyObject* base = xst ? PyObject_GetAttrString(m, "_base") : nullptr;
+      if (base == Py_None && PyObject_RichCompareBool(mst, xst, Py_NE) == 1) {
+        static PyObject* empty_strided = resolve_torch("empty_strided");
+        PyObject* size = PyObject_GetAttrString(m, "shape");
+        PyObject* dtype = PyObject_GetAttrString(m, "dtype");
+        PyObject* kw = size && dtype ? Py_BuildValue("{s:O,s:s}", "dtype", dtype, "device", "meta") : nullptr;
+        PyObject* a = kw ? PyTuple_Pack(2, size, xst) : nullptr;
+        PyObject* fresh = a ? PyObject_Call(empty_strided, a, kw) : nullptr;
+        if (fresh && tuple) {
+          PyObject* copy = PyTuple_New(n);
+          for (Py_ssize_t j = 0; j < n; ++j) PyTuple_SET_ITEM(copy, j, Py_NewRef(j == i ? fresh : PyTuple_GET_ITEM(meta_result, j)));
+          Py_DECREF(fresh);
+          Py_SETREF(meta_result, copy);
+        } else if (fresh) {
+          Py_SETREF(meta_result, fresh);
+        }
+        Py_XDECREF(a), Py_XDECREF(kw), Py_XDECREF(dtype), Py_XDECREF(size);
+      }
+      Py_XDECREF(base), Py_XDECREF(xst), Py_XDECREF(mst);
+      clear_error();
     }
     Py_DECREF(r);
   }

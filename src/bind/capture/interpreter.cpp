@@ -445,6 +445,19 @@ VarPtr Interpreter::wrap(PyObject* v, SourcePtr src) {
     root()->keep_.push_back(v);
     PyObject *k, *item;
     Py_ssize_t pos = 0;
+    if (ordered) {  // in its own order (move_to_end), not its table's
+      PyObject* keys = PySequence_Tuple(v);
+      if (!keys) real(nullptr);
+      keep_.push_back(keys);
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); ++i) {
+        k = PyTuple_GET_ITEM(keys, i);
+        item = PyDict_GetItemWithError(v, k);
+        if (!item) real(nullptr);
+        d->entries().keys.push_back(Py_NewRef(k));
+        d->entries().values.push_back(wrap(item, Source::key_of(src, k)));
+      }
+      return d;
+    }
     while (PyDict_Next(v, &pos, &k, &item)) {
       d->entries().keys.push_back(Py_NewRef(k));
       d->entries().values.push_back(wrap(item, Source::key_of(src, k)));

@@ -272,7 +272,7 @@ class Interpreter {
   // the call run for real gives: on small CPU inputs of fixed sizes, or, for a Python function of
   // torch's (which may ask a tensor's device), dtypes at two points a dim (`call` runs it on the
   // given tensors).
-  bool meta_disagrees(PyObject* f, PyObject* meta_result, const std::vector<ir::Node*>& inputs,
+  bool meta_disagrees(PyObject* f, PyObject*& meta_result, const std::vector<ir::Node*>& inputs,
                       const std::function<PyObject*(const std::vector<PyObject*>&)>& call);
   // collections.OrderedDict(...) and defaultdict(factory, ...) called in the frame: dict trackers
   // that remember their class (and factory), rebuilt as such (containers.cpp). nullptr: cls is

@@ -541,6 +541,11 @@ VarPtr Interpreter::binary(const std::string& nb, VarPtr a, VarPtr b) {
       if (!PyLong_Check(n)) unsupported("sequence repeated by a non-integer");
       std::vector<VarPtr> items;
       for (long k = 0; k < PyLong_AsLong(n); ++k) items.insert(items.end(), seq->seq().begin(), seq->seq().end());
+      if (inplace && seq_a && a->kind() == Var::Kind::List) {  // l *= 2: the same list, repeated in place
+        note_mutation(a, "*=");
+        a->seq() = std::move(items);
+        return a;
+      }
       return Var::tuple(std::move(items), seq->kind() == Var::Kind::List);
     }
   }

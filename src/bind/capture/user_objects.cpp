@@ -181,6 +181,10 @@ VarPtr Interpreter::object_attr(const VarPtr& rec, const std::string& name) {
         if (PyFunction_Check(func))  // a classmethod binds the class, a staticmethod nothing
           return Py_IS_TYPE(a, &PyClassMethod_Type) ? Var::method(Var::constant(r.cls), name, func) : Var::constant(func);
       }
+      if (const AttrStore* st = logged_attr(r.cls, name)) {  // Base.made = 5 earlier in the capture
+        if (!st->value) unsupported("read of class attribute " + name + " deleted during capture: AttributeError");
+        return st->value;
+      }
       return real(PyObject_GetAttrString(r.cls, name.c_str()));  // a plain class attribute
     }
     if (VarPtr v = python_descriptor_get(a, rec)) return v;

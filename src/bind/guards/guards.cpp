@@ -474,6 +474,14 @@ bool Guard::holds_for(PyObject* v, SymbolBindings& bindings, std::string* detail
     }
     case Kind::KeyOrder: {
       if (!PyDict_Check(v) || PyDict_Size(v) != PyTuple_GET_SIZE(expected)) return false;
+      if (!PyDict_CheckExact(v) && Py_TYPE(v)->tp_iter != PyDict_Type.tp_iter) {
+        // an OrderedDict: its own order (move_to_end), not its table's
+        PyObject* keys = PySequence_Tuple(v);
+        const int eq = keys ? PyObject_RichCompareBool(keys, expected, Py_EQ) : -1;
+        Py_XDECREF(keys);
+        if (eq < 0) clear_error();
+        return eq == 1;
+      }
       PyObject *k, *unused;
       Py_ssize_t pos = 0;
       for (Py_ssize_t i = 0; PyDict_Next(v, &pos, &k, &unused); ++i) {
