@@ -73,6 +73,7 @@ from dataclasses import dataclass, field
 import torch
 
 BACKEND = os.environ.get("KILN_FUZZ_BACKEND", "eager")
+EXTRA = os.environ.get("KILN_FUZZ_EXTRA") == "1"  # third-round statement kinds (changes every seed)
 
 # ---------------------------------------------------------------------------------------------
 # Failure categories
@@ -486,7 +487,7 @@ class _Gen:
     def new(self, kind: str) -> str:
         self.n += 1
         name = {T: "t", S: "s", I: "n", F: "f", B: "b", STR: "m", L: "l", LT: "ts", D: "d",
-                Z: "z", O: "o", "C": "ob", "DC": "dc", "NT": "nt"}[kind] + str(self.n)
+                Z: "z", O: "o", "C": "ob", "DC": "dc", "NT": "nt", "Q": "q", "DD": "dd", "OD": "od"}[kind] + str(self.n)
         return name
 
     def bind(self, name, kind):
@@ -777,9 +778,11 @@ class _Gen:
             (self.s_cls, 2), (self.s_key, 1), (self.s_dc, 2), (self.s_nt, 2), (self.s_exc2, 2), (self.s_with2, 2),
             (self.s_counter, 1), (self.s_lru, 1), (self.s_inplace, 2), (self.s_pyvals, 2), (self.s_grad, 1),
         ]
+        if EXTRA:
+            choices += [(self.s_match, 3), (self.s_coll, 3), (self.s_tsplit, 3), (self.s_builtins, 4), (self.s_misc, 3), (self.s_round4, 6)]
         if self.depth >= 2 or self.budget < 0:
             choices = [(fn, w) for fn, w in choices
-                       if fn not in (self.s_if, self.s_for, self.s_while, self.s_try, self.s_with,
+                       if fn not in (self.s_if, self.s_match, self.s_coll, self.s_for, self.s_while, self.s_try, self.s_with,
                                      self.s_closure, self.s_while2, self.s_exc2, self.s_with2, self.s_walrus)]
         if self.in_func:
             choices = [(fn, w) for fn, w in choices if fn not in (self.s_closure, self.s_global, self.s_counter)]
@@ -1985,6 +1988,230 @@ class _Gen:
             self.emit(f"    {loss}.backward(retain_graph={r.choice([True, False])})")
             self.emit(f"{g} = x.grad.clone() if x.grad is not None else torch.zeros_like(x)")
             self.bind(g, T)
+
+    # -- third round (KILN_FUZZ_EXTRA=1) -----------------------------------------------------
+    def s_match(self):
+        """match statements: literal/sequence/mapping/class/guard patterns; every arm binds."""
+        r = self.rng
+        v = self.new(I)
+        c = r.randrange(4)
+        if c == 0:
+            self.emit(f"match ({self.iex(1)}, {self.iex(1)}):")
+            self.emit(f"    case (0, _) | (_, 0):")
+            self.emit(f"        {v} = {r.randint(-3, 3)}")
+            self.emit(f"    case (a_, b_) if a_ > b_:")
+            self.emit(f"        {v} = a_ - b_")
+            self.emit(f"    case (a_, b_):")
+            self.emit(f"        {v} = a_ * 2 + b_")
+        elif c == 1:
+            lv = self._lv()
+            self.emit(f"match {lv}:")
+            self.emit(f"    case []:")
+            self.emit(f"        {v} = -1")
+            self.emit(f"    case [a_]:")
+            self.emit(f"        {v} = a_")
+            self.emit(f"    case [a_, *rest_] if len(rest_) > 1:")
+            self.emit(f"        {v} = a_ + len(rest_)")
+            self.emit(f"    case [*_, z_]:")
+            self.emit(f"        {v} = z_ * 3")
+        elif c == 2:
+            dv = self.pick(D) or self.acc["cache"]
+            self.emit(f"match {dv}:")
+            self.emit(f"    case {{'a': int(a_), **rest_}}:")
+            self.emit(f"        {v} = a_ + len(rest_)")
+            self.emit(f"    case {{'c': c_}}:")
+            self.emit(f"        {v} = c_ * 2")
+            self.emit(f"    case _:")
+            self.emit(f"        {v} = len({dv})")
+        else:
+            self.emit(f"match Pt({self.iex(1)}, {self.iex(1)}):")
+            self.emit(f"    case Pt(a=0):")
+            self.emit(f"        {v} = 100")
+            self.emit(f"    case Pt(a_, b_) if b_ < 0:")
+            self.emit(f"        {v} = a_ - b_")
+            self.emit(f"    case Pt() as p_:")
+            self.emit(f"        {v} = p_.norm1()")
+        self.bind(v, I)
+
+    def s_coll(self):
+        """collections: deque (maxlen, rotate, appendleft), Counter, defaultdict, OrderedDict."""
+        r = self.rng
+        lv = self._lv()
+        c = r.randrange(5)
+        if c == 0:
+            q = self.new("Q")
+            self.emit(f"{q} = collections.deque({lv}, maxlen={r.randint(1, 4)})")
+            self.emit(f"{q}.appendleft({self.iex(1)})")
+            self.emit(f"{q}.rotate({r.randint(-2, 2)})")
+            self.assign(L, f"list({q}) + [len({q}), {q}.maxlen]")
+        elif c == 1:
+            self.assign(L, f"[k_ * 10 + n_ for k_, n_ in collections.Counter({lv} + [v_ % 2 for v_ in {lv}]).most_common({r.randint(1, 3)})]")
+        elif c == 2:
+            dd = self.new("DD")
+            self.emit(f"{dd} = collections.defaultdict(list)")
+            self.emit(f"for i_, v_ in enumerate({lv}):")
+            self.emit(f"    {dd}['e' if v_ % 2 == 0 else 'o'].append(i_)")
+            self.assign(D, f"{{k_: len(v_) for k_, v_ in sorted({dd}.items())}}")
+        elif c == 3:
+            od = self.new("OD")
+            dv = self.pick(D) or self.acc["cache"]
+            self.emit(f"{od} = collections.OrderedDict({dv})")
+            self.emit(f"{od}['z'] = {self.iex(1)}")
+            self.emit(f"{od}.move_to_end('z', last={r.choice([True, False])})")
+            self.assign(D, f"dict({od})")
+        else:
+            q = self.new("Q")
+            self.emit(f"{q} = collections.deque()")
+            self.emit(f"for v_ in {lv}:")
+            self.emit(f"    {q}.append({self.tex(1)} * v_)")
+            self.emit(f"    if len({q}) > 2:")
+            self.emit(f"        {q}.popleft()")
+            self.assign(T, f"sum({q}, {self.tex(1)})")
+
+    def s_tsplit(self):
+        """Tensors split into Python lists and back: split/chunk/unbind/iteration/stack."""
+        r = self.rng
+        t = self.tex(1)
+        c = r.randrange(6)
+        if c == 0:
+            self.assign(LT, f"list(torch.split({t}, 1, dim={r.randint(0, 1)}))")
+        elif c == 1:
+            self.assign(S, f"sum(r_.sum() * i_ for i_, r_ in enumerate({t}))")
+        elif c == 2:
+            self.assign(T, f"torch.stack([{t}, {self.tex(1)}]).{r.choice(['sum', 'amax', 'mean'])}(0)")
+        elif c == 3:
+            self.assign(I, f"len({t}.chunk({r.randint(1, 3)}, dim={r.randint(0, 1)}))")
+        elif c == 4:
+            self.assign(T, f"torch.cat({t}.unbind({r.randint(0, 1)})[::-1]).reshape({t}.shape)")
+        else:
+            v = self.new(S)
+            self.emit(f"{v} = {t}.new_zeros(())")
+            self.emit(f"for a_, b_ in zip({t}, {self.tex(1)}.flip(0)):")
+            self.emit(f"    {v} = {v} + (a_ * b_).sum()")
+            self.bind(v, S)
+
+    def s_builtins(self):
+        r = self.rng
+        lv = self._lv()
+        opts = [(I, f"divmod({self.iex(1)}, {r.choice([2, 3, -3])})[{r.randint(0, 1)}]"),
+                (I, f"pow({self.iex(1)}, 2, {r.randint(2, 7)})"), (I, f"abs({self.iex(1)}).bit_length()"),
+                (L, f"list(map(abs, {lv}))"), (L, f"list(filter(None, {lv}))"),
+                (L, f"[i_ * v_ for i_, v_ in enumerate({lv}, start={r.randint(1, 3)})]"),
+                (L, f"list(range(10)[{r.randint(0, 3)}:{r.randint(4, 8)}:{r.choice([1, 2])}])"),
+                (I, f"len(range({self.iex(1)}, 10, {r.choice([2, 3])}))"),
+                (L, f"[a_ - b_ for a_, b_ in itertools.pairwise({lv})]"),
+                (L, f"[a_ + b_ for a_, b_ in itertools.combinations({lv}[:4], 2)]"),
+                (L, f"[k_ + len(list(g_)) for k_, g_ in itertools.groupby(sorted({lv}))]"),
+                (L, f"list(itertools.starmap(operator.mul, zip({lv}, range(5))))"),
+                (L, f"[a_ if b_ is None else b_ for a_, b_ in itertools.zip_longest({lv}, [7, 8])]"),
+                (I, f"next(iter({lv}), {r.randint(-2, 2)})"),
+                (I, f"next((v_ for v_ in {lv} if v_ > {r.randint(0, 3)}), -1)"),
+                (STR, f"'%s:%d' % ({self._m()}, {self.iex(1)})"), (STR, f"{self._m()}.partition('-')[2].zfill(3)"),
+                (B, f"{self._m()}.startswith(('a', 'x')) or {self._m()}.isdigit()"),
+                (STR, f"type({self.pick(O) or 'state'}).__name__"),
+                (B, f"isinstance({self.tex(1)}, (list, torch.Tensor)) and callable(getattr(x, 'sum', None))"),
+                (I, f"getattr({self.pick(O) or 'Acc'}, 'missing', {r.randint(0, 3)}) + hasattr(Acc, 'total')"),
+                (F, f"float(sum(({self.fex(1)}, {self.iex(1)}), 0.5))"), (I, f"round({self.fex(1)})")]
+        k, e = r.choice(opts)
+        self.assign(k, e)
+
+    def s_misc(self):
+        """del, assert, contextlib.suppress, ExitStack, exception attributes."""
+        r = self.rng
+        c = r.randrange(6)
+        if c == 0:
+            dv = self.pick(D, True)
+            if dv is None:
+                return self.s_dict()
+            self.emit(f"if 'a' in {dv}:")
+            self.emit(f"    del {dv}['a']")
+        elif c == 1:
+            lv = self.pick(L, True)
+            if lv is None:
+                return self.s_list()
+            self.emit(f"del {lv}[:{r.randint(0, 2)}]")
+        elif c == 2:
+            self.emit(f"assert x.dim() == 2 and {self._lv()} is not None, 'never'")
+        elif c == 3:
+            v = self.new(I)
+            self.emit(f"{v} = {self.iex(1)}")
+            self.emit(f"with contextlib.suppress(KeyError, IndexError):")
+            self.emit(f"    {v} = {v} + {self.pick(D) or self.acc['cache']}['{r.choice('aq')}']")
+            self.bind(v, I)
+        elif c == 4:
+            v = self.new(STR)
+            self.emit(f"try:")
+            self.emit(f"    lookup({self.pick(D) or self.acc['cache']}, 'q{r.randint(0, 9)}')")
+            self.emit(f"    {v} = 'found'")
+            self.emit(f"except (KeyError, IndexError) as e_:")
+            self.emit(f"    {v} = type(e_).__name__ + repr(e_.args)")
+            self.bind(v, STR)
+        elif self.acc["log"] in self.frozen:
+            self.s_tsplit()
+        else:
+            v = self.new(T)
+            self.emit(f"with contextlib.ExitStack() as es_:")
+            self.emit(f"    es_.enter_context(torch.no_grad())")
+            self.emit(f"    es_.callback({self.acc['log']}.append, {r.randint(0, 9)})")
+            self.emit(f"    {v} = {self.tex(1)} * {self.fex(1)}")
+            self.bind(v, T)
+
+    def s_round4(self):
+        """Aliasing, mutable defaults, dict/list edge methods, Python ints feeding tensor shapes."""
+        r = self.rng
+        c = r.randrange(12)
+        lv = self._lv()
+        if c == 0:
+            fn = self.new(I).replace("n", "h")
+            self.emit(f"def {fn}(a_, acc_=[]):")
+            self.emit(f"    acc_.append(a_)")
+            self.emit(f"    return len(acc_) + sum(acc_)")
+            self.assign(I, f"{fn}({self.iex(1)}) + {fn}({self.iex(1)})")
+        elif c == 1:
+            a = self.new(L)
+            self.emit(f"{a} = {self.acc['log']}")
+            if self.acc["log"] in self.frozen:
+                self.emit(f"{a} = list({a})")
+            self.emit(f"{a}.append({self.iex(1)})")
+            self.bind(a, L)
+            self.readonly.add(a) if self.in_func else None
+        elif c == 2:
+            dv = self.pick(D, True)
+            if dv is None:
+                return self.s_dict()
+            self.emit(f"{dv} |= {{'z': {self.iex(1)}}}")
+            self.emit(f"{dv}.setdefault('a', {self.iex(1)})")
+            self.assign(L, f"[len({dv}.popitem()[0]), len({dv})]")
+        elif c == 3:
+            l2 = self.pick(L, True)
+            if l2 is None:
+                return self.s_list()
+            self.emit(f"{l2}[1:1] = [{self.iex(1)}, {self.iex(1)}]")
+            self.emit(f"{l2} += ({self.iex(1)},)")
+            self.emit(f"{l2} *= {r.randint(1, 2)}")
+        elif c == 4:
+            self.assign(B, f"0 <= {self.iex(1)} < {self.iex(1)} != {self.iex(1)}")
+        elif c == 5:
+            a, b = self.new(I), self.new(L)
+            self.emit(f"{a}, (*{b}, _) = {self.iex(1)}, {lv} + [0]")
+            self.bind(a, I); self.bind(b, L)
+        elif c == 6:
+            self.assign(S, f"torch.tensor([{self.iex(1)}, {self.iex(1)}, len({lv})], dtype=torch.float32).sum() + {self.tex(1)}.mean()")
+        elif c == 7:
+            self.assign(T, f"{self.tex(1)} * {self.tex(1)}[{self.iex(1)} % {self.tex(1)}.shape[0]]")
+        elif c == 8:
+            self.assign(S, f"{self.tex(1)}[:({self.iex(1)} % x.shape[0]) + 1].sum() + torch.arange(len({lv}) + 1).sum()")
+        elif c == 9:
+            t = self.new(T)
+            self.emit(f"{t} = {self.tex(1)}.clone()")
+            v = r.choice([f"{t}.view(-1)[:{r.randint(1, 3)}]", f"{t}.t()[0]", f"{t}[:, ::2]", f"{t}.unsqueeze(0)[0, -1]"])
+            self.emit(f"{v}.{r.choice(['add_', 'mul_', 'sub_'])}({self.fex(1)})")
+            self.bind(t, T)
+            self.owned.add(t)
+        elif c == 10:
+            self.assign(STR, f'f"""{{{self.fex(1)}:.3f}}|{{{self.iex(1)}:+d}}|{{{self._m()}!r:>8}}"""')
+        else:
+            self.assign(T, f"{self.tex(1)}.repeat(1, {r.randint(1, 2)})[:, :x.shape[1]] + torch.full_like(x, {self.fex(1)})")
 
     def ret(self):
         r = self.rng
