@@ -32,7 +32,11 @@ import zlib
 
 import pytest
 import torch
-from torch.testing._internal.common_methods_invocations import op_db
+try:  # torch's test-only module: needs expecttest and the test dependencies of this torch
+    from torch.testing._internal.common_methods_invocations import op_db
+except Exception as e:  # noqa: BLE001
+    pytest.skip(f"torch.testing._internal.common_methods_invocations does not import here: {e!r}",
+                allow_module_level=True)
 
 import kiln
 
