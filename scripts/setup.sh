@@ -5,7 +5,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 home=${KILN_HOME:-$HOME/.kiln-dev}
 venv=$home/venv
-reqs="torch==2.14.1 torchvision==0.29.1 transformers==5.23.0 nanobind>=2.0 scikit-build-core>=0.8 pytest numpy ninja cmake>=3.25"
+reqs="torch==2.14.1 torchvision==0.29.1 transformers==5.23.0 nanobind>=2.0 scikit-build-core>=0.8 pytest numpy ninja cmake>=3.25 expecttest einops"
 stamp=$venv/.kiln-reqs-$(echo "$reqs" | md5sum | cut -c1-12)
 mkdir -p "$home"
 if [ ! -x "$venv/bin/python" ]; then
