@@ -1918,8 +1918,8 @@ class ScaledDotProduct(nn.Module):
         return scores.softmax(dim=-1) @ v
 
 
-def test_math_sqrt_scale_and_unpacking_a_tensor_runs_in_python(no_grad):
-    runs_in_python(ScaledDotProduct(), lambda: (x48(),), "unpacking a tensor")
+def test_math_sqrt_scale_and_unpacking_a_tensor(no_grad):
+    check(ScaledDotProduct(), x48())
 
 
 def log_exp_of_shape(x):

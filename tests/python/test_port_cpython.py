@@ -2810,7 +2810,6 @@ XFAILS = {
     'operator_concat_of_non_sequences_raises': 'missing error: operator.concat(tensor, 2) adds instead of raising TypeError (Dynamo too)',
     'operator_length_hint': "fallback: ['expected a Python value for argument, got a iterator']",
     'operator_inplace_functions': "fallback: ['call to _operator.iadd', 'call to _operator.iadd', 'call to _operator.imul with tensor arguments is not captured']",
-    'sort_reverse_keeps_stability': 'extra break: list.sort(key=/reverse=)',
     'sort_list_modified_during_sort': 'extra break: list.sort(key=/reverse=)',
     'generator_simple_and_send': 'fallback: generator send/close/throw',
     'generator_partially_consumed_with_next': 'wrong side effects: a generator is run to its end at capture (documented)',

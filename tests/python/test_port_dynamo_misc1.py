@@ -824,7 +824,6 @@ def test_dict_of_tensors_arithmetic():
         return inputs["a"] - inputs["b"] * 1.5
 
     check(fn, lambda: ({"a": torch.randn(3), "b": torch.randn(3)},))
-@pytest.mark.xfail(strict=True, reason="a.keys() | b.keys() is modelled as list | list ('Python operation raised: unsupported operand'): the whole call runs eagerly (0 graphs); TorchDynamo: 1 graph")
 def test_union_of_dict_keys_views():
     def fn(a, b):
         total = torch.zeros(1)

@@ -109,6 +109,8 @@ _SPECIALIZED = ("B2: an op handed to torch whose output size or stride is not a 
                 "specialized (SIZE_FACT guards): a new graph at every size, dynamic=True or not "
                 "(repros/r_affine_size_recompile.py)")
 XFAIL: dict[str, str] = {
+    # resized offsets can point past the input: eager itself reads out of bounds (nan, garbage)
+    'nn.functional.embedding_bag': "a resized sample's offsets read past the input in eager too",
     # min(m, n) sizes (lu's pivots): specialized since the fit checks each size moved past the others
     'linalg.lu': _SPECIALIZED,
     'linalg.lu_factor': _SPECIALIZED,

@@ -188,9 +188,9 @@ PER_CLASS = {
 }
 
 # kiln captures torch.optim's SGD/Adam/AdamW steps as update math and traces the other
-# optimizers' functional updates; RAdam (a branch on its rectification term), ASGD (a torch call
-# whose meta run fails) and Rprop (clone(memory_format=)) still stop capture.
-NOT_CAPTURED = {"RAdam", "ASGD", "Rprop"}
+# optimizers' functional updates (Rprop's clone(memory_format=) too); RAdam (a branch on its
+# rectification term) and ASGD (a torch call whose meta run fails) still stop capture.
+NOT_CAPTURED = {"RAdam", "ASGD"}
 XFAIL_CAPTURE = pytest.mark.xfail(strict=True, reason=(
     "kiln runs this optimizer's step eagerly where TorchDynamo captures one graph"))
 

@@ -2936,7 +2936,12 @@ bool Interpreter::meta_disagrees(PyObject* f, PyObject*& meta_result, const std:
           PyObject* copy = PyTuple_New(n);
           for (Py_ssize_t j = 0; j < n; ++j) PyTuple_SET_ITEM(copy, j, Py_NewRef(j == i ? fresh : PyTuple_GET_ITEM(meta_result, j)));
           Py_DECREF(fresh);
-          Py_SETREF(meta_result, copy);
+          if (!PyTuple_CheckExact(meta_result)) {  // torch.return_types.frexp and its kin: made again of its class
+            PyObject* typed = PyObject_CallOneArg(reinterpret_cast<PyObject*>(Py_TYPE(meta_result)), copy);
+            Py_DECREF(copy);
+            copy = typed;
+          }
+          if (copy) Py_SETREF(meta_result, copy);
         } else if (fresh) {
           Py_SETREF(meta_result, fresh);
         }
