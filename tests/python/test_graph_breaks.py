@@ -982,3 +982,31 @@ def test_a_closure_made_before_a_break_over_a_live_cell_declines_it(quiet_fallba
 
     x = torch.randn(4)
     torch.testing.assert_close(kiln.compile(fn)(x), fn(x))
+
+
+def _cell_bound_after_the_break(x):
+    y = x + 1
+    torch._dynamo.graph_break()
+    acc = 0
+
+    def add(v):
+        nonlocal acc
+        acc += v
+
+    for i in range(3):
+        add(i)
+    k = 3
+    return y * acc + (lambda: k)(), acc
+
+
+def test_a_cell_variable_bound_only_after_a_break_resumes_in_a_graph():
+    # the cell was empty at the break, which declined it: the whole call ran eagerly
+    # (TorchDynamo: 2 graphs, 1 break)
+    e = kiln.explain(_cell_bound_after_the_break)(torch.randn(3))
+    assert e.graph_count == 2 and len(e.break_reasons) == 1, e
+    cf = kiln.compile(_cell_bound_after_the_break)
+    for _ in range(2):
+        x = torch.randn(3)
+        got, want = cf(x), _cell_bound_after_the_break(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1]

@@ -4114,7 +4114,6 @@ def test_nanmean_into_a_0d_out():
     check(fn, lambda: (torch.randn(4), torch.tensor(0.0)), fullgraph=True)
 
 
-@pytest.mark.xfail(strict=True, reason="a graph break in a function that has cell variables (a nested def closes over a local) makes the whole function run eagerly: 0 graphs; TorchDynamo: 2 graphs")
 def test_comprehension_variable_also_a_cell_after_a_break():
     keys = range(10)
     allowed = [0, 1, 2, 3]

@@ -345,7 +345,10 @@ bool Interpreter::graph_break(const Instr& in, const CodeInfo& ci, size_t pc, co
   std::vector<int> live_cells;
   for (int i = nv; i < co->co_nlocalsplus - co->co_nfreevars; ++i) {
     if (!before.locals[i]) continue;
-    if (live[static_cast<size_t>(i)]) live_cells.push_back(i);
+    // (a cell not bound yet at the break, `k = 3; def inner(): return k` after it: the resume
+    // function's own MAKE_CELL makes it empty, as it is here)
+    const auto* cell = before.locals[i]->get_if<CellV>();
+    if (live[static_cast<size_t>(i)] && !(cell && !cell->content)) live_cells.push_back(i);
     if (static_cast<size_t>(i) < locals_.size() && locals_[i]) cells.insert(locals_[i].get());
   }
   if (!cells.empty()) {
