@@ -1116,8 +1116,7 @@ VarPtr Interpreter::iteration_builtin(PyObject* f, const std::vector<VarPtr>& ar
     if (args.size() != 1) unsupported("reversed() takes one argument");
     out = items_of(args[0]);
     std::reverse(out.begin(), out.end());
-    auto* l = args[0]->get_if<ListV>();
-    if (l && !l->view && !l->deque && !l->sliced_module) {
+    if (is_plain_list(args[0])) {
       // Python's reverse list iterator walks indices from the length at the call down to 0,
       // reading the list at each step (and stops at an index past its end)
       VarPtr it = Var::iterator(std::move(out));
@@ -1157,16 +1156,12 @@ VarPtr Interpreter::iteration_builtin(PyObject* f, const std::vector<VarPtr>& ar
     // Over lists (and tuples), Python's enumerate and zip read each list as they step: a loop
     // body that appends to or deletes from one changes what comes next. Iterators among the
     // arguments are consumed as they are (a zip over a generator takes its items once).
-    auto is_list = [](const VarPtr& a) {
-      auto* l = a->get_if<ListV>();
-      return l && !l->view && !l->deque && !l->sliced_module;
-    };
     auto fixed = [](const VarPtr& a) {  // a tuple, range or string: the same items at every step
       return a->kind() == Var::Kind::Tuple ||
              (a->is_const() && (PyTuple_Check(a->obj()) || PyRange_Check(a->obj()) || PyUnicode_Check(a->obj())));
     };
-    const bool by_index = std::all_of(parts.begin(), parts.end(), [&](const VarPtr& a) { return is_list(a) || fixed(a); });
-    if (by_index && std::any_of(parts.begin(), parts.end(), is_list)) {
+    const bool by_index = std::all_of(parts.begin(), parts.end(), [&](const VarPtr& a) { return is_plain_list(a) || fixed(a); });
+    if (by_index && std::any_of(parts.begin(), parts.end(), is_plain_list)) {
       VarPtr it = Var::iterator(std::move(out));
       it->as<IteratorV>().immutable = false;
       it->as<IteratorV>().remake = [parts, seqs, make](std::vector<VarPtr>& items) mutable {

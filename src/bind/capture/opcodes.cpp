@@ -947,7 +947,7 @@ int Interpreter::op_get_iter(const Instr& in, const CodeInfo& ci) {
 
 VarPtr Interpreter::iterate(const VarPtr& seq) {
   VarPtr it = Var::iterator(items_of(seq));
-  if (auto* l = seq->get_if<ListV>(); l && !l->view && !l->deque && !l->sliced_module) {
+  if (is_plain_list(seq)) {
     it->as<IteratorV>().list = seq;
     it->as<IteratorV>().immutable = false;
   }

@@ -363,4 +363,11 @@ inline IteratorV::IteratorV(std::vector<VarPtr> v) {
   all = std::make_shared<const std::vector<VarPtr>>(std::move(v));
 }
 
+// A list as Python's list iterator walks it, by index (not a dict view, a deque or an
+// nn.Sequential's slice, which iterate otherwise).
+inline bool is_plain_list(const VarPtr& v) {
+  const auto* l = v->get_if<ListV>();
+  return l && !l->view && !l->deque && !l->sliced_module;
+}
+
 }  // namespace kiln::bind
