@@ -111,6 +111,13 @@ _SPECIALIZED = ("B2: an op handed to torch whose output size or stride is not a 
 XFAIL: dict[str, str] = {
     # resized offsets can point past the input: eager itself reads out of bounds (nan, garbage)
     'nn.functional.embedding_bag': "a resized sample's offsets read past the input in eager too",
+    # resized indices repeat: which value a repeated output index keeps is the scatter's order
+    'nn.functional.max_unpool1d': "resized indices repeat (eager's scatter order decides)",
+    'nn.functional.max_unpool1d.grad': "resized indices repeat (eager's scatter order decides)",
+    'nn.functional.max_unpool2d': "resized indices repeat (eager's scatter order decides)",
+    'nn.functional.max_unpool2d.grad': "resized indices repeat (eager's scatter order decides)",
+    'nn.functional.max_unpool3d': "resized indices repeat (eager's scatter order decides)",
+    'nn.functional.max_unpool3d.grad': "resized indices repeat (eager's scatter order decides)",
     # min(m, n) sizes (lu's pivots): specialized since the fit checks each size moved past the others
     'linalg.lu': _SPECIALIZED,
     'linalg.lu_factor': _SPECIALIZED,
