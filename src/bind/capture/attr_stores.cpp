@@ -1,4 +1,6 @@
 // Attribute stores on objects capture does not track: logged, read back, and checked undone.
+#include <algorithm>
+
 #include "bind/capture/interpreter.h"
 #include "bind/interrupts.h"
 
@@ -71,7 +73,10 @@ const Interpreter::AttrStore* Interpreter::logged_attr(PyObject* obj, const std:
     return nullptr;
   };
   if (const AttrStore* st = find(obj)) return st;
-  if (log.empty() || PyModule_Check(obj)) return nullptr;
+  // (the walk below only where some class has this name stored: most reads find none)
+  if (PyModule_Check(obj) ||
+      std::none_of(log.begin(), log.end(), [&](const AttrStore& a) { return a.name == name && PyType_Check(a.obj); }))
+    return nullptr;
   // Not stored on the object itself: a store on a class it finds the name on (Base.made = 5,
   // then Child.made or an instance's read), unless the object or a class before it in the
   // MRO holds the name itself

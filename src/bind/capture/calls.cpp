@@ -2408,9 +2408,12 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
   if (name == "clone" && args.empty() && kwargs.size() == 1 && kwargs[0].first == "memory_format" && kwargs[0].second->is_const()) {
     // x.clone(memory_format=...): a copy laid out as asked (preserve_format: as clone lays it)
     PyObject* format = kwargs[0].second->known();
-    if (format == resolve_torch("preserve_format")) return Var::tensor(add_node("clone", {self->node()}));
-    if (format == resolve_torch("contiguous_format")) return Var::tensor(add_node("contiguous", {self->node()}));
-    if (format == resolve_torch("channels_last") && m.dim() == 4) return Var::tensor(add_node("channels_last", {self->node()}));
+    static PyObject* preserve = resolve_torch("preserve_format");
+    static PyObject* contiguous = resolve_torch("contiguous_format");
+    static PyObject* channels_last = resolve_torch("channels_last");
+    if (format == preserve) return Var::tensor(add_node("clone", {self->node()}));
+    if (format == contiguous) return Var::tensor(add_node("contiguous", {self->node()}));
+    if (format == channels_last && m.dim() == 4) return Var::tensor(add_node("channels_last", {self->node()}));
   }
   // x.t_(), x.unsqueeze_(0): x itself becomes that view of its memory, under every name the
   // function has for it. An input's would change the caller's tensor: that runs in Python.
@@ -2735,10 +2738,11 @@ VarPtr Interpreter::call_tensor_method(VarPtr self, const std::string& name, std
       clear_error();
     }
     if (!r || !r->is_tensor()) unsupported("Tensor." + name + "() is not captured yet");
+    static PyObject* tensor_type = resolve_torch("Tensor");
     static PyObject* float_power_ = object_at("torch.Tensor.float_power_");
-    PyObject* method = PyObject_GetAttrString(resolve_torch("Tensor"), name.c_str());
-    if (!method) clear_error();
-    Py_XDECREF(method);  // (the class keeps it)
+    PyObject* key = PyUnicode_FromString(name.c_str());
+    PyObject* method = key ? _PyType_Lookup(reinterpret_cast<PyTypeObject*>(tensor_type), key) : nullptr;  // borrowed
+    Py_XDECREF(key);
     if (method && method == float_power_) exact_result_dtype(self, r, "the base given to float_power_");
     return mutate(self, r->node());
   }

@@ -263,6 +263,8 @@ class Interpreter {
 
   // The items of a value that a loop could walk at capture time.
   std::vector<VarPtr> items_of(const VarPtr& v);
+  VarPtr iterate(const VarPtr& seq);  // iter(seq): a list's iterator reads the list as it steps
+  void sync_list_iterator(IteratorV& it);  // a list iterator's items as the list holds them now
   // items_of, by something that iterates to the end (list(it), unpacking, extend): an iterator
   // is left exhausted, as Python leaves it.
   std::vector<VarPtr> drain(const VarPtr& v);
@@ -805,10 +807,6 @@ class Interpreter {
   int op_pop_jump_if_none(const Instr& in, const CodeInfo& ci);
   int op_pop_jump_if_not_none(const Instr& in, const CodeInfo& ci);
   int op_get_iter(const Instr& in, const CodeInfo& ci);
- public:
-  VarPtr iterate(const VarPtr& seq);  // iter(seq): a list's iterator reads the list as it steps
-  void sync_list_iterator(IteratorV& it);
- private:
   int op_for_iter(const Instr& in, const CodeInfo& ci);
   int op_end_for(const Instr& in, const CodeInfo& ci);
   int op_jump_forward(const Instr& in, const CodeInfo& ci);

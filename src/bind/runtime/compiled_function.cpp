@@ -1109,8 +1109,11 @@ PyObject* run_entry(Entry& e, PyObject* fn, const BoundArgs& bound, bool* rerun_
     bool ran;
     // The versions of the inputs the graph updates: one torch's own in-place op updated where it
     // lies (passes::reinplace_input_updates) has been counted already, and is not counted again
-    std::vector<int64_t> versions_before;
-    for (const auto& [input, output] : e.capture.writebacks) versions_before.push_back(tensor_version(inputs[input]));
+    // (no allocation for the usual few updated inputs: this is every call's path)
+    int64_t few_versions[8];
+    std::vector<int64_t> many_versions(e.capture.writebacks.size() > 8 ? e.capture.writebacks.size() : 0);
+    int64_t* versions_before = many_versions.empty() ? few_versions : many_versions.data();
+    for (size_t k = 0; k < e.capture.writebacks.size(); ++k) versions_before[k] = tensor_version(inputs[e.capture.writebacks[k].first]);
     if (e.capture.modes_after) apply_modes(*e.capture.modes_after);  // a with block a break had entered, left
     if (e.passthrough) {
       for (int i : e.passthrough_inputs) outs.push_back(Py_NewRef(inputs[i]));
